@@ -1,0 +1,37 @@
+"""Train a small character-level GPT on Tiny Shakespeare, then sample from it.
+
+    python examples/shakespeare_gpt.py
+
+The text ships inside the package, so this runs offline.
+"""
+
+import jax
+import jax.numpy as jnp
+
+import purejax
+from purejax import gpt, optim
+
+text = purejax.data.load_shakespeare()
+config = gpt.GPTConfig(vocab_size=text.vocab.size, block_size=64, n_layer=4,
+                       n_head=4, n_embd=128)
+keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))
+params = gpt.init_params(config, keys["params"])
+
+optimizer = optim.make_optimizer(optim.OptimizerConfig(
+    learning_rate=1e-3, warmup_iters=50, decay_iters=1000, min_lr=1e-4,
+    beta2=0.99, weight_decay=0.1, grad_clip=1.0))
+opt_state = optimizer.init(params)
+train_data, val_data = jnp.asarray(text.train), jnp.asarray(text.val)
+
+for step in range(0, 1000, 100):
+  params, opt_state, losses = gpt.train_steps(
+      params, opt_state, train_data, keys["train"], step, config=config,
+      optimizer=optimizer, batch_size=12, num_steps=100)
+  val = gpt.evaluate(params, val_data, keys["eval"], config=config, batch_size=12,
+                     num_batches=50)
+  print(f"step {step + 100}: train loss {float(losses[-1]):.3f}, val loss {float(val):.3f}")
+
+prompt = jnp.asarray(text.vocab.encode("ROMEO:"))
+out = gpt.generate(params, prompt, config, keys["sample"], max_new_tokens=300,
+                   temperature=0.8, top_k=40)
+print(text.vocab.decode(out))

@@ -1,0 +1,320 @@
+"""Datasets: MNIST and Tiny Shakespeare through TensorFlow Datasets.
+
+Both are prepared once by TFDS (into `data_dir`, default
+`~/tensorflow_datasets`) and then read whole as numpy arrays
+(`batch_size=-1`): they are small enough to live on the device, where the
+training loops index them without any per-step host round-trip.
+
+Offline use: TFDS accepts the original files from a "manual dir" and checks
+them against its registered checksums.
+
+* MNIST: `--tfds_manual_dir=../shared/data/mnist` (the four original `.gz`).
+* Tiny Shakespeare: the text ships inside this package and is the default
+  manual dir, so it never needs the network.
+
+When the data can be had neither from `data_dir`, nor from the manual dir,
+nor from the network, loading fails at once with a `DataUnavailableError`
+naming the flag that fixes it (TFDS on its own retries for minutes).
+"""
+
+import dataclasses
+import gzip
+import os
+import pathlib
+import socket
+import struct
+from typing import Dict, Optional, Sequence
+from urllib import parse
+
+import numpy as np
+
+# The text shipped inside the package (public domain), used as TFDS's manual
+# dir for `tiny_shakespeare` unless another is given.
+EMBEDDED_SHAKESPEARE_DIR = pathlib.Path(__file__).parent / "_datasets" / "tinyshakespeare"
+
+_NETWORK_PROBE_TIMEOUT_S = 5.0
+
+
+class DataUnavailableError(RuntimeError):
+  """The dataset cannot be loaded; the message says which flag fixes it."""
+
+
+# ----------------------------------------------------------------------------
+# TFDS plumbing shared by both datasets
+
+
+def _import_tfds():
+  # TensorFlow logs a screenful at import; only errors matter here.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds.disable_progress_bar()
+  return tfds
+
+
+def _non_matching_checksum_error():
+  # Not re-exported by `tfds.download` in TFDS 4.9.
+  from tensorflow_datasets.core.download import download_manager  # pylint: disable=g-import-not-at-top
+  return download_manager.NonMatchingChecksumError
+
+
+def _host_reachable(url: str) -> bool:
+  host = parse.urlparse(url).hostname
+  try:
+    with socket.create_connection((host, 443), timeout=_NETWORK_PROBE_TIMEOUT_S):
+      return True
+  except OSError:
+    return False
+
+
+def load_tfds_splits(
+    name: str,
+    splits: Sequence[str],
+    *,
+    data_dir: Optional[str] = None,
+    manual_dir: Optional[str] = None,
+) -> Dict[str, Dict[str, np.ndarray]]:
+  """Prepares (if needed) and reads whole TFDS splits as numpy arrays.
+
+  Args:
+    name: TFDS dataset name, e.g. `"mnist"`.
+    splits: split names, e.g. `("train", "test")`.
+    data_dir: where TFDS keeps prepared datasets (None: TFDS's default).
+    manual_dir: a directory holding the dataset's original files, used
+      instead of the network and verified against TFDS's checksums.
+
+  Returns:
+    `{split: {feature: array}}` with every example of the split.
+
+  Raises:
+    DataUnavailableError: the data is neither prepared, nor in `manual_dir`,
+      nor downloadable; or the manual files fail their checksums.
+  """
+  tfds = _import_tfds()
+  builder = tfds.builder(name, data_dir=data_dir)
+  if not builder.is_prepared():
+    expected = {info.filename: url for url, info in builder.url_infos.items()}
+    if manual_dir is not None:
+      manual = pathlib.Path(manual_dir).expanduser()
+      if not manual.is_dir():
+        raise DataUnavailableError(
+            f"--tfds_manual_dir={manual_dir} is not a directory; point it at the "
+            f"folder holding the original {name} files: {sorted(expected)}.")
+      missing = sorted(f for f in expected if not (manual / f).is_file())
+      if missing:
+        raise DataUnavailableError(
+            f"--tfds_manual_dir={manual_dir} lacks {missing} for {name}; put the "
+            f"original files {sorted(expected)} there.")
+    elif not all(_host_reachable(url) for url in expected.values()):
+      raise DataUnavailableError(
+          f"{name} is not prepared in the TFDS data dir ({builder.data_dir}) and "
+          f"its download host cannot be reached. Offline, pass "
+          f"--tfds_manual_dir=DIR with the original files {sorted(expected)} "
+          f"(e.g. --tfds_manual_dir=../shared/data/{name}), or --tfds_data_dir "
+          f"pointing at an already prepared copy.")
+    config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+    try:
+      builder.download_and_prepare(download_config=config)
+    except _non_matching_checksum_error() as e:
+      raise DataUnavailableError(
+          f"The {name} files in --tfds_manual_dir={manual_dir} fail TFDS's "
+          f"checksums (corrupt or not the original files): {e}. Replace them "
+          f"with the original downloads.") from e
+  out = {}
+  for split in splits:
+    ds = builder.as_dataset(split=split, batch_size=-1)
+    out[split] = tfds.as_numpy(ds)
+  return out
+
+
+# ----------------------------------------------------------------------------
+# MNIST
+
+
+@dataclasses.dataclass(frozen=True)
+class MnistData:
+  """MNIST as flat float32 pixels in [0, 1] and int32 labels.
+
+  Attributes:
+    train_images: `[60000, 784]` float32.
+    train_labels: `[60000]` int32.
+    test_images: `[10000, 784]` float32.
+    test_labels: `[10000]` int32.
+  """
+  train_images: np.ndarray
+  train_labels: np.ndarray
+  test_images: np.ndarray
+  test_labels: np.ndarray
+
+  @property
+  def num_features(self) -> int:
+    return self.train_images.shape[1]
+
+
+PIXEL_RANGES = ("unit", "raw")
+
+
+def _flatten_images(images: np.ndarray, pixels: str = "unit") -> np.ndarray:
+  # [N, 28, 28] or [N, 28, 28, 1] uint8 -> [N, 784] float32
+  if pixels not in PIXEL_RANGES:
+    raise ValueError(f"pixels must be one of {PIXEL_RANGES}, got {pixels!r}.")
+  flat = images.reshape(images.shape[0], -1).astype(np.float32)
+  return flat / 255.0 if pixels == "unit" else flat
+
+
+def load_mnist(
+    data_dir: Optional[str] = None,
+    manual_dir: Optional[str] = None,
+    pixels: str = "unit",
+) -> MnistData:
+  """Loads MNIST through TFDS.
+
+  Args:
+    data_dir: TFDS data dir (None: TFDS's default).
+    manual_dir: folder with the four original `.gz` files, for offline use.
+    pixels: "unit" scales pixels to [0, 1]; "raw" keeps 0..255 as floats, as
+      JAX's TFDS MNIST tutorial feeds them (its small-init SGD recipe relies
+      on that input scale).
+
+  Returns:
+    `MnistData`.
+  """
+  splits = load_tfds_splits("mnist", ("train", "test"), data_dir=data_dir,
+                            manual_dir=manual_dir)
+  return MnistData(
+      train_images=_flatten_images(splits["train"]["image"], pixels),
+      train_labels=splits["train"]["label"].astype(np.int32),
+      test_images=_flatten_images(splits["test"]["image"], pixels),
+      test_labels=splits["test"]["label"].astype(np.int32),
+  )
+
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4",
+               0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str) -> np.ndarray:
+  """Reads an IDX file (the original MNIST format), gzipped or not.
+
+  Args:
+    path: file path; names ending in `.gz` are decompressed.
+
+  Returns:
+    The array with the shape stored in the file header.
+
+  Raises:
+    ValueError: the file is not a well-formed IDX file.
+  """
+  opener = gzip.open if str(path).endswith(".gz") else open
+  with opener(path, "rb") as f:
+    raw = f.read()
+  if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+    raise ValueError(f"{path} is not an IDX file (bad magic number).")
+  ndim = raw[3]
+  header = 4 + 4 * ndim
+  shape = struct.unpack(f">{ndim}I", raw[4:header])
+  dtype = np.dtype(_IDX_DTYPES[raw[2]])
+  if len(raw) - header != int(np.prod(shape)) * dtype.itemsize:
+    raise ValueError(f"{path}: header says shape {shape} but the file holds "
+                     f"{len(raw) - header} bytes of data (truncated?).")
+  return np.frombuffer(raw, dtype, offset=header).reshape(shape)
+
+
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
+
+
+def load_mnist_idx(directory: str, pixels: str = "unit") -> MnistData:
+  """Reads MNIST straight from the original IDX files, without TFDS.
+
+  Useful to check what TFDS prepared, or for IDX data of your own in the
+  same layout (`MNIST_FILES` names the four files). `pixels` as in
+  `load_mnist`.
+  """
+  arrays = {field: read_idx(os.path.join(directory, fname))
+            for field, fname in MNIST_FILES.items()}
+  for split in ("train", "test"):
+    n_img, n_lab = len(arrays[f"{split}_images"]), len(arrays[f"{split}_labels"])
+    if n_img != n_lab:
+      raise ValueError(f"{directory}: {n_img} {split} images but {n_lab} labels.")
+  return MnistData(
+      train_images=_flatten_images(arrays["train_images"], pixels),
+      train_labels=arrays["train_labels"].astype(np.int32),
+      test_images=_flatten_images(arrays["test_images"], pixels),
+      test_labels=arrays["test_labels"].astype(np.int32),
+  )
+
+
+# ----------------------------------------------------------------------------
+# Tiny Shakespeare (character level)
+
+
+@dataclasses.dataclass(frozen=True)
+class CharVocab:
+  """A character vocabulary: id `i` is `chars[i]`."""
+  chars: str
+
+  @classmethod
+  def from_text(cls, text: str) -> "CharVocab":
+    return cls("".join(sorted(set(text))))
+
+  @property
+  def size(self) -> int:
+    return len(self.chars)
+
+  def encode(self, text: str) -> np.ndarray:
+    """Text -> int32 ids. Raises ValueError naming any unknown characters."""
+    index = {c: i for i, c in enumerate(self.chars)}
+    unknown = sorted(set(text) - index.keys())
+    if unknown:
+      raise ValueError(
+          f"characters {unknown!r} are not in the model's vocabulary "
+          f"({self.chars!r}); remove or replace them.")
+    return np.array([index[c] for c in text], dtype=np.int32)
+
+  def decode(self, ids) -> str:
+    return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))
+
+
+@dataclasses.dataclass(frozen=True)
+class TextData:
+  """A character corpus split for language modelling.
+
+  Attributes:
+    vocab: the characters of the whole text.
+    train: int32 ids of the training text.
+    val: int32 ids of the validation text.
+  """
+  vocab: CharVocab
+  train: np.ndarray
+  val: np.ndarray
+
+
+def load_shakespeare(
+    data_dir: Optional[str] = None, manual_dir: Optional[str] = None
+) -> TextData:
+  """Loads character-level Tiny Shakespeare through TFDS.
+
+  TFDS splits the text 90% / 5% / 5% into train / validation / test. We train
+  on `train` and validate on `validation + test`, which is exactly
+  nanoGPT's 90/10 split, so losses compare with nanoGPT's directly.
+
+  Args:
+    data_dir: TFDS data dir (None: TFDS's default).
+    manual_dir: folder with `input.txt`; defaults to the copy shipped in the
+      package, so this works offline.
+
+  Returns:
+    `TextData` with a 65-character vocabulary.
+  """
+  manual_dir = str(EMBEDDED_SHAKESPEARE_DIR) if manual_dir is None else manual_dir
+  splits = load_tfds_splits("tiny_shakespeare", ("train", "validation", "test"),
+                            data_dir=data_dir, manual_dir=manual_dir)
+  text = {s: splits[s]["text"][0].decode("utf-8") for s in splits}
+  val_text = text["validation"] + text["test"]
+  vocab = CharVocab.from_text(text["train"] + val_text)
+  return TextData(vocab=vocab, train=vocab.encode(text["train"]),
+                  val=vocab.encode(val_text))

@@ -1,0 +1,559 @@
+"""NanoGPT as pure functions over a params pytree.
+
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    params = init_params(config, jax.random.PRNGKey(0))
+    logits = forward(params, tokens, config)                  # [batch, time, vocab]
+    text_ids = generate(params, prompt, config, key, max_new_tokens=500)
+
+The architecture is GPT-2's: learned token and position embeddings,
+pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final
+LayerNorm and an output head tied to the token embedding.
+
+The `n_layer` blocks share one structure, so their params are stacked on a
+leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
+compiles one block, not `n_layer` copies, so compile time barely grows with
+depth. Dropout keys are threaded explicitly, one per layer.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from purejax import nn
+from purejax import rng
+
+Params = Dict[str, Any]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+  """Model hyperparameters (hashable, so it can be a static jit argument).
+
+  Attributes:
+    vocab_size: number of token ids.
+    block_size: longest context the model sees (size of the position table).
+    n_layer: transformer blocks.
+    n_head: attention heads; must divide `n_embd`.
+    n_embd: model width.
+    dropout: drop rate in [0, 1) for embeddings, attention and residuals.
+    bias: whether dense layers and LayerNorms have biases.
+    param_dtype: dtype of the stored params ("float32").
+    compute_dtype: dtype of the matmuls ("float32" or "bfloat16"); LayerNorm,
+      softmax and the loss always run in float32.
+    remat: wrap each block in `jax.checkpoint`, recomputing its activations
+      in the backward pass to save memory.
+  """
+  vocab_size: int = 65
+  block_size: int = 64
+  n_layer: int = 4
+  n_head: int = 4
+  n_embd: int = 128
+  dropout: float = 0.0
+  bias: bool = True
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"
+  remat: bool = False
+
+  def __post_init__(self):
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+    if self.n_embd % self.n_head:
+      raise ValueError(
+          f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose "
+          f"n_head among the divisors of n_embd (e.g. --n_head="
+          f"{math.gcd(self.n_embd, self.n_head)}).")
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+    for name in ("param_dtype", "compute_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of "
+                         f"{sorted(_DTYPES)}.")
+
+  @property
+  def head_dim(self) -> int:
+    return self.n_embd // self.n_head
+
+  @property
+  def compute(self):
+    return _DTYPES[self.compute_dtype]
+
+
+# ----------------------------------------------------------------------------
+# Initialisation
+
+
+def init_block(key: chex.PRNGKey, config: GPTConfig) -> Params:
+  """Params of one transformer block (unstacked).
+
+  GPT-2 initialisation: weights N(0, 0.02^2), except the two projections that
+  write into the residual stream, scaled by 1/sqrt(2 * n_layer) so the
+  residual variance does not grow with depth.
+  """
+  c, dtype = config.n_embd, _DTYPES[config.param_dtype]
+  keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
+  resid_scale = 0.02 / math.sqrt(2 * config.n_layer)
+  dense = functools.partial(nn.init_dense, bias=config.bias, dtype=dtype)
+  return {
+      "ln_1": nn.init_layer_norm(c, bias=config.bias, dtype=dtype),
+      "attn": {
+          "qkv": dense(keys["qkv"], c, 3 * c, scale=0.02),
+          "proj": dense(keys["attn_proj"], c, c, scale=resid_scale),
+      },
+      "ln_2": nn.init_layer_norm(c, bias=config.bias, dtype=dtype),
+      "mlp": {
+          "fc": dense(keys["fc"], c, 4 * c, scale=0.02),
+          "proj": dense(keys["mlp_proj"], 4 * c, c, scale=resid_scale),
+      },
+  }
+
+
+def init_params(config: GPTConfig, key: chex.PRNGKey) -> Params:
+  """All model params; block params are stacked on a leading `[n_layer]` axis.
+
+  Returns:
+    `{"wte": {"embedding": [vocab, embd]}, "wpe": {"embedding": [block, embd]},
+      "blocks": <init_block tree, each leaf with a leading [n_layer] axis>,
+      "ln_f": {...}}`. The output head reuses `wte` (tied embeddings).
+  """
+  keys = rng.split_named(key, ("wte", "wpe", "blocks"))
+  dtype = _DTYPES[config.param_dtype]
+  block_keys = rng.layer_keys(keys["blocks"], config.n_layer)
+  return {
+      "wte": nn.init_embedding(keys["wte"], config.vocab_size, config.n_embd, dtype=dtype),
+      "wpe": nn.init_embedding(keys["wpe"], config.block_size, config.n_embd, dtype=dtype),
+      "blocks": jax.vmap(lambda k: init_block(k, config))(block_keys),
+      "ln_f": nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype),
+  }
+
+
+def num_params(params: Params, *, non_embedding: bool = True) -> int:
+  """Parameter count; like nanoGPT, leaves out position embeddings by default."""
+  total = sum(x.size for x in jax.tree.leaves(params))
+  if non_embedding:
+    total -= params["wpe"]["embedding"].size
+  return total
+
+
+# ----------------------------------------------------------------------------
+# The model
+
+
+class KVCache(NamedTuple):
+  """Keys and values of past positions, per layer: `[n_layer, batch, block, head, head_dim]`."""
+  k: chex.Array
+  v: chex.Array
+
+
+def init_kv_cache(config: GPTConfig, batch: int) -> KVCache:
+  shape = (config.n_layer, batch, config.block_size, config.n_head, config.head_dim)
+  return KVCache(jnp.zeros(shape, config.compute), jnp.zeros(shape, config.compute))
+
+
+def causal_self_attention(
+    params: Params,
+    x: chex.Array,
+    config: GPTConfig,
+    *,
+    key: Optional[chex.PRNGKey],
+    deterministic: bool,
+    cache: Optional[Tuple[chex.Array, chex.Array]] = None,
+    pos: chex.Numeric = 0,
+) -> Tuple[chex.Array, Optional[Tuple[chex.Array, chex.Array]]]:
+  """Multi-head causal self-attention.
+
+  Without a cache, position t attends to positions <= t of `x`. With a cache
+  (`[batch, block, head, head_dim]` keys and values of one layer), `x` holds
+  the tokens at positions `pos, pos+1, ...`: their keys and values are
+  written into the cache and they attend to every cached position up to their
+  own.
+
+  Args:
+    params: `{"qkv", "proj"}` dense params.
+    x: `[batch, time, embd]`.
+    config: model config.
+    key: dropout key (unused if deterministic).
+    deterministic: disables dropout.
+    cache: optional `(k, v)` of one layer.
+    pos: position of `x[:, 0]` (cache mode only).
+
+  Returns:
+    `([batch, time, embd], updated cache or None)`.
+  """
+  b, t, c = x.shape
+  h, d = config.n_head, config.head_dim
+  qkv = nn.dense(params["qkv"], x, compute_dtype=config.compute)  # [b, t, 3c]
+  q, k, v = jnp.split(qkv.reshape(b, t, 3, h, d), 3, axis=2)
+  q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # each [b, t, h, d]
+  query_pos = jnp.arange(t)
+  if cache is not None:
+    k_cache, v_cache = cache
+    k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, pos, 0, 0))
+    v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, pos, 0, 0))
+    cache = (k, v)
+    query_pos = query_pos + pos
+  key_pos = jnp.arange(k.shape[1])
+  # [b, h, t, s]; scores in float32 so the softmax is exact in bf16 runs.
+  scores = jnp.einsum("bthd,bshd->bhts", q, k,
+                      preferred_element_type=jnp.float32) / math.sqrt(d)
+  causal = key_pos[None, :] <= query_pos[:, None]  # [t, s]
+  scores = jnp.where(causal, scores, -jnp.inf)
+  weights = jax.nn.softmax(scores, axis=-1).astype(config.compute)
+  weights = nn.dropout(key, weights, config.dropout, deterministic=deterministic)
+  y = jnp.einsum("bhts,bshd->bthd", weights, v).reshape(b, t, c)
+  return nn.dense(params["proj"], y, compute_dtype=config.compute), cache
+
+
+def mlp(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
+  """Position-wise `proj(gelu(fc(x)))`: `[..., embd] -> [..., embd]`."""
+  hidden = nn.gelu(nn.dense(params["fc"], x, compute_dtype=config.compute))
+  return nn.dense(params["proj"], hidden, compute_dtype=config.compute)
+
+
+def block(
+    params: Params,
+    x: chex.Array,
+    config: GPTConfig,
+    *,
+    key: Optional[chex.PRNGKey],
+    deterministic: bool,
+    cache: Optional[Tuple[chex.Array, chex.Array]] = None,
+    pos: chex.Numeric = 0,
+) -> Tuple[chex.Array, Optional[Tuple[chex.Array, chex.Array]]]:
+  """One pre-LayerNorm transformer block: `[batch, time, embd]` -> same."""
+  keys = (None, None, None) if deterministic else jax.random.split(key, 3)
+  attn_out, cache = causal_self_attention(
+      params["attn"], nn.layer_norm(params["ln_1"], x), config,
+      key=keys[0], deterministic=deterministic, cache=cache, pos=pos)
+  x = x + nn.dropout(keys[1], attn_out, config.dropout, deterministic=deterministic)
+  mlp_out = mlp(params["mlp"], nn.layer_norm(params["ln_2"], x), config)
+  x = x + nn.dropout(keys[2], mlp_out, config.dropout, deterministic=deterministic)
+  return x, cache
+
+
+def _check_tokens(tokens: chex.Array, config: GPTConfig) -> None:
+  chex.assert_rank(tokens, 2)
+  chex.assert_type(tokens, int)
+  if tokens.shape[1] > config.block_size:
+    raise ValueError(f"sequence length {tokens.shape[1]} exceeds block_size "
+                     f"{config.block_size}; crop the input to the last "
+                     f"{config.block_size} tokens.")
+
+
+def _run_blocks(params, x, config, *, key, deterministic, cache=None, pos=0):
+  """Scans `block` over the stacked layer params (and per-layer caches)."""
+  layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
+
+  def body(h, layer):
+    layer_params, layer_key, layer_cache = layer
+    h, layer_cache = block(layer_params, h, config, key=layer_key,
+                           deterministic=deterministic, cache=layer_cache, pos=pos)
+    return h, layer_cache
+
+  if config.remat:
+    body = jax.checkpoint(body)
+  layer_caches = None if cache is None else (cache.k, cache.v)
+  x, new_caches = jax.lax.scan(body, x, (params["blocks"], layer_keys, layer_caches))
+  return x, (None if cache is None else KVCache(*new_caches))
+
+
+def forward(
+    params: Params,
+    tokens: chex.Array,
+    config: GPTConfig,
+    *,
+    key: Optional[chex.PRNGKey] = None,
+    deterministic: bool = True,
+) -> chex.Array:
+  """Next-token logits for every position.
+
+  Args:
+    params: from `init_params`.
+    tokens: `[batch, time]` integer ids, `time <= block_size`.
+    config: model config.
+    key: dropout key; required when `deterministic=False` and dropout > 0.
+    deterministic: True for evaluation (no dropout; `key` is ignored).
+
+  Returns:
+    `[batch, time, vocab_size]` float32 logits; position t depends only on
+    tokens at positions <= t.
+  """
+  _check_tokens(tokens, config)
+  b, t = tokens.shape
+  deterministic = deterministic or config.dropout == 0.0
+  if not deterministic and key is None:
+    raise ValueError("forward: pass key=... for dropout, or deterministic=True.")
+  keys = (None, None) if deterministic else jax.random.split(key)
+  x = nn.embed(params["wte"], tokens) + params["wpe"]["embedding"][:t]  # [b, t, c]
+  x = nn.dropout(keys[0], x, config.dropout, deterministic=deterministic)
+  x, _ = _run_blocks(params, x.astype(config.compute), config, key=keys[1],
+                     deterministic=deterministic)
+  x = nn.layer_norm(params["ln_f"], x)
+  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.compute)
+  chex.assert_shape(logits, (b, t, config.vocab_size))
+  return logits.astype(jnp.float32)
+
+
+def forward_with_cache(
+    params: Params,
+    tokens: chex.Array,
+    cache: KVCache,
+    pos: chex.Numeric,
+    config: GPTConfig,
+) -> Tuple[chex.Array, KVCache]:
+  """Runs `tokens` at positions `pos, pos+1, ...` against a KV cache.
+
+  Args:
+    params: model params.
+    tokens: `[batch, time]` ids; `pos + time <= block_size`.
+    cache: keys and values of positions `< pos` (later slots are ignored).
+    pos: position of `tokens[:, 0]` (may be traced).
+    config: model config.
+
+  Returns:
+    `(logits of the last token [batch, vocab], cache updated with tokens)`.
+  """
+  _check_tokens(tokens, config)
+  t = tokens.shape[1]
+  positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], pos, t)
+  x = (nn.embed(params["wte"], tokens) + positions).astype(config.compute)
+  x, cache = _run_blocks(params, x, config, key=None, deterministic=True,
+                         cache=cache, pos=pos)
+  x = nn.layer_norm(params["ln_f"], x[:, -1])
+  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.compute)
+  return logits.astype(jnp.float32), cache
+
+
+def loss(
+    params: Params,
+    tokens: chex.Array,
+    targets: chex.Array,
+    config: GPTConfig,
+    *,
+    key: Optional[chex.PRNGKey] = None,
+    deterministic: bool = True,
+) -> chex.Array:
+  """Mean next-token cross-entropy: tokens and targets `[batch, time]`."""
+  chex.assert_equal_shape((tokens, targets))
+  logits = forward(params, tokens, config, key=key, deterministic=deterministic)
+  return nn.cross_entropy(logits, targets)
+
+
+# ----------------------------------------------------------------------------
+# Sampling
+
+
+def sample_logits(
+    key: chex.PRNGKey,
+    logits: chex.Array,
+    temperature: chex.Numeric = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+) -> chex.Array:
+  """Draws one token per row of `logits` `[batch, vocab]` -> `[batch]` int32.
+
+  `temperature <= 0` means greedy (argmax). `top_k` keeps the k most likely
+  tokens; `top_p` keeps the smallest set whose probability reaches p
+  (nucleus sampling). Both filters may be combined.
+  """
+  chex.assert_rank(logits, 2)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  scaled = logits / jnp.maximum(temperature, 1e-6)
+  if top_k is not None and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+  if top_p is not None:
+    sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
+    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    # The smallest logit still inside the nucleus: tokens whose mass before
+    # them is below top_p are kept (always at least the most likely one).
+    inside = (cum - jax.nn.softmax(sorted_logits, axis=-1)) < top_p
+    cutoff = jnp.min(jnp.where(inside, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    scaled = jnp.where(scaled < cutoff, -jnp.inf, scaled)
+  drawn = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+  return jnp.where(temperature > 0, drawn, greedy)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k"))
+def generate(
+    params: Params,
+    prompt: chex.Array,
+    config: GPTConfig,
+    key: chex.PRNGKey,
+    max_new_tokens: int,
+    temperature: chex.Numeric = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+) -> chex.Array:
+  """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
+
+  The whole decode loop is one `lax.scan` inside this jit. Each step feeds
+  one token through the cache. Context handling:
+
+  * A prompt longer than `block_size` is conditioned on its last
+    `block_size` tokens (as nanoGPT crops).
+  * When the cache is full, the window slides: the cache is rebuilt from the
+    last `block_size // 2` tokens (positions restart at 0) and decoding goes
+    on. So every token sees between `block_size // 2` and `block_size`
+    tokens of context; nanoGPT instead recomputes the last `block_size`
+    tokens for every new token, which costs `block_size` times more.
+    Within `block_size` tokens the two are identical.
+
+  Args:
+    params: model params.
+    prompt: `[batch, prompt_len]` or `[prompt_len]` int ids, prompt_len >= 1.
+    config: model config.
+    key: PRNG key; step i uses `fold_in(key, i)`.
+    max_new_tokens: tokens to add (>= 1).
+    temperature: softmax temperature; <= 0 for greedy decoding.
+    top_k: optional top-k filter.
+    top_p: optional nucleus filter.
+
+  Returns:
+    `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
+    prompt followed by the new tokens.
+  """
+  unbatched = prompt.ndim == 1
+  if unbatched:
+    prompt = prompt[None]
+  chex.assert_rank(prompt, 2)
+  chex.assert_type(prompt, int)
+  b, p = prompt.shape
+  if p < 1 or max_new_tokens < 1:
+    raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 1, "
+                     f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
+  prompt = prompt.astype(jnp.int32)
+  window, refill = min(p, config.block_size), max(config.block_size // 2, 1)
+  buffer = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
+  logits, cache = forward_with_cache(params, prompt[:, p - window:],
+                                     init_kv_cache(config, b), 0, config)
+
+  def step(carry, i):
+    buffer, cache, cache_len, logits = carry
+    token = sample_logits(jax.random.fold_in(key, i), logits, temperature, top_k, top_p)
+    n = p + i  # index of the new token
+    buffer = jax.lax.dynamic_update_slice(buffer, token[:, None], (0, n))
+
+    def decode(cache):
+      return forward_with_cache(params, token[:, None], cache, cache_len, config), cache_len + 1
+
+    def slide(cache):
+      recent = jax.lax.dynamic_slice(buffer, (0, n + 1 - refill), (b, refill))
+      return forward_with_cache(params, recent, cache, 0, config), jnp.int32(refill)
+
+    (logits, cache), cache_len = jax.lax.cond(
+        cache_len == config.block_size, slide, decode, cache)
+    return (buffer, cache, cache_len, logits), None
+
+  (buffer, _, _, _), _ = jax.lax.scan(
+      step, (buffer, cache, jnp.int32(window), logits), jnp.arange(max_new_tokens))
+  return buffer[0] if unbatched else buffer
+
+
+# ----------------------------------------------------------------------------
+# Training
+
+
+def sample_batch(
+    key: chex.PRNGKey, data: chex.Array, block_size: int, batch_size: int
+) -> Tuple[chex.Array, chex.Array]:
+  """Random windows of a token stream, drawn on the device.
+
+  Args:
+    key: PRNG key.
+    data: `[num_tokens]` int ids, with `num_tokens > block_size`.
+    block_size: window length.
+    batch_size: windows per batch.
+
+  Returns:
+    `(inputs, targets)`, each `[batch_size, block_size]`; targets are the
+    inputs shifted one token ahead.
+  """
+  starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - block_size)
+  take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, block_size + 1))
+  windows = take(starts)  # [batch, block + 1]
+  return windows[:, :-1], windows[:, 1:]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "optimizer", "batch_size", "num_steps"),
+    donate_argnums=(0, 1))
+def train_steps(
+    params: Params,
+    opt_state: optax.OptState,
+    data: chex.Array,
+    key: chex.PRNGKey,
+    step: chex.Numeric,
+    *,
+    config: GPTConfig,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    num_steps: int,
+) -> Tuple[Params, Any, chex.Array]:
+  """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
+
+  Step `s` draws its batch and dropout keys from `fold_in(key, s)`, so the
+  whole run is a function of `(key, step)`: chunking the steps differently,
+  or resuming at any step, gives the same result.
+
+  Args:
+    params: model params (donated).
+    opt_state: optax state (donated).
+    data: `[num_tokens]` training ids, on the device.
+    key: base key of the run's training stream.
+    step: global index of the first step.
+    config: model config.
+    optimizer: optax `GradientTransformation`.
+    batch_size: sequences per step.
+    num_steps: steps to run.
+
+  Returns:
+    `(params, opt_state, losses [num_steps])`, each loss measured before its
+    step's update.
+  """
+  def one_step(carry, s):
+    params, opt_state = carry
+    batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
+    x, y = sample_batch(batch_key, data, config.block_size, batch_size)
+    value, grads = jax.value_and_grad(loss)(
+        params, x, y, config, key=dropout_key, deterministic=False)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), value
+
+  steps = step + jnp.arange(num_steps)
+  (params, opt_state), losses = jax.lax.scan(one_step, (params, opt_state), steps)
+  return params, opt_state, losses
+
+
+@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches"))
+def evaluate(
+    params: Params,
+    data: chex.Array,
+    key: chex.PRNGKey,
+    *,
+    config: GPTConfig,
+    batch_size: int,
+    num_batches: int,
+) -> chex.Array:
+  """Mean loss over `num_batches` random batches of `data` (no dropout).
+
+  Pass the same `key` at every evaluation so the batches are fixed and the
+  numbers compare across steps.
+  """
+  def body(total, k):
+    x, y = sample_batch(k, data, config.block_size, batch_size)
+    return total + loss(params, x, y, config), None
+
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
+                          jax.random.split(key, num_batches))
+  return total / num_batches

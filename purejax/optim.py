@@ -1,0 +1,135 @@
+"""Optimizers and learning-rate schedules, built from optax pieces.
+
+Both models train with `make_optimizer`, so the same flags mean the same
+thing for each.
+"""
+
+import dataclasses
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """What `make_optimizer` builds.
+
+  Attributes:
+    name: one of `OPTIMIZERS`.
+    learning_rate: peak learning rate (> 0).
+    schedule: "cosine" (linear warmup, then cosine decay to `min_lr`) or
+      "constant".
+    warmup_iters: warmup steps (cosine only).
+    decay_iters: step at which the cosine reaches `min_lr` (held after).
+    min_lr: final learning rate of the cosine.
+    beta1, beta2: Adam moments' decay rates.
+    momentum: for "momentum".
+    weight_decay: decoupled weight decay ("adamw"), applied to weight
+      matrices and embeddings only (`decay_mask`), never to biases or norms.
+    grad_clip: clip the global gradient norm to this (0 disables).
+  """
+  name: str = "adamw"
+  learning_rate: float = 1e-3
+  schedule: str = "cosine"
+  warmup_iters: int = 0
+  decay_iters: int = 1
+  min_lr: float = 0.0
+  beta1: float = 0.9
+  beta2: float = 0.999
+  momentum: float = 0.9
+  weight_decay: float = 0.0
+  grad_clip: float = 0.0
+
+  def __post_init__(self):
+    if self.name not in OPTIMIZERS:
+      raise ValueError(f"unknown optimizer {self.name!r}; choose one of {OPTIMIZERS}.")
+    if self.schedule not in ("cosine", "constant"):
+      raise ValueError(f"unknown schedule {self.schedule!r}; use 'cosine' or 'constant'.")
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning rate must be > 0, got {self.learning_rate}.")
+    if self.min_lr < 0 or self.min_lr > self.learning_rate:
+      raise ValueError(f"min_lr must be in [0, learning_rate={self.learning_rate}], "
+                       f"got {self.min_lr}.")
+    if self.warmup_iters < 0 or self.decay_iters < 1:
+      raise ValueError(f"warmup_iters must be >= 0 and lr_decay_iters >= 1, got "
+                       f"{self.warmup_iters} and {self.decay_iters}.")
+    if self.weight_decay < 0 or self.grad_clip < 0:
+      raise ValueError("weight_decay and grad_clip must be >= 0.")
+    if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+      raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}.")
+
+
+def warmup_cosine_schedule(
+    learning_rate: float, warmup_iters: int, decay_iters: int, min_lr: float
+) -> optax.Schedule:
+  """nanoGPT's schedule as a pure function of the step.
+
+  Linear warmup `lr * (step + 1) / (warmup + 1)` for `step < warmup`, then a
+  cosine from `lr` down to `min_lr` at `decay_iters`, then `min_lr`.
+  """
+  def schedule(step: chex.Numeric) -> chex.Array:
+    step = jnp.asarray(step, jnp.float32)
+    warm = learning_rate * (step + 1) / (warmup_iters + 1)
+    ratio = (step - warmup_iters) / max(decay_iters - warmup_iters, 1)
+    cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.clip(ratio, 0.0, 1.0)))
+    decayed = min_lr + cosine * (learning_rate - min_lr)
+    return jnp.where(step < warmup_iters, warm, decayed)
+
+  return schedule
+
+
+DECAYED_PARAM_NAMES = ("w", "embedding")
+
+
+def decay_mask(params) -> chex.ArrayTree:
+  """True for params that get weight decay: weight matrices and embeddings.
+
+  The choice goes by the param's name, not its rank: stacked per-layer
+  biases and LayerNorm scales are `[n_layer, dim]` but must not decay.
+  """
+  def decays(path, _):
+    last = path[-1]
+    return getattr(last, "key", None) in DECAYED_PARAM_NAMES
+
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_schedule(config: OptimizerConfig) -> optax.Schedule:
+  if config.schedule == "constant":
+    return optax.constant_schedule(config.learning_rate)
+  return warmup_cosine_schedule(config.learning_rate, config.warmup_iters,
+                                config.decay_iters, config.min_lr)
+
+
+def make_optimizer(
+    config: OptimizerConfig, *, decay_mask_fn: Optional[callable] = decay_mask
+) -> optax.GradientTransformation:
+  """Builds the optax transformation described by `config`.
+
+  Args:
+    config: the optimizer's settings.
+    decay_mask_fn: which params get weight decay (AdamW); default: weight
+      matrices and embeddings.
+
+  Returns:
+    An optax `GradientTransformation`: optional global-norm clipping followed
+    by the optimizer with its schedule.
+  """
+  lr = make_schedule(config)
+  if config.name == "sgd":
+    opt = optax.sgd(lr)
+  elif config.name == "momentum":
+    opt = optax.sgd(lr, momentum=config.momentum)
+  elif config.name == "adam":
+    opt = optax.adam(lr, b1=config.beta1, b2=config.beta2)
+  else:
+    opt = optax.adamw(lr, b1=config.beta1, b2=config.beta2,
+                      weight_decay=config.weight_decay, mask=decay_mask_fn)
+  if config.grad_clip > 0:
+    opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
+  return opt

@@ -1,0 +1,48 @@
+"""The command-line tools refuse bad input with one clear line, not a traceback."""
+
+import pytest
+
+from conftest import run_module
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--learning_rate=-1"], "learning rate must be > 0"),
+    (["--learning_rate=0"], "learning rate must be > 0"),
+    (["--batch_size=0"], "--batch_size must be a positive integer"),
+    (["--max_iters=-5"], "--max_iters must be a positive integer"),
+    (["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
+    (["--dropout=1.0"], r"dropout must be in [0, 1)"),
+    (["--block_size=0"], "--block_size must be a positive integer"),
+    (["--model=mlp", "--epochs=0"], "--epochs must be a positive integer"),
+    (["--model=mlp", "--layer_sizes=784,a,10"], "--layer_sizes must be integers"),
+    (["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "min_lr must be in"),
+])
+def test_bad_flag_values(args, message):
+  process = run_module("purejax.train", *args, timeout=300)
+  assert process.returncode == 1
+  assert message in process.stderr
+  assert "Traceback" not in process.stderr
+
+
+@pytest.mark.parametrize("args", [["--model=resnet"], ["--dtype=float64"],
+                                  ["--optimizer=lion"]])
+def test_unknown_choices_are_rejected_by_flag_parsing(args):
+  process = run_module("purejax.train", *args, timeout=300)
+  assert process.returncode != 0
+  assert "should be one of" in process.stderr
+  assert "Traceback" not in process.stderr
+
+
+def test_mnist_offline_without_data_names_the_flag(tmp_path):
+  process = run_module("purejax.train", "--model=mlp",
+                       f"--tfds_manual_dir={tmp_path / 'missing'}",
+                       f"--tfds_data_dir={tmp_path / 'tfds'}", timeout=300)
+  assert process.returncode == 1
+  assert "--tfds_manual_dir" in process.stderr and "is not a directory" in process.stderr
+  assert "Traceback" not in process.stderr
+
+
+def test_sample_without_a_trained_model(tmp_path):
+  process = run_module("purejax.sample", f"--out_dir={tmp_path}", timeout=300)
+  assert process.returncode == 1
+  assert "train first" in process.stderr

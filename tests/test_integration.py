@@ -1,0 +1,66 @@
+"""End to end on the real data in ../shared/data, through the command line.
+
+These run under CI=true (missing data fails there, see conftest).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import require_shared_data, run_module
+
+pytestmark = pytest.mark.integration
+
+
+def final_metrics(process):
+  assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+  line = [l for l in process.stdout.splitlines() if l.startswith("final ")][-1]
+  return json.loads(line[len("final "):])
+
+
+def sorted_examples(images, labels):
+  """Rows of (pixels, label) as bytes, sorted: the dataset as a multiset."""
+  rows = np.concatenate([np.round(images * 255).astype(np.uint8),
+                         labels[:, None].astype(np.uint8)], axis=1)
+  return np.sort(np.ascontiguousarray(rows).view(f"V{rows.shape[1]}").ravel())
+
+
+def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
+  from purejax import data
+  mnist_dir = require_shared_data("mnist")
+  via_tfds = data.load_mnist(tfds_data_dir, str(mnist_dir))
+  direct = data.load_mnist_idx(str(mnist_dir))
+  assert via_tfds.train_images.shape == (60000, 784)
+  assert via_tfds.test_images.shape == (10000, 784)
+  # TFDS shuffles the order when it prepares; the examples must be the same.
+  for split in ("train", "test"):
+    a = sorted_examples(getattr(via_tfds, f"{split}_images"), getattr(via_tfds, f"{split}_labels"))
+    b = sorted_examples(getattr(direct, f"{split}_images"), getattr(direct, f"{split}_labels"))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
+  mnist_dir = require_shared_data("mnist")
+  process = run_module("purejax.train", "--model=mlp", "--epochs=1",
+                       f"--tfds_manual_dir={mnist_dir}", f"--tfds_data_dir={tfds_data_dir}",
+                       f"--out_dir={tmp_path}")
+  metrics = final_metrics(process)
+  assert metrics["test_acc"] >= 0.95, metrics
+  assert (tmp_path / "params.npz").is_file()
+
+
+def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
+  text_dir = require_shared_data("tinyshakespeare")
+  process = run_module(
+      "purejax.train", "--max_iters=200", "--lr_decay_iters=200", "--warmup_iters=20",
+      "--eval_interval=100", "--eval_iters=50", "--sample_tokens=40",
+      f"--tfds_manual_dir={text_dir}", f"--tfds_data_dir={tfds_data_dir}",
+      f"--out_dir={tmp_path}")
+  metrics = final_metrics(process)
+  assert metrics["step"] == 200
+  assert metrics["val_loss"] < 2.6, metrics
+  sample = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO:",
+                      "--num_samples=2", "--max_new_tokens=30")
+  assert sample.returncode == 0, sample.stderr[-2000:]
+  assert sample.stdout.count("ROMEO:") == 2

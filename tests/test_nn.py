@@ -1,0 +1,101 @@
+"""nn: each layer's init gives the documented shapes and its apply the documented maths."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from purejax import nn
+
+
+class NNTest(chex.TestCase, parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_dense_matches_numpy(self):
+    params = nn.init_dense(jax.random.PRNGKey(0), 3, 5, scale=1.0)
+    params["b"] = jnp.arange(5.0)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 3))
+    y = self.variant(nn.dense)(params, x)
+    chex.assert_shape(y, (2, 4, 5))
+    chex.assert_trees_all_close(y, np.asarray(x) @ np.asarray(params["w"]) + np.arange(5.0),
+                                rtol=1e-5, atol=1e-5)
+
+  def test_dense_without_bias_and_bf16_compute(self):
+    params = nn.init_dense(jax.random.PRNGKey(0), 3, 5, bias=False)
+    assert set(params) == {"w"}
+    y = nn.dense(params, jnp.ones((2, 3)), compute_dtype=jnp.bfloat16)
+    assert y.dtype == jnp.bfloat16
+    assert params["w"].dtype == jnp.float32
+
+  def test_dense_rejects_wrong_width(self):
+    params = nn.init_dense(jax.random.PRNGKey(0), 3, 5)
+    with pytest.raises(AssertionError):
+      nn.dense(params, jnp.ones((2, 4)))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_layer_norm_normalises(self):
+    params = nn.init_layer_norm(8)
+    x = 3.0 + 5.0 * jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+    y = self.variant(nn.layer_norm)(params, x)
+    chex.assert_trees_all_close(y.mean(-1), jnp.zeros(4), atol=1e-5)
+    chex.assert_trees_all_close(y.std(-1), jnp.ones(4), atol=1e-3)
+
+  def test_layer_norm_keeps_bf16_dtype(self):
+    y = nn.layer_norm(nn.init_layer_norm(8, bias=False), jnp.ones((2, 8), jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+
+  def test_embedding_lookup_and_tied_logits(self):
+    params = nn.init_embedding(jax.random.PRNGKey(0), 10, 4)
+    ids = jnp.array([[1, 2], [3, 9]])
+    x = nn.embed(params, ids)
+    chex.assert_shape(x, (2, 2, 4))
+    chex.assert_trees_all_close(x[1, 1], params["embedding"][9])
+    logits = nn.embedding_logits(params, x)
+    chex.assert_shape(logits, (2, 2, 10))
+    chex.assert_trees_all_close(logits, x @ params["embedding"].T)
+
+  def test_dropout_semantics(self):
+    x = jnp.ones((1000,))
+    key = jax.random.PRNGKey(0)
+    # deterministic ignores the key and the rate.
+    chex.assert_trees_all_equal(nn.dropout(key, x, 0.5, deterministic=True), x)
+    y = nn.dropout(key, x, 0.5, deterministic=False)
+    kept = np.asarray(y) != 0
+    assert 0.4 < kept.mean() < 0.6
+    np.testing.assert_allclose(np.asarray(y)[kept], 2.0)  # rescaled by 1/(1-rate)
+    chex.assert_trees_all_equal(y, nn.dropout(key, x, 0.5, deterministic=False))
+    assert not np.array_equal(y, nn.dropout(jax.random.PRNGKey(1), x, 0.5,
+                                            deterministic=False))
+
+  @parameterized.parameters(-0.1, 1.0, 1.5)
+  def test_dropout_rejects_bad_rate(self, rate):
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+      nn.dropout(jax.random.PRNGKey(0), jnp.ones(3), rate, deterministic=False)
+
+  def test_dropout_needs_key_when_training(self):
+    with pytest.raises(ValueError, match="key"):
+      nn.dropout(None, jnp.ones(3), 0.5, deterministic=False)
+
+  def test_activations(self):
+    chex.assert_trees_all_close(nn.relu(jnp.array([-1.0, 2.0])), jnp.array([0.0, 2.0]))
+    x = jnp.linspace(-3, 3, 7)
+    tanh_gelu = 0.5 * x * (1 + jnp.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    chex.assert_trees_all_close(nn.gelu(x), tanh_gelu, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_cross_entropy_and_accuracy(self):
+    logits = jnp.log(jnp.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]))
+    labels = jnp.array([0, 1])
+    ce = self.variant(nn.cross_entropy)(logits, labels)
+    chex.assert_trees_all_close(ce, -(np.log(0.7) + np.log(0.1)) / 2, rtol=1e-6)
+    chex.assert_trees_all_close(self.variant(nn.accuracy)(logits, labels), 0.5)
+
+  def test_cross_entropy_uniform_logits_is_log_classes(self):
+    ce = nn.cross_entropy(jnp.zeros((4, 3, 65)), jnp.zeros((4, 3), jnp.int32))
+    chex.assert_trees_all_close(ce, np.log(65), rtol=1e-6)
+
+  def test_cross_entropy_rejects_float_labels(self):
+    with pytest.raises(AssertionError):
+      nn.cross_entropy(jnp.zeros((2, 3)), jnp.zeros((2,)))
