@@ -32,6 +32,13 @@ Params = Dict[str, Any]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+# GPTConfig.remat -> what jax.checkpoint keeps for the backward pass.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
@@ -48,8 +55,13 @@ class GPTConfig:
     param_dtype: dtype of the stored params ("float32").
     compute_dtype: dtype of the matmuls ("float32" or "bfloat16"); LayerNorm,
       softmax and the loss always run in float32.
-    remat: wrap each block in `jax.checkpoint`, recomputing its activations
-      in the backward pass to save memory.
+    remat: how each block is wrapped in `jax.checkpoint` for the backward
+      pass: "none" stores every activation; "full" stores only the block's
+      input and recomputes the rest; "dots" (default) stores the matmul
+      outputs and recomputes the cheap elementwise ops. On CPU "dots" is the
+      fastest by far (26 ms/iter vs 55 ms/iter for "none" on nanoGPT's CPU
+      recipe): writing every activation of every layer into the scan's
+      stacked buffers, and reading it back, costs more than recomputing it.
   """
   vocab_size: int = 65
   block_size: int = 64
@@ -60,7 +72,7 @@ class GPTConfig:
   bias: bool = True
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
-  remat: bool = False
+  remat: str = "dots"
 
   def __post_init__(self):
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -74,6 +86,8 @@ class GPTConfig:
           f"{math.gcd(self.n_embd, self.n_head)}).")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat={self.remat!r} is not one of {sorted(REMAT_POLICIES)}.")
     for name in ("param_dtype", "compute_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of "
@@ -84,8 +98,9 @@ class GPTConfig:
     return self.n_embd // self.n_head
 
   @property
-  def compute(self):
-    return _DTYPES[self.compute_dtype]
+  def matmul_dtype(self):
+    """Operand dtype of the matmuls; None when they run in float32."""
+    return None if self.compute_dtype == "float32" else _DTYPES[self.compute_dtype]
 
 
 # ----------------------------------------------------------------------------
@@ -156,7 +171,7 @@ class KVCache(NamedTuple):
 
 def init_kv_cache(config: GPTConfig, batch: int) -> KVCache:
   shape = (config.n_layer, batch, config.block_size, config.n_head, config.head_dim)
-  return KVCache(jnp.zeros(shape, config.compute), jnp.zeros(shape, config.compute))
+  return KVCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
 
 
 def causal_self_attention(
@@ -191,32 +206,32 @@ def causal_self_attention(
   """
   b, t, c = x.shape
   h, d = config.n_head, config.head_dim
-  qkv = nn.dense(params["qkv"], x, compute_dtype=config.compute)  # [b, t, 3c]
+  qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype)  # [b, t, 3c]
   q, k, v = jnp.split(qkv.reshape(b, t, 3, h, d), 3, axis=2)
   q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # each [b, t, h, d]
   query_pos = jnp.arange(t)
   if cache is not None:
     k_cache, v_cache = cache
-    k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, pos, 0, 0))
-    v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, pos, 0, 0))
+    k = jax.lax.dynamic_update_slice(k_cache, k, (0, pos, 0, 0))
+    v = jax.lax.dynamic_update_slice(v_cache, v, (0, pos, 0, 0))
     cache = (k, v)
     query_pos = query_pos + pos
   key_pos = jnp.arange(k.shape[1])
-  # [b, h, t, s]; scores in float32 so the softmax is exact in bf16 runs.
-  scores = jnp.einsum("bthd,bshd->bhts", q, k,
-                      preferred_element_type=jnp.float32) / math.sqrt(d)
+  # Attention's matmuls stay float32: at these context lengths they are a
+  # small share of the FLOPs, and the softmax wants the precision.
+  scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d)  # [b, h, t, s]
   causal = key_pos[None, :] <= query_pos[:, None]  # [t, s]
   scores = jnp.where(causal, scores, -jnp.inf)
-  weights = jax.nn.softmax(scores, axis=-1).astype(config.compute)
+  weights = jax.nn.softmax(scores, axis=-1)
   weights = nn.dropout(key, weights, config.dropout, deterministic=deterministic)
-  y = jnp.einsum("bhts,bshd->bthd", weights, v).reshape(b, t, c)
-  return nn.dense(params["proj"], y, compute_dtype=config.compute), cache
+  y = jnp.einsum("bhts,bshd->bthd", weights, v.astype(weights.dtype)).reshape(b, t, c)
+  return nn.dense(params["proj"], y, compute_dtype=config.matmul_dtype), cache
 
 
 def mlp(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
   """Position-wise `proj(gelu(fc(x)))`: `[..., embd] -> [..., embd]`."""
-  hidden = nn.gelu(nn.dense(params["fc"], x, compute_dtype=config.compute))
-  return nn.dense(params["proj"], hidden, compute_dtype=config.compute)
+  hidden = nn.gelu(nn.dense(params["fc"], x, compute_dtype=config.matmul_dtype))
+  return nn.dense(params["proj"], hidden, compute_dtype=config.matmul_dtype)
 
 
 def block(
@@ -259,8 +274,8 @@ def _run_blocks(params, x, config, *, key, deterministic, cache=None, pos=0):
                            deterministic=deterministic, cache=layer_cache, pos=pos)
     return h, layer_cache
 
-  if config.remat:
-    body = jax.checkpoint(body)
+  if config.remat != "none":
+    body = jax.checkpoint(body, policy=REMAT_POLICIES[config.remat])
   layer_caches = None if cache is None else (cache.k, cache.v)
   x, new_caches = jax.lax.scan(body, x, (params["blocks"], layer_keys, layer_caches))
   return x, (None if cache is None else KVCache(*new_caches))
@@ -295,10 +310,9 @@ def forward(
   keys = (None, None) if deterministic else jax.random.split(key)
   x = nn.embed(params["wte"], tokens) + params["wpe"]["embedding"][:t]  # [b, t, c]
   x = nn.dropout(keys[0], x, config.dropout, deterministic=deterministic)
-  x, _ = _run_blocks(params, x.astype(config.compute), config, key=keys[1],
-                     deterministic=deterministic)
+  x, _ = _run_blocks(params, x, config, key=keys[1], deterministic=deterministic)
   x = nn.layer_norm(params["ln_f"], x)
-  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.compute)
+  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype)
   chex.assert_shape(logits, (b, t, config.vocab_size))
   return logits.astype(jnp.float32)
 
@@ -325,11 +339,11 @@ def forward_with_cache(
   _check_tokens(tokens, config)
   t = tokens.shape[1]
   positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], pos, t)
-  x = (nn.embed(params["wte"], tokens) + positions).astype(config.compute)
+  x = nn.embed(params["wte"], tokens) + positions
   x, cache = _run_blocks(params, x, config, key=None, deterministic=True,
                          cache=cache, pos=pos)
   x = nn.layer_norm(params["ln_f"], x[:, -1])
-  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.compute)
+  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype)
   return logits.astype(jnp.float32), cache
 
 

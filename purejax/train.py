@@ -67,7 +67,8 @@ _DROPOUT = flags.DEFINE_float("dropout", 0.0, "Dropout rate in [0, 1).")
 _BIAS = flags.DEFINE_bool("bias", True, "Biases in dense layers and LayerNorms.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Matmul dtype; params stay float32.")
-_REMAT = flags.DEFINE_bool("remat", False, "Recompute block activations in backward.")
+_REMAT = flags.DEFINE_enum("remat", "dots", list(gpt.REMAT_POLICIES),
+                           "What each block keeps for the backward pass (see GPTConfig).")
 _MAX_ITERS = flags.DEFINE_integer("max_iters", 2000, "GPT training steps.")
 _EVAL_INTERVAL = flags.DEFINE_integer("eval_interval", 250, "Steps between evaluations.")
 _EVAL_ITERS = flags.DEFINE_integer("eval_iters", 200, "Batches per evaluation.")

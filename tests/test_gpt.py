@@ -104,13 +104,15 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(gpt.forward(params, tokens, TINY), unrolled,
                                 rtol=1e-5, atol=1e-5)
 
-  def test_remat_gives_the_same_loss_and_gradients(self):
+  @parameterized.parameters("full", "dots")
+  def test_remat_gives_the_same_loss_and_gradients(self, policy):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 9))
-    remat = dataclasses.replace(TINY, remat=True)
     grad = lambda cfg: jax.value_and_grad(gpt.loss)(params, tokens[:, :-1],
                                                     tokens[:, 1:], cfg)
-    chex.assert_trees_all_close(grad(TINY), grad(remat), rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(grad(dataclasses.replace(TINY, remat="none")),
+                                grad(dataclasses.replace(TINY, remat=policy)),
+                                rtol=1e-5, atol=1e-6)
 
   def test_dropout_keys(self):
     config = dataclasses.replace(TINY, dropout=0.3)
@@ -149,6 +151,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
       (dict(dropout=-0.1), r"\[0, 1\)"),
       (dict(block_size=0), "block_size must be a positive"),
       (dict(compute_dtype="int8"), "compute_dtype"),
+      (dict(remat="yes"), "remat"),
   )
   def test_bad_config_is_a_clear_error(self, changes, message):
     with pytest.raises(ValueError, match=message):

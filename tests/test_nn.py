@@ -25,9 +25,20 @@ class NNTest(chex.TestCase, parameterized.TestCase):
   def test_dense_without_bias_and_bf16_compute(self):
     params = nn.init_dense(jax.random.PRNGKey(0), 3, 5, bias=False)
     assert set(params) == {"w"}
-    y = nn.dense(params, jnp.ones((2, 3)), compute_dtype=jnp.bfloat16)
-    assert y.dtype == jnp.bfloat16
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 3))
+    y = nn.dense(params, x, compute_dtype=jnp.bfloat16)
+    assert y.dtype == jnp.float32  # bf16 operands, float32 accumulation and result
     assert params["w"].dtype == jnp.float32
+    chex.assert_trees_all_close(y, nn.dense(params, x), rtol=2e-2, atol=2e-3)
+
+  def test_bf16_matmul_gradients_are_float32_and_close(self):
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 8))
+    w = jax.random.normal(jax.random.PRNGKey(1), (8, 4))
+    f = lambda dtype: jax.grad(lambda x, w: jnp.sum(jnp.sin(nn.matmul(
+        x, w, compute_dtype=dtype))), argnums=(0, 1))(x, w)
+    low, high = f(jnp.bfloat16), f(None)
+    assert all(g.dtype == jnp.float32 for g in low)
+    chex.assert_trees_all_close(low, high, rtol=5e-2, atol=5e-2)
 
   def test_dense_rejects_wrong_width(self):
     params = nn.init_dense(jax.random.PRNGKey(0), 3, 5)
