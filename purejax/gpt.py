@@ -164,14 +164,30 @@ def num_params(params: Params, *, non_embedding: bool = True) -> int:
 
 
 class KVCache(NamedTuple):
-  """Keys and values of past positions, per layer: `[n_layer, batch, block, head, head_dim]`."""
-  k: chex.Array
-  v: chex.Array
+  """Keys and values of past positions: one `[batch, block, head, head_dim]` array per layer."""
+  k: Tuple[chex.Array, ...]
+  v: Tuple[chex.Array, ...]
 
 
 def init_kv_cache(config: GPTConfig, batch: int) -> KVCache:
-  shape = (config.n_layer, batch, config.block_size, config.n_head, config.head_dim)
-  return KVCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
+  shape = (batch, config.block_size, config.n_head, config.head_dim)
+  zeros = tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
+  return KVCache(zeros, zeros)
+
+
+def unstack_layers(params: Params) -> Params:
+  """`params` with `"blocks"` as a tuple of per-layer dicts instead of stacked arrays.
+
+  Decoding slices each layer's weights for every token; inside a loop XLA
+  copies those slices each time. Unstacking once, before the loop, removes
+  the copies (they were most of the time per token).
+  """
+  blocks = params["blocks"]
+  if isinstance(blocks, tuple):
+    return params
+  n_layer = jax.tree.leaves(blocks)[0].shape[0]
+  layers = tuple(jax.tree.map(lambda p, i=i: p[i], blocks) for i in range(n_layer))
+  return {**params, "blocks": layers}
 
 
 def causal_self_attention(
@@ -274,11 +290,19 @@ def _run_blocks(params, x, config, *, key, deterministic, cache=None, pos=0):
                            deterministic=deterministic, cache=layer_cache, pos=pos)
     return h, layer_cache
 
-  if config.remat != "none":
-    body = jax.checkpoint(body, policy=REMAT_POLICIES[config.remat])
-  layer_caches = None if cache is None else (cache.k, cache.v)
-  x, new_caches = jax.lax.scan(body, x, (params["blocks"], layer_keys, layer_caches))
-  return x, (None if cache is None else KVCache(*new_caches))
+  if cache is None:
+    if config.remat != "none":
+      body = jax.checkpoint(body, policy=REMAT_POLICIES[config.remat])
+    x, _ = jax.lax.scan(body, x, (params["blocks"], layer_keys, None))
+    return x, None
+  # Decoding does little work per layer, so a plain Python loop over the
+  # layers (unrolled in the compiled program) beats a scan's overhead.
+  ks, vs = [], []
+  for layer, k, v in zip(unstack_layers(params)["blocks"], cache.k, cache.v):
+    x, (k, v) = block(layer, x, config, key=None, deterministic=True, cache=(k, v), pos=pos)
+    ks.append(k)
+    vs.append(v)
+  return x, KVCache(tuple(ks), tuple(vs))
 
 
 def forward(
@@ -327,7 +351,7 @@ def forward_with_cache(
   """Runs `tokens` at positions `pos, pos+1, ...` against a KV cache.
 
   Args:
-    params: model params.
+    params: model params (stacked, or per layer from `unstack_layers`).
     tokens: `[batch, time]` ids; `pos + time <= block_size`.
     cache: keys and values of positions `< pos` (later slots are ignored).
     pos: position of `tokens[:, 0]` (may be traced).
@@ -367,19 +391,26 @@ def loss(
 
 
 def sample_logits(
-    key: chex.PRNGKey,
+    key: Optional[chex.PRNGKey],
     logits: chex.Array,
     temperature: chex.Numeric = 1.0,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
+    *,
+    gumbel: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Draws one token per row of `logits` `[batch, vocab]` -> `[batch]` int32.
 
   `temperature <= 0` means greedy (argmax). `top_k` keeps the k most likely
   tokens; `top_p` keeps the smallest set whose probability reaches p
-  (nucleus sampling). Both filters may be combined.
+  (nucleus sampling). Both filters may be combined. The draw is the
+  Gumbel-max trick, `argmax(logits / temperature + g)` with
+  `g = jax.random.gumbel(key, logits.shape)`; pass `gumbel` instead of `key`
+  to supply `g` drawn ahead of time.
   """
   chex.assert_rank(logits, 2)
+  if gumbel is None:
+    gumbel = jax.random.gumbel(key, logits.shape)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   scaled = logits / jnp.maximum(temperature, 1e-6)
   if top_k is not None and top_k < logits.shape[-1]:
@@ -393,7 +424,7 @@ def sample_logits(
     inside = (cum - jax.nn.softmax(sorted_logits, axis=-1)) < top_p
     cutoff = jnp.min(jnp.where(inside, sorted_logits, jnp.inf), axis=-1, keepdims=True)
     scaled = jnp.where(scaled < cutoff, -jnp.inf, scaled)
-  drawn = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+  drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
   return jnp.where(temperature > 0, drawn, greedy)
 
 
@@ -446,30 +477,60 @@ def generate(
     raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 1, "
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
   prompt = prompt.astype(jnp.int32)
+  params = unstack_layers(params)  # once, outside the decode loop
   window, refill = min(p, config.block_size), max(config.block_size // 2, 1)
   buffer = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
   logits, cache = forward_with_cache(params, prompt[:, p - window:],
                                      init_kv_cache(config, b), 0, config)
 
-  def step(carry, i):
-    buffer, cache, cache_len, logits = carry
-    token = sample_logits(jax.random.fold_in(key, i), logits, temperature, top_k, top_p)
-    n = p + i  # index of the new token
-    buffer = jax.lax.dynamic_update_slice(buffer, token[:, None], (0, n))
+  # Each new token is sampled, written, then fed back: fed through the cache
+  # ("decode") while it has room, else by sliding the window ("slide"). The
+  # prompt length is static, so when the slides fall is known here: decode
+  # steps run as scans of fixed length, slides sit between them, and the
+  # loop needs no branch. (The last token's feed is wasted work, one step.)
+  #
+  # Token i's noise is `gumbel(fold_in(key, i))`. Drawing it inside the loop
+  # would run JAX's CPU threefry (a rolled loop) once per token, which took a
+  # third of the time; each scan draws its tokens' noise in one batch first.
+  vocab = config.vocab_size
+  step_noise = jax.vmap(lambda i: jax.random.gumbel(jax.random.fold_in(key, i), (b, vocab)))
 
-    def decode(cache):
-      return forward_with_cache(params, token[:, None], cache, cache_len, config), cache_len + 1
+  def sample_and_write(carry, noise):
+    buffer, cache, cache_len, logits, i = carry
+    token = sample_logits(None, logits, temperature, top_k, top_p, gumbel=noise)
+    buffer = jax.lax.dynamic_update_slice(buffer, token[:, None], (0, p + i))
+    return buffer, cache, cache_len, token, i
 
-    def slide(cache):
-      recent = jax.lax.dynamic_slice(buffer, (0, n + 1 - refill), (b, refill))
-      return forward_with_cache(params, recent, cache, 0, config), jnp.int32(refill)
+  def decode(carry, noise):
+    buffer, cache, cache_len, token, i = sample_and_write(carry, noise)
+    logits, cache = forward_with_cache(params, token[:, None], cache, cache_len, config)
+    return (buffer, cache, cache_len + 1, logits, i + 1), None
 
-    (logits, cache), cache_len = jax.lax.cond(
-        cache_len == config.block_size, slide, decode, cache)
-    return (buffer, cache, cache_len, logits), None
+  def slide(carry):
+    noise = step_noise(carry[-1][None])[0]
+    buffer, cache, _, _, i = sample_and_write(carry, noise)
+    recent = jax.lax.dynamic_slice(buffer, (0, p + i + 1 - refill), (b, refill))
+    logits, cache = forward_with_cache(params, recent, cache, 0, config)
+    return buffer, cache, jnp.int32(refill), logits, i + 1
 
-  (buffer, _, _, _), _ = jax.lax.scan(
-      step, (buffer, cache, jnp.int32(window), logits), jnp.arange(max_new_tokens))
+  def decodes(carry, n):
+    if n == 0:
+      return carry
+    noise = step_noise(carry[-1] + jnp.arange(n))  # [n, batch, vocab]
+    return jax.lax.scan(decode, carry, noise)[0]
+
+  carry = (buffer, cache, jnp.int32(window), logits, jnp.int32(0))
+  first = min(max_new_tokens, config.block_size - window)
+  carry = decodes(carry, first)
+  period = 1 + config.block_size - refill  # one slide, then decodes until full
+  full_periods, tail = divmod(max_new_tokens - first, period)
+  if full_periods:
+    carry = jax.lax.scan(
+        lambda c, _: (decodes(slide(c), period - 1), None), carry, None,
+        length=full_periods)[0]
+  if tail:
+    carry = decodes(slide(carry), tail - 1)
+  buffer = carry[0]
   return buffer[0] if unbatched else buffer
 
 

@@ -64,7 +64,8 @@ _N_HEAD = flags.DEFINE_integer("n_head", 4, "Attention heads.")
 _N_EMBD = flags.DEFINE_integer("n_embd", 128, "Model width.")
 _BLOCK_SIZE = flags.DEFINE_integer("block_size", 64, "Context length.")
 _DROPOUT = flags.DEFINE_float("dropout", 0.0, "Dropout rate in [0, 1).")
-_BIAS = flags.DEFINE_bool("bias", True, "Biases in dense layers and LayerNorms.")
+_BIAS = flags.DEFINE_bool(
+    "bias", False, "Biases in dense layers and LayerNorms (nanoGPT's train.py default: off).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Matmul dtype; params stay float32.")
 _REMAT = flags.DEFINE_enum("remat", "dots", list(gpt.REMAT_POLICIES),
@@ -205,7 +206,7 @@ def train_gpt(out_dir: str) -> dict:
         f"val loss {losses['val_loss']:.4f}")
     return losses
 
-  metrics, step, times = {}, 0, []
+  metrics, step, times, since_log = {}, 0, [], []
   while step < max_iters:
     if step % _EVAL_INTERVAL.value == 0:
       metrics.update(evaluate(step))
@@ -218,16 +219,18 @@ def train_gpt(out_dir: str) -> dict:
         params, opt_state, train_data, keys["train"], step, config=config,
         optimizer=optimizer, batch_size=batch_size, num_steps=num_steps)
     losses = np.asarray(losses)  # waits for the steps to finish
-    times.append(((time.perf_counter() - start) / num_steps, num_steps))
+    seconds_per_step = (time.perf_counter() - start) / num_steps
+    times.append(seconds_per_step)
+    since_log.append(seconds_per_step)
     step += num_steps
     if step % _LOG_INTERVAL.value == 0 or step == max_iters:
-      recent = [t for t, _ in times[-_LOG_INTERVAL.value:]]
-      ms = 1000 * float(np.median(recent))
+      ms = 1000 * float(np.median(since_log))
       log(f"step {step:5d} | loss {losses[-1]:.4f} | {ms:6.2f} ms/iter | "
           f"{batch_size * config.block_size / ms * 1000:8.0f} tokens/s")
+      since_log = []
   metrics.update(evaluate(step))
-  # The first call of each shape includes compilation, so drop it.
-  steady = [t for t, _ in times[2:]] or [t for t, _ in times]
+  # The first calls compile (one per distinct chunk length), so drop them.
+  steady = times[2:] or times
   metrics.update(step=step, ms_per_iter=1000 * float(np.median(steady)))
   log(f"median {metrics['ms_per_iter']:.2f} ms/iter after compilation")
 
