@@ -1,0 +1,419 @@
+"""purejax side by side with its PyTorch twins (and the seed's style), in one run.
+
+    python -m bench.run            # every case (about 15 minutes on 2 cores)
+    python -m bench.run --quick    # a smoke run of every case (about 2 minutes)
+
+Each case runs its arms alternately, A B A B ..., so that slow drifts of this
+shared machine hit every arm alike. It reports each arm's median and min-max,
+and for each peer the median (and min-max) of the per-round ratio
+peer/purejax: above 1 means purejax is faster. Results go to
+`bench/results/<date>.json`, and a markdown table is printed.
+"""
+
+import dataclasses
+import datetime
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from purejax import gpt
+from purejax import mlp
+from purejax import nn as pnn
+from purejax import optim
+
+_QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
+_CASES = flags.DEFINE_list("cases", "a,b,c,d,e,f,g", "Cases to run.")
+_OUT = flags.DEFINE_string("out", None, "Results file (default bench/results/<date>.json).")
+
+SMALL = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+HEAVY = gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
+# Batch size of each bench size, keyed by its context length.
+BATCH_BY_BLOCK = {SMALL.block_size: 12, HEAVY.block_size: 16}
+
+
+def batch_of(config):
+  return BATCH_BY_BLOCK[config.block_size]
+RESULTS_DIR = pathlib.Path(__file__).parent / "results"
+
+
+def alternate(arms, rounds):
+  """Runs `arms` ({name: fn() -> seconds}) round-robin; returns {name: [seconds]}."""
+  times = {name: [] for name in arms}
+  for _ in range(rounds):
+    for name, fn in arms.items():
+      times[name].append(fn())
+  return times
+
+
+def summarise(times, reference, unit="s"):
+  """Medians per arm and per-round ratios arm/reference."""
+  rows = {}
+  for name, ts in times.items():
+    row = {"median": float(np.median(ts)), "min": float(min(ts)), "max": float(max(ts)),
+           "unit": unit, "n": len(ts)}
+    if name != reference:
+      ratios = np.array(ts) / np.array(times[reference])
+      row.update(ratio=float(np.median(ratios)), ratio_min=float(ratios.min()),
+                 ratio_max=float(ratios.max()))
+    rows[name] = row
+  return rows
+
+
+# ----------------------------------------------------------------------------
+# GPT train step: purejax fp32 / bf16, torch eager, torch.compile
+
+
+def purejax_train_arm(config, steps):
+  key = jax.random.PRNGKey(0)
+  data = jax.random.randint(key, (200_000,), 0, config.vocab_size)
+  params = gpt.init_params(config, key)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(
+      learning_rate=1e-3, warmup_iters=10, decay_iters=1000, min_lr=1e-4, beta2=0.99,
+      weight_decay=0.1, grad_clip=1.0))
+  state = {"params": params, "opt": optimizer.init(params), "step": 0}
+
+  def run():
+    start = time.perf_counter()
+    state["params"], state["opt"], losses = gpt.train_steps(
+        state["params"], state["opt"], data, key, state["step"], config=config,
+        optimizer=optimizer, batch_size=batch_of(config), num_steps=steps)
+    losses.block_until_ready()
+    state["step"] += steps
+    return (time.perf_counter() - start) / steps
+
+  run()  # compile
+  return run
+
+
+def torch_train_arm(config, steps, compile_model=False):
+  import torch  # pylint: disable=g-import-not-at-top
+  from bench import torch_gpt  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  model = torch_gpt.TorchGPT(config)
+  optimizer = torch_gpt.make_optimizer(model, 1e-3, 0.1, (0.9, 0.99))
+  step_model = torch.compile(model) if compile_model else model
+  data = torch.randint(0, config.vocab_size, (200_000,))
+  t, b = config.block_size, batch_of(config)
+
+  def one_step():
+    ix = torch.randint(len(data) - t, (b,))
+    x = torch.stack([data[i:i + t] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + t] for i in ix])
+    _, loss = step_model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+  def run():
+    start = time.perf_counter()
+    for _ in range(steps):
+      one_step()
+    return (time.perf_counter() - start) / steps
+
+  run()  # warm up (and compile)
+  return run
+
+
+def train_case(config, rounds, steps, with_compile):
+  arms = {"purejax fp32": purejax_train_arm(config, steps),
+          "purejax bf16": purejax_train_arm(dataclasses.replace(config,
+                                                                compute_dtype="bfloat16"), steps),
+          "torch eager fp32": torch_train_arm(config, steps)}
+  notes = {}
+  if with_compile:
+    try:
+      arms["torch.compile fp32"] = torch_train_arm(config, steps, compile_model=True)
+    except Exception as e:  # pylint: disable=broad-except
+      notes["torch.compile"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+  times = alternate(arms, rounds)
+  return {"rows": summarise(times, "purejax fp32", "s/iter"),
+          "extra": {"bf16_vs_torch_eager": summarise(
+              {"purejax bf16": times["purejax bf16"],
+               "torch eager fp32": times["torch eager fp32"]}, "purejax bf16")},
+          "notes": notes}
+
+
+# ----------------------------------------------------------------------------
+# Sampling
+
+
+def sample_case(rounds, new_tokens):
+  import torch  # pylint: disable=g-import-not-at-top
+  from bench import torch_gpt  # pylint: disable=g-import-not-at-top
+  params = gpt.init_params(SMALL, jax.random.PRNGKey(0))
+  prompt = jnp.zeros((1,), jnp.int32)
+  gpt.generate(params, prompt, SMALL, jax.random.PRNGKey(0), new_tokens).block_until_ready()
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(SMALL), params).eval()
+  counter = iter(range(1, 10_000))
+
+  def ours():
+    start = time.perf_counter()
+    gpt.generate(params, prompt, SMALL, jax.random.PRNGKey(next(counter)), new_tokens,
+                 top_k=200).block_until_ready()
+    return (time.perf_counter() - start) / new_tokens
+
+  def theirs():
+    start = time.perf_counter()
+    twin.generate(torch.zeros((1, 1), dtype=torch.long), new_tokens, top_k=200)
+    return (time.perf_counter() - start) / new_tokens
+
+  times = alternate({"purejax KV-cache scan": ours, "torch twin (recompute)": theirs}, rounds)
+  rows = summarise(times, "purejax KV-cache scan", "s/token")
+  for row in rows.values():
+    row["tokens_per_s"] = 1.0 / row["median"]
+  return {"rows": rows}
+
+
+# ----------------------------------------------------------------------------
+# MNIST epoch: purejax scan epoch, torch loop, the seed's tf.data + Python loop
+
+
+def mnist_case(rounds):
+  import torch  # pylint: disable=g-import-not-at-top
+  from bench import torch_mlp  # pylint: disable=g-import-not-at-top
+  sizes, batch = [784, 512, 512, 10], 128
+  rng = np.random.default_rng(0)
+  images = rng.random((60_000, 784), dtype=np.float32)
+  labels = rng.integers(0, 10, 60_000).astype(np.int32)
+  key = jax.random.PRNGKey(0)
+  optimizer = optax.sgd(0.01)
+
+  state = {"params": mlp.init_network_params(sizes, key)}
+  state["opt"] = optimizer.init(state["params"])
+  x_dev, y_dev = jnp.asarray(images), jnp.asarray(labels)
+  epoch = iter(range(10_000))
+
+  def ours():
+    start = time.perf_counter()
+    state["params"], state["opt"], loss = mlp.train_epoch(
+        state["params"], state["opt"], x_dev, y_dev, jax.random.fold_in(key, next(epoch)),
+        optimizer=optimizer, batch_size=batch)
+    loss.block_until_ready()
+    return time.perf_counter() - start
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  seed_state = {"params": mlp.init_network_params(sizes, key)}
+  seed_state["opt"] = optimizer.init(seed_state["params"])
+  dataset = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(
+      60_000, seed=0).batch(batch, drop_remainder=True)
+
+  def seed_style():
+    start = time.perf_counter()
+    for x, y in dataset.as_numpy_iterator():
+      seed_state["params"], seed_state["opt"], loss = mlp.update(
+          seed_state["params"], seed_state["opt"], x, y, optimizer=optimizer)
+    loss.block_until_ready()
+    return time.perf_counter() - start
+
+  torch.manual_seed(0)
+  model = torch_mlp.TorchMLP(sizes)
+  torch_opt = torch.optim.SGD(model.parameters(), lr=0.01)
+  tx, ty = torch.from_numpy(images), torch.from_numpy(labels).long()
+  gen = torch.Generator().manual_seed(0)
+
+  def theirs():
+    start = time.perf_counter()
+    torch_mlp.train_epoch(model, torch_opt, tx, ty, batch, gen)
+    return time.perf_counter() - start
+
+  ours(), seed_style(), theirs()  # warm up and compile
+  times = alternate({"purejax scan epoch": ours, "torch twin": theirs,
+                     "seed style (tf.data + Python loop)": seed_style}, rounds)
+  return {"rows": summarise(times, "purejax scan epoch", "s/epoch")}
+
+
+# ----------------------------------------------------------------------------
+# Compile time vs depth: scan over layers vs an unrolled Python loop
+
+
+def unrolled_loss(params, tokens, targets, config):
+  """The same model as gpt.loss with a Python loop over the layers."""
+  t = tokens.shape[1]
+  x = pnn.embed(params["wte"], tokens) + params["wpe"]["embedding"][:t]
+  for i in range(config.n_layer):
+    layer = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
+    x, _ = gpt.block(layer, x, config, key=None, deterministic=True)
+  logits = pnn.embedding_logits(params["wte"], pnn.layer_norm(params["ln_f"], x))
+  return pnn.cross_entropy(logits, targets)
+
+
+def compile_seconds(config, loss_fn):
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  optimizer = optax.adamw(1e-3)
+  tokens = jnp.zeros((batch_of(SMALL), config.block_size), jnp.int32)
+
+  def step(params, opt_state, x, y):
+    grads = jax.grad(loss_fn)(params, x, y, config)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  start = time.perf_counter()
+  jax.jit(step).lower(params, optimizer.init(params), tokens, tokens).compile()
+  return time.perf_counter() - start
+
+
+def compile_case(depths):
+  compile_seconds(dataclasses.replace(SMALL, n_layer=1), gpt.loss)  # warm up the compiler
+  rows = {}
+  for n in depths:
+    config = dataclasses.replace(SMALL, n_layer=n, remat="none")
+    rows[f"n_layer={n}"] = {"scan_s": compile_seconds(config, gpt.loss),
+                            "unrolled_s": compile_seconds(config, unrolled_loss)}
+  first, last = rows[f"n_layer={depths[0]}"], rows[f"n_layer={depths[-1]}"]
+  growth = {"scan": last["scan_s"] / first["scan_s"],
+            "unrolled": last["unrolled_s"] / first["unrolled_s"]}
+  return {"rows": rows, "growth_first_to_last": growth}
+
+
+# ----------------------------------------------------------------------------
+# Peak memory (RSS) of a train step, each arm in its own process
+
+
+# The peak is VmHWM from /proc: getrusage's ru_maxrss survives fork+exec on
+# Linux, so a child started from this (large) process would report our peak.
+RSS_SCRIPT = """
+import sys, dataclasses
+from bench import run
+config = {config}
+arm = {arm!r}
+if arm.startswith("purejax"):
+    dtype = "bfloat16" if "bf16" in arm else "float32"
+    fn = run.purejax_train_arm(dataclasses.replace(config, compute_dtype=dtype), 2)
+else:
+    fn = run.torch_train_arm(config, 2)
+fn()
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(int(hwm.split()[1]))
+"""
+
+
+def rss_case(config_name):
+  rows = {}
+  for arm in ("purejax fp32", "purejax bf16", "torch eager fp32"):
+    script = RSS_SCRIPT.format(config=f"run.{config_name}", arm=arm)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=pathlib.Path(__file__).parents[1], timeout=900)
+    if out.returncode:
+      rows[arm] = {"error": out.stderr[-300:]}
+      continue
+    rows[arm] = {"peak_rss_mb": int(out.stdout.strip().splitlines()[-1]) / 1024}
+  return {"rows": rows, "config": config_name}
+
+
+# ----------------------------------------------------------------------------
+# Achieved GFLOP/s against this machine's measured matmul peak
+
+
+def matmul_peak(n, dtype, repeats=5):
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+  f(a, a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    f(a, a).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * n**3 / np.median(times) / 1e9
+
+
+def train_step_flops(config):
+  key = jax.random.PRNGKey(0)
+  params = gpt.init_params(config, key)
+  tokens = jnp.zeros((batch_of(config), config.block_size), jnp.int32)
+  grad = jax.jit(jax.grad(gpt.loss), static_argnums=3)
+  cost = grad.lower(params, tokens, tokens, config).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return float(cost["flops"])
+
+
+def flops_case(train_result, config, config_name, n):
+  peaks = {"float32": matmul_peak(n, jnp.float32), "bfloat16": matmul_peak(n, jnp.bfloat16)}
+  rows = {}
+  for arm, dtype in (("purejax fp32", "float32"), ("purejax bf16", "bfloat16")):
+    flops = train_step_flops(dataclasses.replace(config, compute_dtype=dtype, remat="none"))
+    seconds = train_result["rows"][arm]["median"]
+    achieved = flops / seconds / 1e9
+    rows[arm] = {"gflop_per_step": flops / 1e9, "gflop_per_s": achieved,
+                 "fraction_of_peak": achieved / peaks[dtype], "peak_dtype": dtype}
+  return {"rows": rows, "matmul_peak_gflop_per_s": peaks, "config": config_name,
+          "note": "FLOPs of forward + backward from XLA's cost analysis, without "
+                  "rematerialisation's recompute; optimizer FLOPs are negligible."}
+
+
+# ----------------------------------------------------------------------------
+
+
+def markdown(results):
+  lines = ["| case | arm | median | min-max | peer/purejax (min-max) |",
+           "| --- | --- | --- | --- | --- |"]
+  for case, result in results.items():
+    for arm, row in result.get("rows", {}).items():
+      if "median" in row:
+        ratio = (f"{row['ratio']:.2f}x ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
+                 if "ratio" in row else "reference")
+        lines.append(f"| {case} | {arm} | {row['median']:.4g} {row['unit']} | "
+                     f"{row['min']:.4g}-{row['max']:.4g} | {ratio} |")
+      else:
+        lines.append(f"| {case} | {arm} | {json.dumps(row)} | | |")
+  return "\n".join(lines)
+
+
+def main(_):
+  quick, cases = _QUICK.value, set(_CASES.value)
+  results = {}
+  started = time.time()
+  if "a" in cases:
+    results["a: GPT train, 4L/4H/128 T=64 B=12"] = train_case(
+        SMALL, rounds=3 if quick else 9, steps=5 if quick else 10, with_compile=not quick)
+  if "b" in cases or "g" in cases:
+    heavy = train_case(HEAVY, rounds=1 if quick else 5, steps=1 if quick else 2,
+                       with_compile=not quick)
+    if "b" in cases:
+      results["b: GPT train, 6L/6H/384 T=256 B=16"] = heavy
+  if "c" in cases:
+    results["c: sample 1000 tokens"] = sample_case(rounds=3 if quick else 7,
+                                                   new_tokens=200 if quick else 1000)
+  if "d" in cases:
+    results["d: MNIST epoch, batch 128"] = mnist_case(rounds=2 if quick else 7)
+  if "e" in cases:
+    results["e: compile time vs depth"] = compile_case((2, 4) if quick else (2, 4, 8, 12))
+  if "f" in cases:
+    results["f: peak RSS, train step"] = rss_case("SMALL" if quick else "HEAVY")
+  if "g" in cases:
+    results["g: achieved GFLOP/s (case b)"] = flops_case(heavy, HEAVY, "HEAVY",
+                                                        1024 if quick else 4096)
+  meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+          "quick": quick, "jax": jax.__version__, "seconds": time.time() - started,
+          "machine": f"{jax.devices()[0].device_kind}, {__import__('os').cpu_count()} cpus"}
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    meta["torch"] = torch.__version__
+  except ImportError:
+    pass
+  out = pathlib.Path(_OUT.value) if _OUT.value else RESULTS_DIR / (
+      datetime.date.today().isoformat() + ("-quick" if quick else "") + ".json")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+  print(markdown(results))
+  for case, result in results.items():
+    for key in ("extra", "notes", "growth_first_to_last", "matmul_peak_gflop_per_s"):
+      if result.get(key):
+        print(f"{case} {key}: {json.dumps(result[key])}")
+    if case.startswith(("e:", "f:", "g:")):
+      print(f"{case}: {json.dumps(result['rows'])}")
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,95 @@
+"""The PyTorch twins in bench/ compute the same functions as purejax.
+
+This makes the benchmarks apples to apples. torch is a bench-only
+dependency: CI installs it (bench/requirements.txt); elsewhere these tests
+skip when it is absent.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is bench-only: pip install -r bench/requirements.txt")
+
+from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
+from purejax import gpt, mlp, optim  # pylint: disable=g-import-not-at-top
+
+CONFIG = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32)
+
+
+def perturbed(params, seed=1, scale=0.05):
+  """Params with non-trivial biases and norms, so every tensor is exercised."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree.unflatten(
+      tree, [p + scale * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_logits_agree(bias):
+  config = dataclasses.replace(CONFIG, bias=bias)
+  params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)))
+  tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 16), 0, 65))
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(config), params).eval()
+  with torch.no_grad():
+    theirs, _ = twin(torch.from_numpy(tokens).long())
+  ours = gpt.forward(params, jnp.asarray(tokens), config)
+  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_gpt_one_training_step_agrees():
+  params = perturbed(gpt.init_params(CONFIG, jax.random.PRNGKey(0)))
+  data = jax.random.randint(jax.random.PRNGKey(3), (2000,), 0, 65)
+  x, y = gpt.sample_batch(jax.random.PRNGKey(4), data, 16, 4)
+  lr, wd, betas = 1e-2, 0.1, (0.9, 0.99)
+
+  # purejax: loss before the step, then the loss of the updated params.
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(
+      learning_rate=lr, schedule="constant", beta2=betas[1], weight_decay=wd))
+  state = optimizer.init(params)
+  loss0, grads = jax.value_and_grad(gpt.loss)(params, x, y, CONFIG)
+  updates, _ = optimizer.update(grads, state, params)
+  loss1 = gpt.loss(optax.apply_updates(params, updates), x, y, CONFIG)
+
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(CONFIG), params)
+  opt = torch_gpt.make_optimizer(twin, lr, wd, betas)
+  tx, ty = torch.from_numpy(np.asarray(x)).long(), torch.from_numpy(np.asarray(y)).long()
+  _, t_loss0 = twin(tx, ty)
+  t_loss0.backward()
+  opt.step()
+  with torch.no_grad():
+    _, t_loss1 = twin(tx, ty)
+  np.testing.assert_allclose(float(loss0), t_loss0.item(), rtol=1e-5)
+  np.testing.assert_allclose(float(loss1), t_loss1.item(), rtol=1e-4)
+  assert float(loss1) < float(loss0)
+
+
+def test_mlp_logits_and_step_agree():
+  sizes = [784, 64, 64, 10]
+  params = mlp.init_network_params(sizes, jax.random.PRNGKey(0), scale=0.05)
+  images = np.asarray(jax.random.uniform(jax.random.PRNGKey(1), (32, 784)))
+  labels = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (32,), 0, 10))
+  twin = torch_mlp.load_purejax_params(torch_mlp.TorchMLP(sizes), params)
+  with torch.no_grad():
+    theirs = twin(torch.from_numpy(images))
+  ours = mlp.batched_predict(params, jnp.asarray(images))
+  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4, rtol=1e-4)
+
+  optimizer = optax.sgd(0.1)
+  new_params, _, loss0 = mlp.update(params, optimizer.init(params), jnp.asarray(images),
+                                    jnp.asarray(labels), optimizer=optimizer)
+  opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+  loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(images)),
+                                           torch.from_numpy(labels).long())
+  loss.backward()
+  opt.step()
+  np.testing.assert_allclose(float(loss0), loss.item(), rtol=1e-5)
+  with torch.no_grad():
+    theirs = twin(torch.from_numpy(images))
+  np.testing.assert_allclose(np.asarray(mlp.batched_predict(new_params, jnp.asarray(images))),
+                             theirs.numpy(), atol=1e-4, rtol=1e-4)
