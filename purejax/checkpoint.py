@@ -1,105 +1,275 @@
-"""Saving and loading params as `.npz` files with a JSON description.
+"""Checkpoints of a whole training state that survive crashes.
 
-A params pytree (nested dicts of arrays) is stored flat, one array per path,
-e.g. `blocks/attn/qkv/w`, so a file can be opened with plain numpy and read
-without purejax. Writes are atomic: a crash mid-save leaves the previous
-file intact.
+A checkpoint is one `.npz` file, `ckpt_<step>.npz`, in the run's `out_dir`:
+
+* every leaf of the state pytree (params, optimizer state, PRNG keys, ...) is
+  stored under its pytree path, e.g. `['params']['blocks']['attn']['qkv']['w']`,
+  so it opens with plain `numpy.load`;
+* a JSON manifest (`__manifest__`) holds the step, the caller's metadata
+  (model, config, vocabulary, metrics history) and a SHA-256 over every
+  array's path, dtype, shape and bytes.
+
+Guarantees:
+
+* **Atomic writes.** The file is written under a temporary name, fsynced,
+  renamed into place, and the directory is fsynced. A crash at any moment
+  leaves either the previous checkpoint set or the new one.
+* **Verified reads.** A truncated or bit-flipped file fails the zip CRC or
+  the SHA-256 and raises `CheckpointError`. `restore_latest` then falls
+  back to the next older valid checkpoint.
+* **Nothing valid is lost.** Older checkpoints beyond `keep` are deleted
+  only after the new one is complete and renamed into place.
+* **Structure checks.** Restoring against a template (the state a fresh run
+  would start from) refuses a checkpoint whose paths, shapes or dtypes
+  differ, e.g. one from another model or config.
 """
 
-import dataclasses
+import hashlib
 import json
 import os
 import pathlib
+import re
 import tempfile
-from typing import Any, Dict, Tuple
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+import jax
 import numpy as np
 
-PARAMS_FILE = "params.npz"
-_SEP = "/"
+FORMAT_VERSION = 1
+# Tests hold each write open this long (after the data, before the rename) so
+# that a SIGKILL can land inside it. Zero in normal use.
+_TEST_WRITE_DELAY_S = float(os.environ.get("PUREJAX_TEST_CHECKPOINT_WRITE_DELAY", "0") or 0)
+_MANIFEST = "__manifest__"
+_NAME = re.compile(r"^ckpt_(\d{9})\.npz$")
 
 
 class CheckpointError(RuntimeError):
-  """A checkpoint is missing, unreadable or does not fit; the message says why."""
+  """A checkpoint is missing, damaged, or does not fit; the message says which."""
 
 
-def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, np.ndarray]:
-  """`{"a": {"b": x}}` -> `{"a/b": x}` (arrays as numpy)."""
-  flat = {}
-  for name, value in tree.items():
-    if _SEP in name:
-      raise ValueError(f"param name {name!r} may not contain {_SEP!r}.")
-    path = f"{prefix}{name}"
-    if isinstance(value, dict):
-      flat.update(flatten(value, path + _SEP))
-    else:
-      flat[path] = np.asarray(value)
-  return flat
+def checkpoint_path(out_dir: str, step: int) -> pathlib.Path:
+  return pathlib.Path(out_dir) / f"ckpt_{step:09d}.npz"
 
 
-def unflatten(flat: Dict[str, np.ndarray]) -> Dict[str, Any]:
-  """Inverse of `flatten`."""
-  tree: Dict[str, Any] = {}
-  for path, value in flat.items():
-    node = tree
-    *parents, leaf = path.split(_SEP)
-    for name in parents:
-      node = node.setdefault(name, {})
-    node[leaf] = value
-  return tree
+def _flatten(state) -> Dict[str, Any]:
+  """`{pytree path: leaf}`; leaves become numpy arrays (shape structs stay as they are)."""
+  leaves = jax.tree_util.tree_leaves_with_path(state)
+  return {jax.tree_util.keystr(path): leaf if isinstance(leaf, jax.ShapeDtypeStruct)
+          else np.asarray(leaf) for path, leaf in leaves}
 
 
-def config_to_dict(config) -> Dict[str, Any]:
-  return dataclasses.asdict(config)
+def _digest(arrays: Dict[str, np.ndarray]) -> str:
+  sha = hashlib.sha256()
+  for name in sorted(arrays):
+    array = np.ascontiguousarray(arrays[name])
+    sha.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+    sha.update(array.tobytes())
+  return sha.hexdigest()
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
 
 
 def atomic_write(path: pathlib.Path, write_fn) -> None:
-  """Calls `write_fn(file)` on a temp file next to `path`, then renames it.
+  """Calls `write_fn(file)` on a temp file beside `path`, then renames it to `path`.
 
-  The data is fsynced before the rename and the directory after it, so after
-  a crash `path` holds either the old or the new content, never a mix.
+  After a crash, `path` holds either its old content or the new content,
+  never a mix. On any error the temp file is removed and `path` is untouched.
   """
-  path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "wb") as f:
       write_fn(f)
       f.flush()
       os.fsync(f.fileno())
+      if _TEST_WRITE_DELAY_S:
+        time.sleep(_TEST_WRITE_DELAY_S)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
-  dir_fd = os.open(path.parent, os.O_RDONLY)
-  try:
-    os.fsync(dir_fd)
-  finally:
-    os.close(dir_fd)
+  _fsync_dir(path.parent)
 
 
-def save_params(out_dir: str, params: Dict[str, Any], meta: Dict[str, Any]) -> pathlib.Path:
-  """Saves `params` and JSON-serialisable `meta` to `out_dir/params.npz`."""
-  path = pathlib.Path(out_dir) / PARAMS_FILE
-  arrays = flatten(params)
-  arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int = 3
+         ) -> pathlib.Path:
+  """Writes `state` at `step` atomically, then prunes to the newest `keep`.
+
+  Args:
+    out_dir: the run's directory (created if missing).
+    step: training step (or epoch) the state is at.
+    state: pytree of arrays (dicts, lists, tuples, NamedTuples such as optax
+      states).
+    meta: JSON-serialisable metadata, returned by `restore`.
+    keep: how many checkpoints to keep (>= 1).
+
+  Returns:
+    The path written.
+
+  Raises:
+    CheckpointError: the directory is not writable or the disk is full. The
+      previous checkpoints are left as they were.
+  """
+  if keep < 1:
+    raise ValueError(f"keep must be >= 1, got {keep}.")
+  directory = pathlib.Path(out_dir)
+  path = checkpoint_path(out_dir, step)
+  arrays = _flatten(jax.device_get(state))
+  manifest = {"format": FORMAT_VERSION, "step": int(step), "meta": meta,
+              "sha256": _digest(arrays)}
+  payload = dict(arrays)
+  payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
   try:
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: np.savez(f, **payload))
   except OSError as e:
-    raise CheckpointError(f"cannot write {path}: {e}; pass a writable --out_dir.") from e
+    raise CheckpointError(
+        f"could not write checkpoint {path}: {e.strerror or e}. The previous "
+        f"checkpoints are intact; free disk space or pass a writable --out_dir.") from e
+  for _, old in list_checkpoints(out_dir)[keep:]:
+    old.unlink(missing_ok=True)
   return path
 
 
-def load_params(out_dir: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-  """Loads `(params, meta)` saved by `save_params`."""
-  path = pathlib.Path(out_dir) / PARAMS_FILE
-  if not path.is_file():
-    raise CheckpointError(f"no {PARAMS_FILE} in {out_dir}; train first with "
-                          f"`python -m purejax.train --out_dir={out_dir}`.")
+def list_checkpoints(out_dir: str) -> List[Tuple[int, pathlib.Path]]:
+  """`(step, path)` of every checkpoint file in `out_dir`, newest first."""
+  directory = pathlib.Path(out_dir)
+  if not directory.is_dir():
+    return []
+  found = []
+  for path in directory.iterdir():
+    match = _NAME.match(path.name)
+    if match:
+      found.append((int(match.group(1)), path))
+  return sorted(found, reverse=True)
+
+
+class Restored(NamedTuple):
+  state: Any
+  meta: Dict[str, Any]
+  step: int
+  path: pathlib.Path
+
+
+def read(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+  """Reads and verifies one checkpoint file: `(arrays by path, manifest)`."""
   try:
-    with np.load(path) as npz:
-      flat = {name: npz[name] for name in npz.files}
-  except Exception as e:  # zipfile/numpy raise many kinds for a damaged file
-    raise CheckpointError(f"{path} is damaged or not a purejax checkpoint ({e}).") from e
-  meta = json.loads(flat.pop("__meta__").tobytes().decode())
-  return unflatten(flat), meta
+    with np.load(path, allow_pickle=False) as npz:
+      arrays = {name: npz[name] for name in npz.files}
+  except Exception as e:  # zipfile, numpy and OS errors all mean "unreadable"
+    raise CheckpointError(f"checkpoint {path} is damaged or truncated ({e}).") from e
+  if _MANIFEST not in arrays:
+    raise CheckpointError(f"{path} is not a purejax checkpoint (no manifest).")
+  try:
+    manifest = json.loads(arrays.pop(_MANIFEST).tobytes().decode())
+  except ValueError as e:
+    raise CheckpointError(f"checkpoint {path} has a damaged manifest.") from e
+  if _digest(arrays) != manifest.get("sha256"):
+    raise CheckpointError(f"checkpoint {path} fails its checksum (corrupted on disk).")
+  return arrays, manifest
+
+
+def restore(path: pathlib.Path, template: Any) -> Restored:
+  """Loads `path` into the structure of `template`.
+
+  Args:
+    path: a checkpoint file.
+    template: a pytree with the structure, shapes and dtypes expected (e.g.
+      the freshly initialised state of the run being resumed).
+
+  Returns:
+    `Restored(state, meta, step, path)`; `state` has `template`'s structure.
+
+  Raises:
+    CheckpointError: damaged file, or a structure that does not match.
+  """
+  arrays, manifest = read(path)
+  state = extract(arrays, template, path)
+  return Restored(state, manifest["meta"], manifest["step"], path)
+
+
+def extract(arrays: Dict[str, np.ndarray], template: Any, path="checkpoint") -> Any:
+  """Builds `template`'s structure from `read`'s arrays (a subset is fine).
+
+  Raises:
+    CheckpointError: a path of `template` is missing, or its shape or dtype differs.
+  """
+  expected = _flatten(jax.eval_shape(lambda: template))
+  missing = sorted(set(expected) - set(arrays))
+  if missing:
+    raise CheckpointError(
+        f"checkpoint {path} holds a different model/config: it lacks {missing[:3]}. "
+        f"Use the flags it was trained with, or another --out_dir.")
+  for name, want in expected.items():
+    got = arrays[name]
+    if got.shape != tuple(want.shape) or got.dtype != want.dtype:
+      raise CheckpointError(
+          f"checkpoint {path} does not fit this model/config: {name} is "
+          f"{got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}. "
+          f"Use the flags it was trained with, or another --out_dir.")
+  leaves_with_paths = jax.tree_util.tree_leaves_with_path(template)
+  treedef = jax.tree_util.tree_structure(template)
+  leaves = [arrays[jax.tree_util.keystr(p)] for p, _ in leaves_with_paths]
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def restore_latest(
+    out_dir: str, template: Any, check_meta: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None,
+) -> Tuple[Optional[Restored], List[str]]:
+  """Restores the newest checkpoint in `out_dir` that reads and verifies.
+
+  Damaged checkpoints are skipped (not deleted), each with a warning.
+  A checkpoint that reads fine but does not fit `template` is an error: it
+  means the flags differ from the run's, and falling back would hide that.
+
+  Args:
+    out_dir: the run directory.
+    template: the state structure expected (see `restore`).
+    check_meta: optional `f(meta, path)` that raises `CheckpointError` when
+      the checkpoint belongs to another run; called before the structure check.
+
+  Returns:
+    `(restored or None if there is no valid checkpoint, warnings)`.
+  """
+  warnings = []
+  for _, path in list_checkpoints(out_dir):
+    try:
+      arrays, manifest = read(path)
+    except CheckpointError as e:
+      warnings.append(f"skipping {e}")
+      continue
+    if check_meta is not None:
+      check_meta(manifest["meta"], path)
+    return Restored(extract(arrays, template, path), manifest["meta"], manifest["step"],
+                    path), warnings
+  return None, warnings
+
+
+def latest_meta(out_dir: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+  """Arrays and metadata of the newest valid checkpoint, without a template.
+
+  For tools like `purejax.sample` that rebuild the template from the meta.
+  """
+  problems = []
+  for _, path in list_checkpoints(out_dir):
+    try:
+      arrays, manifest = read(path)
+    except CheckpointError as e:
+      problems.append(str(e))
+      continue
+    return arrays, manifest["meta"]
+  detail = f" ({'; '.join(problems)})" if problems else ""
+  raise CheckpointError(f"no valid checkpoint in {out_dir}{detail}; train first with "
+                        f"`python -m purejax.train --out_dir={out_dir}`.")
+
+
+def config_to_dict(config) -> Dict[str, Any]:
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return dataclasses.asdict(config)

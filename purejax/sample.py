@@ -25,13 +25,15 @@ _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
 
 
 def load_model(out_dir: str):
-  """Returns `(params, config, vocab)` from a GPT saved by `purejax.train`."""
-  params, meta = checkpoint.load_params(out_dir)
+  """Returns `(params, config, vocab)` from the newest valid GPT checkpoint in `out_dir`."""
+  arrays, meta = checkpoint.latest_meta(out_dir)
   if meta.get("model") != "gpt":
     raise checkpoint.CheckpointError(
         f"{out_dir} holds a {meta.get('model')!r} model, not a GPT; point --out_dir "
         f"at a GPT run.")
   config = gpt.GPTConfig(**meta["config"])
+  template = {"params": jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))}
+  params = checkpoint.extract(arrays, template, out_dir)["params"]
   return jax.tree.map(jnp.asarray, params), config, data_lib.CharVocab(meta["vocab"])
 
 

@@ -10,7 +10,10 @@ message naming the flag.
 
 import dataclasses
 import json
+import pathlib
+import signal
 import sys
+import tempfile
 import time
 
 from absl import app
@@ -18,6 +21,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from purejax import checkpoint
 from purejax import data as data_lib
@@ -28,7 +32,15 @@ from purejax import rng
 
 _MODEL = flags.DEFINE_enum("model", "gpt", ["gpt", "mlp"], "Which model to train.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the run's PRNG key.")
-_OUT_DIR = flags.DEFINE_string("out_dir", None, "Where to save params (default out-<model>).")
+_OUT_DIR = flags.DEFINE_string("out_dir", None, "Run directory for checkpoints (default out-<model>).")
+_CHECKPOINT_EVERY = flags.DEFINE_integer(
+    "checkpoint_every", None,
+    "Save a checkpoint every N steps (gpt; default --eval_interval) or epochs (mlp; default 1).")
+_KEEP_CHECKPOINTS = flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept in --out_dir.")
+_RESUME = flags.DEFINE_bool("resume", False,
+                            "Resume from the latest valid checkpoint in --out_dir.")
+_SKIP_NONFINITE = flags.DEFINE_bool(
+    "skip_nonfinite", False, "Skip updates whose gradients are NaN/Inf instead of stopping.")
 _TFDS_DATA_DIR = flags.DEFINE_string(
     "tfds_data_dir", None, "TFDS data dir for prepared datasets (default: TFDS's).")
 _TFDS_MANUAL_DIR = flags.DEFINE_string(
@@ -115,13 +127,102 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------
+# Checkpoints, signals and non-finite losses: shared by both models
+
+
+class Interrupted(Exception):
+  """SIGINT/SIGTERM arrived; the loop saved a checkpoint and stops."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+class NonFiniteLoss(RuntimeError):
+  pass
+
+
+_PENDING_SIGNAL = []
+
+
+def _on_signal(signum, frame):  # pylint: disable=unused-argument
+  # Only note it: the loop saves a checkpoint at the next step boundary.
+  _PENDING_SIGNAL.append(signum)
+
+
+def start_or_resume(out_dir: str, template, meta: dict):
+  """The state to start from: `template` at step 0, or the latest valid checkpoint.
+
+  Returns:
+    `(state, step, history)`.
+  """
+  existing = checkpoint.list_checkpoints(out_dir)
+  if not _RESUME.value:
+    if existing:
+      raise ValueError(
+          f"{out_dir} already holds checkpoints (newest: {existing[0][1].name}); pass "
+          f"--resume to continue that run, or another --out_dir for a new one.")
+    return template, 0, []
+  def same_run(saved, path):
+    for name in RUN_IDENTITY:
+      if saved.get(name) != meta.get(name):
+        raise checkpoint.CheckpointError(
+            f"{path} was trained with {name}={saved.get(name)!r}, this run has "
+            f"{meta.get(name)!r}; resume with the original flags or use another --out_dir.")
+
+  restored, warnings = checkpoint.restore_latest(out_dir, template, check_meta=same_run)
+  for warning in warnings:
+    log(f"warning: {warning}")
+  if restored is None:
+    log(f"no valid checkpoint in {out_dir}; starting from step 0")
+    return template, 0, []
+  log(f"resumed from {restored.path} at step {restored.step}")
+  return restored.state, restored.step, restored.meta.get("history", [])
+
+
+# What must match for a resumed run to continue the same computation.
+RUN_IDENTITY = ("model", "config", "optimizer", "batch_size", "seed")
+
+
+def save_checkpoint(out_dir, step, state, meta, history):
+  path = checkpoint.save(out_dir, step, state, {**meta, "history": history},
+                         keep=_KEEP_CHECKPOINTS.value)
+  log(f"saved {path}")
+  return path
+
+
+def check_finite(losses, first_step, last_saved):
+  """Stops at the first NaN/Inf loss (with --skip_nonfinite, only warns)."""
+  bad = np.flatnonzero(~np.isfinite(losses))
+  if not bad.size:
+    return
+  where = f"loss is {losses[bad[0]]} at step {first_step + int(bad[0])}"
+  if _SKIP_NONFINITE.value:
+    log(f"warning: {where}; skipping non-finite updates (--skip_nonfinite)")
+    return
+  saved = (f"the last good checkpoint, {last_saved}, is intact: resume from it with "
+           f"--resume" if last_saved else "no checkpoint was saved before it")
+  raise NonFiniteLoss(f"{where}; stopped without saving. {saved}. Try a lower "
+                      f"--learning_rate, or --skip_nonfinite to skip such updates.")
+
+
+def make_optimizer(opt_config):
+  optimizer = optim.make_optimizer(opt_config)
+  if _SKIP_NONFINITE.value:
+    # Non-finite gradients leave params and moments unchanged for that step.
+    optimizer = optax.apply_if_finite(optimizer, max_consecutive_errors=100)
+  return optimizer
+
+
+# ----------------------------------------------------------------------------
 # MLP on MNIST
 
 
 def train_mlp(out_dir: str) -> dict:
   """Trains the MNIST MLP; returns the final metrics."""
   batch_size, epochs = _flag("batch_size"), _EPOCHS.value
-  _require_positive(batch_size=batch_size, epochs=epochs)
+  checkpoint_every = _CHECKPOINT_EVERY.value or 1  # epochs
+  _require_positive(batch_size=batch_size, epochs=epochs, checkpoint_every=checkpoint_every)
   try:
     sizes = [int(s) for s in _LAYER_SIZES.value]
   except ValueError:
@@ -141,28 +242,40 @@ def train_mlp(out_dir: str) -> dict:
   _require_positive(steps_per_epoch=steps_per_epoch)
 
   opt_config = optimizer_config(epochs * steps_per_epoch)
-  optimizer = optim.make_optimizer(opt_config)
-  opt_state = optimizer.init(params)
+  optimizer = make_optimizer(opt_config)
+  meta = {"model": "mlp", "config": {"layer_sizes": sizes, "init_scale": _INIT_SCALE.value,
+                                     "mnist_pixels": _MNIST_PIXELS.value},
+          "optimizer": dataclasses.asdict(opt_config), "batch_size": batch_size,
+          "seed": _SEED.value}
+  template = {"params": params, "opt_state": optimizer.init(params), "data_key": keys["data"]}
+  state, epoch, history = start_or_resume(out_dir, template, meta)
   log(f"mlp {sizes}, {opt_config}, {steps_per_epoch} steps/epoch")
 
-  metrics = {}
-  for epoch in range(1, epochs + 1):
+  last_saved = None
+  while epoch < epochs:
     start = time.perf_counter()
     params, opt_state, train_loss = mlp.train_epoch(
-        params, opt_state, train_x, train_y, rng.fold_in_step(keys["data"], epoch),
-        optimizer=optimizer, batch_size=batch_size)
+        state["params"], state["opt_state"], train_x, train_y,
+        rng.fold_in_step(state["data_key"], epoch + 1), optimizer=optimizer,
+        batch_size=batch_size)
     train_loss = float(train_loss)  # waits for the epoch to finish
     seconds = time.perf_counter() - start
-    metrics = dict(
+    check_finite(np.array([train_loss]), epoch + 1, last_saved)
+    state = {**state, "params": params, "opt_state": opt_state}
+    epoch += 1
+    history.append(dict(
         epoch=epoch, seconds=seconds,
         examples_per_s=steps_per_epoch * batch_size / seconds, train_loss=train_loss,
         train_acc=float(mlp.evaluate_accuracy(params, train_x, train_y)),
-        test_acc=float(mlp.evaluate_accuracy(params, test_x, test_y)))
+        test_acc=float(mlp.evaluate_accuracy(params, test_x, test_y))))
     log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
         "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
-        "test acc {test_acc:.4f}".format(**metrics))
-  checkpoint.save_params(out_dir, params, {"model": "mlp", "layer_sizes": sizes})
-  return metrics
+        "test acc {test_acc:.4f}".format(**history[-1]))
+    if epoch % checkpoint_every == 0 or epoch == epochs or _PENDING_SIGNAL:
+      last_saved = save_checkpoint(out_dir, epoch, state, meta, history)
+    if _PENDING_SIGNAL:
+      raise Interrupted(_PENDING_SIGNAL[0])
+  return history[-1] if history else {}
 
 
 # ----------------------------------------------------------------------------
@@ -179,10 +292,11 @@ def gpt_config(vocab_size: int) -> gpt.GPTConfig:
 def train_gpt(out_dir: str) -> dict:
   """Trains NanoGPT on character-level Tiny Shakespeare; returns final metrics."""
   batch_size, max_iters = _flag("batch_size"), _MAX_ITERS.value
+  checkpoint_every = _CHECKPOINT_EVERY.value or _EVAL_INTERVAL.value
   _require_positive(batch_size=batch_size, max_iters=max_iters,
                     eval_interval=_EVAL_INTERVAL.value, eval_iters=_EVAL_ITERS.value,
                     log_interval=_LOG_INTERVAL.value, steps_per_call=_STEPS_PER_CALL.value,
-                    block_size=_BLOCK_SIZE.value)
+                    block_size=_BLOCK_SIZE.value, checkpoint_every=checkpoint_every)
   config = gpt_config(vocab_size=1)  # fail on bad model flags before loading data
   text = data_lib.load_shakespeare(_TFDS_DATA_DIR.value, _TFDS_MANUAL_DIR.value)
   config = dataclasses.replace(config, vocab_size=text.vocab.size)
@@ -193,33 +307,45 @@ def train_gpt(out_dir: str) -> dict:
                          ("params", "train", "eval", "sample"))
   params = gpt.init_params(config, keys["params"])
   opt_config = optimizer_config(max_iters)
-  optimizer = optim.make_optimizer(opt_config)
-  opt_state = optimizer.init(params)
+  optimizer = make_optimizer(opt_config)
+  meta = {"model": "gpt", "config": dataclasses.asdict(config), "vocab": text.vocab.chars,
+          "optimizer": dataclasses.asdict(opt_config), "batch_size": batch_size,
+          "seed": _SEED.value}
+  # The data sampler's whole state is (train key, step): batch s is drawn
+  # from fold_in(train key, s), so restoring both resumes the same stream.
+  template = {"params": params, "opt_state": optimizer.init(params),
+              "keys": {"train": keys["train"], "eval": keys["eval"]}}
+  state, step, history = start_or_resume(out_dir, template, meta)
   train_data, val_data = jnp.asarray(text.train), jnp.asarray(text.val)
   log(f"gpt {config}, {gpt.num_params(params) / 1e6:.2f}M params, {opt_config}")
 
   def evaluate(step):
     kwargs = dict(config=config, batch_size=batch_size, num_batches=_EVAL_ITERS.value)
-    losses = {"train_loss": float(gpt.evaluate(params, train_data, keys["eval"], **kwargs)),
-              "val_loss": float(gpt.evaluate(params, val_data, keys["eval"], **kwargs))}
+    eval_key, params = state["keys"]["eval"], state["params"]
+    losses = {"step": step,
+              "train_loss": float(gpt.evaluate(params, train_data, eval_key, **kwargs)),
+              "val_loss": float(gpt.evaluate(params, val_data, eval_key, **kwargs))}
     log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
         f"val loss {losses['val_loss']:.4f}")
-    return losses
+    history.append(losses)
 
-  metrics, step, times, since_log = {}, 0, [], []
+  last_saved, times, since_log = None, [], []
   while step < max_iters:
-    if step % _EVAL_INTERVAL.value == 0:
-      metrics.update(evaluate(step))
-    # Never run across an evaluation or logging boundary in one call.
+    if step % _EVAL_INTERVAL.value == 0 and not (history and history[-1]["step"] == step):
+      evaluate(step)
+    # Never run across an evaluation, logging or checkpoint boundary in one call.
     boundary = min(_next_multiple(step, _EVAL_INTERVAL.value),
-                   _next_multiple(step, _LOG_INTERVAL.value), max_iters)
+                   _next_multiple(step, _LOG_INTERVAL.value),
+                   _next_multiple(step, checkpoint_every), max_iters)
     num_steps = min(_STEPS_PER_CALL.value, boundary - step)
     start = time.perf_counter()
     params, opt_state, losses = gpt.train_steps(
-        params, opt_state, train_data, keys["train"], step, config=config,
-        optimizer=optimizer, batch_size=batch_size, num_steps=num_steps)
+        state["params"], state["opt_state"], train_data, state["keys"]["train"], step,
+        config=config, optimizer=optimizer, batch_size=batch_size, num_steps=num_steps)
     losses = np.asarray(losses)  # waits for the steps to finish
     seconds_per_step = (time.perf_counter() - start) / num_steps
+    check_finite(losses, step, last_saved)
+    state = {**state, "params": params, "opt_state": opt_state}
     times.append(seconds_per_step)
     since_log.append(seconds_per_step)
     step += num_steps
@@ -228,18 +354,21 @@ def train_gpt(out_dir: str) -> dict:
       log(f"step {step:5d} | loss {losses[-1]:.4f} | {ms:6.2f} ms/iter | "
           f"{batch_size * config.block_size / ms * 1000:8.0f} tokens/s")
       since_log = []
-  metrics.update(evaluate(step))
-  # The first calls compile (one per distinct chunk length), so drop them.
-  steady = times[2:] or times
-  metrics.update(step=step, ms_per_iter=1000 * float(np.median(steady)))
-  log(f"median {metrics['ms_per_iter']:.2f} ms/iter after compilation")
+    if step == max_iters:
+      evaluate(step)
+    if step % checkpoint_every == 0 or step == max_iters or _PENDING_SIGNAL:
+      last_saved = save_checkpoint(out_dir, step, state, meta, history)
+    if _PENDING_SIGNAL:
+      raise Interrupted(_PENDING_SIGNAL[0])
+  metrics = dict(history[-1]) if history else {"step": step}
+  if times:
+    # The first calls compile (one per distinct chunk length), so drop them.
+    metrics["ms_per_iter"] = 1000 * float(np.median(times[2:] or times))
+    log(f"median {metrics['ms_per_iter']:.2f} ms/iter after compilation")
 
-  checkpoint.save_params(out_dir, params, {
-      "model": "gpt", "config": checkpoint.config_to_dict(config),
-      "vocab": text.vocab.chars})
   if _SAMPLE_TOKENS.value > 0:
     prompt = jnp.asarray(text.vocab.encode("\n"))
-    sample = gpt.generate(params, prompt, config, keys["sample"],
+    sample = gpt.generate(state["params"], prompt, config, keys["sample"],
                           max_new_tokens=_SAMPLE_TOKENS.value, temperature=0.8,
                           top_k=200)
     log("---- sample ----\n" + text.vocab.decode(sample))
@@ -250,16 +379,44 @@ def _next_multiple(step: int, interval: int) -> int:
   return (step // interval + 1) * interval
 
 
+# Exit codes (documented in the README).
+EXIT_ERROR = 1            # bad flags, missing data, unusable checkpoint
+EXIT_NONFINITE = 2        # loss became NaN/Inf; the last checkpoint is intact
+# SIGINT / SIGTERM: a checkpoint is saved, then exit 128 + signal (130 / 143).
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   out_dir = _OUT_DIR.value or f"out-{_MODEL.value}"
+  signal.signal(signal.SIGINT, _on_signal)
+  signal.signal(signal.SIGTERM, _on_signal)
   try:
     optimizer_config(total_steps=1)  # fail on bad optimizer flags before loading data
+    _require_positive(keep_checkpoints=_KEEP_CHECKPOINTS.value)
+    _check_out_dir(out_dir)
     metrics = train_mlp(out_dir) if _MODEL.value == "mlp" else train_gpt(out_dir)
+  except Interrupted as e:
+    log(f"stopped by {e}; the checkpoint above holds the run (resume with --resume)")
+    sys.exit(128 + e.signum)
+  except NonFiniteLoss as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(EXIT_NONFINITE)
   except (ValueError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
     sys.exit(f"error: {e}")
   log("final " + json.dumps(metrics))
+
+
+def _check_out_dir(out_dir: str) -> None:
+  """Fails before training if checkpoints could not be written to `out_dir`."""
+  path = pathlib.Path(out_dir)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+      pass
+  except OSError as e:
+    raise ValueError(f"--out_dir={out_dir} is not writable ({e.strerror or e}); pass "
+                     f"a writable directory.") from None
 
 
 if __name__ == "__main__":

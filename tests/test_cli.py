@@ -46,3 +46,26 @@ def test_sample_without_a_trained_model(tmp_path):
   process = run_module("purejax.sample", f"--out_dir={tmp_path}", timeout=300)
   assert process.returncode == 1
   assert "train first" in process.stderr
+
+
+def test_unwritable_out_dir_fails_before_training(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  process = run_module("purejax.train", f"--out_dir={blocker / 'run'}", timeout=300)
+  assert process.returncode == 1
+  assert "is not writable" in process.stderr and "Traceback" not in process.stderr
+
+
+def test_keep_checkpoints_must_be_positive(tmp_path):
+  process = run_module("purejax.train", "--keep_checkpoints=0", f"--out_dir={tmp_path}",
+                       timeout=300)
+  assert process.returncode == 1
+  assert "--keep_checkpoints must be a positive integer" in process.stderr
+
+
+def test_block_size_longer_than_validation_text(tmp_path, tfds_data_dir):
+  process = run_module("purejax.train", "--block_size=200000", "--n_embd=8", "--n_head=1",
+                       "--n_layer=1", f"--tfds_data_dir={tfds_data_dir}",
+                       f"--out_dir={tmp_path}", timeout=600)
+  assert process.returncode == 1
+  assert "must be shorter than the validation text" in process.stderr

@@ -47,7 +47,7 @@ def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
                        f"--out_dir={tmp_path}")
   metrics = final_metrics(process)
   assert metrics["test_acc"] >= 0.95, metrics
-  assert (tmp_path / "params.npz").is_file()
+  assert list(tmp_path.glob("ckpt_*.npz"))
 
 
 def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
@@ -64,3 +64,20 @@ def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
                       "--num_samples=2", "--max_new_tokens=30")
   assert sample.returncode == 0, sample.stderr[-2000:]
   assert sample.stdout.count("ROMEO:") == 2
+  bad_prompt = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO\u20ac")
+  assert bad_prompt.returncode == 1
+  assert "not in the model's vocabulary" in bad_prompt.stderr
+  mlp_dir = tmp_path / "not-a-gpt"
+  mlp_dir.mkdir()
+  wrong_model = run_module("purejax.sample", f"--out_dir={mlp_dir}")
+  assert wrong_model.returncode == 1 and "train first" in wrong_model.stderr
+
+
+def test_mlp_input_size_must_match_the_data(tfds_data_dir, tmp_path):
+  mnist_dir = require_shared_data("mnist")
+  process = run_module("purejax.train", "--model=mlp", "--layer_sizes=100,10",
+                       f"--tfds_manual_dir={mnist_dir}", f"--tfds_data_dir={tfds_data_dir}",
+                       f"--out_dir={tmp_path}")
+  assert process.returncode == 1
+  assert "MLP input size 100 does not match the data's 784" in process.stderr
+  assert "Traceback" not in process.stderr

@@ -1,0 +1,155 @@
+"""Exact resume: a run killed at any moment and resumed ends bit-identical.
+
+Each test drives `python -m purejax.train` in a subprocess on a tiny GPT,
+as a user's run would be killed. Checkpoint writes are held open for
+a moment (PUREJAX_TEST_CHECKPOINT_WRITE_DELAY) so kills can land inside them.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, require_shared_data
+from purejax import checkpoint
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+        "--max_iters=60", "--warmup_iters=5", "--eval_interval=20", "--eval_iters=2",
+        "--log_interval=10", "--steps_per_call=5", "--checkpoint_every=10",
+        "--sample_tokens=0", "--dropout=0.1"]
+
+
+@pytest.fixture(scope="module")
+def data_flags(tmp_path_factory):
+  text_dir = require_shared_data("tinyshakespeare")
+  return [f"--tfds_manual_dir={text_dir}",
+          f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_resume')}"]
+
+
+def start(out_dir, data_flags, *extra, write_delay=0.5):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             PUREJAX_TEST_CHECKPOINT_WRITE_DELAY=str(write_delay))
+  return subprocess.Popen(
+      [sys.executable, "-m", "purejax.train", *TINY, *data_flags, f"--out_dir={out_dir}",
+       *extra], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def finish(process, timeout=600):
+  out, err = process.communicate(timeout=timeout)
+  return process.returncode, out, err
+
+
+def wait_for(predicate, process, timeout=300):
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert process.poll() is None, "the run ended before the kill point"
+    assert time.monotonic() < deadline, "timed out waiting for the kill point"
+    time.sleep(0.02)
+
+
+def final_arrays(out_dir):
+  steps = checkpoint.list_checkpoints(str(out_dir))
+  assert steps and steps[0][0] == 60, steps
+  return checkpoint.read(steps[0][1])[0]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_flags):
+  out_dir = tmp_path_factory.mktemp("uninterrupted")
+  code, out, err = finish(start(out_dir, data_flags, write_delay=0))
+  assert code == 0, err[-2000:]
+  return final_arrays(out_dir)
+
+
+def assert_bit_identical(a, b):
+  assert sorted(a) == sorted(b)
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def has_checkpoint(out_dir, step):
+  return lambda: checkpoint.checkpoint_path(str(out_dir), step).exists()
+
+
+def writing(out_dir):
+  return lambda: any(p.name.endswith(".tmp") for p in pathlib.Path(out_dir).iterdir())
+
+
+@pytest.mark.parametrize("kill_point", ["before_any_checkpoint", "between_checkpoints",
+                                        "during_a_checkpoint_write"])
+def test_sigkill_then_resume_is_bit_identical(tmp_path, data_flags, uninterrupted,
+                                              kill_point):
+  out_dir = tmp_path / "run"
+  process = start(out_dir, data_flags)
+  if kill_point == "before_any_checkpoint":
+    wait_for(lambda: out_dir.exists(), process)
+  elif kill_point == "between_checkpoints":
+    wait_for(has_checkpoint(out_dir, 10), process)
+  else:
+    wait_for(has_checkpoint(out_dir, 20), process)
+    wait_for(writing(out_dir), process)  # the write of step 30 is under way
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  if kill_point == "during_a_checkpoint_write":
+    # The interrupted write left only a temp file; the newest valid checkpoint is 20.
+    assert checkpoint.list_checkpoints(str(out_dir))[0][0] == 20
+  code, out, err = finish(start(out_dir, data_flags, "--resume"))
+  assert code == 0, err[-2000:]
+  assert_bit_identical(final_arrays(out_dir), uninterrupted)
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, uninterrupted):
+  out_dir = tmp_path / "run"
+  process = start(out_dir, data_flags)
+  wait_for(has_checkpoint(out_dir, 10), process)
+  process.send_signal(signal.SIGTERM)
+  code, out, err = finish(process)
+  assert code == 128 + signal.SIGTERM, err[-2000:]
+  assert "stopped by SIGTERM" in out
+  stopped_at = checkpoint.list_checkpoints(str(out_dir))[0][0]
+  assert 10 <= stopped_at <= 60
+  code, out, err = finish(start(out_dir, data_flags, "--resume"))
+  assert code == 0, err[-2000:]
+  assert f"resumed from" in out and f"at step {stopped_at}" in out
+  assert_bit_identical(final_arrays(out_dir), uninterrupted)
+
+
+def test_resume_skips_a_corrupted_newest_checkpoint(tmp_path, data_flags, uninterrupted):
+  out_dir = tmp_path / "run"
+  process = start(out_dir, data_flags)
+  wait_for(has_checkpoint(out_dir, 20), process)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  newest = checkpoint.list_checkpoints(str(out_dir))[0][1]
+  newest.write_bytes(newest.read_bytes()[:100])  # truncate it
+  code, out, err = finish(start(out_dir, data_flags, "--resume"))
+  assert code == 0, err[-2000:]
+  assert "warning: skipping" in out and newest.name in out
+  assert_bit_identical(final_arrays(out_dir), uninterrupted)
+
+
+def test_resume_with_other_flags_is_refused(tmp_path, data_flags):
+  out_dir = tmp_path / "run"
+  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", write_delay=0))
+  assert code == 0, err[-2000:]
+  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", "--n_embd=32",
+                              "--resume", write_delay=0))
+  assert code == 1 and "resume with the original flags" in err
+  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", write_delay=0))
+  assert code == 1 and "pass --resume" in err  # never silently overwrites a run
+
+
+def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):
+  out_dir = tmp_path / "run"
+  code, _, err = finish(start(out_dir, data_flags, "--learning_rate=1e30", "--grad_clip=0",
+                              write_delay=0))
+  assert code == 2, err[-2000:]
+  assert "loss is nan at step" in err and "no checkpoint was saved" in err
+  assert "Traceback" not in err
+  assert not checkpoint.list_checkpoints(str(out_dir))
