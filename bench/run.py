@@ -405,7 +405,12 @@ def main(_):
       datetime.date.today().isoformat() + ("-quick" if quick else "") + ".json")
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-  print(markdown(results))
+  table = markdown(results)
+  print(table)
+  if not quick:
+    (pathlib.Path(__file__).parent / "RESULTS.md").write_text(
+        f"# Latest full run\n\n{meta['date']}, {meta['machine']}, jax {meta['jax']}, "
+        f"torch {meta.get('torch', '-')}; written by `python -m bench.run`.\n\n{table}\n")
   for case, result in results.items():
     for key in ("extra", "notes", "growth_first_to_last", "matmul_peak_gflop_per_s"):
       if result.get(key):

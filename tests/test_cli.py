@@ -69,3 +69,15 @@ def test_block_size_longer_than_validation_text(tmp_path, tfds_data_dir):
                        f"--out_dir={tmp_path}", timeout=600)
   assert process.returncode == 1
   assert "must be shorter than the validation text" in process.stderr
+
+
+def test_nonfinite_message_names_the_last_good_checkpoint():
+  from absl import flags as absl_flags
+  from purejax import train
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS(["train"])
+  import numpy as np
+  with pytest.raises(train.NonFiniteLoss, match=r"loss is inf at step 12.*ckpt_000000010.npz, "
+                     r"is intact: resume from it with --resume"):
+    train.check_finite(np.array([1.0, 2.0, np.inf]), 10, "out/ckpt_000000010.npz")
+  train.check_finite(np.array([1.0, 2.0]), 10, None)  # finite: no error

@@ -104,14 +104,16 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, data_flags, uninterrupte
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
 
 
-def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, uninterrupted):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, uninterrupted,
+                                                     signum):
   out_dir = tmp_path / "run"
   process = start(out_dir, data_flags)
   wait_for(has_checkpoint(out_dir, 10), process)
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(signum)
   code, out, err = finish(process)
-  assert code == 128 + signal.SIGTERM, err[-2000:]
-  assert "stopped by SIGTERM" in out
+  assert code == 128 + signum, err[-2000:]
+  assert f"stopped by {signal.Signals(signum).name}" in out
   stopped_at = checkpoint.list_checkpoints(str(out_dir))[0][0]
   assert 10 <= stopped_at <= 60
   code, out, err = finish(start(out_dir, data_flags, "--resume"))
@@ -153,3 +155,34 @@ def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):
   assert "loss is nan at step" in err and "no checkpoint was saved" in err
   assert "Traceback" not in err
   assert not checkpoint.list_checkpoints(str(out_dir))
+
+
+MLP_FLAGS = ["--model=mlp", "--layer_sizes=784,32,10", "--epochs=4", "--batch_size=256"]
+
+
+def test_mlp_sigkill_then_resume_is_bit_identical(tmp_path, tmp_path_factory):
+  mnist_dir = require_shared_data("mnist")
+  flags = MLP_FLAGS + [f"--tfds_manual_dir={mnist_dir}",
+                       f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_mlp')}"]
+
+  def mlp_run(out_dir, *extra, write_delay=0.5):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PUREJAX_TEST_CHECKPOINT_WRITE_DELAY=str(write_delay))
+    return subprocess.Popen([sys.executable, "-m", "purejax.train", *flags,
+                             f"--out_dir={out_dir}", *extra], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  whole = tmp_path / "whole"
+  code, _, err = finish(mlp_run(whole, write_delay=0))
+  assert code == 0, err[-2000:]
+  killed = tmp_path / "killed"
+  process = mlp_run(killed)
+  wait_for(has_checkpoint(killed, 2), process)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  code, out, err = finish(mlp_run(killed, "--resume"))
+  assert code == 0, err[-2000:]
+  assert "resumed from" in out
+  a = checkpoint.read(checkpoint.checkpoint_path(str(whole), 4))[0]
+  b = checkpoint.read(checkpoint.checkpoint_path(str(killed), 4))[0]
+  assert_bit_identical(a, b)

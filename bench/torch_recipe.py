@@ -1,0 +1,82 @@
+"""nanoGPT's CPU recipe trained by the PyTorch twin, for the val-loss comparison.
+
+    python -m bench.torch_recipe --seeds=0,1,2
+
+Same data (purejax.data's Tiny Shakespeare, nanoGPT's 90/10 split), same
+model (bench/torch_gpt.py, bias off as in nanoGPT's train.py), same schedule
+(linear warmup, cosine to min_lr), AdamW (decay on rank >= 2), clip 1.0,
+2000 iterations, then the loss over 200 random val batches, as nanoGPT's
+estimate_loss computes it. Prints one val loss per seed and the median.
+"""
+
+import math
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import torch
+
+from bench import torch_gpt
+from purejax import data as data_lib
+from purejax import gpt
+
+_SEEDS = flags.DEFINE_list("seeds", "0,1,2", "Seeds to train.")
+_ITERS = flags.DEFINE_integer("max_iters", 2000, "Training iterations.")
+
+LR, MIN_LR, WARMUP, BETAS, WD, CLIP, BATCH, EVAL_ITERS = 1e-3, 1e-4, 100, (0.9, 0.99), 0.1, 1.0, 12, 200
+
+
+def lr_at(it, max_iters):
+  if it < WARMUP:
+    return LR * (it + 1) / (WARMUP + 1)
+  ratio = min((it - WARMUP) / (max_iters - WARMUP), 1.0)
+  return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+
+
+def batch(data, block, generator):
+  ix = torch.randint(len(data) - block, (BATCH,), generator=generator)
+  return (torch.stack([data[i:i + block] for i in ix]),
+          torch.stack([data[i + 1:i + 1 + block] for i in ix]))
+
+
+def train(seed, text, max_iters):
+  config = gpt.GPTConfig(vocab_size=text.vocab.size, block_size=64, n_layer=4, n_head=4,
+                         n_embd=128, bias=False)
+  torch.manual_seed(seed)
+  generator = torch.Generator().manual_seed(seed)
+  model = torch_gpt.TorchGPT(config)
+  optimizer = torch_gpt.make_optimizer(model, LR, WD, BETAS)
+  train_data = torch.from_numpy(text.train.astype(np.int64))
+  val_data = torch.from_numpy(text.val.astype(np.int64))
+  start = time.perf_counter()
+  for it in range(max_iters):
+    for group in optimizer.param_groups:
+      group["lr"] = lr_at(it, max_iters)
+    x, y = batch(train_data, config.block_size, generator)
+    _, loss = model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    optimizer.step()
+  ms = 1000 * (time.perf_counter() - start) / max_iters
+  model.eval()
+  with torch.no_grad():
+    losses = [model(*batch(val_data, config.block_size, generator))[1].item()
+              for _ in range(EVAL_ITERS)]
+  return float(np.mean(losses)), ms
+
+
+def main(_):
+  text = data_lib.load_shakespeare()
+  results = []
+  for seed in [int(s) for s in _SEEDS.value]:
+    val, ms = train(seed, text, _ITERS.value)
+    results.append(val)
+    print(f"torch twin seed {seed}: val loss {val:.4f} at iter {_ITERS.value} ({ms:.1f} ms/iter)",
+          flush=True)
+  print(f"median val loss {np.median(results):.4f} over seeds {_SEEDS.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
