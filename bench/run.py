@@ -31,8 +31,12 @@ from purejax import nn as pnn
 from purejax import optim
 
 _QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
-_CASES = flags.DEFINE_list("cases", "a,b,c,d,e,f,g", "Cases to run.")
+ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
+_CASES = flags.DEFINE_list("cases", ",".join(sorted(ALL_CASES)), "Cases to run.")
 _OUT = flags.DEFINE_string("out", None, "Results file (default bench/results/<date>.json).")
+_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data dir (case d).")
+_TFDS_MANUAL_DIR = flags.DEFINE_string(
+    "tfds_manual_dir", None, "MNIST's original files, for case d's TFDS-pipeline arm offline.")
 
 SMALL = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 HEAVY = gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
@@ -227,10 +231,49 @@ def mnist_case(rounds):
     torch_mlp.train_epoch(model, torch_opt, tx, ty, batch, gen)
     return time.perf_counter() - start
 
-  ours(), seed_style(), theirs()  # warm up and compile
-  times = alternate({"purejax scan epoch": ours, "torch twin": theirs,
-                     "seed style (tf.data + Python loop)": seed_style}, rounds)
-  return {"rows": summarise(times, "purejax scan epoch", "s/epoch")}
+  arms = {"purejax scan epoch": ours, "torch twin": theirs,
+          "seed style, in-memory tf.data + Python loop": seed_style}
+  notes = {}
+  tutorial = tutorial_style_arm(sizes, batch, optimizer)
+  if isinstance(tutorial, str):
+    notes["seed style, TFDS pipeline"] = tutorial
+  else:
+    arms["seed style, TFDS pipeline (JAX tutorial)"] = tutorial
+  for arm in arms.values():
+    arm()  # warm up and compile
+  times = alternate(arms, rounds)
+  return {"rows": summarise(times, "purejax scan epoch", "s/epoch"), "notes": notes}
+
+
+def tutorial_style_arm(sizes, batch, optimizer):
+  """JAX's TFDS MNIST tutorial's epoch: stream `tfds.load(...).batch(128)`,
+  reshape each batch on the host and call a jitted `update` per batch.
+
+  Returns the arm, or a string saying why it could not run.
+  """
+  from purejax import data as data_lib  # pylint: disable=g-import-not-at-top
+  try:
+    data_lib.load_tfds_splits("mnist", ("test",), data_dir=_TFDS_DATA_DIR.value,
+                              manual_dir=_TFDS_MANUAL_DIR.value)  # prepares if needed
+  except data_lib.DataUnavailableError as e:
+    return f"skipped: {e}"
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  key = jax.random.PRNGKey(0)
+  state = {"params": mlp.init_network_params(sizes, key)}
+  state["opt"] = optimizer.init(state["params"])
+
+  def run():
+    start = time.perf_counter()
+    ds = tfds.load("mnist", split="train", as_supervised=True,
+                   data_dir=_TFDS_DATA_DIR.value).batch(batch).prefetch(1)
+    for x, y in tfds.as_numpy(ds):
+      x = np.reshape(x, (len(x), -1)).astype(np.float32)
+      state["params"], state["opt"], loss = mlp.update(
+          state["params"], state["opt"], x, y.astype(np.int32), optimizer=optimizer)
+    loss.block_until_ready()
+    return time.perf_counter() - start
+
+  return run
 
 
 # ----------------------------------------------------------------------------
@@ -407,7 +450,7 @@ def main(_):
   out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
   table = markdown(results)
   print(table)
-  if not quick:
+  if not quick and cases == ALL_CASES:
     (pathlib.Path(__file__).parent / "RESULTS.md").write_text(
         f"# Latest full run\n\n{meta['date']}, {meta['machine']}, jax {meta['jax']}, "
         f"torch {meta.get('torch', '-')}; written by `python -m bench.run`.\n\n{table}\n")
