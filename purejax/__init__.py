@@ -15,4 +15,5 @@ from purejax import nn
 from purejax import optim
 from purejax import rng
 
+__all__ = ["checkpoint", "data", "gpt", "mlp", "nn", "optim", "rng"]
 __version__ = "0.1.0"

@@ -269,7 +269,3 @@ def latest_meta(out_dir: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
   raise CheckpointError(f"no valid checkpoint in {out_dir}{detail}; train first with "
                         f"`python -m purejax.train --out_dir={out_dir}`.")
 
-
-def config_to_dict(config) -> Dict[str, Any]:
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  return dataclasses.asdict(config)

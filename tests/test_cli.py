@@ -81,3 +81,33 @@ def test_nonfinite_message_names_the_last_good_checkpoint():
                      r"is intact: resume from it with --resume"):
     train.check_finite(np.array([1.0, 2.0, np.inf]), 10, "out/ckpt_000000010.npz")
   train.check_finite(np.array([1.0, 2.0]), 10, None)  # finite: no error
+
+
+def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
+  import jax.numpy as jnp
+  import optax
+  from absl import flags as absl_flags
+  from purejax import optim, train
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS(["train", "--skip_nonfinite"])
+  try:
+    optimizer = train.make_optimizer(optim.OptimizerConfig(learning_rate=0.1))
+    params = {"w": jnp.ones((2, 2))}
+    state = optimizer.init(params)
+    updates, state = optimizer.update({"w": jnp.full((2, 2), jnp.nan)}, state, params)
+    assert bool(jnp.all(optax.apply_updates(params, updates)["w"] == 1.0))
+    updates, state = optimizer.update({"w": jnp.ones((2, 2))}, state, params)
+    assert bool(jnp.all(optax.apply_updates(params, updates)["w"] < 1.0))  # finite: applied
+  finally:
+    absl_flags.FLAGS.unparse_flags()
+
+
+def test_sample_refuses_a_checkpoint_of_another_model(tmp_path):
+  import jax
+  from purejax import checkpoint, mlp
+  params = mlp.init_network_params([4, 3], jax.random.PRNGKey(0))
+  checkpoint.save(str(tmp_path), 1, {"params": params}, {"model": "mlp"})
+  process = run_module("purejax.sample", f"--out_dir={tmp_path}", timeout=300)
+  assert process.returncode == 1
+  assert "holds a 'mlp' model, not a GPT" in process.stderr
+  assert "Traceback" not in process.stderr

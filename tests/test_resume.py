@@ -118,7 +118,7 @@ def test_signal_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, unint
   assert 10 <= stopped_at <= 60
   code, out, err = finish(start(out_dir, data_flags, "--resume"))
   assert code == 0, err[-2000:]
-  assert f"resumed from" in out and f"at step {stopped_at}" in out
+  assert "resumed from" in out and f"at step {stopped_at}" in out
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
 
 
