@@ -240,7 +240,7 @@ def causal_self_attention(
   scores = jnp.where(causal, scores, -jnp.inf)
   weights = jax.nn.softmax(scores, axis=-1)
   weights = nn.dropout(key, weights, config.dropout, deterministic=deterministic)
-  y = jnp.einsum("bhts,bshd->bthd", weights, v.astype(weights.dtype)).reshape(b, t, c)
+  y = jnp.einsum("bhts,bshd->bthd", weights, v).reshape(b, t, c)
   return nn.dense(params["proj"], y, compute_dtype=config.matmul_dtype), cache
 
 
