@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from purejax import nn
+from purejax import parallel
 from purejax import rng
 
 Params = Dict[str, Any]
@@ -561,7 +562,8 @@ def sample_batch(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "optimizer", "batch_size", "num_steps"),
+    static_argnames=("config", "optimizer", "batch_size", "num_steps",
+                     "grad_accum_steps", "plan"),
     donate_argnums=(0, 1))
 def train_steps(
     params: Params,
@@ -574,6 +576,8 @@ def train_steps(
     optimizer: optax.GradientTransformation,
     batch_size: int,
     num_steps: int,
+    grad_accum_steps: int = 1,
+    plan: Optional[parallel.ShardingPlan] = None,
 ) -> Tuple[Params, Any, chex.Array]:
   """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
 
@@ -589,8 +593,13 @@ def train_steps(
     step: global index of the first step.
     config: model config.
     optimizer: optax `GradientTransformation`.
-    batch_size: sequences per step.
+    batch_size: sequences per step (the global batch).
     num_steps: steps to run.
+    grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
+      must divide `batch_size`. Each draws its dropout from its own key.
+    plan: how the step is spread over devices (`parallel.ShardingPlan`);
+      None on one device. Wrap the call in a `jax.jit` with the plan's in/out
+      shardings, as `purejax.train` does, to keep the state's layout.
 
   Returns:
     `(params, opt_state, losses [num_steps])`, each loss measured before its
@@ -599,9 +608,15 @@ def train_steps(
   def one_step(carry, s):
     params, opt_state = carry
     batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
-    x, y = sample_batch(batch_key, data, config.block_size, batch_size)
-    value, grads = jax.value_and_grad(loss)(
-        params, x, y, config, key=dropout_key, deterministic=False)
+
+    def microbatch_loss(params, xy, index):
+      x, y = xy
+      return loss(params, x, y, config, key=jax.random.fold_in(dropout_key, index),
+                  deterministic=False)
+
+    batch = sample_batch(batch_key, data, config.block_size, batch_size)
+    value, grads = parallel.accumulate_gradients(
+        microbatch_loss, params, batch, grad_accum_steps, plan=plan)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), value
 
@@ -610,7 +625,8 @@ def train_steps(
   return params, opt_state, losses
 
 
-@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches"))
+@functools.partial(jax.jit,
+                   static_argnames=("config", "batch_size", "num_batches", "plan"))
 def evaluate(
     params: Params,
     data: chex.Array,
@@ -619,14 +635,18 @@ def evaluate(
     config: GPTConfig,
     batch_size: int,
     num_batches: int,
+    plan: Optional[parallel.ShardingPlan] = None,
 ) -> chex.Array:
   """Mean loss over `num_batches` random batches of `data` (no dropout).
 
   Pass the same `key` at every evaluation so the batches are fixed and the
-  numbers compare across steps.
+  numbers compare across steps. `plan` splits each batch across devices, as
+  in `train_steps`.
   """
   def body(total, k):
     x, y = sample_batch(k, data, config.block_size, batch_size)
+    if plan is not None:
+      x, y = parallel.constrain((x, y), plan.batch)
     return total + loss(params, x, y, config), None
 
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),

@@ -12,7 +12,7 @@ is no Python loop of small dispatches.
 """
 
 import functools
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from purejax import nn
+from purejax import parallel
 
 Params = Dict[str, Dict[str, chex.Array]]
 
@@ -124,14 +125,17 @@ def update(
   return _step(params, opt_state, images, labels, optimizer)
 
 
-def _step(params, opt_state, images, labels, optimizer):
-  value, grads = jax.value_and_grad(loss)(params, images, labels)
+def _step(params, opt_state, images, labels, optimizer, grad_accum_steps=1, plan=None):
+  value, grads = parallel.accumulate_gradients(
+      lambda p, xy, _: loss(p, *xy), params, (images, labels), grad_accum_steps,
+      plan=plan)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, value
 
 
 @functools.partial(
-    jax.jit, static_argnames=("optimizer", "batch_size"), donate_argnums=(0, 1))
+    jax.jit, static_argnames=("optimizer", "batch_size", "grad_accum_steps", "plan"),
+    donate_argnums=(0, 1))
 def train_epoch(
     params: Params,
     opt_state: optax.OptState,
@@ -141,6 +145,8 @@ def train_epoch(
     *,
     optimizer: optax.GradientTransformation,
     batch_size: int,
+    grad_accum_steps: int = 1,
+    plan: Optional[parallel.ShardingPlan] = None,
 ) -> Tuple[Params, optax.OptState, chex.Array]:
   """One pass over a shuffled dataset, as a `lax.scan` of `update` steps.
 
@@ -155,7 +161,11 @@ def train_epoch(
     labels: `[num_examples]` integers.
     key: PRNG key for this epoch's permutation.
     optimizer: any optax `GradientTransformation`.
-    batch_size: examples per step.
+    batch_size: examples per step (the global batch).
+    grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
+      must divide `batch_size`.
+    plan: how the step is spread over devices (`parallel.ShardingPlan`);
+      None on one device.
 
   Returns:
     `(params, opt_state, mean_loss)` where `mean_loss` averages the loss of
@@ -172,7 +182,8 @@ def train_epoch(
 
   def body(carry, batch_index):
     p, s = carry
-    p, s, value = _step(p, s, images[batch_index], labels[batch_index], optimizer)
+    p, s, value = _step(p, s, images[batch_index], labels[batch_index], optimizer,
+                        grad_accum_steps, plan)
     return (p, s), value
 
   (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), batches)

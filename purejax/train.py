@@ -9,12 +9,15 @@ message naming the flag.
 """
 
 import dataclasses
+import functools
 import json
+import os
 import pathlib
 import signal
 import sys
 import tempfile
 import time
+import zlib
 
 from absl import app
 from absl import flags
@@ -28,6 +31,7 @@ from purejax import data as data_lib
 from purejax import gpt
 from purejax import mlp
 from purejax import optim
+from purejax import parallel
 from purejax import rng
 
 _MODEL = flags.DEFINE_enum("model", "gpt", ["gpt", "mlp"], "Which model to train.")
@@ -91,6 +95,21 @@ _STEPS_PER_CALL = flags.DEFINE_integer(
 _SAMPLE_TOKENS = flags.DEFINE_integer("sample_tokens", 300,
                                       "Characters sampled at the end (0: none).")
 
+# Devices and hosts (see purejax/parallel.py).
+_NUM_DEVICES = flags.DEFINE_integer(
+    "num_devices", None, "Devices to train on (default: all that JAX sees).")
+_FSDP = flags.DEFINE_bool(
+    "fsdp", False, "Split params and optimizer state across the devices (FSDP / ZeRO-3); "
+    "default: replicate them.")
+_GRAD_ACCUM = flags.DEFINE_integer(
+    "grad_accum_steps", 1, "Microbatches per optimisation step; --batch_size is the "
+    "global batch and must divide by devices x this.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: HOST:PORT of process 0's coordinator "
+    "(or set JAX_COORDINATOR_ADDRESS, or run under a cluster JAX detects).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: processes in the run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+
 # Unset flags take these per-model values. The GPT values are nanoGPT's CPU
 # recipe; the MLP values are our default recipe (see README).
 MODEL_DEFAULTS = {
@@ -123,7 +142,9 @@ def optimizer_config(total_steps: int) -> optim.OptimizerConfig:
 
 
 def log(message: str) -> None:
-  print(message, flush=True)
+  """Prints on process 0 only, so a multi-host run logs once."""
+  if parallel.is_main_process():
+    print(message, flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -150,19 +171,44 @@ def _on_signal(signum, frame):  # pylint: disable=unused-argument
   _PENDING_SIGNAL.append(signum)
 
 
+def signal_received() -> bool:
+  """Whether any process got SIGINT/SIGTERM (a collective: all processes ask)."""
+  stop = parallel.any_process(bool(_PENDING_SIGNAL))
+  if stop and not _PENDING_SIGNAL:  # another process was signalled
+    _PENDING_SIGNAL.append(signal.SIGTERM)
+  return stop
+
+
 def start_or_resume(out_dir: str, template, meta: dict):
   """The state to start from: `template` at step 0, or the latest valid checkpoint.
 
+  Every process reads `out_dir` (so with several hosts it must be on a shared
+  filesystem); they must all find the same checkpoint.
+
   Returns:
-    `(state, step, history)`.
+    `(state, step, logs)`: `logs` holds the resumed run's "history" (and for
+    GPT its per-step "losses"), empty lists for a fresh start.
   """
+  flags_digest = zlib.crc32(json.dumps(
+      [meta, _FSDP.value, _GRAD_ACCUM.value, out_dir], sort_keys=True).encode()) & 0x7FFFFFFF
+  parallel.check_same_on_all_processes(
+      flags_digest, "the processes were started with different flags; pass the same "
+      "flags to every process (only --process_id differs).")
+  state, step, logs = _start_or_resume(out_dir, template, meta)
+  parallel.check_same_on_all_processes(
+      step, f"the processes found different checkpoints in {out_dir}; with several "
+      f"hosts --out_dir must be one shared directory.")
+  return state, step, {"history": logs.get("history", []), "losses": logs.get("losses", [])}
+
+
+def _start_or_resume(out_dir, template, meta):
   existing = checkpoint.list_checkpoints(out_dir)
   if not _RESUME.value:
     if existing:
       raise ValueError(
           f"{out_dir} already holds checkpoints (newest: {existing[0][1].name}); pass "
           f"--resume to continue that run, or another --out_dir for a new one.")
-    return template, 0, []
+    return template, 0, {}
   def same_run(saved, path):
     for name in RUN_IDENTITY:
       if saved.get(name) != meta.get(name):
@@ -175,20 +221,60 @@ def start_or_resume(out_dir: str, template, meta: dict):
     log(f"warning: {warning}")
   if restored is None:
     log(f"no valid checkpoint in {out_dir}; starting from step 0")
-    return template, 0, []
+    return template, 0, {}
   log(f"resumed from {restored.path} at step {restored.step}")
-  return restored.state, restored.step, restored.meta.get("history", [])
+  return restored.state, restored.step, restored.meta
 
 
 # What must match for a resumed run to continue the same computation.
 RUN_IDENTITY = ("model", "config", "optimizer", "batch_size", "seed")
 
 
-def save_checkpoint(out_dir, step, state, meta, history):
-  path = checkpoint.save(out_dir, step, state, {**meta, "history": history},
-                         keep=_KEEP_CHECKPOINTS.value)
-  log(f"saved {path}")
+def save_checkpoint(out_dir, step, state, meta, logs):
+  """Gathers `state` to the hosts (all processes), and process 0 writes it.
+
+  The file holds whole arrays, whatever the sharding, so it restores on any
+  number of devices.
+  """
+  state = parallel.fetch(state)
+  path = checkpoint.checkpoint_path(out_dir, step)
+  if parallel.is_main_process():
+    path = checkpoint.save(out_dir, step, state, {**meta, **logs},
+                           keep=_KEEP_CHECKPOINTS.value)
+    log(f"saved {path}")
   return path
+
+
+def make_plan(batch_size: int) -> parallel.ShardingPlan:
+  """The mesh over the devices, checked against the batch."""
+  plan = parallel.ShardingPlan(parallel.make_mesh(_NUM_DEVICES.value), fsdp=_FSDP.value)
+  parallel.check_batch_size(batch_size, plan.mesh, _GRAD_ACCUM.value)
+  log(f"{plan.num_devices} device(s) ({jax.devices()[0].platform}, "
+      f"{jax.process_count()} process(es)), params "
+      f"{'split (FSDP)' if plan.fsdp else 'replicated'}, batch {batch_size} = "
+      f"{plan.num_devices} devices x {_GRAD_ACCUM.value} microbatches x "
+      f"{batch_size // plan.num_devices // _GRAD_ACCUM.value}")
+  return plan
+
+
+def shard_state(state, plan):
+  """Host state -> global arrays: params and optimizer state per the plan,
+  everything else (keys) replicated."""
+  shardings = {name: plan.state(value) if name in ("params", "opt_state")
+               else plan.replicated for name, value in state.items()}
+  return parallel.put(state, shardings), shardings
+
+
+def sharded_step(fn, plan, shardings, **static):
+  """`fn(params, opt_state, *three_replicated_args, plan=plan, **static)` jitted
+  with explicit in/out shardings, compiled once per distinct `static` values."""
+  @functools.lru_cache(maxsize=None)
+  def compiled(**static):
+    state = (shardings["params"], shardings["opt_state"])
+    return jax.jit(functools.partial(fn, plan=plan, **static), donate_argnums=(0, 1),
+                   in_shardings=state + (plan.replicated,) * 3,
+                   out_shardings=state + (plan.replicated,))
+  return lambda *args, **more: compiled(**static, **more)(*args)
 
 
 def check_finite(losses, first_step, last_saved):
@@ -236,10 +322,14 @@ def train_mlp(out_dir: str) -> dict:
   if sizes[-1] < int(mnist.train_labels.max()) + 1:
     raise ValueError(f"the last layer size {sizes[-1]} is below the "
                      f"{int(mnist.train_labels.max()) + 1} classes of the data.")
-  train_x, train_y = jnp.asarray(mnist.train_images), jnp.asarray(mnist.train_labels)
-  test_x, test_y = jnp.asarray(mnist.test_images), jnp.asarray(mnist.test_labels)
   steps_per_epoch = len(mnist.train_labels) // batch_size
   _require_positive(steps_per_epoch=steps_per_epoch)
+  plan = make_plan(batch_size)
+  # The whole dataset sits on every device; each device gathers its rows of
+  # every batch (see mlp.train_epoch).
+  train_x, train_y, test_x, test_y = parallel.put(
+      (mnist.train_images, mnist.train_labels, mnist.test_images, mnist.test_labels),
+      plan.replicated)
 
   opt_config = optimizer_config(epochs * steps_per_epoch)
   optimizer = make_optimizer(opt_config)
@@ -248,16 +338,19 @@ def train_mlp(out_dir: str) -> dict:
           "optimizer": dataclasses.asdict(opt_config), "batch_size": batch_size,
           "seed": _SEED.value}
   template = {"params": params, "opt_state": optimizer.init(params), "data_key": keys["data"]}
-  state, epoch, history = start_or_resume(out_dir, template, meta)
+  state, epoch, logs = start_or_resume(out_dir, template, meta)
+  history = logs["history"]
+  state, shardings = shard_state(state, plan)
+  train_epoch = sharded_step(mlp.train_epoch, plan, shardings, optimizer=optimizer,
+                             batch_size=batch_size, grad_accum_steps=_GRAD_ACCUM.value)
   log(f"mlp {sizes}, {opt_config}, {steps_per_epoch} steps/epoch")
 
   last_saved = None
   while epoch < epochs:
     start = time.perf_counter()
-    params, opt_state, train_loss = mlp.train_epoch(
+    params, opt_state, train_loss = train_epoch(
         state["params"], state["opt_state"], train_x, train_y,
-        rng.fold_in_step(state["data_key"], epoch + 1), optimizer=optimizer,
-        batch_size=batch_size)
+        rng.fold_in_step(state["data_key"], epoch + 1))
     train_loss = float(train_loss)  # waits for the epoch to finish
     seconds = time.perf_counter() - start
     check_finite(np.array([train_loss]), epoch + 1, last_saved)
@@ -271,9 +364,10 @@ def train_mlp(out_dir: str) -> dict:
     log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
         "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
         "test acc {test_acc:.4f}".format(**history[-1]))
-    if epoch % checkpoint_every == 0 or epoch == epochs or _PENDING_SIGNAL:
-      last_saved = save_checkpoint(out_dir, epoch, state, meta, history)
-    if _PENDING_SIGNAL:
+    stop = signal_received()
+    if epoch % checkpoint_every == 0 or epoch == epochs or stop:
+      last_saved = save_checkpoint(out_dir, epoch, state, meta, logs)
+    if stop:
       raise Interrupted(_PENDING_SIGNAL[0])
   return history[-1] if history else {}
 
@@ -315,12 +409,20 @@ def train_gpt(out_dir: str) -> dict:
   # from fold_in(train key, s), so restoring both resumes the same stream.
   template = {"params": params, "opt_state": optimizer.init(params),
               "keys": {"train": keys["train"], "eval": keys["eval"]}}
-  state, step, history = start_or_resume(out_dir, template, meta)
-  train_data, val_data = jnp.asarray(text.train), jnp.asarray(text.val)
+  plan = make_plan(batch_size)
+  state, step, logs = start_or_resume(out_dir, template, meta)
+  history, step_losses = logs["history"], logs["losses"]  # evaluations; every step's loss
+  state, shardings = shard_state(state, plan)
+  train_steps = sharded_step(gpt.train_steps, plan, shardings, config=config,
+                             optimizer=optimizer, batch_size=batch_size,
+                             grad_accum_steps=_GRAD_ACCUM.value)
+  # The text (1 MB) sits on every device; each device samples its rows.
+  train_data, val_data = parallel.put((text.train, text.val), plan.replicated)
   log(f"gpt {config}, {gpt.num_params(params) / 1e6:.2f}M params, {opt_config}")
 
   def evaluate(step):
-    kwargs = dict(config=config, batch_size=batch_size, num_batches=_EVAL_ITERS.value)
+    kwargs = dict(config=config, batch_size=batch_size, num_batches=_EVAL_ITERS.value,
+                  plan=plan)
     eval_key, params = state["keys"]["eval"], state["params"]
     losses = {"step": step,
               "train_loss": float(gpt.evaluate(params, train_data, eval_key, **kwargs)),
@@ -339,13 +441,14 @@ def train_gpt(out_dir: str) -> dict:
                    _next_multiple(step, checkpoint_every), max_iters)
     num_steps = min(_STEPS_PER_CALL.value, boundary - step)
     start = time.perf_counter()
-    params, opt_state, losses = gpt.train_steps(
+    params, opt_state, losses = train_steps(
         state["params"], state["opt_state"], train_data, state["keys"]["train"], step,
-        config=config, optimizer=optimizer, batch_size=batch_size, num_steps=num_steps)
+        num_steps=num_steps)
     losses = np.asarray(losses)  # waits for the steps to finish
     seconds_per_step = (time.perf_counter() - start) / num_steps
     check_finite(losses, step, last_saved)
     state = {**state, "params": params, "opt_state": opt_state}
+    step_losses.extend(losses.tolist())
     times.append(seconds_per_step)
     since_log.append(seconds_per_step)
     step += num_steps
@@ -356,9 +459,10 @@ def train_gpt(out_dir: str) -> dict:
       since_log = []
     if step == max_iters:
       evaluate(step)
-    if step % checkpoint_every == 0 or step == max_iters or _PENDING_SIGNAL:
-      last_saved = save_checkpoint(out_dir, step, state, meta, history)
-    if _PENDING_SIGNAL:
+    stop = signal_received()
+    if step % checkpoint_every == 0 or step == max_iters or stop:
+      last_saved = save_checkpoint(out_dir, step, state, meta, logs)
+    if stop:
       raise Interrupted(_PENDING_SIGNAL[0])
   metrics = dict(history[-1]) if history else {"step": step}
   if times:
@@ -367,11 +471,14 @@ def train_gpt(out_dir: str) -> dict:
     log(f"median {metrics['ms_per_iter']:.2f} ms/iter after compilation")
 
   if _SAMPLE_TOKENS.value > 0:
-    prompt = jnp.asarray(text.vocab.encode("\n"))
-    sample = gpt.generate(state["params"], prompt, config, keys["sample"],
-                          max_new_tokens=_SAMPLE_TOKENS.value, temperature=0.8,
-                          top_k=200)
-    log("---- sample ----\n" + text.vocab.decode(sample))
+    # Whole params on one local device: sampling is one sequence, not worth a mesh.
+    params = jax.device_put(parallel.fetch(state["params"]), jax.local_devices()[0])
+    if parallel.is_main_process():
+      prompt = jnp.asarray(text.vocab.encode("\n"))
+      sample = gpt.generate(params, prompt, config, keys["sample"],
+                            max_new_tokens=_SAMPLE_TOKENS.value, temperature=0.8,
+                            top_k=200)
+      log("---- sample ----\n" + text.vocab.decode(sample))
   return metrics
 
 
@@ -392,6 +499,10 @@ def main(argv):
   signal.signal(signal.SIGINT, _on_signal)
   signal.signal(signal.SIGTERM, _on_signal)
   try:
+    if (_COORDINATOR.value or _NUM_PROCESSES.value or _PROCESS_ID.value is not None
+        or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+      parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                      _PROCESS_ID.value)
     optimizer_config(total_steps=1)  # fail on bad optimizer flags before loading data
     _require_positive(keep_checkpoints=_KEEP_CHECKPOINTS.value)
     _check_out_dir(out_dir)
@@ -409,6 +520,8 @@ def main(argv):
 
 def _check_out_dir(out_dir: str) -> None:
   """Fails before training if checkpoints could not be written to `out_dir`."""
+  if not parallel.is_main_process():
+    return  # only process 0 writes
   path = pathlib.Path(out_dir)
   try:
     path.mkdir(parents=True, exist_ok=True)

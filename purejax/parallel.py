@@ -1,0 +1,420 @@
+"""Training across devices, hosts and microbatches, on JAX's own engine.
+
+    mesh = make_mesh()                                   # all devices, axis "data"
+    shardings = state_shardings(state, mesh, fsdp=True)  # NamedSharding per leaf
+    state = put(state, shardings)                        # global jax.Arrays
+    step = jax.jit(gpt.train_steps, in_shardings=..., out_shardings=...)
+
+Everything here is `jax.sharding` and `jax.distributed`; the model code stays
+the same pure functions. What is split, and how:
+
+* **Data parallel** (default). A 1-D `Mesh` over every device of every
+  process, axis `"data"`. Each global batch is constrained to
+  `PartitionSpec("data")`, so each device computes the loss and gradients of
+  its rows; params and optimizer state are replicated, and XLA inserts one
+  all-reduce of the gradients per step.
+* **FSDP / ZeRO-3** (`fsdp=True`). Every leaf of the params and the
+  optimizer state is split along one dimension across the devices (see
+  `fsdp_spec`). XLA all-gathers each weight where it is used and
+  reduce-scatters its gradient, and each device updates only its shard.
+* **Gradient accumulation**. `accumulate_gradients` runs `k` microbatches of
+  one global batch in a `lax.scan` and averages their gradients, so a batch
+  `k` times what fits in memory takes one optimizer step.
+* **Multi-host**. `initialize_distributed` wraps `jax.distributed.initialize`.
+  Every process runs the same program on the global mesh; the batch rows of
+  process `p` live on, and are sampled by, `p`'s devices only. Values for the
+  host (`fetch`) are gathered to every process; the caller writes them from
+  process 0 (`is_main_process`).
+"""
+
+import dataclasses
+import re
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+DATA_AXIS = "data"
+
+
+# ----------------------------------------------------------------------------
+# Processes
+
+
+def initialize_distributed(
+    coordinator_address: Optional[str] = None,
+    num_processes: Optional[int] = None,
+    process_id: Optional[int] = None,
+) -> None:
+  """Joins this process to a multi-process run (`jax.distributed.initialize`).
+
+  Must run before anything else touches JAX's devices. Arguments left as None
+  are taken from the environment: `JAX_COORDINATOR_ADDRESS`, or a cluster JAX
+  detects (SLURM, Open MPI, Kubernetes, Cloud TPU).
+
+  Raises:
+    ValueError: the arguments are inconsistent, or the cluster cannot be
+      joined; the message names the flags to set.
+  """
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"--num_processes must be >= 1, got {num_processes}.")
+  if process_id is not None and num_processes is not None and not (
+      0 <= process_id < num_processes):
+    raise ValueError(f"--process_id must be in [0, --num_processes={num_processes}), "
+                     f"got {process_id}.")
+  try:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+  except (ValueError, TypeError, RuntimeError) as e:
+    raise ValueError(
+        f"could not join the multi-process run ({e}). Pass --coordinator_address="
+        f"HOST:PORT, --num_processes and --process_id on every process, or run "
+        f"under a cluster JAX detects.") from None
+
+
+def is_main_process() -> bool:
+  """True on the process that writes logs and checkpoints (process 0)."""
+  return jax.process_index() == 0
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is True on any process (a collective: call it on all)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  flags = multihost_utils.process_allgather(np.array([flag], np.int32))
+  return bool(np.any(flags))
+
+
+def check_same_on_all_processes(value: int, message: str) -> None:
+  """Raises ValueError(message) unless every process passed the same `value`."""
+  if jax.process_count() == 1:
+    return
+  values = multihost_utils.process_allgather(np.array([value], np.int64))
+  if np.any(values != value):
+    raise ValueError(f"{message} (values by process: {np.ravel(values).tolist()})")
+
+
+# ----------------------------------------------------------------------------
+# Mesh and shardings
+
+
+def make_mesh(num_devices: Optional[int] = None) -> Mesh:
+  """A 1-D mesh with axis `"data"` over the first `num_devices` global devices.
+
+  Args:
+    num_devices: devices to use; None means all of them (`jax.device_count()`).
+      Fewer than all is only allowed in a single-process run.
+  """
+  available = jax.device_count()
+  num_devices = available if num_devices is None else num_devices
+  if not 1 <= num_devices <= available:
+    raise ValueError(f"--num_devices={num_devices} must be in [1, {available}] "
+                     f"(the devices JAX sees: {jax.devices()[0].platform} x {available}).")
+  if num_devices != available and jax.process_count() > 1:
+    raise ValueError("--num_devices must be left unset in a multi-process run; "
+                     "every process's devices take part.")
+  # Auto axes: shardings are set at the step's boundaries and on the batch,
+  # and XLA's partitioner places every op in between (the model code has no
+  # sharding annotations, which "Explicit" axes would require).
+  return jax.make_mesh((num_devices,), (DATA_AXIS,), devices=jax.devices()[:num_devices],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """A whole copy on every device."""
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Rows of a batch (leading axis) split across the `"data"` axis."""
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def fsdp_spec(shape: Sequence[int], num_shards: int) -> P:
+  """How FSDP splits one array: along its largest dimension divisible by `num_shards`.
+
+  Ties go to the later dimension, so a stacked `[n_layer, n_embd]` LayerNorm
+  scale splits along `n_embd` and the `lax.scan` over layers still slices
+  whole layers. Arrays with no such dimension (scalars, a `[10]` bias on 4
+  devices) stay replicated.
+  """
+  best = None
+  for dim, size in enumerate(shape):
+    if size % num_shards == 0 and size >= num_shards and (
+        best is None or size >= shape[best]):
+      best = dim
+  if best is None or num_shards == 1:
+    return P()
+  return P(*([None] * best + [DATA_AXIS]))
+
+
+def state_shardings(tree: Any, mesh: Mesh, *, fsdp: bool) -> Any:
+  """A `NamedSharding` for every leaf of a params / optimizer-state pytree.
+
+  Args:
+    tree: pytree of arrays (or `jax.ShapeDtypeStruct`s).
+    mesh: mesh from `make_mesh`.
+    fsdp: split each leaf per `fsdp_spec`; False replicates everything.
+  """
+  num_shards = mesh.shape[DATA_AXIS]
+  def sharding(leaf):
+    spec = fsdp_spec(np.shape(leaf), num_shards) if fsdp else P()
+    return NamedSharding(mesh, spec)
+  return jax.tree.map(sharding, tree)
+
+
+def check_batch_size(batch_size: int, mesh: Mesh, grad_accum_steps: int = 1) -> None:
+  """Fails unless every device gets whole rows of every microbatch."""
+  if grad_accum_steps < 1:
+    raise ValueError(f"--grad_accum_steps must be >= 1, got {grad_accum_steps}.")
+  per_step = mesh.shape[DATA_AXIS] * grad_accum_steps
+  if batch_size % per_step:
+    raise ValueError(
+        f"--batch_size={batch_size} must be a multiple of the {mesh.shape[DATA_AXIS]} "
+        f"devices x --grad_accum_steps={grad_accum_steps} = {per_step}; try "
+        f"--batch_size={max(per_step, batch_size // per_step * per_step)}.")
+
+
+def put(tree: Any, shardings: Any) -> Any:
+  """Host values (the same on every process) -> global arrays with `shardings`.
+
+  `shardings` is one sharding for all leaves, or a matching pytree.
+  """
+  host = jax.tree.map(np.asarray, tree)
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree.map(lambda _: shardings, host)
+  return jax.device_put(host, shardings)
+
+
+def fetch(tree: Any) -> Any:
+  """Global arrays -> whole numpy arrays on every process (a collective)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def bytes_per_device(tree: Any) -> Dict[Any, int]:
+  """Bytes of `tree`'s arrays held on each device, `{device: bytes}`."""
+  held: Dict[Any, int] = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+  return held
+
+
+def constrain(x: Any, sharding: Optional[NamedSharding]) -> Any:
+  """`with_sharding_constraint`, or nothing when `sharding` is None (one device)."""
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
+# ----------------------------------------------------------------------------
+# A training step's plan, and gradient accumulation
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+  """How a training step is spread over devices (hashable: a static jit argument).
+
+  Attributes:
+    mesh: from `make_mesh`.
+    fsdp: params and optimizer state are split across devices (`state_shardings`
+      with fsdp=True); False means replicated.
+  """
+  mesh: Mesh
+  fsdp: bool = False
+
+  @property
+  def num_devices(self) -> int:
+    return self.mesh.shape[DATA_AXIS]
+
+  @property
+  def batch(self) -> NamedSharding:
+    return batch_sharding(self.mesh)
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return replicated(self.mesh)
+
+  def state(self, tree: Any) -> Any:
+    """Shardings of a params or optimizer-state pytree under this plan."""
+    return state_shardings(tree, self.mesh, fsdp=self.fsdp)
+
+
+def accumulate_gradients(
+    loss_fn: Callable[..., chex.Array],
+    params: Any,
+    batch: Any,
+    num_microbatches: int,
+    *,
+    plan: Optional[ShardingPlan] = None,
+):
+  """Mean loss and gradient over a batch, computed `num_microbatches` rows at a time.
+
+  The batch is cut into `num_microbatches` equal microbatches that run in a
+  `lax.scan`, so activations are held for one microbatch at a time. The
+  result equals one `jax.value_and_grad` over the whole batch (up to float
+  rounding), because the loss is a mean over equal-sized parts.
+
+  Under a `plan`, each device works on its rows of every microbatch:
+
+  * one microbatch: the batch is constrained to the `"data"` axis and XLA
+    all-reduces the gradient (or, with FSDP, reduce-scatters it) once;
+  * several, FSDP: the same inside the scan, once per microbatch, as ZeRO-3
+    does (the full gradient never exists on one device);
+  * several, replicated params: a `shard_map` in which each device scans its
+    own rows and sums their gradients locally, then one all-reduce (`pmean`)
+    per step, not one per microbatch.
+
+  Args:
+    loss_fn: `loss_fn(params, part, index) -> scalar mean loss`, where
+      `index` (int32) tells the parts apart, e.g. to fold into a dropout key:
+      0 for a whole batch; otherwise distinct for every microbatch, and in
+      the `shard_map` case for every (microbatch, device) pair. A part is
+      one microbatch, or in the `shard_map` case one device's rows of it.
+    params: the pytree to differentiate.
+    batch: pytree of arrays with a leading `[batch]` axis.
+    num_microbatches: how many parts; must divide the batch.
+    plan: the step's `ShardingPlan`; None on one device.
+
+  Returns:
+    `(mean_loss, grads)`.
+  """
+  batch_size = jax.tree.leaves(batch)[0].shape[0]
+  if batch_size % num_microbatches:
+    raise ValueError(f"a batch of {batch_size} does not split into "
+                     f"{num_microbatches} equal microbatches (--grad_accum_steps).")
+  if plan is None:
+    return _scan_microbatches(loss_fn, params, batch, num_microbatches, None)
+  if plan.fsdp or num_microbatches == 1:
+    return _scan_microbatches(loss_fn, params, constrain(batch, plan.batch),
+                              num_microbatches, plan.batch)
+
+  def per_device(params, rows):
+    # Marked as varying, the params' gradients stay per device: differentiating
+    # the replicated params directly would all-reduce every microbatch's.
+    params = jax.lax.pcast(params, DATA_AXIS, to="varying")
+    offset = jax.lax.axis_index(DATA_AXIS)
+    def part_loss(params, part, index):
+      return loss_fn(params, part, index * plan.num_devices + offset)
+    value, grads = _scan_microbatches(part_loss, params, rows, num_microbatches, None,
+                                      varying=True)
+    return jax.lax.pmean((value, grads), DATA_AXIS)
+
+  return jax.shard_map(per_device, mesh=plan.mesh, in_specs=(P(), P(DATA_AXIS)),
+                       out_specs=P())(params, constrain(batch, plan.batch))
+
+
+def _scan_microbatches(loss_fn, params, batch, num_microbatches, sharding, varying=False):
+  grad_fn = jax.value_and_grad(loss_fn)
+  if num_microbatches == 1:
+    return grad_fn(params, batch, jnp.int32(0))
+  size = jax.tree.leaves(batch)[0].shape[0] // num_microbatches
+
+  def split(x):
+    # Microbatch j takes rows j, j+k, j+2k, ...: a device's rows of the whole
+    # batch are then its rows of every microbatch, so the split moves nothing
+    # between devices. [batch, ...] -> [k, batch / k, ...]
+    return jnp.swapaxes(x.reshape(size, num_microbatches, *x.shape[1:]), 0, 1)
+
+  micro = jax.tree.map(split, batch)
+  if sharding is not None:
+    micro = constrain(micro, NamedSharding(sharding.mesh, P(None, *sharding.spec)))
+
+  def body(total, xs):
+    index, part = xs
+    value, grads = grad_fn(params, constrain(part, sharding), index)
+    return jax.tree.map(jnp.add, total, (value, grads)), None
+
+  zero_loss = jnp.zeros((), jnp.float32)
+  if varying:  # inside shard_map: each device's sum differs until the pmean
+    zero_loss = jax.lax.pcast(zero_loss, DATA_AXIS, to="varying")
+  zeros = (zero_loss, jax.tree.map(jnp.zeros_like, params))
+  indices = jnp.arange(num_microbatches, dtype=jnp.int32)
+  (total_loss, total_grads), _ = jax.lax.scan(body, zeros, (indices, micro))
+  scale = 1.0 / num_microbatches
+  return total_loss * scale, jax.tree.map(lambda g: g * scale, total_grads)
+
+
+# ----------------------------------------------------------------------------
+# Communication volume, read from the compiled HLO
+
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                "collective-permute")
+_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
+          "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+_SHAPE = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_INSTRUCTION = re.compile(r"=\s*(.*?)\s+(" + "|".join(_COLLECTIVES) +
+                          r")(?:-start)?\(")
+_WHILE = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_CALLS = re.compile(r"\b(?:to_apply|calls|branch_computations)=\{?%?([\w.\-]+)")
+
+
+@dataclasses.dataclass
+class _Computation:
+  collectives: Dict[str, int] = dataclasses.field(default_factory=dict)
+  children: list = dataclasses.field(default_factory=list)  # (name, times)
+
+
+def _shape_bytes(text: str) -> int:
+  total = 0
+  for dtype, dims in _SHAPE.findall(text):
+    total += _BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+  return total
+
+
+def collective_bytes(hlo_text: str) -> Dict[str, int]:
+  """Bytes each kind of collective produces per call of a compiled program.
+
+  Reads the optimised HLO (`jitted.lower(...).compile().as_text()`): every
+  all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute
+  contributes the size of its result on one device, and an op inside a
+  `while` loop (a `lax.scan`) counts once per iteration of the loop's known
+  trip count. A loop whose trip count XLA did not record counts once.
+
+  Returns:
+    `{"all-reduce": bytes, "all-gather": bytes, ...}` per device, kinds with
+    no traffic left out.
+  """
+  computations: Dict[str, _Computation] = {}
+  current, entry = None, None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      current = computations.setdefault(header.group(1), _Computation())
+      if line.startswith("ENTRY"):
+        entry = header.group(1)
+      continue
+    if current is None:
+      continue
+    op = _INSTRUCTION.search(line)
+    if op:
+      kind = op.group(2)
+      current.collectives[kind] = current.collectives.get(kind, 0) + _shape_bytes(
+          op.group(1))
+    loop = _WHILE.search(line)
+    if loop:
+      trips = _TRIP_COUNT.search(line)
+      current.children.append((loop.group(1), int(trips.group(1)) if trips else 1))
+    elif not op:
+      for called in _CALLS.findall(line):
+        current.children.append((called, 1))
+  if entry is None:
+    raise ValueError("collective_bytes: no ENTRY computation in the HLO text.")
+
+  def total(name, depth=0):
+    comp = computations.get(name)
+    if comp is None or depth > 64:
+      return {}
+    result = dict(comp.collectives)
+    for child, times in comp.children:
+      for kind, nbytes in total(child, depth + 1).items():
+        result[kind] = result.get(kind, 0) + times * nbytes
+    return result
+
+  return {kind: nbytes for kind, nbytes in total(entry).items() if nbytes}
