@@ -35,8 +35,12 @@ def tfds_data_dir(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp("tfds"))
 
 
-def run_module(module: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-  """Runs `python -m module args...` as a user would; returns the finished process."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def run_module(module: str, *args: str, timeout: float = 900,
+               env: dict = None) -> subprocess.CompletedProcess:
+  """Runs `python -m module args...` as a user would; returns the finished process.
+
+  `env` adds to (or overrides) this process's environment.
+  """
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
   return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                         text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
