@@ -1,0 +1,174 @@
+"""`python -m purejax.train` across devices and processes, as a user runs it.
+
+Each run is a subprocess with 4 (or 2 per process) CPU devices from
+`XLA_FLAGS=--xla_force_host_platform_device_count`. The checkpoint's meta
+holds every step's loss (GPT) and the metrics history, which the tests
+compare with a one-device run of the same flags.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, require_shared_data, run_module
+from purejax import checkpoint
+
+TINY_GPT = ["--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+            "--batch_size=8", "--max_iters=20", "--lr_decay_iters=20", "--warmup_iters=5",
+            "--eval_interval=10", "--eval_iters=2", "--log_interval=10",
+            "--steps_per_call=5", "--checkpoint_every=10", "--sample_tokens=0"]
+RTOL = 1e-5
+
+
+def devices(n):
+  return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+
+
+@pytest.fixture(scope="module")
+def text_flags(tmp_path_factory):
+  text_dir = require_shared_data("tinyshakespeare")
+  return [f"--tfds_manual_dir={text_dir}",
+          f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_scale')}"]
+
+
+def train(out_dir, *flags, num_devices=1):
+  process = run_module("purejax.train", *flags, f"--out_dir={out_dir}", timeout=600,
+                       env=devices(num_devices))
+  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
+  return process
+
+
+def newest(out_dir):
+  """`(arrays, meta)` of the newest checkpoint in `out_dir`."""
+  return checkpoint.latest_meta(str(out_dir))
+
+
+def assert_same_run(out_dir, reference_dir):
+  arrays, meta = newest(out_dir)
+  ref_arrays, ref_meta = newest(reference_dir)
+  np.testing.assert_allclose(meta["losses"], ref_meta["losses"], rtol=RTOL)
+  assert len(meta["losses"]) == 20
+  for name, value in ref_arrays.items():
+    if "['params']" in name:
+      np.testing.assert_allclose(arrays[name], value, rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory, text_flags):
+  out_dir = tmp_path_factory.mktemp("gpt_1dev")
+  train(out_dir, *TINY_GPT, *text_flags)
+  return out_dir
+
+
+def test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one(
+    tmp_path, text_flags, one_device_run):
+  four = tmp_path / "four"
+  process = train(four, *TINY_GPT, *text_flags, "--fsdp", num_devices=4)
+  assert "4 device(s)" in process.stdout and "split (FSDP)" in process.stdout
+  assert_same_run(four, one_device_run)
+
+  # The step-10 checkpoint of the 4-device FSDP run resumes on 1 device.
+  resumed = tmp_path / "resumed"
+  resumed.mkdir()
+  shutil.copy(checkpoint.checkpoint_path(str(four), 10), resumed)
+  process = train(resumed, *TINY_GPT, *text_flags, "--resume", num_devices=1)
+  assert "resumed from" in process.stdout and "1 device(s)" in process.stdout
+  assert_same_run(resumed, one_device_run)
+
+
+def test_accumulated_microbatches_on_four_devices_match_one_device(
+    tmp_path, text_flags, one_device_run):
+  train(tmp_path, *TINY_GPT, *text_flags, "--grad_accum_steps=2", num_devices=4)
+  assert_same_run(tmp_path, one_device_run)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_device_run):
+  out_dir = tmp_path / "two_processes"
+  flags = [*TINY_GPT, *text_flags, f"--out_dir={out_dir}",
+           f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices(2))  # 2 x 2 = 4 devices
+  workers = [subprocess.Popen([sys.executable, "-m", "purejax.train", *flags,
+                               f"--process_id={i}"], cwd=REPO_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+  outputs = []
+  try:
+    for worker in workers:
+      outputs.append(worker.communicate(timeout=600))
+  finally:
+    for worker in workers:
+      worker.kill()
+  for worker, (out, err) in zip(workers, outputs):
+    assert worker.returncode == 0, out[-2000:] + err[-3000:]
+  assert "4 device(s) (cpu, 2 process(es))" in outputs[0][0]
+  # Only process 0 logs and writes checkpoints (Gloo's own lines aside).
+  ours = [line for line in outputs[1][0].splitlines() if not line.startswith("[Gloo]")]
+  assert "saved" in outputs[0][0] and ours == []
+  assert_same_run(out_dir, one_device_run)
+
+
+def test_processes_started_with_different_flags_are_refused(tmp_path, text_flags):
+  flags = [*TINY_GPT, *text_flags, f"--out_dir={tmp_path}",
+           f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  workers = [subprocess.Popen([sys.executable, "-m", "purejax.train", *flags,
+                               f"--process_id={i}", *extra], cwd=REPO_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, extra in enumerate([[], ["--fsdp"]])]
+  try:
+    errors = [worker.communicate(timeout=300)[1] for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  for worker, err in zip(workers, errors):
+    assert worker.returncode == 1
+    assert "started with different flags" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch_size=10"], "--batch_size=10 must be a multiple of the 4 devices"),
+    (["--batch_size=8", "--grad_accum_steps=4"], r"try --batch_size=16"),
+    (["--num_devices=5"], r"--num_devices=5 must be in \[1, 4\]"),
+    (["--process_id=1"], "could not join the multi-process run"),
+    (["--num_processes=2", "--process_id=2", "--coordinator_address=localhost:1"],
+     r"--process_id must be in \[0, --num_processes=2\)"),
+])
+def test_bad_scale_out_flags_fail_with_a_clear_message(tmp_path, text_flags, flags, message):
+  process = run_module("purejax.train", *TINY_GPT, *text_flags, f"--out_dir={tmp_path}",
+                       *flags, timeout=300, env=devices(4))
+  assert process.returncode == 1, process.stderr[-2000:]
+  assert "Traceback" not in process.stderr
+  assert re.search(message, process.stderr), process.stderr[-2000:]
+
+
+def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
+  mnist_dir = require_shared_data("mnist")
+  # 60000 / 3000 = 20 steps in one epoch.
+  flags = ["--model=mlp", "--epochs=1", "--batch_size=3000", f"--tfds_data_dir={tfds_data_dir}",
+           f"--tfds_manual_dir={mnist_dir}"]
+  train(tmp_path / "one", *flags)
+  train(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
+  (one_arrays, one_meta), (four_arrays, four_meta) = newest(tmp_path / "one"), newest(
+      tmp_path / "four")
+  one_metrics, four_metrics = one_meta["history"][-1], four_meta["history"][-1]
+  np.testing.assert_allclose(four_metrics["train_loss"], one_metrics["train_loss"], rtol=RTOL)
+  assert abs(four_metrics["test_acc"] - one_metrics["test_acc"]) <= 2e-4  # <= 2 of 10000
+  # Weights of rarely-lit border pixels and of dead ReLU units get gradients
+  # that are mostly rounding noise, which Adam scales up to steps of the
+  # learning rate; so single entries differ, and each layer as a whole agrees.
+  for name, value in one_arrays.items():
+    if "['params']" in name:
+      difference = np.linalg.norm(four_arrays[name] - value)
+      assert difference <= 1e-3 * np.linalg.norm(value), (name, difference)
