@@ -258,15 +258,16 @@ def accumulate_gradients(
   result equals one `jax.value_and_grad` over the whole batch (up to float
   rounding), because the loss is a mean over equal-sized parts.
 
-  Under a `plan`, each device works on its rows of every microbatch:
+  Under a `plan`, each device works on its rows of every microbatch, and the
+  gradients cross devices once per step:
 
   * one microbatch: the batch is constrained to the `"data"` axis and XLA
-    all-reduces the gradient (or, with FSDP, reduce-scatters it) once;
-  * several, FSDP: the same inside the scan, once per microbatch, as ZeRO-3
-    does (the full gradient never exists on one device);
-  * several, replicated params: a `shard_map` in which each device scans its
-    own rows and sums their gradients locally, then one all-reduce (`pmean`)
-    per step, not one per microbatch.
+    all-reduces the gradient. With FSDP the whole params are gathered for
+    the pass and the gradient is reduced back to shards (`state_shardings`).
+  * several microbatches: a `shard_map` in which each device scans its own
+    rows and sums their gradients locally, then one `pmean` per step rather
+    than one per microbatch. FSDP-split params are gathered once on entry,
+    so during the step a device holds whole params and a whole gradient sum.
 
   Args:
     loss_fn: `loss_fn(params, part, index) -> scalar mean loss`, where
@@ -287,10 +288,17 @@ def accumulate_gradients(
     raise ValueError(f"a batch of {batch_size} does not split into "
                      f"{num_microbatches} equal microbatches (--grad_accum_steps).")
   if plan is None:
-    return _scan_microbatches(loss_fn, params, batch, num_microbatches, None)
-  if plan.fsdp or num_microbatches == 1:
-    return _scan_microbatches(loss_fn, params, constrain(batch, plan.batch),
-                              num_microbatches, plan.batch)
+    return _scan_microbatches(loss_fn, params, batch, num_microbatches)
+  batch = constrain(batch, plan.batch)
+  if num_microbatches == 1:
+    if plan.fsdp:
+      # Left to itself, XLA partitions each matmul along the split weight
+      # dimension and all-gathers activations instead (5x the traffic,
+      # measured). Gathering the whole params for the pass keeps every matmul
+      # batch-parallel; the gradients are reduced back to shards, and the
+      # optimizer updates shards.
+      loss_fn = _with_gathered_params(loss_fn, plan)
+    return _scan_microbatches(loss_fn, params, batch, 1)
 
   def per_device(params, rows):
     # Marked as varying, the params' gradients stay per device: differentiating
@@ -299,33 +307,33 @@ def accumulate_gradients(
     offset = jax.lax.axis_index(DATA_AXIS)
     def part_loss(params, part, index):
       return loss_fn(params, part, index * plan.num_devices + offset)
-    value, grads = _scan_microbatches(part_loss, params, rows, num_microbatches, None,
+    value, grads = _scan_microbatches(part_loss, params, rows, num_microbatches,
                                       varying=True)
     return jax.lax.pmean((value, grads), DATA_AXIS)
 
+  # in_specs P(): FSDP-split params are gathered once, on entry.
   return jax.shard_map(per_device, mesh=plan.mesh, in_specs=(P(), P(DATA_AXIS)),
-                       out_specs=P())(params, constrain(batch, plan.batch))
+                       out_specs=P())(params, batch)
 
 
-def _scan_microbatches(loss_fn, params, batch, num_microbatches, sharding, varying=False):
+def _with_gathered_params(loss_fn, plan):
+  def gathered_loss(params, part, index):
+    return loss_fn(constrain(params, plan.replicated), part, index)
+  return gathered_loss
+
+
+def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False):
   grad_fn = jax.value_and_grad(loss_fn)
   if num_microbatches == 1:
     return grad_fn(params, batch, jnp.int32(0))
-  size = jax.tree.leaves(batch)[0].shape[0] // num_microbatches
-
-  def split(x):
-    # Microbatch j takes rows j, j+k, j+2k, ...: a device's rows of the whole
-    # batch are then its rows of every microbatch, so the split moves nothing
-    # between devices. [batch, ...] -> [k, batch / k, ...]
-    return jnp.swapaxes(x.reshape(size, num_microbatches, *x.shape[1:]), 0, 1)
-
-  micro = jax.tree.map(split, batch)
-  if sharding is not None:
-    micro = constrain(micro, NamedSharding(sharding.mesh, P(None, *sharding.spec)))
+  # [batch, ...] -> [k, batch / k, ...]: microbatch j is the j-th block of rows.
+  micro = jax.tree.map(
+      lambda x: x.reshape(num_microbatches, x.shape[0] // num_microbatches, *x.shape[1:]),
+      batch)
 
   def body(total, xs):
     index, part = xs
-    value, grads = grad_fn(params, constrain(part, sharding), index)
+    value, grads = grad_fn(params, part, index)
     return jax.tree.map(jnp.add, total, (value, grads)), None
 
   zero_loss = jnp.zeros((), jnp.float32)

@@ -72,11 +72,14 @@ def main(options):
       params, opt_state, loss = jitted(params, opt_state, *args)
       losses.append(float(loss))
   held = parallel.bytes_per_device(params)
+  steps_compiled = num_steps if model == "gpt" else 1  # per call: 20 steps, or 1
   print(json.dumps({
       "losses": losses,
       "param_bytes": int(sum(x.nbytes for x in jax.tree.leaves(params))),
       "param_bytes_per_device": sorted(held.values()),
-      "collective_bytes": parallel.collective_bytes(hlo),
+      "collective_bytes_per_step": {
+          kind: nbytes / steps_compiled
+          for kind, nbytes in parallel.collective_bytes(hlo).items()},
       "params": {jax.tree_util.keystr(k): np.asarray(v).ravel()[:64].tolist()
                  for k, v in jax.tree_util.tree_leaves_with_path(parallel.fetch(params))},
   }))

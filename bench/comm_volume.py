@@ -1,0 +1,98 @@
+"""Bytes each device sends through collectives per GPT training step, from the HLO.
+
+    python -m bench.comm_volume                 # 4 devices, both bench sizes
+    python -m bench.comm_volume --devices=8
+
+The count comes from the compiled program, not a run: each training step is
+compiled as `purejax.train` compiles it (a `ShardingPlan`, explicit in/out
+shardings) for `--devices` CPU devices, and `parallel.collective_bytes` sums
+the result size of every all-reduce, all-gather, reduce-scatter, all-to-all
+and collective-permute, once per loop trip. The figure is per device and per
+optimisation step. Other backends (GPU, TPU) partition the same program and
+may pick other collectives (e.g. reduce-scatter where the CPU backend keeps
+an all-reduce), so read the CPU numbers as the shape of the traffic.
+"""
+
+import os
+import sys
+
+
+def _devices_from_argv(default=4):
+  for arg in sys.argv[1:]:
+    if arg.startswith("--devices="):
+      return int(arg.split("=", 1)[1])
+  return default
+
+
+# JAX fixes the number of CPU devices when it starts.
+os.environ.setdefault("XLA_FLAGS",
+                      f"--xla_force_host_platform_device_count={_devices_from_argv()}")
+
+import functools  # noqa: E402
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from purejax import gpt  # noqa: E402
+from purejax import optim  # noqa: E402
+from purejax import parallel  # noqa: E402
+
+_DEVICES = flags.DEFINE_integer("devices", 4, "CPU devices to partition over.")
+
+SIZES = {
+    # name: (config, global batch)
+    "recipe 4L/128 T64": (gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4,
+                                        n_head=4, n_embd=128, bias=False), 12),
+    "heavy 6L/384 T256": (gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6,
+                                        n_head=6, n_embd=384, bias=False), 16),
+}
+PLANS = [("replicated", False, 1), ("replicated, 4 microbatches", False, 4),
+         ("FSDP", True, 1), ("FSDP, 4 microbatches", True, 4)]
+
+
+def step_collectives(config, batch_size, plan, grad_accum_steps):
+  optimizer = optim.make_optimizer(optim.OptimizerConfig())
+  params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+  opt_state = jax.eval_shape(optimizer.init, params)
+  params_sh, opt_sh = plan.state(params), plan.state(opt_state)
+  step = jax.jit(
+      functools.partial(gpt.train_steps, config=config, optimizer=optimizer,
+                        batch_size=batch_size, num_steps=1,
+                        grad_accum_steps=grad_accum_steps, plan=plan),
+      in_shardings=(params_sh, opt_sh) + (plan.replicated,) * 3,
+      out_shardings=(params_sh, opt_sh, plan.replicated))
+  data = jax.ShapeDtypeStruct((100_000,), np.int32)
+  key = jax.ShapeDtypeStruct((2,), np.uint32)
+  hlo = step.lower(params, opt_state, data, key, 0).compile().as_text()
+  param_bytes = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+  return parallel.collective_bytes(hlo), int(param_bytes)
+
+
+def main(argv):
+  del argv
+  if jax.device_count() != _DEVICES.value:
+    raise app.UsageError(f"JAX sees {jax.device_count()} devices; XLA_FLAGS was set "
+                         f"before this script: unset it or make it match --devices.")
+  mesh = parallel.make_mesh()
+  print(f"Per device, per optimisation step, on {_DEVICES.value} CPU devices "
+        f"(MB = 1e6 bytes):\n")
+  print("| size | plan | params MB | all-reduce MB | all-gather MB | other MB | "
+        "total / params |")
+  print("|---|---|---:|---:|---:|---:|---:|")
+  for name, (config, batch) in SIZES.items():
+    batch = max(batch, _DEVICES.value * 4) // (_DEVICES.value * 4) * (_DEVICES.value * 4)
+    for label, fsdp, accum in PLANS:
+      volume, param_bytes = step_collectives(
+          config, batch, parallel.ShardingPlan(mesh, fsdp), accum)
+      other = sum(v for k, v in volume.items() if k not in ("all-reduce", "all-gather"))
+      total = sum(volume.values())
+      print(f"| {name} (batch {batch}) | {label} | {param_bytes / 1e6:.2f} | "
+            f"{volume.get('all-reduce', 0) / 1e6:.2f} | "
+            f"{volume.get('all-gather', 0) / 1e6:.2f} | {other / 1e6:.2f} | "
+            f"{total / param_bytes:.2f} |")
+
+
+if __name__ == "__main__":
+  app.run(main)
