@@ -245,6 +245,27 @@ def save_checkpoint(out_dir, step, state, meta, logs):
   return path
 
 
+def load_data(load):
+  """`load()`, run by process 0 first when there are several.
+
+  TFDS prepares a dataset on first use by writing into its data dir; with a
+  shared dir, processes preparing at once would race. So process 0 loads
+  (and prepares) first, then the others read what it wrote.
+  """
+  if jax.process_count() == 1:
+    return load()
+  result, error = None, None
+  if parallel.is_main_process():
+    try:
+      result = load()
+    except (ValueError, data_lib.DataUnavailableError) as e:
+      error = e
+  if parallel.any_process(error is not None):
+    raise error or data_lib.DataUnavailableError(
+        "process 0 could not load the data; its error says why.")
+  return result if parallel.is_main_process() else load()
+
+
 def make_plan(batch_size: int) -> parallel.ShardingPlan:
   """The mesh over the devices, checked against the batch."""
   plan = parallel.ShardingPlan(parallel.make_mesh(_NUM_DEVICES.value), fsdp=_FSDP.value)
@@ -316,8 +337,8 @@ def train_mlp(out_dir: str) -> dict:
   keys = rng.split_named(jax.random.PRNGKey(_SEED.value), ("params", "data"))
   params = mlp.init_network_params(sizes, keys["params"], _INIT_SCALE.value)
 
-  mnist = data_lib.load_mnist(_TFDS_DATA_DIR.value, _TFDS_MANUAL_DIR.value,
-                              pixels=_MNIST_PIXELS.value)
+  mnist = load_data(lambda: data_lib.load_mnist(
+      _TFDS_DATA_DIR.value, _TFDS_MANUAL_DIR.value, pixels=_MNIST_PIXELS.value))
   mlp.check_input_size(params, mnist.num_features)
   if sizes[-1] < int(mnist.train_labels.max()) + 1:
     raise ValueError(f"the last layer size {sizes[-1]} is below the "
@@ -392,7 +413,8 @@ def train_gpt(out_dir: str) -> dict:
                     log_interval=_LOG_INTERVAL.value, steps_per_call=_STEPS_PER_CALL.value,
                     block_size=_BLOCK_SIZE.value, checkpoint_every=checkpoint_every)
   config = gpt_config(vocab_size=1)  # fail on bad model flags before loading data
-  text = data_lib.load_shakespeare(_TFDS_DATA_DIR.value, _TFDS_MANUAL_DIR.value)
+  text = load_data(lambda: data_lib.load_shakespeare(_TFDS_DATA_DIR.value,
+                                                     _TFDS_MANUAL_DIR.value))
   config = dataclasses.replace(config, vocab_size=text.vocab.size)
   if config.block_size >= len(text.val):
     raise ValueError(f"--block_size={config.block_size} must be shorter than the "
@@ -496,13 +518,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   out_dir = _OUT_DIR.value or f"out-{_MODEL.value}"
-  signal.signal(signal.SIGINT, _on_signal)
-  signal.signal(signal.SIGTERM, _on_signal)
   try:
     if (_COORDINATOR.value or _NUM_PROCESSES.value or _PROCESS_ID.value is not None
         or os.environ.get("JAX_COORDINATOR_ADDRESS")):
       parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
                                       _PROCESS_ID.value)
+    # After jax.distributed, whose preemption notifier takes SIGTERM for
+    # itself: the loop checks for signals on every process at each boundary.
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
     optimizer_config(total_steps=1)  # fail on bad optimizer flags before loading data
     _require_positive(keep_checkpoints=_KEEP_CHECKPOINTS.value)
     _check_out_dir(out_dir)

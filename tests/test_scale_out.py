@@ -114,7 +114,8 @@ def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_
     assert worker.returncode == 0, out[-2000:] + err[-3000:]
   assert "4 device(s) (cpu, 2 process(es))" in outputs[0][0]
   # Only process 0 logs and writes checkpoints (Gloo's own lines aside).
-  ours = [line for line in outputs[1][0].splitlines() if not line.startswith("[Gloo]")]
+  ours = [line for line in outputs[1][0].splitlines()
+          if line.strip() and not line.startswith("[Gloo]")]
   assert "saved" in outputs[0][0] and ours == []
   assert_same_run(out_dir, one_device_run)
 
@@ -172,3 +173,31 @@ def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
     if "['params']" in name:
       difference = np.linalg.norm(four_arrays[name] - value)
       assert difference <= 1e-3 * np.linalg.norm(value), (name, difference)
+
+
+def test_sigterm_to_one_process_saves_and_stops_all(tmp_path, text_flags):
+  import signal
+  import time
+  flags = [*TINY_GPT, *text_flags, f"--out_dir={tmp_path}", "--max_iters=100000",
+           "--lr_decay_iters=100000", f"--coordinator_address=localhost:{_free_port()}",
+           "--num_processes=2"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  workers = [subprocess.Popen([sys.executable, "-m", "purejax.train", *flags,
+                               f"--process_id={i}"], cwd=REPO_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+  try:
+    deadline = time.monotonic() + 300
+    while not checkpoint.list_checkpoints(str(tmp_path)):
+      assert all(w.poll() is None for w in workers), "a process ended early"
+      assert time.monotonic() < deadline, "no checkpoint within 300 s"
+      time.sleep(0.1)
+    workers[1].send_signal(signal.SIGTERM)  # process 1 only
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  assert [w.returncode for w in workers] == [143, 143], [o[1][-2000:] for o in outputs]
+  assert "stopped by SIGTERM" in outputs[0][0]
+  newest_step = checkpoint.list_checkpoints(str(tmp_path))[0][0]
+  assert newest_step > 0 and newest_step % 5 == 0  # a step boundary (--steps_per_call=5)
