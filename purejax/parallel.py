@@ -1,9 +1,10 @@
 """Training across devices, hosts and microbatches, on JAX's own engine.
 
-    mesh = make_mesh()                                   # all devices, axis "data"
-    shardings = state_shardings(state, mesh, fsdp=True)  # NamedSharding per leaf
-    state = put(state, shardings)                        # global jax.Arrays
-    step = jax.jit(gpt.train_steps, in_shardings=..., out_shardings=...)
+    plan = ShardingPlan(make_mesh(), fsdp=True)   # all devices, axis "data"
+    shardings = plan.state(params)                # a NamedSharding per leaf
+    params = put(params, shardings)               # global jax.Arrays, split
+    step = jax.jit(functools.partial(gpt.train_steps, plan=plan, ...),
+                   in_shardings=(shardings, ...), out_shardings=(shardings, ...))
 
 Everything here is `jax.sharding` and `jax.distributed`; the model code stays
 the same pure functions. What is split, and how:
@@ -14,12 +15,16 @@ the same pure functions. What is split, and how:
   its rows; params and optimizer state are replicated, and XLA inserts one
   all-reduce of the gradients per step.
 * **FSDP / ZeRO-3** (`fsdp=True`). Every leaf of the params and the
-  optimizer state is split along one dimension across the devices (see
-  `fsdp_spec`). XLA all-gathers each weight where it is used and
-  reduce-scatters its gradient, and each device updates only its shard.
+  optimizer state is stored split along one dimension across the devices
+  (see `fsdp_spec`). Each step all-gathers the params for the forward and
+  backward pass, reduces the gradients back to shards, and each device
+  updates only its shard of the params and optimizer state. The gather is
+  of the whole params at once, not layer by layer, so during a step each
+  device holds one whole copy of the params.
 * **Gradient accumulation**. `accumulate_gradients` runs `k` microbatches of
   one global batch in a `lax.scan` and averages their gradients, so a batch
-  `k` times what fits in memory takes one optimizer step.
+  `k` times what fits in memory takes one optimizer step; across devices the
+  gradients are reduced once per step, not once per microbatch.
 * **Multi-host**. `initialize_distributed` wraps `jax.distributed.initialize`.
   Every process runs the same program on the global mesh; the batch rows of
   process `p` live on, and are sampled by, `p`'s devices only. Values for the
