@@ -28,8 +28,6 @@ def _devices_from_argv(default=4):
 os.environ.setdefault("XLA_FLAGS",
                       f"--xla_force_host_platform_device_count={_devices_from_argv()}")
 
-import functools  # noqa: E402
-
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import jax  # noqa: E402
@@ -56,13 +54,10 @@ def step_collectives(config, batch_size, plan, grad_accum_steps):
   optimizer = optim.make_optimizer(optim.OptimizerConfig())
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   opt_state = jax.eval_shape(optimizer.init, params)
-  params_sh, opt_sh = plan.state(params), plan.state(opt_state)
-  step = jax.jit(
-      functools.partial(gpt.train_steps, config=config, optimizer=optimizer,
-                        batch_size=batch_size, num_steps=1,
-                        grad_accum_steps=grad_accum_steps, plan=plan),
-      in_shardings=(params_sh, opt_sh) + (plan.replicated,) * 3,
-      out_shardings=(params_sh, opt_sh, plan.replicated))
+  step = parallel.jit_train_step(
+      gpt.train_steps, plan, plan.state(params), plan.state(opt_state), config=config,
+      optimizer=optimizer, batch_size=batch_size, num_steps=1,
+      grad_accum_steps=grad_accum_steps)
   data = jax.ShapeDtypeStruct((100_000,), np.int32)
   key = jax.ShapeDtypeStruct((2,), np.uint32)
   hlo = step.lower(params, opt_state, data, key, 0).compile().as_text()

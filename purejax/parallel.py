@@ -3,8 +3,8 @@
     plan = ShardingPlan(make_mesh(), fsdp=True)   # all devices, axis "data"
     shardings = plan.state(params)                # a NamedSharding per leaf
     params = put(params, shardings)               # global jax.Arrays, split
-    step = jax.jit(functools.partial(gpt.train_steps, plan=plan, ...),
-                   in_shardings=(shardings, ...), out_shardings=(shardings, ...))
+    step = jit_train_step(gpt.train_steps, plan, shardings, plan.state(opt_state),
+                          config=config, optimizer=optimizer, ...)
 
 Everything here is `jax.sharding` and `jax.distributed`; the model code stays
 the same pure functions. What is split, and how:
@@ -33,6 +33,7 @@ the same pure functions. What is split, and how:
 """
 
 import dataclasses
+import functools
 import re
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -246,6 +247,23 @@ class ShardingPlan:
   def state(self, tree: Any) -> Any:
     """Shardings of a params or optimizer-state pytree under this plan."""
     return state_shardings(tree, self.mesh, fsdp=self.fsdp)
+
+
+def jit_train_step(fn: Callable, plan: ShardingPlan, params_shardings: Any,
+                   opt_state_shardings: Any, **static) -> Callable:
+  """`fn(params, opt_state, a, b, c, plan=plan, **static)` under `jax.jit` with
+  explicit shardings.
+
+  The state goes in and comes out with the given shardings (and is donated);
+  the three other arguments and the third output (the losses) are
+  replicated. This fits `gpt.train_steps` (data, key, step) and
+  `mlp.train_epoch` (images, labels, key). Static arguments are bound here,
+  because `jax.jit` takes no keyword arguments once `in_shardings` is set.
+  """
+  state = (params_shardings, opt_state_shardings)
+  return jax.jit(functools.partial(fn, plan=plan, **static), donate_argnums=(0, 1),
+                 in_shardings=state + (plan.replicated,) * 3,
+                 out_shardings=state + (plan.replicated,))
 
 
 def accumulate_gradients(

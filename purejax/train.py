@@ -287,15 +287,13 @@ def shard_state(state, plan):
 
 
 def sharded_step(fn, plan, shardings, **static):
-  """`fn(params, opt_state, *three_replicated_args, plan=plan, **static)` jitted
-  with explicit in/out shardings, compiled once per distinct `static` values."""
+  """`parallel.jit_train_step`, compiled once per distinct further keywords
+  (the GPT's chunk length `num_steps`)."""
   @functools.lru_cache(maxsize=None)
-  def compiled(**static):
-    state = (shardings["params"], shardings["opt_state"])
-    return jax.jit(functools.partial(fn, plan=plan, **static), donate_argnums=(0, 1),
-                   in_shardings=state + (plan.replicated,) * 3,
-                   out_shardings=state + (plan.replicated,))
-  return lambda *args, **more: compiled(**static, **more)(*args)
+  def compiled(**more):
+    return parallel.jit_train_step(fn, plan, shardings["params"], shardings["opt_state"],
+                                   **static, **more)
+  return lambda *args, **more: compiled(**more)(*args)
 
 
 def check_finite(losses, first_step, last_saved):

@@ -7,10 +7,9 @@ number of CPU devices when it starts:
     python tests/parallel_worker.py '{"model": "gpt", "num_devices": 4, "fsdp": true}'
 
 It uses the same pieces as `purejax.train`: a `ShardingPlan`, state put with
-the plan's shardings, and the step jitted with explicit in/out shardings.
+the plan's shardings, and the step jitted by `parallel.jit_train_step`.
 """
 
-import functools
 import json
 import sys
 
@@ -37,9 +36,7 @@ def main(options):
     config = gpt.GPTConfig(**GPT_CONFIG, dropout=options.get("dropout", 0.0))
     params = gpt.init_params(config, key)
     data = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (4096,), 0, 65))
-    step_fn = functools.partial(gpt.train_steps, config=config, optimizer=optimizer,
-                                batch_size=batch_size, num_steps=num_steps,
-                                grad_accum_steps=accum, plan=plan)
+    step_fn, static = gpt.train_steps, dict(config=config, num_steps=num_steps)
     data_args = (data, jax.random.PRNGKey(2), 0)
   else:
     params = mlp.init_network_params([32, 64, 64, 10], key, scale=0.1)
@@ -47,15 +44,13 @@ def main(options):
     labels = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (batch_size * num_steps,), 0, 10))
     # mlp.train_epoch returns the epoch's mean loss; one step per call gives
     # every step's loss.
-    step_fn = functools.partial(mlp.train_epoch, optimizer=optimizer,
-                                batch_size=batch_size, grad_accum_steps=accum, plan=plan)
+    step_fn, static = mlp.train_epoch, {}
 
   opt_state = optimizer.init(params)
   params_sh, opt_sh = plan.state(params), plan.state(opt_state)
   params, opt_state = parallel.put(params, params_sh), parallel.put(opt_state, opt_sh)
-  jitted = jax.jit(step_fn, donate_argnums=(0, 1),
-                   in_shardings=(params_sh, opt_sh) + (plan.replicated,) * 3,
-                   out_shardings=(params_sh, opt_sh, plan.replicated))
+  jitted = parallel.jit_train_step(step_fn, plan, params_sh, opt_sh, optimizer=optimizer,
+                                   batch_size=batch_size, grad_accum_steps=accum, **static)
   if model == "gpt":
     data_args = parallel.put(data_args, plan.replicated)
     hlo = jitted.lower(params, opt_state, *data_args).compile().as_text()
