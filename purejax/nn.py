@@ -59,15 +59,33 @@ def _low_precision_matmul_fwd(x, w, dtype):
   return jnp.dot(xc, wc, preferred_element_type=jnp.float32), (xc, wc)
 
 
+def _materialized_transpose(a: chex.Array) -> chex.Array:
+  """`a.T` for a 2-D array, written out in row-major order.
+
+  XLA's CPU backend runs a low-precision dot natively only when both operands
+  are row-major `[m, k] @ [k, n]`. A plain `a.T` becomes a layout change,
+  and the dot is then upcast to float32 (3-4x slower with AMX-BF16).
+  Splitting one axis before transposing makes XLA copy the data instead.
+  """
+  rows, cols = a.shape
+  if cols % 2:
+    return a.T
+  return a.reshape(rows, cols // 2, 2).transpose(1, 2, 0).reshape(cols, rows)
+
+
 def _low_precision_matmul_bwd(dtype, residuals, g):
   # JAX's own transpose of a dot with preferred_element_type would multiply
   # float32 by bfloat16 and round the result to bfloat16; both run at a
   # fraction of the speed of bfloat16 operands with float32 accumulation.
   xc, wc = residuals
   gc = g.astype(dtype)
-  dx = jnp.dot(gc, wc.T, preferred_element_type=jnp.float32)
-  dw = jnp.dot(xc.T, gc, preferred_element_type=jnp.float32)
-  return dx, dw
+  dx = jnp.dot(gc, _materialized_transpose(wc), preferred_element_type=jnp.float32)
+  dw = jnp.dot(_materialized_transpose(xc), gc, preferred_element_type=jnp.float32)
+  # The barrier stops XLA from folding a later transpose of a gradient (e.g.
+  # of the tied output head's `embedding.T`) into these dots: that would
+  # recreate a non-row-major low-precision dot after the pass that upcasts
+  # such dots, and XLA's CPU runtime cannot execute it.
+  return jax.lax.optimization_barrier((dx, dw))
 
 
 _low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)

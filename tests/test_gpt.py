@@ -114,6 +114,21 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
                                 grad(dataclasses.replace(TINY, remat=policy)),
                                 rtol=1e-5, atol=1e-6)
 
+  @parameterized.parameters((1, 8), (3, 8), (3, 7), (5, 8))
+  def test_attention_in_query_blocks_is_exact(self, attn_block, time):
+    # Blocks of queries skip most of the masked keys; the loss, its gradients
+    # and causality must not change.
+    params = sharpened_params(TINY)
+    tokens = random_tokens(jax.random.PRNGKey(1), (2, time + 1))
+    grad = lambda cfg: jax.value_and_grad(gpt.loss)(params, tokens[:, :-1],
+                                                    tokens[:, 1:], cfg)
+    blocked = dataclasses.replace(TINY, attn_block=attn_block)
+    chex.assert_trees_all_close(grad(TINY), grad(blocked), rtol=1e-5, atol=1e-6)
+    changed = tokens.at[:, 4:].set((tokens[:, 4:] + 1) % TINY.vocab_size)
+    chex.assert_trees_all_close(gpt.forward(params, tokens[:, :-1], blocked)[:, :4],
+                                gpt.forward(params, changed[:, :-1], blocked)[:, :4],
+                                atol=1e-6)
+
   def test_dropout_keys(self):
     config = dataclasses.replace(TINY, dropout=0.3)
     params = gpt.init_params(config, jax.random.PRNGKey(0))
@@ -152,6 +167,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
       (dict(block_size=0), "block_size must be a positive"),
       (dict(compute_dtype="int8"), "compute_dtype"),
       (dict(remat="yes"), "remat"),
+      (dict(attn_block=0), "attn_block must be a positive"),
   )
   def test_bad_config_is_a_clear_error(self, changes, message):
     with pytest.raises(ValueError, match=message):

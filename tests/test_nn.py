@@ -31,12 +31,20 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     assert params["w"].dtype == jnp.float32
     chex.assert_trees_all_close(y, nn.dense(params, x), rtol=2e-2, atol=2e-3)
 
-  def test_bf16_matmul_gradients_are_float32_and_close(self):
-    x = jax.random.normal(jax.random.PRNGKey(0), (6, 8))
-    w = jax.random.normal(jax.random.PRNGKey(1), (8, 4))
-    f = lambda dtype: jax.grad(lambda x, w: jnp.sum(jnp.sin(nn.matmul(
-        x, w, compute_dtype=dtype))), argnums=(0, 1))(x, w)
-    low, high = f(jnp.bfloat16), f(None)
+  @parameterized.parameters((6, 8, 4, False), (5, 7, 3, False), (6, 8, 4, True),
+                            (64, 32, 65, True))
+  def test_bf16_matmul_gradients_are_float32_and_close(self, rows, inner, cols, tied):
+    # `tied` multiplies by a transposed table, as the GPT's tied output head
+    # does (`x @ embedding.T`): its gradient is transposed back, which must
+    # still compile and run under jit.
+    # Scaled so the products are O(1), where sin is well conditioned.
+    x = jax.random.normal(jax.random.PRNGKey(0), (rows, inner)) / np.sqrt(inner)
+    w = jax.random.normal(jax.random.PRNGKey(1), (cols, inner) if tied else (inner, cols))
+    product = lambda x, w, dtype: nn.matmul(x, w.T if tied else w, compute_dtype=dtype)
+    f = jax.jit(lambda x, w, dtype: jax.grad(
+        lambda x, w: jnp.sum(jnp.sin(product(x, w, dtype))), argnums=(0, 1))(x, w),
+                static_argnums=2)
+    low, high = f(x, w, jnp.bfloat16), f(x, w, None)
     assert all(g.dtype == jnp.float32 for g in low)
     chex.assert_trees_all_close(low, high, rtol=5e-2, atol=5e-2)
 
