@@ -59,18 +59,20 @@ def _low_precision_matmul_fwd(x, w, dtype):
   return jnp.dot(xc, wc, preferred_element_type=jnp.float32), (xc, wc)
 
 
-def _materialized_transpose(a: chex.Array) -> chex.Array:
-  """`a.T` for a 2-D array, written out in row-major order.
+def row_major_transpose(a: chex.Array) -> chex.Array:
+  """Swaps the last two axes of `a`, writing the data out in row-major order.
 
   XLA's CPU backend runs a low-precision dot natively only when both operands
-  are row-major `[m, k] @ [k, n]`. A plain `a.T` becomes a layout change,
-  and the dot is then upcast to float32 (3-4x slower with AMX-BF16).
-  Splitting one axis before transposing makes XLA copy the data instead.
+  are row-major `[..., m, k] @ [..., k, n]`. A plain transpose becomes a
+  layout change, and the dot is then quietly upcast to float32 (3-4x slower
+  with AMX-BF16). Splitting the last axis before transposing makes XLA copy
+  the data instead. An odd last axis falls back to a plain transpose.
   """
-  rows, cols = a.shape
+  *lead, rows, cols = a.shape
   if cols % 2:
-    return a.T
-  return a.reshape(rows, cols // 2, 2).transpose(1, 2, 0).reshape(cols, rows)
+    return jnp.swapaxes(a, -1, -2)
+  split = a.reshape(*lead, rows, cols // 2, 2)
+  return jnp.moveaxis(split, -3, -1).reshape(*lead, cols, rows)
 
 
 def _low_precision_matmul_bwd(dtype, residuals, g):
@@ -79,8 +81,8 @@ def _low_precision_matmul_bwd(dtype, residuals, g):
   # fraction of the speed of bfloat16 operands with float32 accumulation.
   xc, wc = residuals
   gc = g.astype(dtype)
-  dx = jnp.dot(gc, _materialized_transpose(wc), preferred_element_type=jnp.float32)
-  dw = jnp.dot(_materialized_transpose(xc), gc, preferred_element_type=jnp.float32)
+  dx = jnp.dot(gc, row_major_transpose(wc), preferred_element_type=jnp.float32)
+  dw = jnp.dot(row_major_transpose(xc), gc, preferred_element_type=jnp.float32)
   # The barrier stops XLA from folding a later transpose of a gradient (e.g.
   # of the tied output head's `embedding.T`) into these dots: that would
   # recreate a non-row-major low-precision dot after the pass that upcasts

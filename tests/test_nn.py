@@ -48,6 +48,11 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     assert all(g.dtype == jnp.float32 for g in low)
     chex.assert_trees_all_close(low, high, rtol=5e-2, atol=5e-2)
 
+  @parameterized.parameters((4, 6), (3, 5), (2, 3, 4, 6))
+  def test_row_major_transpose_swaps_the_last_two_axes(self, *shape):
+    a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+    chex.assert_trees_all_equal(jax.jit(nn.row_major_transpose)(a), jnp.swapaxes(a, -1, -2))
+
   def test_dense_rejects_wrong_width(self):
     params = nn.init_dense(jax.random.PRNGKey(0), 3, 5)
     with pytest.raises(AssertionError):
