@@ -221,6 +221,12 @@ def attend(
   causal = jnp.arange(s)[None, :] <= (query_start + jnp.arange(t))[:, None]  # [t, s]
   # A finite "minus infinity": XLA's CPU exp is several times slower on -inf
   # inputs, and every query sees at least itself, so no row is all masked.
+  if t == 1:
+    # One query (a decoding step): here the plain softmax compiles to the
+    # faster program (sampling ran ~8% slower with the form below).
+    weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+    weights = nn.dropout(key, weights, dropout, deterministic=deterministic)
+    return jnp.einsum("bhts,bhsd->bhtd", weights, v)
   scores = jnp.where(causal, scores, -1e30)
   unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
   total = unnormalised.sum(-1, keepdims=True)  # [b, h, t, 1]
