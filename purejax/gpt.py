@@ -219,14 +219,15 @@ def attend(
   t, s = q.shape[2], k.shape[2]
   scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
   causal = jnp.arange(s)[None, :] <= (query_start + jnp.arange(t))[:, None]  # [t, s]
-  # A finite "minus infinity": XLA's CPU exp is several times slower on -inf
-  # inputs, and every query sees at least itself, so no row is all masked.
   if t == 1:
     # One query (a decoding step): here the plain softmax compiles to the
     # faster program (sampling ran ~8% slower with the form below).
     weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
     weights = nn.dropout(key, weights, dropout, deterministic=deterministic)
     return jnp.einsum("bhts,bhsd->bhtd", weights, v)
+  # A finite "minus infinity" and a written-out softmax: `jax.nn.softmax`
+  # over -inf entries ran ~3x slower on XLA CPU (256-token blocks). Every
+  # query sees at least itself, so no row is all masked.
   scores = jnp.where(causal, scores, -1e30)
   unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
   total = unnormalised.sum(-1, keepdims=True)  # [b, h, t, 1]
@@ -275,8 +276,8 @@ def causal_self_attention(
   h, d = config.n_head, config.head_dim
   qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype)  # [b, t, 3c]
   qkv = qkv.reshape(b, t, 3, h, d).transpose(2, 0, 3, 1, 4)  # [3, b, h, t, d]
-  # Attention's matmuls stay float32: at these context lengths they are a
-  # small share of the FLOPs, and the softmax wants the precision.
+  # Attention's products stay float32: they are ~10% of the FLOPs at T=256,
+  # and bf16 versions measured no faster overall (bench/README.md, #10).
   q, k, v = qkv[0] * (1.0 / math.sqrt(d)), qkv[1], qkv[2]
   attend_ = functools.partial(attend, dropout=config.dropout, deterministic=deterministic)
   if cache is not None:
