@@ -86,6 +86,8 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Matmul dtype; params stay float32.")
 _REMAT = flags.DEFINE_enum("remat", "dots", list(gpt.REMAT_POLICIES),
                            "What each block keeps for the backward pass (see GPTConfig).")
+_ATTN_BLOCK = flags.DEFINE_integer(
+    "attn_block", 64, "Queries per block of causal attention; speed only (see GPTConfig).")
 _MAX_ITERS = flags.DEFINE_integer("max_iters", 2000, "GPT training steps.")
 _EVAL_INTERVAL = flags.DEFINE_integer("eval_interval", 250, "Steps between evaluations.")
 _EVAL_ITERS = flags.DEFINE_integer("eval_iters", 200, "Batches per evaluation.")
@@ -211,9 +213,12 @@ def _start_or_resume(out_dir, template, meta):
     return template, 0, {}
   def same_run(saved, path):
     for name in RUN_IDENTITY:
-      if saved.get(name) != meta.get(name):
+      value = saved.get(name)
+      if name == "config" and saved.get("model") == "gpt" and isinstance(value, dict):
+        value = {**GPT_CONFIG_DEFAULTS, **value}
+      if value != meta.get(name):
         raise checkpoint.CheckpointError(
-            f"{path} was trained with {name}={saved.get(name)!r}, this run has "
+            f"{path} was trained with {name}={value!r}, this run has "
             f"{meta.get(name)!r}; resume with the original flags or use another --out_dir.")
 
   restored, warnings = checkpoint.restore_latest(out_dir, template, check_meta=same_run)
@@ -228,6 +233,9 @@ def _start_or_resume(out_dir, template, meta):
 
 # What must match for a resumed run to continue the same computation.
 RUN_IDENTITY = ("model", "config", "optimizer", "batch_size", "seed")
+# A checkpoint saved before a GPTConfig field existed was trained with that
+# field's default (e.g. `attn_block`, added in session 3).
+GPT_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(gpt.GPTConfig)}
 
 
 def save_checkpoint(out_dir, step, state, meta, logs):
@@ -399,7 +407,8 @@ def gpt_config(vocab_size: int) -> gpt.GPTConfig:
   return gpt.GPTConfig(
       vocab_size=vocab_size, block_size=_BLOCK_SIZE.value, n_layer=_N_LAYER.value,
       n_head=_N_HEAD.value, n_embd=_N_EMBD.value, dropout=_DROPOUT.value,
-      bias=_BIAS.value, compute_dtype=_DTYPE.value, remat=_REMAT.value)
+      bias=_BIAS.value, compute_dtype=_DTYPE.value, remat=_REMAT.value,
+      attn_block=_ATTN_BLOCK.value)
 
 
 def train_gpt(out_dir: str) -> dict:

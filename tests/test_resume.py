@@ -5,6 +5,7 @@ as a user's run would be killed. Checkpoint writes are held open for
 a moment (PUREJAX_TEST_CHECKPOINT_WRITE_DELAY) so kills can land inside them.
 """
 
+import json
 import os
 import pathlib
 import signal
@@ -17,6 +18,8 @@ import pytest
 
 from conftest import REPO_ROOT, require_shared_data
 from purejax import checkpoint
+
+MANIFEST = checkpoint._MANIFEST  # pylint: disable=protected-access
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
         "--max_iters=60", "--warmup_iters=5", "--eval_interval=20", "--eval_iters=2",
@@ -145,6 +148,30 @@ def test_resume_with_other_flags_is_refused(tmp_path, data_flags):
   assert code == 1 and "resume with the original flags" in err
   code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", write_delay=0))
   assert code == 1 and "pass --resume" in err  # never silently overwrites a run
+
+
+def test_checkpoint_from_before_a_new_config_field_resumes(tmp_path, data_flags):
+  # Checkpoints saved before GPTConfig.attn_block existed lack it in their
+  # config; they were trained with its default and must still resume.
+  out_dir = tmp_path / "run"
+  decay = "--lr_decay_iters=30"  # the schedule must not change with --max_iters
+  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", decay, write_delay=0))
+  assert code == 0, err[-2000:]
+  path = checkpoint.list_checkpoints(str(out_dir))[0][1]
+  with np.load(path) as npz:
+    payload = {name: npz[name] for name in npz.files}
+  manifest = json.loads(payload[MANIFEST].tobytes().decode())
+  del manifest["meta"]["config"]["attn_block"]
+  payload[MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+  with open(path, "wb") as f:
+    np.savez(f, **payload)
+  code, out, err = finish(start(out_dir, data_flags, "--max_iters=20", decay, "--resume",
+                                write_delay=0))
+  assert code == 0, err[-2000:]
+  assert "resumed from" in out
+  code, _, err = finish(start(out_dir, data_flags, "--max_iters=30", decay, "--resume",
+                              "--attn_block=32", write_delay=0))
+  assert code == 1 and "attn_block" in err  # a non-default value still has to match
 
 
 def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):
