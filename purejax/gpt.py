@@ -323,6 +323,56 @@ def block(
   return x, cache
 
 
+@functools.lru_cache(maxsize=16)
+def _expected_param_shapes(config: GPTConfig) -> Dict[str, Tuple[int, ...]]:
+  """{pytree path: shape} of `init_params(config, ...)`, without running it."""
+  shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.PRNGKey(0))
+  return {jax.tree_util.keystr(path): leaf.shape
+          for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+def check_params(params: Params, config: GPTConfig) -> None:
+  """Raises ValueError unless `params` have the shapes `config` describes.
+
+  Params of another config would otherwise run silently (a scan simply runs
+  over however many layers are stacked) or fail deep inside XLA. Accepts
+  stacked blocks and the per-layer tuple of `unstack_layers`. Only shapes
+  are checked, so it costs nothing inside a jit.
+  """
+  expected = _expected_param_shapes(config)
+
+  def shapes(tree, prefix=""):
+    return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+  blocks = params.get("blocks") if isinstance(params, dict) else None
+  if isinstance(blocks, tuple):  # per-layer params: compare as if stacked
+    if len(blocks) != config.n_layer:
+      raise ValueError(f"params have {len(blocks)} layers but config.n_layer="
+                       f"{config.n_layer}; pass the GPTConfig the params were made with.")
+    layers = [shapes(layer, "['blocks']") for layer in blocks]
+    actual = shapes({k: v for k, v in params.items() if k != "blocks"})
+    actual.update({path: (len(blocks),) + shape for path, shape in layers[0].items()})
+    if any(layer != layers[0] for layer in layers):
+      raise ValueError("per-layer params differ in shape between layers.")
+  else:
+    actual = shapes(params)
+  if actual.keys() != expected.keys():
+    missing = sorted(expected.keys() - actual.keys())
+    extra = sorted(actual.keys() - expected.keys())
+    raise ValueError(
+        f"params do not match the config (bias={config.bias}): missing {missing[:4]}, "
+        f"unexpected {extra[:4]}; pass the GPTConfig the params were made with "
+        f"(train.py saves it in each checkpoint's metadata).")
+  for path, shape in expected.items():
+    if actual[path] != shape:
+      raise ValueError(
+          f"params{path} has shape {actual[path]}, but the config (n_layer="
+          f"{config.n_layer}, n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
+          f"block_size={config.block_size}) needs {shape}; pass the GPTConfig the "
+          f"params were made with.")
+
+
 def _check_tokens(tokens: chex.Array, config: GPTConfig) -> None:
   chex.assert_rank(tokens, 2)
   chex.assert_type(tokens, int)
@@ -379,6 +429,7 @@ def forward(
     tokens at positions <= t.
   """
   _check_tokens(tokens, config)
+  check_params(params, config)
   b, t = tokens.shape
   deterministic = deterministic or config.dropout == 0.0
   if not deterministic and key is None:
@@ -413,6 +464,7 @@ def forward_with_cache(
     `(logits of the last token [batch, vocab], cache updated with tokens)`.
   """
   _check_tokens(tokens, config)
+  check_params(params, config)
   t = tokens.shape[1]
   positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], pos, t)
   x = nn.embed(params["wte"], tokens) + positions
@@ -461,6 +513,8 @@ def sample_logits(
   to supply `g` drawn ahead of time.
   """
   chex.assert_rank(logits, 2)
+  if top_k is not None and top_k < 1:
+    raise ValueError(f"top_k={top_k}: pass None to keep every token, or k >= 1.")
   if gumbel is None:
     gumbel = jax.random.gumbel(key, logits.shape)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -525,6 +579,8 @@ def generate(
   chex.assert_rank(prompt, 2)
   chex.assert_type(prompt, int)
   b, p = prompt.shape
+  if top_k is not None and top_k < 1:
+    raise ValueError(f"top_k={top_k}: pass None to keep every token, or k >= 1.")
   if p < 1 or max_new_tokens < 1:
     raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 1, "
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")

@@ -16,11 +16,14 @@ from purejax import gpt
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "out-gpt", "Directory of the trained model.")
 _START = flags.DEFINE_string("start", "\n", "Prompt; 'FILE:path' reads it from a file.")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Independent samples.")
-_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "Characters per sample.")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Independent samples.", lower_bound=1)
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "Characters per sample.",
+                                       lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature (0: greedy).")
-_TOP_K = flags.DEFINE_integer("top_k", 200, "Keep the k most likely characters (0: all).")
-_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1].")
+_TOP_K = flags.DEFINE_integer("top_k", 200, "Keep the k most likely characters (0: all).",
+                              lower_bound=0)
+_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1].",
+                            lower_bound=0.0, upper_bound=1.0)
 _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
 
 

@@ -75,6 +75,24 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     with pytest.raises(AssertionError):
       gpt.forward(params, jnp.zeros((1, 4)), TINY)
 
+  @parameterized.named_parameters(
+      ("more_layers", dict(n_layer=3), r"\['blocks'\].*\(2, .*needs \(3, "),
+      ("wider", dict(n_embd=32), "needs"),
+      ("other_vocab", dict(vocab_size=12), r"\['wte'\]"),
+      ("no_biases", dict(bias=False), "unexpected"),
+  )
+  def test_params_of_another_config_are_a_clear_error(self, changes, message):
+    # Without the check, 2 stacked layers would run silently under n_layer=3.
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    other = dataclasses.replace(TINY, **changes)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    with pytest.raises(ValueError, match=message):
+      gpt.forward(params, tokens, other)
+    with pytest.raises(ValueError, match=message):
+      jax.jit(lambda p: gpt.loss(p, tokens, tokens, other))(params)
+    gpt.check_params(params, TINY)  # the matching config passes
+    gpt.check_params(gpt.unstack_layers(params), TINY)  # so do per-layer params
+
   def test_causality(self):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 8))
@@ -247,6 +265,15 @@ class GenerateTest(parameterized.TestCase):
     assert set(draw(top_p=0.5)) == {0}         # the first token alone has 0.5
     assert set(draw()) == {0, 1, 2, 3}
     assert int(gpt.sample_logits(keys[0], logits, 0.0)[0]) == 0
+
+  def test_generate_rejects_bad_top_k_and_mismatched_params(self):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    prompt = jnp.zeros((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match="top_k=0"):
+      gpt.generate(params, prompt, TINY, jax.random.PRNGKey(0), 3, top_k=0)
+    with pytest.raises(ValueError, match="layers"):
+      gpt.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
+                   jax.random.PRNGKey(0), 3)
 
   def test_generate_rejects_empty_prompt(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
