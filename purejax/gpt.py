@@ -579,8 +579,6 @@ def generate(
   chex.assert_rank(prompt, 2)
   chex.assert_type(prompt, int)
   b, p = prompt.shape
-  if top_k is not None and top_k < 1:
-    raise ValueError(f"top_k={top_k}: pass None to keep every token, or k >= 1.")
   if p < 1 or max_new_tokens < 1:
     raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 1, "
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
