@@ -157,7 +157,8 @@ def sample_case(rounds, new_tokens):
   from bench import torch_gpt  # pylint: disable=g-import-not-at-top
   params = gpt.init_params(SMALL, jax.random.PRNGKey(0))
   prompt = jnp.zeros((1,), jnp.int32)
-  gpt.generate(params, prompt, SMALL, jax.random.PRNGKey(0), new_tokens).block_until_ready()
+  gpt.generate(params, prompt, SMALL, jax.random.PRNGKey(0), new_tokens,  # compiles
+               top_k=200).block_until_ready()
   twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(SMALL), params).eval()
   counter = iter(range(1, 10_000))
 

@@ -168,13 +168,20 @@ def num_params(params: Params, *, non_embedding: bool = True) -> int:
 
 
 class KVCache(NamedTuple):
-  """Keys and values of past positions: one `[batch, head, block, head_dim]` array per layer."""
+  """Keys and values of past positions: one `[batch * head, block, head_dim]` array per layer.
+
+  Batch and head share one axis because that is the layout XLA's batched
+  matmul wants: with `[batch, head, ...]` arrays XLA fused the cache update
+  into a reshape for the attention product as well as into the loop's
+  output, so it wrote the cache twice and copied all of it three times per
+  token (bench/README.md, #13).
+  """
   k: Tuple[chex.Array, ...]
   v: Tuple[chex.Array, ...]
 
 
 def init_kv_cache(config: GPTConfig, batch: int) -> KVCache:
-  shape = (batch, config.n_head, config.block_size, config.head_dim)
+  shape = (batch * config.n_head, config.block_size, config.head_dim)
   zeros = tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
   return KVCache(zeros, zeros)
 
@@ -255,7 +262,7 @@ def causal_self_attention(
   (10/16 of the full score matrix for 256 positions in blocks of 64). Each
   block's softmax spans all of its keys at once, so the result is exact.
 
-  With a cache (`[batch, head, block, head_dim]` keys and values of one
+  With a cache (`[batch * head, block, head_dim]` keys and values of one
   layer), `x` holds the tokens at positions `pos, pos+1, ...`: their keys and
   values are written into the cache and they attend to every cached position
   up to their own.
@@ -281,9 +288,10 @@ def causal_self_attention(
   q, k, v = qkv[0] * (1.0 / math.sqrt(d)), qkv[1], qkv[2]
   attend_ = functools.partial(attend, dropout=config.dropout, deterministic=deterministic)
   if cache is not None:
-    k = jax.lax.dynamic_update_slice(cache[0], k, (0, 0, pos, 0))
-    v = jax.lax.dynamic_update_slice(cache[1], v, (0, 0, pos, 0))
-    y, cache = attend_(q, k, v, pos, key=key), (k, v)
+    cache = tuple(jax.lax.dynamic_update_slice(c, new.reshape(b * h, t, d), (0, pos, 0))
+                  for c, new in zip(cache, (k, v)))  # [b * h, block, d] each
+    k, v = (c.reshape(b, h, config.block_size, d) for c in cache)
+    y = attend_(q, k, v, pos, key=key)
   else:
     blocks = []
     for i, start in enumerate(range(0, t, config.attn_block)):
@@ -444,6 +452,16 @@ def forward(
   return logits.astype(jnp.float32)
 
 
+def _check_cache(cache: KVCache, config: GPTConfig, batch: int) -> None:
+  layer_shape = (batch * config.n_head, config.block_size, config.head_dim)
+  want = KVCache(*[(layer_shape,) * config.n_layer] * 2)
+  got = jax.tree.map(jnp.shape, cache)
+  if got != want:
+    raise ValueError(f"KV cache of shapes {got}, but this config and batch need "
+                     f"{config.n_layer} layers of {layer_shape}; build it with "
+                     f"init_kv_cache(config, batch).")
+
+
 def forward_with_cache(
     params: Params,
     tokens: chex.Array,
@@ -466,6 +484,7 @@ def forward_with_cache(
   _check_tokens(tokens, config)
   check_params(params, config)
   t = tokens.shape[1]
+  _check_cache(cache, config, tokens.shape[0])
   positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], pos, t)
   x = nn.embed(params["wte"], tokens) + positions
   x, cache = _run_blocks(params, x, config, key=None, deterministic=True,

@@ -275,6 +275,23 @@ class GenerateTest(parameterized.TestCase):
       gpt.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
                    jax.random.PRNGKey(0), 3)
 
+  def test_forward_with_cache_token_by_token_equals_forward(self):
+    params = sharpened_params(TINY)
+    tokens = random_tokens(jax.random.PRNGKey(5), (2, TINY.block_size))
+    full = gpt.forward(params, tokens, TINY)  # [2, block, vocab]
+    cache = gpt.init_kv_cache(TINY, batch=2)
+    chex.assert_shape(cache.k, [(2 * TINY.n_head, TINY.block_size, TINY.head_dim)] * 2)
+    step = jax.jit(gpt.forward_with_cache, static_argnames="config")
+    for t in range(TINY.block_size):
+      logits, cache = step(params, tokens[:, t:t + 1], cache, t, config=TINY)
+      chex.assert_trees_all_close(logits, full[:, t], atol=1e-5)
+
+  def test_forward_with_cache_rejects_a_cache_of_another_batch(self):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=r"init_kv_cache\(config, batch\)"):
+      gpt.forward_with_cache(params, jnp.zeros((2, 1), jnp.int32),
+                             gpt.init_kv_cache(TINY, batch=3), 0, TINY)
+
   def test_generate_rejects_empty_prompt(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="non-empty prompt"):
