@@ -288,9 +288,9 @@ def causal_self_attention(
   q, k, v = qkv[0] * (1.0 / math.sqrt(d)), qkv[1], qkv[2]
   attend_ = functools.partial(attend, dropout=config.dropout, deterministic=deterministic)
   if cache is not None:
-    cache = tuple(jax.lax.dynamic_update_slice(c, new.reshape(b * h, t, d), (0, pos, 0))
-                  for c, new in zip(cache, (k, v)))  # [b * h, block, d] each
-    k, v = (c.reshape(b, h, config.block_size, d) for c in cache)
+    cache = tuple(jax.lax.dynamic_update_slice(buf, new.reshape(b * h, t, d), (0, pos, 0))
+                  for buf, new in zip(cache, (k, v)))  # [b * h, block, d] each
+    k, v = (buf.reshape(b, h, config.block_size, d) for buf in cache)
     y = attend_(q, k, v, pos, key=key)
   else:
     blocks = []
