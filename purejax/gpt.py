@@ -180,8 +180,12 @@ class KVCache(NamedTuple):
   v: Tuple[chex.Array, ...]
 
 
+def _kv_cache_layer_shape(config: GPTConfig, batch: int) -> Tuple[int, int, int]:
+  return (batch * config.n_head, config.block_size, config.head_dim)
+
+
 def init_kv_cache(config: GPTConfig, batch: int) -> KVCache:
-  shape = (batch * config.n_head, config.block_size, config.head_dim)
+  shape = _kv_cache_layer_shape(config, batch)
   zeros = tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
   return KVCache(zeros, zeros)
 
@@ -331,12 +335,17 @@ def block(
   return x, cache
 
 
+def _path_shapes(tree, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
+  """{pytree path: shape} of every leaf of `tree`."""
+  return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 @functools.lru_cache(maxsize=16)
 def _expected_param_shapes(config: GPTConfig) -> Dict[str, Tuple[int, ...]]:
-  """{pytree path: shape} of `init_params(config, ...)`, without running it."""
-  shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.PRNGKey(0))
-  return {jax.tree_util.keystr(path): leaf.shape
-          for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+  """`_path_shapes` of `init_params(config, ...)`, without running it."""
+  return _path_shapes(jax.eval_shape(lambda key: init_params(config, key),
+                                     jax.random.PRNGKey(0)))
 
 
 def check_params(params: Params, config: GPTConfig) -> None:
@@ -348,23 +357,18 @@ def check_params(params: Params, config: GPTConfig) -> None:
   are checked, so it costs nothing inside a jit.
   """
   expected = _expected_param_shapes(config)
-
-  def shapes(tree, prefix=""):
-    return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
   blocks = params.get("blocks") if isinstance(params, dict) else None
   if isinstance(blocks, tuple):  # per-layer params: compare as if stacked
     if len(blocks) != config.n_layer:
       raise ValueError(f"params have {len(blocks)} layers but config.n_layer="
                        f"{config.n_layer}; pass the GPTConfig the params were made with.")
-    layers = [shapes(layer, "['blocks']") for layer in blocks]
-    actual = shapes({k: v for k, v in params.items() if k != "blocks"})
+    layers = [_path_shapes(layer, "['blocks']") for layer in blocks]
+    actual = _path_shapes({k: v for k, v in params.items() if k != "blocks"})
     actual.update({path: (len(blocks),) + shape for path, shape in layers[0].items()})
     if any(layer != layers[0] for layer in layers):
       raise ValueError("per-layer params differ in shape between layers.")
   else:
-    actual = shapes(params)
+    actual = _path_shapes(params)
   if actual.keys() != expected.keys():
     missing = sorted(expected.keys() - actual.keys())
     extra = sorted(actual.keys() - expected.keys())
@@ -453,7 +457,7 @@ def forward(
 
 
 def _check_cache(cache: KVCache, config: GPTConfig, batch: int) -> None:
-  layer_shape = (batch * config.n_head, config.block_size, config.head_dim)
+  layer_shape = _kv_cache_layer_shape(config, batch)
   want = KVCache(*[(layer_shape,) * config.n_layer] * 2)
   got = jax.tree.map(jnp.shape, cache)
   if got != want:
