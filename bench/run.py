@@ -33,7 +33,7 @@ from purejax import optim
 _QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
 _CASES = flags.DEFINE_list("cases", ",".join(sorted(ALL_CASES)), "Cases to run.")
-_OUT = flags.DEFINE_string("out", None, "Results file (default bench/results/<date>.json).")
+_OUT = flags.DEFINE_string("out", None, "Results file (default bench/results/<date>.json; -2, -3, ... when that exists).")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data dir (case d).")
 _TFDS_MANUAL_DIR = flags.DEFINE_string(
     "tfds_manual_dir", None, "MNIST's original files, for case d's TFDS-pipeline arm offline.")
@@ -463,6 +463,15 @@ def markdown(results):
   return "\n".join(lines)
 
 
+def unused_results_path(stem: str) -> pathlib.Path:
+  """`results/<stem>.json`, or `<stem>-2.json`, ... : an earlier run is never overwritten."""
+  out, n = RESULTS_DIR / f"{stem}.json", 1
+  while out.exists():
+    n += 1
+    out = RESULTS_DIR / f"{stem}-{n}.json"
+  return out
+
+
 def main(_):
   quick, cases = _QUICK.value, set(_CASES.value)
   results = {}
@@ -495,8 +504,8 @@ def main(_):
     meta["torch"] = torch.__version__
   except ImportError:
     pass
-  out = pathlib.Path(_OUT.value) if _OUT.value else RESULTS_DIR / (
-      datetime.date.today().isoformat() + ("-quick" if quick else "") + ".json")
+  out = pathlib.Path(_OUT.value) if _OUT.value else unused_results_path(
+      datetime.date.today().isoformat() + ("-quick" if quick else ""))
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
   table = markdown(results)
