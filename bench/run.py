@@ -33,7 +33,9 @@ from purejax import optim
 _QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
 _CASES = flags.DEFINE_list("cases", ",".join(sorted(ALL_CASES)), "Cases to run.")
-_OUT = flags.DEFINE_string("out", None, "Results file (default bench/results/<date>.json; -2, -3, ... when that exists).")
+_OUT = flags.DEFINE_string(
+    "out", None, "Results file (default bench/results/<date>.json, or <date>-2.json, ... "
+    "when that exists).")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data dir (case d).")
 _TFDS_MANUAL_DIR = flags.DEFINE_string(
     "tfds_manual_dir", None, "MNIST's original files, for case d's TFDS-pipeline arm offline.")
