@@ -100,6 +100,11 @@ _SAMPLE_TOKENS = flags.DEFINE_integer("sample_tokens", 300,
 # Devices and hosts (see purejax/parallel.py).
 _NUM_DEVICES = flags.DEFINE_integer(
     "num_devices", None, "Devices to train on (default: all that JAX sees).")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "On a CPU: split the host into this many JAX devices and train "
+    "data parallel across them (default: JAX's own count, 1 unless XLA_FLAGS says "
+    "otherwise). One device per core is fastest for small models: 1.1-1.3x on 2 cores for "
+    "nanoGPT's CPU recipe. --batch_size must divide by it.")
 _FSDP = flags.DEFINE_bool(
     "fsdp", False, "Split params and optimizer state across the devices (FSDP / ZeRO-3); "
     "default: replicate them.")
@@ -526,6 +531,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   out_dir = _OUT_DIR.value or f"out-{_MODEL.value}"
   try:
+    if _CPU_DEVICES.value is not None:
+      parallel.set_cpu_devices(_CPU_DEVICES.value)  # before anything starts JAX's backends
     if (_COORDINATOR.value or _NUM_PROCESSES.value or _PROCESS_ID.value is not None
         or os.environ.get("JAX_COORDINATOR_ADDRESS")):
       parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,

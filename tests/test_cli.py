@@ -16,6 +16,7 @@ from conftest import run_module
     (["--model=mlp", "--epochs=0"], "--epochs must be a positive integer"),
     (["--model=mlp", "--layer_sizes=784,a,10"], "--layer_sizes must be integers"),
     (["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "min_lr must be in"),
+    (["--cpu_devices=0"], "--cpu_devices must be >= 1"),
 ])
 def test_bad_flag_values(args, message):
   process = run_module("purejax.train", *args, timeout=300)

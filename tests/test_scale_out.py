@@ -88,6 +88,14 @@ def test_accumulated_microbatches_on_four_devices_match_one_device(
   assert_same_run(tmp_path, one_device_run)
 
 
+def test_cpu_devices_flag_splits_the_host_and_matches_one_device(
+    tmp_path, text_flags, one_device_run):
+  # XLA_FLAGS asks for 1 device here; --cpu_devices overrides it.
+  process = train(tmp_path, *TINY_GPT, *text_flags, "--cpu_devices=2", num_devices=1)
+  assert "2 device(s)" in process.stdout and "2 devices x 1 microbatches x 4" in process.stdout
+  assert_same_run(tmp_path, one_device_run)
+
+
 def _free_port():
   with socket.socket() as s:
     s.bind(("localhost", 0))
