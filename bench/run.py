@@ -12,7 +12,9 @@ peer/purejax: above 1 means purejax is faster. Results go to
 
 import dataclasses
 import datetime
+import functools
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -29,10 +31,15 @@ from purejax import gpt
 from purejax import mlp
 from purejax import nn as pnn
 from purejax import optim
+from purejax import parallel
 
 _QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
 _CASES = flags.DEFINE_list("cases", ",".join(sorted(ALL_CASES)), "Cases to run.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", min(2, os.cpu_count() or 1),
+    "CPU devices for the data-parallel arms of cases a and b, as `purejax.train "
+    "--cpu_devices` makes them (1: leave those arms out).")
 _OUT = flags.DEFINE_string(
     "out", None, "Results file (default bench/results/<date>.json, or <date>-2.json, ... "
     "when that exists).")
@@ -78,7 +85,8 @@ def summarise(times, reference, unit="s"):
 # GPT train step: purejax fp32 / bf16, torch eager, torch.compile
 
 
-def purejax_train_arm(config, steps):
+def purejax_train_arm(config, steps, num_devices=1):
+  """One device, or data parallel over `num_devices` as `purejax.train` runs it."""
   key = jax.random.PRNGKey(0)
   data = jax.random.randint(key, (200_000,), 0, config.vocab_size)
   params = gpt.init_params(config, key)
@@ -86,12 +94,21 @@ def purejax_train_arm(config, steps):
       learning_rate=1e-3, warmup_iters=10, decay_iters=1000, min_lr=1e-4, beta2=0.99,
       weight_decay=0.1, grad_clip=1.0))
   state = {"params": params, "opt": optimizer.init(params), "step": 0}
+  static = dict(config=config, optimizer=optimizer, batch_size=batch_of(config),
+                num_steps=steps)
+  if num_devices == 1:
+    train_steps = functools.partial(gpt.train_steps, **static)
+  else:
+    plan = parallel.ShardingPlan(parallel.make_mesh(num_devices))
+    shardings = plan.state(state["params"]), plan.state(state["opt"])
+    train_steps = parallel.jit_train_step(gpt.train_steps, plan, *shardings, **static)
+    state["params"], state["opt"] = parallel.put((state["params"], state["opt"]), shardings)
+    data, key = parallel.put((data, key), plan.replicated)
 
   def run():
     start = time.perf_counter()
-    state["params"], state["opt"], losses = gpt.train_steps(
-        state["params"], state["opt"], data, key, state["step"], config=config,
-        optimizer=optimizer, batch_size=batch_of(config), num_steps=steps)
+    state["params"], state["opt"], losses = train_steps(
+        state["params"], state["opt"], data, key, state["step"])
     losses.block_until_ready()
     state["step"] += steps
     return (time.perf_counter() - start) / steps
@@ -131,11 +148,20 @@ def torch_train_arm(config, steps, compile_model=False):
   return run
 
 
+def _key_of(arm):
+  """"purejax fp32, 2 CPU devices" -> "fp32_2_cpu_devices"."""
+  return arm.removeprefix("purejax ").replace(",", "").replace(" ", "_").lower()
+
+
 def train_case(config, rounds, steps, with_compile):
   arms = {"purejax fp32": purejax_train_arm(config, steps),
           "purejax bf16": purejax_train_arm(dataclasses.replace(config,
                                                                 compute_dtype="bfloat16"), steps),
           "torch eager fp32": torch_train_arm(config, steps)}
+  if _CPU_DEVICES.value > 1:
+    for dtype, name in (("float32", "fp32"), ("bfloat16", "bf16")):
+      arms[f"purejax {name}, {_CPU_DEVICES.value} CPU devices"] = purejax_train_arm(
+          dataclasses.replace(config, compute_dtype=dtype), steps, _CPU_DEVICES.value)
   notes = {}
   if with_compile:
     try:
@@ -144,9 +170,10 @@ def train_case(config, rounds, steps, with_compile):
       notes["torch.compile"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
   times = alternate(arms, rounds)
   return {"rows": summarise(times, "purejax fp32", "s/iter"),
-          "extra": {"bf16_vs_torch_eager": summarise(
-              {"purejax bf16": times["purejax bf16"],
-               "torch eager fp32": times["torch eager fp32"]}, "purejax bf16")},
+          # Each other purejax arm against torch eager, as the fp32 rows are.
+          "extra": {_key_of(arm) + "_vs_torch_eager": summarise(
+              {arm: times[arm], "torch eager fp32": times["torch eager fp32"]}, arm)
+                    for arm in times if arm.startswith("purejax ") and arm != "purejax fp32"},
           "notes": notes}
 
 
@@ -476,6 +503,10 @@ def unused_results_path(stem: str) -> pathlib.Path:
 
 def main(_):
   quick, cases = _QUICK.value, set(_CASES.value)
+  if _CPU_DEVICES.value > 1:
+    # Before anything starts JAX's backends. The one-device arms run on the
+    # first device, as in a one-device process.
+    parallel.set_cpu_devices(_CPU_DEVICES.value)
   results = {}
   started = time.time()
   if "a" in cases:

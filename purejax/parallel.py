@@ -88,7 +88,7 @@ def set_cpu_devices(num_devices: int) -> None:
   the small matmuls and attention products of a small model. As separate
   devices, each core computes the loss and gradients of its own rows of the
   batch (data parallel, one gradient all-reduce per step): nanoGPT's CPU
-  recipe trains 1.1-1.3x faster on 2 cores as 2 devices (bench/README.md,
+  recipe trained 1.05-1.3x faster on 2 cores as 2 devices (bench/README.md,
   #16). Only the CPU backend is affected. Call it before anything touches
   JAX's devices.
 

@@ -103,7 +103,7 @@ _NUM_DEVICES = flags.DEFINE_integer(
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "On a CPU: split the host into this many JAX devices and train "
     "data parallel across them (default: JAX's own count, 1 unless XLA_FLAGS says "
-    "otherwise). One device per core is fastest for small models: 1.1-1.3x on 2 cores for "
+    "otherwise). One device per core is fastest for small models: 1.05-1.3x on 2 cores for "
     "nanoGPT's CPU recipe. --batch_size must divide by it.")
 _FSDP = flags.DEFINE_bool(
     "fsdp", False, "Split params and optimizer state across the devices (FSDP / ZeRO-3); "
