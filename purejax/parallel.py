@@ -88,9 +88,9 @@ def set_cpu_devices(num_devices: int) -> None:
   the small matmuls and attention products of a small model. As separate
   devices, each core computes the loss and gradients of its own rows of the
   batch (data parallel, one gradient all-reduce per step): nanoGPT's CPU
-  recipe trained 1.05-1.3x faster on 2 cores as 2 devices (bench/README.md,
-  #16). Only the CPU backend is affected. Call it before anything touches
-  JAX's devices.
+  recipe trained 1.0-1.2x (fp32) and 1.1-1.5x (bf16) faster on 2 cores as 2
+  devices (bench/README.md, #16). Only the CPU backend is affected. Call it
+  before anything touches JAX's devices.
 
   Raises:
     ValueError: `num_devices < 1`, or JAX's backends have already started.

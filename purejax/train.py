@@ -103,8 +103,8 @@ _NUM_DEVICES = flags.DEFINE_integer(
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "On a CPU: split the host into this many JAX devices and train "
     "data parallel across them (default: JAX's own count, 1 unless XLA_FLAGS says "
-    "otherwise). One device per core is fastest for small models: 1.05-1.3x on 2 cores for "
-    "nanoGPT's CPU recipe. --batch_size must divide by it.")
+    "otherwise). One device per core is faster for small models: 1.0-1.2x (fp32) and "
+    "1.1-1.5x (bf16) on 2 cores for nanoGPT's CPU recipe. --batch_size must divide by it.")
 _FSDP = flags.DEFINE_bool(
     "fsdp", False, "Split params and optimizer state across the devices (FSDP / ZeRO-3); "
     "default: replicate them.")
