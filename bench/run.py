@@ -158,7 +158,7 @@ def train_case(config, rounds, steps, with_compile):
           "purejax bf16": purejax_train_arm(dataclasses.replace(config,
                                                                 compute_dtype="bfloat16"), steps),
           "torch eager fp32": torch_train_arm(config, steps)}
-  if _CPU_DEVICES.value > 1:
+  if _CPU_DEVICES.value > 1 and jax.default_backend() == "cpu":  # a GPU run has no such arms
     for dtype, name in (("float32", "fp32"), ("bfloat16", "bf16")):
       arms[f"purejax {name}, {_CPU_DEVICES.value} CPU devices"] = purejax_train_arm(
           dataclasses.replace(config, compute_dtype=dtype), steps, _CPU_DEVICES.value)
