@@ -5,7 +5,7 @@
 
 The count comes from the compiled program, not a run: each training step is
 compiled as `purejax.train` compiles it (a `ShardingPlan`, explicit in/out
-shardings) for `--devices` CPU devices, and `parallel.collective_bytes` sums
+shardings) for `--devices` CPU devices, and `bench.hlo.collective_bytes` sums
 the result size of every all-reduce, all-gather, reduce-scatter, all-to-all
 and collective-permute, once per loop trip. The figure is per device and per
 optimisation step. Other backends (GPU, TPU) partition the same program and
@@ -33,9 +33,11 @@ from absl import flags  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench import hlo as hlo_lib  # noqa: E402
 from purejax import gpt  # noqa: E402
 from purejax import optim  # noqa: E402
 from purejax import parallel  # noqa: E402
+from purejax import steps  # noqa: E402
 
 _DEVICES = flags.DEFINE_integer("devices", 4, "CPU devices to partition over.")
 
@@ -55,14 +57,14 @@ def step_collectives(config, batch_size, plan, grad_accum_steps):
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   opt_state = jax.eval_shape(optimizer.init, params)
   step = parallel.jit_train_step(
-      gpt.train_steps, plan, plan.state(params), plan.state(opt_state), config=config,
+      steps.train_steps, plan, plan.state(params), plan.state(opt_state), config=config,
       optimizer=optimizer, batch_size=batch_size, num_steps=1,
       grad_accum_steps=grad_accum_steps)
   data = jax.ShapeDtypeStruct((100_000,), np.int32)
   key = jax.ShapeDtypeStruct((2,), np.uint32)
   hlo = step.lower(params, opt_state, data, key, 0).compile().as_text()
   param_bytes = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
-  return parallel.collective_bytes(hlo), int(param_bytes)
+  return hlo_lib.collective_bytes(hlo), int(param_bytes)
 
 
 def main(argv):

@@ -27,11 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from purejax import decode
 from purejax import gpt
 from purejax import mlp
-from purejax import nn as pnn
 from purejax import optim
 from purejax import parallel
+from purejax import steps as steps_lib
 
 _QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
@@ -97,11 +98,11 @@ def purejax_train_arm(config, steps, num_devices=1):
   static = dict(config=config, optimizer=optimizer, batch_size=batch_of(config),
                 num_steps=steps)
   if num_devices == 1:
-    train_steps = functools.partial(gpt.train_steps, **static)
+    train_steps = functools.partial(steps_lib.train_steps, **static)
   else:
     plan = parallel.ShardingPlan(parallel.make_mesh(num_devices))
     shardings = plan.state(state["params"]), plan.state(state["opt"])
-    train_steps = parallel.jit_train_step(gpt.train_steps, plan, *shardings, **static)
+    train_steps = parallel.jit_train_step(steps_lib.train_steps, plan, *shardings, **static)
     state["params"], state["opt"] = parallel.put((state["params"], state["opt"]), shardings)
     data, key = parallel.put((data, key), plan.replicated)
 
@@ -186,15 +187,15 @@ def sample_case(rounds, new_tokens):
   from bench import torch_gpt  # pylint: disable=g-import-not-at-top
   params = gpt.init_params(SMALL, jax.random.PRNGKey(0))
   prompt = jnp.zeros((1,), jnp.int32)
-  gpt.generate(params, prompt, SMALL, jax.random.PRNGKey(0), new_tokens,  # compiles
-               top_k=200).block_until_ready()
+  decode.generate(params, prompt, SMALL, jax.random.PRNGKey(0), new_tokens,  # compiles
+                  top_k=200).block_until_ready()
   twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(SMALL), params).eval()
   counter = iter(range(1, 10_000))
 
   def ours():
     start = time.perf_counter()
-    gpt.generate(params, prompt, SMALL, jax.random.PRNGKey(next(counter)), new_tokens,
-                 top_k=200).block_until_ready()
+    decode.generate(params, prompt, SMALL, jax.random.PRNGKey(next(counter)), new_tokens,
+                    top_k=200).block_until_ready()
     return (time.perf_counter() - start) / new_tokens
 
   def theirs():
@@ -311,14 +312,8 @@ def tutorial_style_arm(sizes, batch, optimizer):
 
 
 def unrolled_loss(params, tokens, targets, config):
-  """The same model as gpt.loss with a Python loop over the layers."""
-  t = tokens.shape[1]
-  x = pnn.embed(params["wte"], tokens) + params["wpe"]["embedding"][:t]
-  for i in range(config.n_layer):
-    layer = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-    x, _ = gpt.block(layer, x, config, key=None, deterministic=True)
-  logits = pnn.embedding_logits(params["wte"], pnn.layer_norm(params["ln_f"], x))
-  return pnn.cross_entropy(logits, targets)
+  """The same model as gpt.loss with the layers unrolled into a Python loop."""
+  return gpt.loss(params, tokens, targets, dataclasses.replace(config, scan_layers=False))
 
 
 def compile_seconds(config, loss_fn):

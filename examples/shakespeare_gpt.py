@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 import purejax
-from purejax import gpt, optim
+from purejax import decode, gpt, optim, steps
 
 text = purejax.data.load_shakespeare()
 config = gpt.GPTConfig(vocab_size=text.vocab.size, block_size=64, n_layer=4,
@@ -24,14 +24,14 @@ opt_state = optimizer.init(params)
 train_data, val_data = jnp.asarray(text.train), jnp.asarray(text.val)
 
 for step in range(0, 1000, 100):
-  params, opt_state, losses = gpt.train_steps(
+  params, opt_state, losses = steps.train_steps(
       params, opt_state, train_data, keys["train"], step, config=config,
       optimizer=optimizer, batch_size=12, num_steps=100)
-  val = gpt.evaluate(params, val_data, keys["eval"], config=config, batch_size=12,
-                     num_batches=50)
+  val = steps.evaluate(params, val_data, keys["eval"], config=config, batch_size=12,
+                       num_batches=50)
   print(f"step {step + 100}: train loss {float(losses[-1]):.3f}, val loss {float(val):.3f}")
 
 prompt = jnp.asarray(text.vocab.encode("ROMEO:"))
-out = gpt.generate(params, prompt, config, keys["sample"], max_new_tokens=300,
-                   temperature=0.8, top_k=40)
+out = decode.generate(params, prompt, config, keys["sample"], max_new_tokens=300,
+                      temperature=0.8, top_k=40)
 print(text.vocab.decode(out))

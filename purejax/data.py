@@ -23,9 +23,11 @@ import os
 import pathlib
 import socket
 import struct
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 from urllib import parse
 
+import chex
+import jax
 import numpy as np
 
 # The text shipped inside the package (public domain), used as TFDS's manual
@@ -318,3 +320,28 @@ def load_shakespeare(
   vocab = CharVocab.from_text(text["train"] + val_text)
   return TextData(vocab=vocab, train=vocab.encode(text["train"]),
                   val=vocab.encode(val_text))
+
+
+# ----------------------------------------------------------------------------
+# Language-model batches
+
+
+def sample_batch(
+    key: chex.PRNGKey, data: chex.Array, block_size: int, batch_size: int
+) -> Tuple[chex.Array, chex.Array]:
+  """Random windows of a token stream, drawn on the device.
+
+  Args:
+    key: PRNG key.
+    data: `[num_tokens]` int ids, with `num_tokens > block_size`.
+    block_size: window length.
+    batch_size: windows per batch.
+
+  Returns:
+    `(inputs, targets)`, each `[batch_size, block_size]`; targets are the
+    inputs shifted one token ahead.
+  """
+  starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - block_size)
+  take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, block_size + 1))
+  windows = take(starts)  # [batch, block + 1]
+  return windows[:, :-1], windows[:, 1:]

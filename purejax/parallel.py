@@ -34,8 +34,7 @@ the same pure functions. What is split, and how:
 
 import dataclasses
 import functools
-import re
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -273,6 +272,77 @@ class ShardingPlan:
     return state_shardings(tree, self.mesh, fsdp=self.fsdp)
 
 
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+  """How a run uses its devices and hosts (what `purejax.train`'s device flags set).
+
+  Attributes:
+    num_devices: devices to train on; None means every device of every process.
+    fsdp: split params and optimizer state across the devices (FSDP / ZeRO-3).
+    grad_accum_steps: microbatches per optimisation step.
+  """
+  num_devices: Optional[int] = None
+  fsdp: bool = False
+  grad_accum_steps: int = 1
+
+
+def make_plan(config: ParallelConfig, batch_size: int) -> ShardingPlan:
+  """The step's `ShardingPlan` over the devices, checked against the global batch."""
+  plan = ShardingPlan(make_mesh(config.num_devices), fsdp=config.fsdp)
+  check_batch_size(batch_size, plan.mesh, config.grad_accum_steps)
+  return plan
+
+
+def describe(plan: ShardingPlan, batch_size: int, grad_accum_steps: int) -> str:
+  """One line on how a step is spread: devices, processes, params, batch split."""
+  device = jax.devices()[0]
+  return (f"{plan.num_devices} x {device.platform} ({device.device_kind}), "
+          f"{jax.process_count()} process(es), params "
+          f"{'split (FSDP)' if plan.fsdp else 'replicated'}, batch {batch_size} = "
+          f"{plan.num_devices} devices x {grad_accum_steps} microbatches x "
+          f"{batch_size // plan.num_devices // grad_accum_steps}")
+
+
+def main_process_first(load: Callable[[], Any], errors=(ValueError,)) -> Any:
+  """`load()` on process 0 first, then on the others.
+
+  TFDS prepares a dataset on first use by writing into its data dir; with a
+  shared dir, processes preparing at once would race. So process 0 loads
+  (and prepares) first, then the others read what it wrote. An error of a
+  type in `errors` on process 0 stops every process.
+  """
+  if jax.process_count() == 1:
+    return load()
+  result, error = None, None
+  if is_main_process():
+    try:
+      result = load()
+    except errors as e:  # pylint: disable=catching-non-exception
+      error = e
+  if any_process(error is not None):
+    raise error or ValueError("process 0 could not load the data; its error says why.")
+  return result if is_main_process() else load()
+
+
+def shard_state(state: Dict[str, Any], plan: ShardingPlan) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """Host state -> global arrays: `params` and `opt_state` per the plan, the rest
+  (PRNG keys) replicated. Returns `(state, shardings)`."""
+  shardings = {name: plan.state(value) if name in ("params", "opt_state")
+               else plan.replicated for name, value in state.items()}
+  return put(state, shardings), shardings
+
+
+def sharded_step(fn: Callable, plan: ShardingPlan, shardings: Dict[str, Any], **static
+                 ) -> Callable:
+  """`jit_train_step(fn, ...)`, compiled once per distinct further keywords
+  (such as the GPT's chunk length `num_steps`)."""
+  @functools.lru_cache(maxsize=None)
+  def compiled(**more):
+    return jit_train_step(fn, plan, shardings["params"], shardings["opt_state"],
+                          **static, **more)
+  return lambda *args, **more: compiled(**more)(*args)
+
+
 def jit_train_step(fn: Callable, plan: ShardingPlan, params_shardings: Any,
                    opt_state_shardings: Any, **static) -> Callable:
   """`fn(params, opt_state, a, b, c, plan=plan, **static)` under `jax.jit` with
@@ -391,85 +461,3 @@ def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False):
   (total_loss, total_grads), _ = jax.lax.scan(body, zeros, (indices, micro))
   scale = 1.0 / num_microbatches
   return total_loss * scale, jax.tree.map(lambda g: g * scale, total_grads)
-
-
-# ----------------------------------------------------------------------------
-# Communication volume, read from the compiled HLO
-
-
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                "collective-permute")
-_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
-          "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
-_SHAPE = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
-_INSTRUCTION = re.compile(r"=\s*(.*?)\s+(" + "|".join(_COLLECTIVES) +
-                          r")(?:-start)?\(")
-_WHILE = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_CALLS = re.compile(r"\b(?:to_apply|calls|branch_computations)=\{?%?([\w.\-]+)")
-
-
-@dataclasses.dataclass
-class _Computation:
-  collectives: Dict[str, int] = dataclasses.field(default_factory=dict)
-  children: list = dataclasses.field(default_factory=list)  # (name, times)
-
-
-def _shape_bytes(text: str) -> int:
-  total = 0
-  for dtype, dims in _SHAPE.findall(text):
-    total += _BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-  return total
-
-
-def collective_bytes(hlo_text: str) -> Dict[str, int]:
-  """Bytes each kind of collective produces per call of a compiled program.
-
-  Reads the optimised HLO (`jitted.lower(...).compile().as_text()`): every
-  all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute
-  contributes the size of its result on one device, and an op inside a
-  `while` loop (a `lax.scan`) counts once per iteration of the loop's known
-  trip count. A loop whose trip count XLA did not record counts once.
-
-  Returns:
-    `{"all-reduce": bytes, "all-gather": bytes, ...}` per device, kinds with
-    no traffic left out.
-  """
-  computations: Dict[str, _Computation] = {}
-  current, entry = None, None
-  for line in hlo_text.splitlines():
-    header = _COMPUTATION.match(line)
-    if header:
-      current = computations.setdefault(header.group(1), _Computation())
-      if line.startswith("ENTRY"):
-        entry = header.group(1)
-      continue
-    if current is None:
-      continue
-    op = _INSTRUCTION.search(line)
-    if op:
-      kind = op.group(2)
-      current.collectives[kind] = current.collectives.get(kind, 0) + _shape_bytes(
-          op.group(1))
-    loop = _WHILE.search(line)
-    if loop:
-      trips = _TRIP_COUNT.search(line)
-      current.children.append((loop.group(1), int(trips.group(1)) if trips else 1))
-    elif not op:
-      for called in _CALLS.findall(line):
-        current.children.append((called, 1))
-  if entry is None:
-    raise ValueError("collective_bytes: no ENTRY computation in the HLO text.")
-
-  def total(name, depth=0):
-    comp = computations.get(name)
-    if comp is None or depth > 64:
-      return {}
-    result = dict(comp.collectives)
-    for child, times in comp.children:
-      for kind, nbytes in total(child, depth + 1).items():
-        result[kind] = result.get(kind, 0) + times * nbytes
-    return result
-
-  return {kind: nbytes for kind, nbytes in total(entry).items() if nbytes}

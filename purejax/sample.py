@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from purejax import checkpoint
 from purejax import data as data_lib
+from purejax import decode
 from purejax import gpt
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "out-gpt", "Directory of the trained model.")
@@ -59,7 +60,7 @@ def main(argv):
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
     sys.exit(f"error: {e}")
   prompts = jnp.tile(prompt[None], (_NUM_SAMPLES.value, 1))
-  out = gpt.generate(params, prompts, config, jax.random.PRNGKey(_SEED.value),
+  out = decode.generate(params, prompts, config, jax.random.PRNGKey(_SEED.value),
                      max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
                      top_k=_TOP_K.value or None, top_p=_TOP_P.value)
   for row in out:

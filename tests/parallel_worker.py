@@ -17,9 +17,11 @@ import jax
 import numpy as np
 import optax
 
+from bench import hlo
 from purejax import gpt
 from purejax import mlp
 from purejax import parallel
+from purejax import steps
 
 GPT_CONFIG = dict(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=True)
 
@@ -36,7 +38,7 @@ def main(options):
     config = gpt.GPTConfig(**GPT_CONFIG, dropout=options.get("dropout", 0.0))
     params = gpt.init_params(config, key)
     data = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (4096,), 0, 65))
-    step_fn, static = gpt.train_steps, dict(config=config, num_steps=num_steps)
+    step_fn, static = steps.train_steps, dict(config=config, num_steps=num_steps)
     data_args = (data, jax.random.PRNGKey(2), 0)
   else:
     params = mlp.init_network_params([32, 64, 64, 10], key, scale=0.1)
@@ -53,7 +55,7 @@ def main(options):
                                    batch_size=batch_size, grad_accum_steps=accum, **static)
   if model == "gpt":
     data_args = parallel.put(data_args, plan.replicated)
-    hlo = jitted.lower(params, opt_state, *data_args).compile().as_text()
+    hlo_text = jitted.lower(params, opt_state, *data_args).compile().as_text()
     params, opt_state, losses = jitted(params, opt_state, *data_args)
     losses = np.asarray(losses).tolist()
   else:
@@ -63,7 +65,7 @@ def main(options):
       rows = slice(i * batch_size, (i + 1) * batch_size)
       args = (images[rows], labels[rows], jax.random.PRNGKey(i))
       if i == 0:
-        hlo = jitted.lower(params, opt_state, *args).compile().as_text()
+        hlo_text = jitted.lower(params, opt_state, *args).compile().as_text()
       params, opt_state, loss = jitted(params, opt_state, *args)
       losses.append(float(loss))
   held = parallel.bytes_per_device(params)
@@ -74,7 +76,7 @@ def main(options):
       "param_bytes_per_device": sorted(held.values()),
       "collective_bytes_per_step": {
           kind: nbytes / steps_compiled
-          for kind, nbytes in parallel.collective_bytes(hlo).items()},
+          for kind, nbytes in hlo.collective_bytes(hlo_text).items()},
       "params": {jax.tree_util.keystr(k): np.asarray(v).ravel()[:64].tolist()
                  for k, v in jax.tree_util.tree_leaves_with_path(parallel.fetch(params))},
   }))

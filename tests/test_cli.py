@@ -72,37 +72,6 @@ def test_block_size_longer_than_validation_text(tmp_path, tfds_data_dir):
   assert "must be shorter than the validation text" in process.stderr
 
 
-def test_nonfinite_message_names_the_last_good_checkpoint():
-  from absl import flags as absl_flags
-  from purejax import train
-  absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS(["train"])
-  import numpy as np
-  with pytest.raises(train.NonFiniteLoss, match=r"loss is inf at step 12.*ckpt_000000010.npz, "
-                     r"is intact: resume from it with --resume"):
-    train.check_finite(np.array([1.0, 2.0, np.inf]), 10, "out/ckpt_000000010.npz")
-  train.check_finite(np.array([1.0, 2.0]), 10, None)  # finite: no error
-
-
-def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
-  import jax.numpy as jnp
-  import optax
-  from absl import flags as absl_flags
-  from purejax import optim, train
-  absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS(["train", "--skip_nonfinite"])
-  try:
-    optimizer = train.make_optimizer(optim.OptimizerConfig(learning_rate=0.1))
-    params = {"w": jnp.ones((2, 2))}
-    state = optimizer.init(params)
-    updates, state = optimizer.update({"w": jnp.full((2, 2), jnp.nan)}, state, params)
-    assert bool(jnp.all(optax.apply_updates(params, updates)["w"] == 1.0))
-    updates, state = optimizer.update({"w": jnp.ones((2, 2))}, state, params)
-    assert bool(jnp.all(optax.apply_updates(params, updates)["w"] < 1.0))  # finite: applied
-  finally:
-    absl_flags.FLAGS.unparse_flags()
-
-
 def test_sample_refuses_a_checkpoint_of_another_model(tmp_path):
   import jax
   from purejax import checkpoint, mlp

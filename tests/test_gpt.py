@@ -1,4 +1,4 @@
-"""gpt: shapes, causality, caching, dropout keys, gradients and training steps."""
+"""gpt: shapes, causality, param checks, dropout keys, remat and gradients."""
 
 import dataclasses
 
@@ -6,13 +6,12 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from absl.testing import parameterized
 from jax import test_util as jtu
 
+from purejax import decode
 from purejax import gpt
-from purejax import optim
 
 TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
@@ -91,7 +90,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     with pytest.raises(ValueError, match=message):
       jax.jit(lambda p: gpt.loss(p, tokens, tokens, other))(params)
     gpt.check_params(params, TINY)  # the matching config passes
-    gpt.check_params(gpt.unstack_layers(params), TINY)  # so do per-layer params
+    gpt.check_params(decode.unstack_layers(params), TINY)  # so do per-layer params
 
   def test_causality(self):
     params = sharpened_params(TINY)
@@ -116,7 +115,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     x = params["wte"]["embedding"][tokens] + params["wpe"]["embedding"][:8]
     for i in range(TINY.n_layer):
       layer = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-      x, _ = gpt.block(layer, x, TINY, key=None, deterministic=True)
+      x = gpt.block(layer, x, TINY, key=None, deterministic=True)
     x = gpt.nn.layer_norm(params["ln_f"], x)
     unrolled = x @ params["wte"]["embedding"].T
     chex.assert_trees_all_close(gpt.forward(params, tokens, TINY), unrolled,
@@ -190,162 +189,3 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
   def test_bad_config_is_a_clear_error(self, changes, message):
     with pytest.raises(ValueError, match=message):
       dataclasses.replace(TINY, **changes)
-
-
-def greedy_recompute(params, prompt, config, max_new_tokens):
-  """Greedy decoding by full recomputation, with `generate`'s context windows.
-
-  The context of each prediction is the last `cache_len` tokens, where
-  `cache_len` follows generate's rule: it starts at min(prompt, block_size),
-  grows by one per token, and drops to block_size // 2 when it would
-  exceed block_size.
-  """
-  tokens = list(np.asarray(prompt))
-  cache_len = min(len(tokens), config.block_size)
-  for i in range(max_new_tokens):
-    if i > 0:
-      cache_len = config.block_size // 2 if cache_len == config.block_size else cache_len + 1
-    context = jnp.asarray(tokens[len(tokens) - cache_len:])[None]
-    tokens.append(int(jnp.argmax(gpt.forward(params, context, config)[0, -1])))
-  return np.array(tokens)
-
-
-class GenerateTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(
-      ("within_block", 3, 5),
-      ("slides_past_block", 3, 20),
-      ("prompt_longer_than_block", 12, 6),
-  )
-  def test_kv_cache_greedy_equals_full_recompute(self, prompt_len, new_tokens):
-    params = sharpened_params(TINY)
-    prompt = random_tokens(jax.random.PRNGKey(2), (prompt_len,))
-    cached = gpt.generate(params, prompt, TINY, jax.random.PRNGKey(0),
-                          max_new_tokens=new_tokens, temperature=0.0)
-    np.testing.assert_array_equal(np.asarray(cached),
-                                  greedy_recompute(params, prompt, TINY, new_tokens))
-
-  def test_within_block_equals_nanogpt_crop_semantics(self):
-    # Inside block_size, the context is simply every token so far.
-    params = sharpened_params(TINY)
-    prompt = random_tokens(jax.random.PRNGKey(3), (2,))
-    out = np.asarray(gpt.generate(params, prompt, TINY, jax.random.PRNGKey(0),
-                                  max_new_tokens=6, temperature=0.0))
-    for n in range(2, 8):
-      logits = gpt.forward(params, jnp.asarray(out[:n])[None], TINY)
-      assert out[n] == int(jnp.argmax(logits[0, -1]))
-
-  def test_batched_sampling_shapes_and_determinism(self):
-    params = sharpened_params(TINY)
-    prompts = random_tokens(jax.random.PRNGKey(3), (4, 3))
-    a = gpt.generate(params, prompts, TINY, jax.random.PRNGKey(7), max_new_tokens=10)
-    b = gpt.generate(params, prompts, TINY, jax.random.PRNGKey(7), max_new_tokens=10)
-    c = gpt.generate(params, prompts, TINY, jax.random.PRNGKey(8), max_new_tokens=10)
-    chex.assert_shape(a, (4, 13))
-    chex.assert_trees_all_equal(a, b)
-    chex.assert_trees_all_equal(a[:, :3], prompts)
-    assert not np.array_equal(a, c)
-    assert int(a.max()) < TINY.vocab_size and int(a.min()) >= 0
-
-  def test_top_k_one_is_greedy(self):
-    params = sharpened_params(TINY)
-    prompt = random_tokens(jax.random.PRNGKey(4), (3,))
-    greedy = gpt.generate(params, prompt, TINY, jax.random.PRNGKey(0), 8, temperature=0.0)
-    top1 = gpt.generate(params, prompt, TINY, jax.random.PRNGKey(9), 8, temperature=1.0,
-                        top_k=1)
-    chex.assert_trees_all_equal(greedy, top1)
-
-  def test_sample_logits_filters(self):
-    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-    keys = jax.random.split(jax.random.PRNGKey(0), 400)
-    draw = lambda **kw: np.array([int(gpt.sample_logits(k, logits, 1.0, **kw)[0])
-                                  for k in keys[:200]])
-    assert set(draw(top_k=2)) == {0, 1}
-    assert set(draw(top_p=0.7)) == {0, 1}      # 0.5 + 0.3 reaches 0.7
-    assert set(draw(top_p=0.5)) == {0}         # the first token alone has 0.5
-    assert set(draw()) == {0, 1, 2, 3}
-    assert int(gpt.sample_logits(keys[0], logits, 0.0)[0]) == 0
-
-  def test_generate_rejects_bad_top_k_and_mismatched_params(self):
-    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    prompt = jnp.zeros((1, 2), jnp.int32)
-    with pytest.raises(ValueError, match="top_k=0"):
-      gpt.generate(params, prompt, TINY, jax.random.PRNGKey(0), 3, top_k=0)
-    with pytest.raises(ValueError, match="layers"):
-      gpt.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
-                   jax.random.PRNGKey(0), 3)
-
-  def test_forward_with_cache_token_by_token_equals_forward(self):
-    params = sharpened_params(TINY)
-    tokens = random_tokens(jax.random.PRNGKey(5), (2, TINY.block_size))
-    full = gpt.forward(params, tokens, TINY)  # [2, block, vocab]
-    cache = gpt.init_kv_cache(TINY, batch=2)
-    chex.assert_shape(cache.k, [(2 * TINY.n_head, TINY.block_size, TINY.head_dim)] * 2)
-    step = jax.jit(gpt.forward_with_cache, static_argnames="config")
-    for t in range(TINY.block_size):
-      logits, cache = step(params, tokens[:, t:t + 1], cache, t, config=TINY)
-      chex.assert_trees_all_close(logits, full[:, t], atol=1e-5)
-
-  def test_forward_with_cache_rejects_a_cache_of_another_batch(self):
-    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    with pytest.raises(ValueError, match=r"init_kv_cache\(config, batch\)"):
-      gpt.forward_with_cache(params, jnp.zeros((2, 1), jnp.int32),
-                             gpt.init_kv_cache(TINY, batch=3), 0, TINY)
-
-  def test_generate_rejects_empty_prompt(self):
-    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    with pytest.raises(ValueError, match="non-empty prompt"):
-      gpt.generate(params, jnp.zeros((1, 0), jnp.int32), TINY, jax.random.PRNGKey(0), 3)
-
-
-class TrainStepsTest(parameterized.TestCase):
-
-  def test_sample_batch_targets_are_shifted_inputs(self):
-    data = jnp.arange(100, dtype=jnp.int32)
-    x, y = gpt.sample_batch(jax.random.PRNGKey(0), data, 8, 5)
-    chex.assert_shape((x, y), (5, 8))
-    chex.assert_trees_all_equal(y, x + 1)
-    chex.assert_trees_all_equal(x[:, 1:], x[:, :-1] + 1)  # contiguous windows
-
-  def test_chunking_does_not_change_the_run(self):
-    # 6 steps as one call or as 2 + 4 calls: same params, bit for bit.
-    config = dataclasses.replace(TINY, dropout=0.1)
-    data = random_tokens(jax.random.PRNGKey(0), (500,))
-    opt = optim.make_optimizer(optim.OptimizerConfig(
-        learning_rate=1e-2, warmup_iters=2, decay_iters=6, weight_decay=0.1, grad_clip=1.0))
-    key = jax.random.PRNGKey(3)
-
-    def run(chunks):
-      params = gpt.init_params(config, jax.random.PRNGKey(0))
-      state, step = opt.init(params), 0
-      for n in chunks:
-        params, state, _ = gpt.train_steps(params, state, data, key, step, config=config,
-                                           optimizer=opt, batch_size=4, num_steps=n)
-        step += n
-      return params
-
-    chex.assert_trees_all_equal(run([6]), run([2, 4]))
-
-  def test_training_lowers_the_loss(self):
-    # A repeating pattern is learnable: the loss must fall well below ln(vocab).
-    data = jnp.tile(jnp.arange(TINY.vocab_size, dtype=jnp.int32), 50)
-    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    opt = optax.adam(1e-2)
-    state = opt.init(params)
-    params, state, losses = gpt.train_steps(params, state, data, jax.random.PRNGKey(1), 0,
-                                            config=TINY, optimizer=opt, batch_size=8,
-                                            num_steps=60)
-    assert float(losses[0]) > 2.0
-    assert float(losses[-1]) < 0.5
-    val = gpt.evaluate(params, data, jax.random.PRNGKey(2), config=TINY, batch_size=8,
-                       num_batches=4)
-    assert float(val) < 0.5
-
-  def test_weight_decay_only_on_matrices(self):
-    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    mask = optim.decay_mask(params)
-    assert mask["blocks"]["attn"]["qkv"]["w"] and mask["wte"]["embedding"]
-    # Stacked per-layer biases and norms are [n_layer, dim] yet must not decay.
-    assert params["blocks"]["attn"]["qkv"]["b"].ndim == 2
-    assert not mask["blocks"]["attn"]["qkv"]["b"] and not mask["blocks"]["ln_1"]["scale"]
-    assert not mask["ln_f"]["scale"]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
+from purejax import kernels
 from purejax import nn
 
 
@@ -40,7 +41,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     # Scaled so the products are O(1), where sin is well conditioned.
     x = jax.random.normal(jax.random.PRNGKey(0), (rows, inner)) / np.sqrt(inner)
     w = jax.random.normal(jax.random.PRNGKey(1), (cols, inner) if tied else (inner, cols))
-    product = lambda x, w, dtype: nn.matmul(x, w.T if tied else w, compute_dtype=dtype)
+    product = lambda x, w, dtype: kernels.matmul(x, w.T if tied else w, compute_dtype=dtype)
     f = jax.jit(lambda x, w, dtype: jax.grad(
         lambda x, w: jnp.sum(jnp.sin(product(x, w, dtype))), argnums=(0, 1))(x, w),
                 static_argnums=2)
@@ -51,7 +52,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
   @parameterized.parameters((4, 6), (3, 5), (2, 3, 4, 6))
   def test_row_major_transpose_swaps_the_last_two_axes(self, *shape):
     a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
-    chex.assert_trees_all_equal(jax.jit(nn.row_major_transpose)(a), jnp.swapaxes(a, -1, -2))
+    chex.assert_trees_all_equal(jax.jit(kernels.row_major_transpose)(a), jnp.swapaxes(a, -1, -2))
 
   def test_dense_rejects_wrong_width(self):
     params = nn.init_dense(jax.random.PRNGKey(0), 3, 5)

@@ -21,6 +21,7 @@ import pytest
 from absl.testing import parameterized
 from jax.sharding import PartitionSpec as P
 
+from bench import hlo
 from conftest import REPO_ROOT
 from purejax import mlp
 from purejax import parallel
@@ -208,7 +209,7 @@ ENTRY %main (x: f32[4,8]) -> f32[100] {
 
 
 def test_collective_bytes_counts_loop_bodies_per_trip():
-  assert parallel.collective_bytes(_HLO) == {
+  assert hlo.collective_bytes(_HLO) == {
       "all-gather": 6 * 16 * 8 * 4,  # inside a 6-trip loop
       "all-reduce": 100 * 4,
   }

@@ -1,0 +1,324 @@
+"""Sampling from a GPT with a KV cache, in one jitted `lax.scan` decode loop.
+
+    out = generate(params, prompt, config, key, max_new_tokens=500,
+                   temperature=0.8, top_k=200)          # [batch, prompt + new]
+
+The model's own code is `purejax/gpt.py`; this module runs its blocks one
+token at a time against cached keys and values, and never the reverse.
+"""
+
+import functools
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from purejax import attention
+from purejax import gpt
+from purejax import nn
+
+Params = gpt.Params
+
+
+class KVCache(NamedTuple):
+  """Keys and values of past positions: one `[batch * head, block, head_dim]` array per layer.
+
+  Batch and head share one axis because that is the layout XLA's batched
+  matmul wants: with `[batch, head, ...]` arrays XLA fused the cache update
+  into a reshape for the attention product as well as into the loop's
+  output, so it wrote the cache twice and copied all of it three times per
+  token.
+  """
+  k: Tuple[chex.Array, ...]
+  v: Tuple[chex.Array, ...]
+
+
+def _cache_layer_shape(config: gpt.GPTConfig, batch: int) -> Tuple[int, int, int]:
+  return (batch * config.n_head, config.block_size, config.head_dim)
+
+
+def init_kv_cache(config: gpt.GPTConfig, batch: int) -> KVCache:
+  """An empty (zero) cache for `batch` sequences."""
+  shape = _cache_layer_shape(config, batch)
+  zeros = tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
+  return KVCache(zeros, zeros)
+
+
+def _check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
+  layer_shape = _cache_layer_shape(config, batch)
+  want = KVCache(*[(layer_shape,) * config.n_layer] * 2)
+  got = jax.tree.map(jnp.shape, cache)
+  if got != want:
+    raise ValueError(f"KV cache of shapes {got}, but this config and batch need "
+                     f"{config.n_layer} layers of {layer_shape}; build it with "
+                     f"init_kv_cache(config, batch).")
+
+
+def unstack_layers(params: Params) -> Params:
+  """`params` with `"blocks"` as a tuple of per-layer dicts instead of stacked arrays.
+
+  Decoding slices each layer's weights for every token; inside a loop XLA
+  copies those slices each time. Unstacking once, before the loop, removes
+  the copies (they were most of the time per token).
+  """
+  blocks = params["blocks"]
+  if isinstance(blocks, tuple):
+    return params
+  n_layer = jax.tree.leaves(blocks)[0].shape[0]
+  layers = tuple(jax.tree.map(lambda p, i=i: p[i], blocks) for i in range(n_layer))
+  return {**params, "blocks": layers}
+
+
+def cached_self_attention(
+    params: Params, x: chex.Array, k_buf: chex.Array, v_buf: chex.Array,
+    pos: chex.Numeric, config: gpt.GPTConfig,
+) -> Tuple[chex.Array, chex.Array, chex.Array]:
+  """`gpt.causal_self_attention` of tokens at positions `pos, ...`, through one layer's cache.
+
+  Their keys and values are written into the cache, and they attend to every
+  cached position up to their own.
+
+  Returns:
+    `([batch, time, embd], k_buf, v_buf)` with the new keys and values written.
+  """
+  b, t, _ = x.shape
+  h, d = config.n_head, config.head_dim
+  q, k, v = (a.transpose(0, 2, 1, 3) for a in gpt.qkv_heads(params, x, config))  # [b, h, t, d]
+  k_buf, v_buf = (jax.lax.dynamic_update_slice(buf, new.reshape(b * h, t, d), (0, pos, 0))
+                  for buf, new in ((k_buf, k), (v_buf, v)))
+  y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), k_buf.reshape(b, h, -1, d),
+                                v_buf.reshape(b, h, -1, d), pos)
+  return gpt.merge_heads(params, y.transpose(0, 2, 1, 3), config), k_buf, v_buf
+
+
+def forward_with_cache(
+    params: Params,
+    tokens: chex.Array,
+    cache: KVCache,
+    pos: chex.Numeric,
+    config: gpt.GPTConfig,
+) -> Tuple[chex.Array, KVCache]:
+  """Runs `tokens` at positions `pos, pos+1, ...` against a KV cache.
+
+  Args:
+    params: model params (stacked, or per layer from `unstack_layers`).
+    tokens: `[batch, time]` ids; `pos + time <= block_size`.
+    cache: keys and values of positions `< pos` (later slots are ignored).
+    pos: position of `tokens[:, 0]` (may be traced).
+    config: model config.
+
+  Returns:
+    `(logits of the last token [batch, vocab], cache updated with tokens)`.
+  """
+  gpt.check_tokens(tokens, config)
+  gpt.check_params(params, config)
+  _check_cache(cache, config, tokens.shape[0])
+  positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], pos, tokens.shape[1])
+  x = nn.embed(params["wte"], tokens) + positions
+  # Decoding does little work per layer, so a plain Python loop over the
+  # layers (unrolled in the compiled program) beats a scan's overhead. The
+  # block is `gpt.block` without dropout, attending through the cache.
+  ks, vs = [], []
+  for layer, k_buf, v_buf in zip(unstack_layers(params)["blocks"], cache.k, cache.v):
+    attn_out, k_buf, v_buf = cached_self_attention(
+        layer["attn"], nn.layer_norm(layer["ln_1"], x), k_buf, v_buf, pos, config)
+    x = x + attn_out
+    x = x + gpt.mlp(layer["mlp"], nn.layer_norm(layer["ln_2"], x), config)
+    ks.append(k_buf)
+    vs.append(v_buf)
+  x = nn.layer_norm(params["ln_f"], x[:, -1])
+  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype)
+  return logits.astype(jnp.float32), KVCache(tuple(ks), tuple(vs))
+
+
+def sample_logits(
+    key: Optional[chex.PRNGKey],
+    logits: chex.Array,
+    temperature: chex.Numeric = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    *,
+    gumbel: Optional[chex.Array] = None,
+) -> chex.Array:
+  """Draws one token per row of `logits` `[batch, vocab]` -> `[batch]` int32.
+
+  `temperature <= 0` means greedy (argmax). `top_k` keeps the k most likely
+  tokens; `top_p` keeps the smallest set whose probability reaches p
+  (nucleus sampling). Both filters may be combined. The draw is the
+  Gumbel-max trick, `argmax(logits / temperature + g)` with
+  `g = jax.random.gumbel(key, logits.shape)`; pass `gumbel` instead of `key`
+  to supply `g` drawn ahead of time.
+  """
+  chex.assert_rank(logits, 2)
+  if top_k is not None and top_k < 1:
+    raise ValueError(f"top_k={top_k}: pass None to keep every token, or k >= 1.")
+  if gumbel is None:
+    gumbel = jax.random.gumbel(key, logits.shape)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  scaled = logits / jnp.maximum(temperature, 1e-6)
+  if top_k is not None and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+  if top_p is not None:
+    sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # The smallest logit still inside the nucleus: tokens whose mass before
+    # them is below top_p are kept (always at least the most likely one).
+    inside = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+    cutoff = jnp.min(jnp.where(inside, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    scaled = jnp.where(scaled < cutoff, -jnp.inf, scaled)
+  drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
+  return jnp.where(temperature > 0, drawn, greedy)
+
+
+class SlidingWindow(NamedTuple):
+  """When the cache slides while decoding (see `sliding_window`).
+
+  Attributes:
+    window: prompt tokens the cache starts from (the prompt's last ones).
+    refill: tokens the cache is rebuilt from when it is full.
+    first: tokens decoded before the first slide.
+    period: tokens per slide cycle: one slide, then `period - 1` decodes.
+    full_periods: whole cycles after `first`.
+    tail: tokens of the last, partial cycle (0: none).
+  """
+  window: int
+  refill: int
+  first: int
+  period: int
+  full_periods: int
+  tail: int
+
+
+def sliding_window(prompt_len: int, max_new_tokens: int, block_size: int) -> SlidingWindow:
+  """The context policy of `generate`, worked out before the loop runs.
+
+  A prompt longer than `block_size` is conditioned on its last `block_size`
+  tokens (as nanoGPT crops). Tokens are decoded through the cache while it
+  has room. When it is full, the window *slides*: the cache is rebuilt from
+  the last `block_size // 2` tokens, with positions restarting at 0, and
+  decoding goes on. So every token sees between `block_size // 2` and
+  `block_size` tokens of context. nanoGPT instead recomputes the last
+  `block_size` tokens for every new token, which costs `block_size` times
+  more; within `block_size` tokens the two are identical.
+
+  The prompt length is static, so where the slides fall is known here, and
+  the decode loop becomes fixed-length scans with slides between them.
+  """
+  window, refill = min(prompt_len, block_size), max(block_size // 2, 1)
+  first = min(max_new_tokens, block_size - window)
+  period = 1 + block_size - refill  # one slide, then decodes until full
+  full_periods, tail = divmod(max_new_tokens - first, period)
+  return SlidingWindow(window, refill, first, period, full_periods, tail)
+
+
+class DecodeState(NamedTuple):
+  """What the decode loop carries from one token to the next.
+
+  Attributes:
+    tokens: `[batch, prompt_len + max_new_tokens]` prompt and tokens so far.
+    cache: the KV cache.
+    cache_len: positions filled in the cache.
+    logits: `[batch, vocab]` next-token logits.
+    index: how many new tokens are written.
+  """
+  tokens: chex.Array
+  cache: KVCache
+  cache_len: chex.Array
+  logits: chex.Array
+  index: chex.Array
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k"))
+def generate(
+    params: Params,
+    prompt: chex.Array,
+    config: gpt.GPTConfig,
+    key: chex.PRNGKey,
+    max_new_tokens: int,
+    temperature: chex.Numeric = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+) -> chex.Array:
+  """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
+
+  The whole decode loop is one `lax.scan` inside this jit; each step feeds
+  one token through the cache. Context beyond `block_size` follows
+  `sliding_window`.
+
+  Args:
+    params: model params.
+    prompt: `[batch, prompt_len]` or `[prompt_len]` int ids, prompt_len >= 1.
+    config: model config.
+    key: PRNG key; token i is drawn with `gumbel(fold_in(key, i))`.
+    max_new_tokens: tokens to add (>= 1).
+    temperature: softmax temperature; <= 0 for greedy decoding.
+    top_k: optional top-k filter.
+    top_p: optional nucleus filter.
+
+  Returns:
+    `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
+    prompt followed by the new tokens.
+  """
+  unbatched = prompt.ndim == 1
+  if unbatched:
+    prompt = prompt[None]
+  chex.assert_rank(prompt, 2)
+  chex.assert_type(prompt, int)
+  b, p = prompt.shape
+  if p < 1 or max_new_tokens < 1:
+    raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 1, "
+                     f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
+  prompt = prompt.astype(jnp.int32)
+  params = unstack_layers(params)  # once, outside the decode loop
+  plan = sliding_window(p, max_new_tokens, config.block_size)
+  noise_ahead = config.forms().noise_ahead
+
+  def noise(index):  # [batch, vocab] Gumbel noise of new token `index`
+    return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
+
+  def sample_and_write(state: DecodeState, token_noise) -> Tuple[DecodeState, chex.Array]:
+    token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise)
+    tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, p + state.index))
+    return state._replace(tokens=tokens, index=state.index + 1), token
+
+  def decode(state: DecodeState, token_noise=None) -> Tuple[DecodeState, None]:
+    # Each new token is sampled, written, then fed back through the cache.
+    # (The last token's feed is wasted work, one step.)
+    if token_noise is None:
+      token_noise = noise(state.index)
+    state, token = sample_and_write(state, token_noise)
+    logits, cache = forward_with_cache(params, token[:, None], state.cache, state.cache_len,
+                                       config)
+    return state._replace(cache=cache, cache_len=state.cache_len + 1, logits=logits), None
+
+  def slide(state: DecodeState) -> DecodeState:
+    state, _ = sample_and_write(state, noise(state.index))
+    recent = jax.lax.dynamic_slice(state.tokens, (0, p + state.index - plan.refill),
+                                   (b, plan.refill))
+    logits, cache = forward_with_cache(params, recent, state.cache, 0, config)
+    return state._replace(cache=cache, cache_len=jnp.int32(plan.refill), logits=logits)
+
+  def decodes(state: DecodeState, n: int) -> DecodeState:
+    if n == 0:
+      return state
+    if noise_ahead:
+      # One batch of noise per scan: on XLA CPU a draw inside the loop runs
+      # JAX's threefry as a rolled loop once per token (a third of the time).
+      ahead = jax.vmap(noise)(state.index + jnp.arange(n))  # [n, batch, vocab]
+      return jax.lax.scan(decode, state, ahead)[0]
+    return jax.lax.scan(lambda s, _: decode(s), state, None, length=n)[0]
+
+  logits, cache = forward_with_cache(params, prompt[:, p - plan.window:],
+                                     init_kv_cache(config, b), 0, config)
+  tokens = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
+  state = DecodeState(tokens, cache, jnp.int32(plan.window), logits, jnp.int32(0))
+  state = decodes(state, plan.first)
+  if plan.full_periods:
+    state = jax.lax.scan(lambda s, _: (decodes(slide(s), plan.period - 1), None), state,
+                         None, length=plan.full_periods)[0]
+  if plan.tail:
+    state = decodes(slide(state), plan.tail - 1)
+  return state.tokens[0] if unbatched else state.tokens

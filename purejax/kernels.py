@@ -1,0 +1,260 @@
+"""The few operations whose best form depends on the backend, and the one place that chooses.
+
+    forms = select()                              # this backend's forms
+    y = matmul(x, w, compute_dtype=jnp.bfloat16)  # bf16 products, float32 out
+    loss = tied_head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
+
+Model files call these and read as the math; which form runs is decided by
+`select(platform, compute_dtype)` alone, from measurements cited next to
+each choice. Every form has a plain reference form that the tests compare
+it with on CPU (values and gradients), so a fast form can never quietly
+compute something else. The attention forms live in `purejax/attention.py`;
+`select` picks among them too.
+"""
+
+import dataclasses
+import functools
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+ATTENTION_FORMS = ("plain", "blocked", "fused")
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Forms:
+  """Which form of each backend-dependent operation runs.
+
+  Attributes:
+    attention: causal attention in training and evaluation (`ATTENTION_FORMS`,
+      see `purejax/attention.py`).
+    matmul_backward: "row_major" writes the transposed operands of the
+      low-precision gradient products out row-major and fences them with an
+      optimisation barrier; "plain" uses ordinary transposes.
+    noise_ahead: sampling draws each scan's Gumbel noise in one batch before
+      the scan, instead of once per token inside it.
+    remat_scanned, remat_unrolled: remat policy (`REMAT_POLICIES`) of a block
+      when the layers run as a `lax.scan` or as an unrolled loop.
+    loss_chunk_rows: the output head and cross-entropy run this many rows at
+      a time when the logits would exceed `loss_chunk_min_logits` elements
+      (None: never chunk).
+  """
+  attention: str
+  matmul_backward: str
+  noise_ahead: bool
+  remat_scanned: str
+  remat_unrolled: str
+  loss_chunk_rows: Optional[int] = None
+  loss_chunk_min_logits: int = 1 << 26
+
+  def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
+    """Rows per chunk of the head and loss for `rows` x `vocab` logits, or None."""
+    if self.loss_chunk_rows and rows * vocab >= self.loss_chunk_min_logits:
+      return self.loss_chunk_rows
+    return None
+
+
+def select(platform: Optional[str] = None, compute_dtype=None) -> Forms:
+  """The forms for `platform` ("cpu", "gpu", "tpu"; None: JAX's default backend).
+
+  CPU (XLA's CPU backend, measured on nanoGPT's CPU recipe; docs/performance.md):
+  * attention in query blocks with a written-out softmax: blocks skip most of
+    the masked keys (case b: 0.64x -> 0.70x of torch eager), and
+    `jax.nn.softmax` over -inf entries ran ~3x slower than the finite mask.
+  * bf16 gradient products need row-major operands, or XLA CPU silently runs
+    them in float32 (3-4x slower with AMX-BF16); the barrier keeps a later
+    transpose from being folded back into them.
+  * Gumbel noise drawn ahead: JAX's CPU threefry is a rolled loop, and one
+    draw per token was a third of the sampling time.
+  * remat "dots": storing every activation in the scan's stacked buffers took
+    55 ms/iter against 26 ms/iter for recomputing the elementwise work.
+
+  GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100):
+  * fused attention (`jax.nn.dot_product_attention`, cuDNN flash attention in
+    bf16): the whole step went from 92 to 45.6 ms/iter.
+  * plain transposes, no barrier: the CPU-only copies cost 43.5 vs 39.2 ms
+    forward+backward with remat "full".
+  * remat "full" when scanned (39.2 ms against 43.5 with "dots"), "none"
+    when unrolled (37.1 ms forward+backward).
+  * the head and loss in chunks of 2048 rows when the logits are large: the
+    float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
+  * noise drawn per token: no rolled-loop penalty there, and drawing ahead
+    would hold `[tokens, batch, vocab]` noise in memory.
+  """
+  del compute_dtype  # no choice depends on it yet; kept so callers state it
+  platform = platform or jax.default_backend()
+  if platform == "cpu":
+    return Forms(attention="blocked", matmul_backward="row_major", noise_ahead=True,
+                 remat_scanned="dots", remat_unrolled="dots")
+  return Forms(attention="fused", matmul_backward="plain", noise_ahead=False,
+               remat_scanned="full", remat_unrolled="none", loss_chunk_rows=2048)
+
+
+# ----------------------------------------------------------------------------
+# Mixed-precision matmul
+
+
+def row_major_transpose(a: chex.Array) -> chex.Array:
+  """Swaps the last two axes of `a`, writing the data out in row-major order.
+
+  XLA's CPU backend runs a low-precision dot natively only when both operands
+  are row-major `[..., m, k] @ [..., k, n]`. A plain transpose becomes a
+  layout change, and the dot is then quietly upcast to float32 (3-4x slower
+  with AMX-BF16). Splitting the last axis before transposing makes XLA copy
+  the data instead. An odd last axis falls back to a plain transpose.
+  """
+  *lead, rows, cols = a.shape
+  if cols % 2:
+    return jnp.swapaxes(a, -1, -2)
+  split = a.reshape(*lead, rows, cols // 2, 2)
+  return jnp.moveaxis(split, -3, -1).reshape(*lead, cols, rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _low_precision_matmul(x, w, dtype, row_major):
+  """float32 `[n, k] @ [k, m]` computed from `dtype` operands, float32 output."""
+  del row_major
+  return jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _low_precision_matmul_fwd(x, w, dtype, row_major):
+  del row_major
+  xc, wc = x.astype(dtype), w.astype(dtype)
+  return jnp.dot(xc, wc, preferred_element_type=jnp.float32), (xc, wc)
+
+
+def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
+  # JAX's own transpose of a dot with preferred_element_type would multiply
+  # float32 by bfloat16 and round the result to bfloat16; both run at a
+  # fraction of the speed of bfloat16 operands with float32 accumulation.
+  xc, wc = residuals
+  gc = g.astype(dtype)
+  transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
+  dx = jnp.dot(gc, transpose(wc), preferred_element_type=jnp.float32)
+  dw = jnp.dot(transpose(xc), gc, preferred_element_type=jnp.float32)
+  if row_major:
+    # Stops XLA CPU from folding a later transpose of a gradient (e.g. of the
+    # tied head's `embedding.T`) into these dots: that would recreate a
+    # non-row-major low-precision dot after the pass that upcasts such dots,
+    # and XLA's CPU runtime cannot execute it.
+    dx, dw = jax.lax.optimization_barrier((dx, dw))
+  return dx, dw
+
+
+_low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
+
+
+def matmul(x: chex.Array, w: chex.Array, *, compute_dtype=None,
+           forms: Optional[Forms] = None) -> chex.Array:
+  """`x @ w` over the last axis of `x`, with optional mixed precision.
+
+  With `compute_dtype` (e.g. bfloat16), the operands of the product and of
+  its two gradient products are cast to it, and all three accumulate and
+  return float32. CPUs with AMX/AVX512-BF16, GPUs and TPUs run these 2-3x
+  faster than float32 matmuls, while everything around them stays float32.
+
+  Args:
+    x: `[..., in_dim]` float.
+    w: `[in_dim, out_dim]` float.
+    compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
+    forms: which backward form to use (default: `select()`).
+
+  Returns:
+    `[..., out_dim]`: float32 when `compute_dtype` is given, else x's dtype.
+  """
+  chex.assert_rank(w, 2)
+  chex.assert_axis_dimension(x, -1, w.shape[0])
+  # A 2-D [rows, in] @ [in, out] product: its weight gradient then contracts
+  # over one axis. Contracting over several (batch and time) sends XLA's CPU
+  # backend to a slow generic loop instead of its GEMM kernel.
+  x2 = x.reshape(-1, x.shape[-1])
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
+    y = x2 @ w
+  else:
+    row_major = (forms or select()).matmul_backward == "row_major"
+    y = _low_precision_matmul(x2.astype(jnp.float32), w.astype(jnp.float32),
+                              jnp.dtype(compute_dtype), row_major)
+  return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+# ----------------------------------------------------------------------------
+# Cross-entropy under a tied output head
+
+
+def cross_entropy(logits: chex.Array, labels: chex.Array) -> chex.Array:
+  """Mean cross-entropy of integer labels under `logits`, in float32.
+
+  Args:
+    logits: `[..., num_classes]`.
+    labels: integers `[...]` in `[0, num_classes)`.
+
+  Returns:
+    Scalar mean loss.
+  """
+  chex.assert_equal_shape_prefix((logits, labels), labels.ndim)
+  chex.assert_rank(logits, labels.ndim + 1)
+  chex.assert_type(labels, int)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  picked = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  return -jnp.mean(picked)
+
+
+def tied_head_cross_entropy(
+    x: chex.Array,
+    table: chex.Array,
+    labels: chex.Array,
+    *,
+    compute_dtype=None,
+    chunk_rows: Optional[int] = None,
+    forms: Optional[Forms] = None,
+) -> chex.Array:
+  """Mean cross-entropy of `labels` under the logits `x @ table.T`.
+
+  The plain form builds the whole `[rows, vocab]` float32 logits, which at
+  GPT-2's vocabulary are gigabytes per step and are read and written
+  several times. With `chunk_rows`, rows run `chunk_rows` at a time in a
+  `lax.scan` whose body is rematerialised: only one chunk's logits exist at
+  once, in the forward and the backward pass, at the cost of recomputing the
+  head's product once. Values and gradients equal the plain form.
+
+  Args:
+    x: `[..., dim]` final hidden states.
+    table: `[vocab, dim]` embedding table (the tied head).
+    labels: integers `x.shape[:-1]`.
+    compute_dtype: as in `matmul`.
+    chunk_rows: rows per chunk, or None for the plain form. Chunks run only
+      when they divide the rows and there are at least two.
+    forms: forms for the matmul (default: `select()`).
+
+  Returns:
+    Scalar mean loss.
+  """
+  chex.assert_equal_shape_prefix((x, labels), labels.ndim)
+  dim = x.shape[-1]
+  rows = x.reshape(-1, dim)
+  flat_labels = labels.reshape(-1)
+  head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
+  n = rows.shape[0]
+  if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
+    return cross_entropy(head(rows), flat_labels)
+
+  @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+  def chunk_loss(h, y):
+    logits = head(h).astype(jnp.float32)  # [chunk, vocab]
+    picked = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
+    return jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+  def body(total, chunk):
+    return total + chunk_loss(*chunk), None
+
+  chunks = (rows.reshape(n // chunk_rows, chunk_rows, dim),
+            flat_labels.reshape(n // chunk_rows, chunk_rows))
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
+  return total / n

@@ -1,0 +1,120 @@
+"""Jitted training and evaluation steps of the GPT.
+
+    params, opt_state, losses = train_steps(params, opt_state, data, key, step,
+                                            config=config, optimizer=optimizer,
+                                            batch_size=12, num_steps=10)
+    val = evaluate(params, val_data, eval_key, config=config, batch_size=12,
+                   num_batches=200)
+
+Both run as one `lax.scan` inside a `jit`, with their batches drawn on the
+device (`data.sample_batch`), so there is no host round-trip per step.
+"""
+
+import functools
+from typing import Any, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from purejax import data
+from purejax import gpt
+from purejax import parallel
+from purejax import rng
+
+Params = gpt.Params
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "optimizer", "batch_size", "num_steps",
+                     "grad_accum_steps", "plan"),
+    donate_argnums=(0, 1))
+def train_steps(
+    params: Params,
+    opt_state: optax.OptState,
+    tokens: chex.Array,
+    key: chex.PRNGKey,
+    step: chex.Numeric,
+    *,
+    config: gpt.GPTConfig,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    num_steps: int,
+    grad_accum_steps: int = 1,
+    plan: Optional[parallel.ShardingPlan] = None,
+) -> Tuple[Params, Any, chex.Array]:
+  """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
+
+  Step `s` draws its batch and dropout keys from `fold_in(key, s)`, so the
+  whole run is a function of `(key, step)`: chunking the steps differently,
+  or resuming at any step, gives the same result.
+
+  Args:
+    params: model params (donated).
+    opt_state: optax state (donated).
+    tokens: `[num_tokens]` training ids, on the device.
+    key: base key of the run's training stream.
+    step: global index of the first step.
+    config: model config.
+    optimizer: optax `GradientTransformation`.
+    batch_size: sequences per step (the global batch).
+    num_steps: steps to run.
+    grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
+      must divide `batch_size`. Each draws its dropout from its own key.
+    plan: how the step is spread over devices (`parallel.ShardingPlan`);
+      None on one device. Wrap the call in a `jax.jit` with the plan's in/out
+      shardings, as `purejax.train` does, to keep the state's layout.
+
+  Returns:
+    `(params, opt_state, losses [num_steps])`, each loss measured before its
+    step's update.
+  """
+  def one_step(carry, s):
+    params, opt_state = carry
+    batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
+
+    def microbatch_loss(params, xy, index):
+      x, y = xy
+      return gpt.loss(params, x, y, config, key=jax.random.fold_in(dropout_key, index),
+                  deterministic=False)
+
+    batch = data.sample_batch(batch_key, tokens, config.block_size, batch_size)
+    value, grads = parallel.accumulate_gradients(
+        microbatch_loss, params, batch, grad_accum_steps, plan=plan)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), value
+
+  steps = step + jnp.arange(num_steps)
+  (params, opt_state), losses = jax.lax.scan(one_step, (params, opt_state), steps)
+  return params, opt_state, losses
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("config", "batch_size", "num_batches", "plan"))
+def evaluate(
+    params: Params,
+    tokens: chex.Array,
+    key: chex.PRNGKey,
+    *,
+    config: gpt.GPTConfig,
+    batch_size: int,
+    num_batches: int,
+    plan: Optional[parallel.ShardingPlan] = None,
+) -> chex.Array:
+  """Mean loss over `num_batches` random batches of `tokens` (no dropout).
+
+  Pass the same `key` at every evaluation so the batches are fixed and the
+  numbers compare across steps. `plan` splits each batch across devices, as
+  in `train_steps`.
+  """
+  def body(total, k):
+    x, y = data.sample_batch(k, tokens, config.block_size, batch_size)
+    if plan is not None:
+      x, y = parallel.constrain((x, y), plan.batch)
+    return total + gpt.loss(params, x, y, config), None
+
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
+                          jax.random.split(key, num_batches))
+  return total / num_batches

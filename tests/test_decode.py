@@ -1,0 +1,120 @@
+"""decode: KV-cache sampling equals full recomputation; sampling filters and checks."""
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from purejax import decode
+from purejax import gpt
+from test_gpt import TINY, random_tokens, sharpened_params
+
+
+def greedy_recompute(params, prompt, config, max_new_tokens):
+  """Greedy decoding by full recomputation, with `generate`'s context windows.
+
+  The context of each prediction is the last `cache_len` tokens, where
+  `cache_len` follows generate's rule: it starts at min(prompt, block_size),
+  grows by one per token, and drops to block_size // 2 when it would
+  exceed block_size.
+  """
+  tokens = list(np.asarray(prompt))
+  cache_len = min(len(tokens), config.block_size)
+  for i in range(max_new_tokens):
+    if i > 0:
+      cache_len = config.block_size // 2 if cache_len == config.block_size else cache_len + 1
+    context = jnp.asarray(tokens[len(tokens) - cache_len:])[None]
+    tokens.append(int(jnp.argmax(gpt.forward(params, context, config)[0, -1])))
+  return np.array(tokens)
+
+
+class GenerateTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("within_block", 3, 5),
+      ("slides_past_block", 3, 20),
+      ("prompt_longer_than_block", 12, 6),
+  )
+  def test_kv_cache_greedy_equals_full_recompute(self, prompt_len, new_tokens):
+    params = sharpened_params(TINY)
+    prompt = random_tokens(jax.random.PRNGKey(2), (prompt_len,))
+    cached = decode.generate(params, prompt, TINY, jax.random.PRNGKey(0),
+                          max_new_tokens=new_tokens, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(cached),
+                                  greedy_recompute(params, prompt, TINY, new_tokens))
+
+  def test_within_block_equals_nanogpt_crop_semantics(self):
+    # Inside block_size, the context is simply every token so far.
+    params = sharpened_params(TINY)
+    prompt = random_tokens(jax.random.PRNGKey(3), (2,))
+    out = np.asarray(decode.generate(params, prompt, TINY, jax.random.PRNGKey(0),
+                                  max_new_tokens=6, temperature=0.0))
+    for n in range(2, 8):
+      logits = gpt.forward(params, jnp.asarray(out[:n])[None], TINY)
+      assert out[n] == int(jnp.argmax(logits[0, -1]))
+
+  def test_batched_sampling_shapes_and_determinism(self):
+    params = sharpened_params(TINY)
+    prompts = random_tokens(jax.random.PRNGKey(3), (4, 3))
+    a = decode.generate(params, prompts, TINY, jax.random.PRNGKey(7), max_new_tokens=10)
+    b = decode.generate(params, prompts, TINY, jax.random.PRNGKey(7), max_new_tokens=10)
+    c = decode.generate(params, prompts, TINY, jax.random.PRNGKey(8), max_new_tokens=10)
+    chex.assert_shape(a, (4, 13))
+    chex.assert_trees_all_equal(a, b)
+    chex.assert_trees_all_equal(a[:, :3], prompts)
+    assert not np.array_equal(a, c)
+    assert int(a.max()) < TINY.vocab_size and int(a.min()) >= 0
+
+  def test_top_k_one_is_greedy(self):
+    params = sharpened_params(TINY)
+    prompt = random_tokens(jax.random.PRNGKey(4), (3,))
+    greedy = decode.generate(params, prompt, TINY, jax.random.PRNGKey(0), 8, temperature=0.0)
+    top1 = decode.generate(params, prompt, TINY, jax.random.PRNGKey(9), 8, temperature=1.0,
+                        top_k=1)
+    chex.assert_trees_all_equal(greedy, top1)
+
+  def test_sample_logits_filters(self):
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    keys = jax.random.split(jax.random.PRNGKey(0), 400)
+    draw = lambda **kw: np.array([int(decode.sample_logits(k, logits, 1.0, **kw)[0])
+                                  for k in keys[:200]])
+    assert set(draw(top_k=2)) == {0, 1}
+    assert set(draw(top_p=0.7)) == {0, 1}      # 0.5 + 0.3 reaches 0.7
+    assert set(draw(top_p=0.5)) == {0}         # the first token alone has 0.5
+    assert set(draw()) == {0, 1, 2, 3}
+    assert int(decode.sample_logits(keys[0], logits, 0.0)[0]) == 0
+
+  def test_generate_rejects_bad_top_k_and_mismatched_params(self):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    prompt = jnp.zeros((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match="top_k=0"):
+      decode.generate(params, prompt, TINY, jax.random.PRNGKey(0), 3, top_k=0)
+    with pytest.raises(ValueError, match="layers"):
+      decode.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
+                   jax.random.PRNGKey(0), 3)
+
+  def test_forward_with_cache_token_by_token_equals_forward(self):
+    params = sharpened_params(TINY)
+    tokens = random_tokens(jax.random.PRNGKey(5), (2, TINY.block_size))
+    full = gpt.forward(params, tokens, TINY)  # [2, block, vocab]
+    cache = decode.init_kv_cache(TINY, batch=2)
+    chex.assert_shape(cache.k, [(2 * TINY.n_head, TINY.block_size, TINY.head_dim)] * 2)
+    step = jax.jit(decode.forward_with_cache, static_argnames="config")
+    for t in range(TINY.block_size):
+      logits, cache = step(params, tokens[:, t:t + 1], cache, t, config=TINY)
+      chex.assert_trees_all_close(logits, full[:, t], atol=1e-5)
+
+  def test_forward_with_cache_rejects_a_cache_of_another_batch(self):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=r"init_kv_cache\(config, batch\)"):
+      decode.forward_with_cache(params, jnp.zeros((2, 1), jnp.int32),
+                             decode.init_kv_cache(TINY, batch=3), 0, TINY)
+
+  def test_generate_rejects_empty_prompt(self):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="non-empty prompt"):
+      decode.generate(params, jnp.zeros((1, 0), jnp.int32), TINY, jax.random.PRNGKey(0), 3)

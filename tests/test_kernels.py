@@ -1,0 +1,214 @@
+"""kernels and attention: every backend's form computes what the plain form computes.
+
+CI has only a CPU, so the GPU forms are checked here through the same
+functions: `jax.nn.dot_product_attention` runs XLA's implementation on a CPU,
+and the plain-transpose matmul backward and the chunked loss are plain JAX.
+"""
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from purejax import attention
+from purejax import gpt
+from purejax import kernels
+
+GPU_FORMS = kernels.select("gpu")
+CPU_FORMS = kernels.select("cpu")
+
+
+def all_eqns(jaxpr):
+  """Every equation of `jaxpr`, including those of nested jaxprs (scans, remat, custom_vjp)."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          yield from all_eqns(sub)
+
+
+def qkv(seed, shape=(2, 12, 3, 8)):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return tuple(jax.random.normal(k, shape) for k in keys)
+
+
+class SelectTest(parameterized.TestCase):
+
+  def test_each_backend_gets_its_measured_forms(self):
+    assert CPU_FORMS.attention == "blocked" and CPU_FORMS.matmul_backward == "row_major"
+    assert CPU_FORMS.noise_ahead and CPU_FORMS.remat_scanned == "dots"
+    assert GPU_FORMS.attention == "fused" and GPU_FORMS.matmul_backward == "plain"
+    assert not GPU_FORMS.noise_ahead
+    assert (GPU_FORMS.remat_scanned, GPU_FORMS.remat_unrolled) == ("full", "none")
+    assert kernels.select() == CPU_FORMS  # these tests run on a CPU
+
+  def test_loss_chunks_only_large_logits(self):
+    assert CPU_FORMS.loss_chunk(12 * 1024, 50304) is None
+    assert GPU_FORMS.loss_chunk(12 * 1024, 50304) == GPU_FORMS.loss_chunk_rows
+    assert GPU_FORMS.loss_chunk(12 * 64, 65) is None
+
+
+class AttentionTest(parameterized.TestCase):
+
+  @parameterized.product(form=["blocked", "fused"], block=[1, 5, 12, 64])
+  def test_forms_equal_plain_values_and_gradients(self, form, block):
+    q, k, v = qkv(0)
+    cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+
+    def value_and_grads(form):
+      f = lambda q, k, v: jnp.sum(cotangent * attention.causal_attention(
+          q, k, v, form=form, block=block))
+      return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+
+    chex.assert_trees_all_close(value_and_grads(form), value_and_grads("plain"),
+                                rtol=1e-5, atol=1e-5)
+
+  def test_plain_is_causal_softmax_attention(self):
+    q, k, v = qkv(1, (1, 5, 2, 4))
+    y = attention.causal_attention(q, k, v, form="plain")
+    for h in range(2):
+      scores = np.asarray(q[0, :, h] @ k[0, :, h].T) / 2.0  # sqrt(head_dim = 4)
+      scores[np.triu_indices(5, 1)] = -np.inf
+      weights = np.exp(scores - scores.max(-1, keepdims=True))
+      weights /= weights.sum(-1, keepdims=True)
+      np.testing.assert_allclose(y[0, :, h], weights @ np.asarray(v[0, :, h]), rtol=1e-5,
+                                 atol=1e-6)
+
+  def test_fused_in_bfloat16_is_close_and_keeps_the_input_dtype(self):
+    q, k, v = qkv(2)
+    y = attention.causal_attention(q, k, v, form="fused", compute_dtype=jnp.bfloat16)
+    assert y.dtype == jnp.float32
+    chex.assert_trees_all_close(y, attention.causal_attention(q, k, v), atol=3e-2)
+
+  def test_fused_with_dropout_runs_the_plain_form(self):
+    q, k, v = qkv(3)
+    key = jax.random.PRNGKey(4)
+    run = lambda form: attention.causal_attention(q, k, v, form=form, dropout=0.5, key=key,
+                                                  deterministic=False)
+    chex.assert_trees_all_equal(run("fused"), run("plain"))
+    assert not np.allclose(run("plain"), attention.causal_attention(q, k, v))
+
+  def test_unknown_form_is_a_clear_error(self):
+    with pytest.raises(ValueError, match="not one of"):
+      attention.causal_attention(*qkv(0), form="flash")
+
+  @parameterized.parameters((0, 1), (3, 1), (0, 4), (2, 5))
+  def test_attend_to_cache_equals_plain_attention(self, start, length):
+    q, k, v = qkv(5, (2, 8, 3, 4))  # [b, t, h, d]
+    full = attention.causal_attention(q, k, v)
+    # The cache holds positions 0..7; slots after the queries must be ignored.
+    to_bhtd = lambda x: x.transpose(0, 2, 1, 3)
+    cached = attention.attend_to_cache(to_bhtd(q[:, start:start + length]) / 2.0,
+                                       to_bhtd(k), to_bhtd(v), start)
+    chex.assert_trees_all_close(to_bhtd(cached), full[:, start:start + length], atol=1e-5)
+
+
+class MatmulTest(parameterized.TestCase):
+
+  @parameterized.parameters(False, True)
+  def test_both_backward_forms_give_the_same_bf16_gradients(self, tied):
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 16)) / 4
+    w = jax.random.normal(jax.random.PRNGKey(1), (24, 16) if tied else (16, 24))
+    cotangent = jax.random.normal(jax.random.PRNGKey(2), (3, 5, 24))
+
+    def grads(forms):
+      f = lambda x, w: jnp.sum(cotangent * kernels.matmul(
+          x, w.T if tied else w, compute_dtype=jnp.bfloat16, forms=forms))
+      return jax.jit(jax.grad(f, argnums=(0, 1)))(x, w)
+
+    row_major, plain = grads(CPU_FORMS), grads(GPU_FORMS)
+    assert all(g.dtype == jnp.float32 for g in row_major + plain)
+    chex.assert_trees_all_close(row_major, plain, rtol=1e-6, atol=1e-6)
+
+  @parameterized.parameters((4, 6), (3, 5), (2, 3, 4, 6))
+  def test_row_major_transpose_swaps_the_last_two_axes(self, *shape):
+    a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+    chex.assert_trees_all_equal(jax.jit(kernels.row_major_transpose)(a),
+                                jnp.swapaxes(a, -1, -2))
+
+
+class TiedHeadLossTest(parameterized.TestCase):
+
+  @parameterized.product(chunk_rows=[4, 8, 12], compute_dtype=[None, jnp.bfloat16])
+  def test_chunked_equals_plain_values_and_gradients(self, chunk_rows, compute_dtype):
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
+    table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
+    labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
+
+    def value_and_grads(chunk):
+      f = lambda x, table: kernels.tied_head_cross_entropy(
+          x, table, labels, compute_dtype=compute_dtype, chunk_rows=chunk)
+      return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
+
+    chex.assert_trees_all_close(value_and_grads(chunk_rows), value_and_grads(None),
+                                rtol=1e-5, atol=1e-6)
+
+  def test_chunked_never_holds_the_whole_logits(self):
+    x = jnp.ones((64, 8))
+    table = jnp.ones((1000, 8))
+    labels = jnp.zeros((64,), jnp.int32)
+    grad = jax.grad(lambda x: kernels.tied_head_cross_entropy(x, table, labels,
+                                                              chunk_rows=16))
+    shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
+              for v in eqn.outvars]
+    assert (16, 1000) in shapes and (64, 1000) not in shapes
+
+  def test_plain_form_is_cross_entropy_of_the_logits(self):
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4))
+    table = jax.random.normal(jax.random.PRNGKey(1), (5, 4))
+    labels = jnp.array([[0, 1, 2], [3, 4, 0]])
+    logp = jax.nn.log_softmax(np.asarray(x) @ np.asarray(table).T)
+    expected = -np.mean(np.take_along_axis(np.asarray(logp), labels[..., None], -1))
+    np.testing.assert_allclose(kernels.tied_head_cross_entropy(x, table, labels), expected,
+                               rtol=1e-5)
+
+
+TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
+
+
+def loss_and_grads(config, params, tokens):
+  return jax.value_and_grad(gpt.loss)(params, tokens[:, :-1], tokens[:, 1:], config)
+
+
+class GPTFormsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("attention_plain", dict(attention="plain")),
+      ("attention_fused", dict(attention="fused")),
+      ("unrolled_layers", dict(scan_layers=False)),
+      ("unrolled_no_remat", dict(scan_layers=False, remat="none")),
+      ("scanned_full_remat", dict(remat="full")),
+  )
+  def test_model_forms_give_the_same_loss_and_gradients(self, changes):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)
+    chex.assert_trees_all_close(
+        loss_and_grads(dataclasses.replace(TINY, **changes), params, tokens),
+        loss_and_grads(TINY, params, tokens), rtol=1e-5, atol=1e-6)
+
+  def test_bfloat16_mode_runs_bfloat16_products(self):
+    # Closeness to float32 alone would not show that the products ran in
+    # bf16: look at the compiled program's dots.
+    config = dataclasses.replace(TINY, compute_dtype="bfloat16")
+    params = gpt.init_params(config, jax.random.PRNGKey(0))
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    grad = jax.jit(jax.grad(gpt.loss), static_argnums=3)
+    jaxpr = jax.make_jaxpr(grad, static_argnums=3)(params, tokens, tokens, config)
+
+    def dots(jaxpr):
+      return [tuple(v.aval.dtype for v in eqn.invars) for eqn in all_eqns(jaxpr)
+              if eqn.primitive.name == "dot_general"]
+
+    operand_dtypes = dots(jaxpr.jaxpr)
+    bf16 = [d for d in operand_dtypes if d == (jnp.bfloat16, jnp.bfloat16)]
+    # Forward and both gradients of qkv, proj, fc, proj per block (a scan
+    # body, counted once) and of the tied head: 3 * 5 = 15 products.
+    assert len(bf16) >= 15, operand_dtypes
+    f32 = jax.make_jaxpr(grad, static_argnums=3)(params, tokens, tokens, TINY)
+    assert not [d for d in dots(f32.jaxpr) if jnp.bfloat16 in d]
