@@ -82,6 +82,25 @@ def _json_value(name: str, value: Any) -> Any:
   return number if math.isfinite(number) else None
 
 
+def make_record(kind: str, step: int, seconds: float, values: Mapping[str, Any]
+                ) -> Dict[str, Any]:
+  """`{"step", "time", "kind", **values}` with JSON-ready values; None values left out.
+
+  Raises:
+    ValueError: an unknown kind, or a value named like a reserved key.
+    TypeError: a value that is not a number, bool or string.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+  reserved = [name for name in values if name in _RESERVED]
+  if reserved:
+    raise ValueError(f"{reserved} are reserved names in metrics records.")
+  record = {"step": operator.index(step), "time": round(seconds, 3), "kind": kind}
+  record.update((name, _json_value(name, value)) for name, value in values.items()
+                if value is not None)
+  return record
+
+
 def _is_record(record: Any) -> bool:
   return (isinstance(record, dict) and type(record.get("step")) is int
           and record.get("kind") in KINDS and isinstance(record.get("time"), (int, float)))
@@ -158,7 +177,8 @@ class MetricsLog:
   a step at or before the last one (a resumed loop re-logging step N, say).
   """
 
-  def __init__(self, out_dir, *, resume_step: Optional[int], clock: Callable[[], float] = time.time):
+  def __init__(self, out_dir, *, resume_step: Optional[int],
+               clock: Callable[[], float] = time.time):
     """Opens (or creates) the run's metrics file.
 
     Args:
@@ -181,7 +201,7 @@ class MetricsLog:
   def _settle(self, resume_step: Optional[int]) -> List[dict]:
     """Leaves only the records a run starting now keeps in the file; returns them."""
     if resume_step is None or not self.path.exists():
-      if self.path.exists():
+      if self.path.exists() and self.path.stat().st_size:
         self.warnings.append(f"replacing {self.path} of an earlier run (this run starts at step 0)")
         checkpoint.atomic_write(self.path, lambda f: None)
       return []
@@ -189,8 +209,8 @@ class MetricsLog:
     kept = [(record, line) for record, line in parsed if record["step"] <= resume_step]
     later = len(parsed) - len(kept)
     if damaged:
-      self.warnings.append(f"dropped {damaged} incomplete line(s) from {self.path} "
-                           f"(a run killed while writing)")
+      self.warnings.append(f"dropped {damaged} incomplete or unreadable line(s) from "
+                           f"{self.path} (a run killed while writing)")
     if later:
       self.warnings.append(f"dropped {later} record(s) after step {resume_step} from "
                            f"{self.path}; the run resumes from step {resume_step}")
@@ -217,19 +237,11 @@ class MetricsLog:
       ValueError: unknown kind, a reserved name, or a step not after the last.
       TypeError: a value that is not a number, bool or string.
     """
-    if kind not in KINDS:
-      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-    step = operator.index(step)
-    last = self.last_step[kind]
+    record = make_record(kind, step, self.elapsed(), values)
+    step, last = record["step"], self.last_step[kind]
     if last is not None and step <= last:
       raise ValueError(f"{kind} step {step} is not after the last {kind} step {last} in "
                        f"{self.path}; steps must increase (a resumed run logs only new steps).")
-    reserved = [name for name in values if name in _RESERVED]
-    if reserved:
-      raise ValueError(f"{reserved} are reserved names in metrics records.")
-    record = {"step": step, "time": round(self.elapsed(), 3), "kind": kind}
-    record.update((name, _json_value(name, value)) for name, value in values.items()
-                  if value is not None)
     line = json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n"
     _write_all(self._fd, line.encode())
     self.last_step[kind] = step
@@ -263,8 +275,9 @@ def _import_tensorboardx():
   if hide_torch:
     sys.modules["torch"] = None  # makes `import torch` raise ImportError
   try:
-    from tensorboardX.event_file_writer import EventsWriter  # pylint: disable=import-outside-toplevel
-    from tensorboardX.proto import event_pb2, summary_pb2  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto import event_pb2, summary_pb2
   finally:
     if hide_torch and sys.modules.get("torch", 0) is None:
       del sys.modules["torch"]
@@ -292,7 +305,6 @@ class ScalarWriter:
     # reads a directory's files in name order.
     self._writer = events_writer(os.path.join(os.fspath(out_dir), "events"),
                                  f".{time.time_ns():020d}")
-    self.path = self._writer._file_name  # pylint: disable=protected-access
     session_log = self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)
     self._writer.write_event(self._event_pb2.Event(
         wall_time=time.time(), step=purge_step, session_log=session_log))
@@ -341,7 +353,7 @@ class Monitor:
   """
 
   def __init__(self, out_dir, *, resume_step: Optional[int] = None, enabled: bool = True,
-               tensorboard: bool = True, log: Callable[[str], None] = None,
+               tensorboard: bool = True, log: Optional[Callable[[str], None]] = None,
                clock: Callable[[], float] = time.time):
     """Opens the run's files.
 
@@ -367,7 +379,8 @@ class Monitor:
       warn(message)
     if tensorboard:
       try:
-        self.scalars = ScalarWriter(out_dir, purge_step=0 if resume_step is None else resume_step + 1)
+        purge_step = 0 if resume_step is None else resume_step + 1
+        self.scalars = ScalarWriter(out_dir, purge_step=purge_step)
       except Exception as e:  # pylint: disable=broad-except
         # ImportError, or protobuf's version check: TensorBoard is optional.
         warn(f"no TensorBoard files: tensorboardX failed to import ({type(e).__name__}: {e}); "
@@ -375,10 +388,7 @@ class Monitor:
 
   def _log(self, kind: str, step: int, values: Mapping[str, Any]) -> Dict[str, Any]:
     if self.metrics is None:
-      record = {"step": operator.index(step), "time": round(self._clock() - self._start, 3),
-                "kind": kind}
-      record.update((k, _json_value(k, v)) for k, v in values.items() if v is not None)
-      return record
+      return make_record(kind, step, self._clock() - self._start, values)
     record = self.metrics.append(kind, step, values)
     if self.scalars is not None:
       self.scalars.add_scalars(step, _tensorboard_scalars(kind, record))

@@ -88,8 +88,9 @@ def plot_runs(run_dirs: Sequence, out_path=None):
   """
   # The Agg canvas and a bare Figure: no pyplot, so no GUI backend, no
   # window, and no global figure list to leak into.
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
-  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
 
   curves = [run_curves(d) for d in run_dirs]
   if not any(c.steps for run in curves for c in run):
@@ -120,15 +121,17 @@ def plot_runs(run_dirs: Sequence, out_path=None):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m purejax.plot", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m purejax.plot",
+                                   description=__doc__.split("\n", 1)[0])
   parser.add_argument("run_dirs", nargs="+", metavar="OUT_DIR", help="training run directories")
   parser.add_argument("--out", default="loss.png", help="PNG to write (default: loss.png)")
   args = parser.parse_args(argv)
   try:
-    import matplotlib  # pylint: disable=import-outside-toplevel,unused-import
+    import matplotlib  # pylint: disable=import-outside-toplevel
   except ImportError:
     print(f"error: {MATPLOTLIB_MISSING}", file=sys.stderr)
     return 1
+  del matplotlib  # only checked for here; plot_runs imports the parts it uses
   try:
     for run_dir in args.run_dirs:
       if not any(c.steps for c in run_curves(run_dir)):

@@ -5,13 +5,14 @@ subprocesses: one is SIGKILLed while it writes, one runs under a
 pseudo-terminal and under a pipe.
 """
 
+import fcntl
 import json
 import os
-import pty
 import signal
 import struct
 import subprocess
 import sys
+import termios
 import types
 
 import pytest
@@ -83,8 +84,8 @@ def test_a_truncated_last_line_is_dropped_when_the_run_resumes(tmp_path):
   with monitor.Monitor(tmp_path, resume_step=30, tensorboard=False, log=warnings.append) as mon:
     mon.log_train(40, loss=0.5)
   assert [json.loads(line)["step"] for line in lines_of(tmp_path)] == [10, 20, 30, 40]
-  assert warnings == [f"warning: dropped 1 incomplete line(s) from {tmp_path / 'metrics.jsonl'} "
-                      f"(a run killed while writing)"]
+  assert warnings == [f"warning: dropped 1 incomplete or unreadable line(s) from "
+                      f"{tmp_path / 'metrics.jsonl'} (a run killed while writing)"]
 
 
 def test_resume_drops_later_steps_and_the_run_continues_without_duplicates(tmp_path):
@@ -270,7 +271,6 @@ def run_under_terminal(args, columns=100):
   """Runs `args` with stdout and stderr on a pseudo-terminal; returns what it printed."""
   leader, follower = os.openpty()
   # A real terminal has a size; tqdm fits the bar to it.
-  import fcntl, termios  # pylint: disable=import-outside-toplevel,multiple-imports
   fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
   # Keep "\n" as is (a terminal sends "\r\n"), so any "\r" seen is the bar's.
   attributes = termios.tcgetattr(follower)
