@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 import types
 
 import pytest
@@ -154,6 +155,7 @@ def test_a_sigkill_while_writing_leaves_only_complete_valid_lines(tmp_path):
                             stdout=subprocess.PIPE, cwd=REPO_ROOT)
   try:
     assert writer.stdout.readline() == b"ready\n"
+    time.sleep(0.02)  # let it run on in its loop
   finally:
     writer.send_signal(signal.SIGKILL)
     writer.wait()
