@@ -832,16 +832,30 @@ def to_purejax(params: Params, config: gpt.GPTConfig, out_dir: str,
 # ----------------------------------------------------------------------------
 # Command line
 
-_FROM = flags.DEFINE_string(
-    "from", None, "Source: hf:PATH_OR_NAME (a folder, or gpt2[-medium|-large|-xl] from the "
-    "Hugging Face cache), nanogpt:CKPT.pt, or purejax:OUT_DIR.")
-_TO = flags.DEFINE_string("to", None, "Target: hf:DIR, nanogpt:FILE.pt, or purejax:OUT_DIR.")
-_META = flags.DEFINE_string("meta", None, "nanoGPT meta.pkl of a character model "
-                            "(default: beside the checkpoint).")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing hf:DIR or nanogpt:FILE.")
-_TRUST_PICKLE = flags.DEFINE_bool(
-    "trust_pickle", False, "Load .pt files with arbitrary pickled objects (trusted files only).")
 
+def _define_flags() -> Dict[str, Any]:
+  """The CLI's flags, defined only when this module runs as a program.
+
+  Imported as a library, it then adds no global flags that could clash with
+  the host program's.
+  """
+  return {
+      "from": flags.DEFINE_string(
+          "from", None, "Source: hf:PATH_OR_NAME (a folder, or gpt2[-medium|-large|-xl] "
+          "from the Hugging Face cache), nanogpt:CKPT.pt, or purejax:OUT_DIR."),
+      "to": flags.DEFINE_string("to", None,
+                                "Target: hf:DIR, nanogpt:FILE.pt, or purejax:OUT_DIR."),
+      "meta": flags.DEFINE_string("meta", None, "nanoGPT meta.pkl of a character model "
+                                  "(default: beside the checkpoint)."),
+      "overwrite": flags.DEFINE_bool("overwrite", False,
+                                     "Replace an existing hf:DIR or nanogpt:FILE."),
+      "trust_pickle": flags.DEFINE_bool(
+          "trust_pickle", False,
+          "Load .pt files with arbitrary pickled objects (trusted files only)."),
+  }
+
+
+_FLAGS: Dict[str, Any] = {}
 _SOURCES = ("hf", "nanogpt", "purejax")
 
 
@@ -886,11 +900,13 @@ def main(argv):
   # JAX logs backend probing at INFO under absl; errors must stay one line.
   logging.set_verbosity(logging.WARNING)
   try:
-    print(convert(_FROM.value, _TO.value, meta=_META.value, overwrite=_OVERWRITE.value,
-                  trust_pickle=_TRUST_PICKLE.value))
+    values = {name: holder.value for name, holder in _FLAGS.items()}
+    print(convert(values["from"], values["to"], meta=values["meta"],
+                  overwrite=values["overwrite"], trust_pickle=values["trust_pickle"]))
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
     sys.exit("error: " + " ".join(str(e).split()))
 
 
 if __name__ == "__main__":
+  _FLAGS.update(_define_flags())
   app.run(main)
