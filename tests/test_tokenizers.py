@@ -1,0 +1,332 @@
+"""tokenizers: characters, byte-level BPE through tiktoken, specs, large files.
+
+No test here touches the network: an autouse fixture fails any test that
+opens a connection or looks up a host. The BPE tests run on a tiny encoding
+the tests write themselves, in both file formats tiktoken reads (a
+`.tiktoken` file, and GPT-2's `vocab.bpe` + `encoder.json`). GPT-2's real
+encoding is tested only when tiktoken's cache already holds it.
+"""
+
+import base64
+import hashlib
+import json
+import pathlib
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from purejax import data
+from purejax import tokenizers
+
+SHAKESPEARE = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+
+# Merges of the tiny encoding, in rank order: each joins two existing tokens.
+MERGES = [(b"t", b"h"), (b"th", b"e"), (b" ", b"t"), (b" t", b"he"), (b"e", b"r"),
+          (b"o", b"u"), (b"\n", b"\n"), (b" ", b"a"), (b"i", b"n"), (b"in", b"g")]
+
+
+def gpt2_byte_order():
+  """Byte values in the order GPT-2's data-gym format ranks them (printable first)."""
+  printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+  return printable + [b for b in range(256) if b not in printable]
+
+
+def data_gym_char(b: int) -> str:
+  """GPT-2's reversible byte -> unicode character map (`bytes_to_unicode`)."""
+  order = gpt2_byte_order()
+  n_printable = sum(1 for x in range(256) if chr(x).isprintable() and chr(x) != " ")
+  index = order.index(b)
+  return chr(b) if index < n_printable else chr(256 + index - n_printable)
+
+
+def tiny_ranks():
+  ranks = {bytes([b]): i for i, b in enumerate(gpt2_byte_order())}
+  for left, right in MERGES:
+    ranks[left + right] = len(ranks)
+  return ranks
+
+
+def write_tiktoken_file(path: pathlib.Path, ranks) -> pathlib.Path:
+  lines = [base64.b64encode(t) + b" " + str(r).encode()
+           for t, r in sorted(ranks.items(), key=lambda item: item[1])]
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  return path
+
+
+def write_data_gym_pair(folder: pathlib.Path, ranks, merges) -> pathlib.Path:
+  """GPT-2's release format: vocab.bpe (merges) and encoder.json (token -> id)."""
+  folder.mkdir(parents=True, exist_ok=True)
+  encode = lambda token: "".join(data_gym_char(b) for b in token)
+  lines = ["#version: 0.2"] + [f"{encode(a)} {encode(b)}" for a, b in merges]
+  (folder / "vocab.bpe").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  encoder = {encode(t): r for t, r in ranks.items()}
+  encoder[tokenizers.ENDOFTEXT] = len(ranks)
+  (folder / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
+  return folder
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+  """Fails the test if anything opens a socket connection or resolves a host."""
+  attempts = []
+
+  def refuse(*args, **kwargs):
+    attempts.append(args[:1])
+    raise OSError("network disabled in tests")
+
+  monkeypatch.setattr(socket, "create_connection", refuse)
+  monkeypatch.setattr(socket, "getaddrinfo", refuse)
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+  yield
+  assert not attempts, f"a test touched the network: {attempts}"
+
+
+@pytest.fixture
+def tiny_file(tmp_path):
+  return write_tiktoken_file(tmp_path / "tiny.tiktoken", tiny_ranks())
+
+
+@pytest.fixture
+def tiny(tiny_file):
+  return tokenizers.bpe_tokenizer(str(tiny_file), name="tiny")
+
+
+# ----------------------------------------------------------------------------
+# Characters
+
+
+def test_char_tokenizer_behaves_like_char_vocab():
+  text = SHAKESPEARE[:5000]
+  ours, theirs = tokenizers.CharTokenizer.from_text(text), data.CharVocab.from_text(text)
+  assert ours.chars == theirs.chars and ours.vocab_size == theirs.size
+  np.testing.assert_array_equal(ours.encode(text), theirs.encode(text))
+  assert ours.encode(text).dtype == np.int32
+  assert ours.decode(ours.encode(text)) == text == theirs.decode(theirs.encode(text))
+  assert isinstance(ours, tokenizers.Tokenizer)
+
+
+def test_char_unknown_characters_error_matches_char_vocab():
+  ours, theirs = tokenizers.CharTokenizer("abc "), data.CharVocab("abc ")
+  with pytest.raises(ValueError) as expected:
+    theirs.encode("a cab, é!")
+  with pytest.raises(tokenizers.TokenizerError) as got:
+    ours.encode("a cab, é!")
+  assert str(got.value) == str(expected.value)
+  assert "characters ['!', ',', 'é'] are not in the model's vocabulary" in str(got.value)
+  assert "remove or replace them." in str(got.value)
+
+
+def test_char_encode_unsorted_vocabulary_and_empty_text():
+  tok = tokenizers.CharTokenizer("zéa\n")
+  np.testing.assert_array_equal(tok.encode("a\nzé"), [2, 3, 0, 1])
+  assert tok.encode("").shape == (0,)
+  with pytest.raises(tokenizers.TokenizerError, match="more than once"):
+    tokenizers.CharTokenizer("abca")
+
+
+def test_char_spec_round_trip():
+  tok = tokenizers.CharTokenizer.from_text(SHAKESPEARE)
+  spec = json.loads(json.dumps(tok.spec()))
+  assert spec["vocab_size"] == 65
+  assert tokenizers.from_spec(spec) == tok
+
+
+# ----------------------------------------------------------------------------
+# BPE on a tiny encoding
+
+
+def test_bpe_round_trip_and_merges(tiny):
+  text = "the other thing\n\n <|endoftext|> é ünïcode\tthe end"
+  ids = tiny.encode(text)
+  assert ids.dtype == np.int32
+  assert tiny.decode(ids) == text
+  ranks = tiny_ranks()
+  assert tiny.encode("the").tolist() == [ranks[b"the"]]
+  assert tiny.encode(" the").tolist() == [ranks[b" the"]]
+  assert tiny.vocab_size == len(ranks) + 1 and tiny.eot_id == len(ranks)
+  # A special token's text in a corpus stays text: no separator is injected.
+  assert tiny.eot_id not in tiny.encode("<|endoftext|>").tolist()
+  assert tiny.decode([tiny.eot_id]) == "<|endoftext|>"
+  assert isinstance(tiny, tokenizers.Tokenizer)
+
+
+def test_bpe_both_file_formats_give_the_same_encoding(tmp_path, tiny):
+  folder = write_data_gym_pair(tmp_path / "gpt2-format", tiny_ranks(), MERGES)
+  for path in (folder, folder / "vocab.bpe"):
+    other = tokenizers.bpe_tokenizer(str(path), name="tiny")
+    assert other.fingerprint == tiny.fingerprint
+    np.testing.assert_array_equal(other.encode(SHAKESPEARE[:3000]),
+                                  tiny.encode(SHAKESPEARE[:3000]))
+
+
+def test_bpe_spec_round_trip(tmp_path, tiny, tiny_file):
+  spec = json.loads(json.dumps(tiny.spec()))
+  assert spec["type"] == "bpe" and spec["vocab_size"] == tiny.vocab_size
+  again = tokenizers.from_spec(spec)
+  assert again == tiny
+  np.testing.assert_array_equal(again.encode("the thing"), tiny.encode("the thing"))
+  # The recorded path may be from another machine: another copy of the file works...
+  copy = tmp_path / "elsewhere" / "copy.tiktoken"
+  copy.parent.mkdir()
+  copy.write_bytes(tiny_file.read_bytes())
+  assert tokenizers.from_spec(spec, encoding_file=str(copy)).fingerprint == tiny.fingerprint
+  # ...other merges do not.
+  ranks = tiny_ranks()
+  ranks[b"ou" + b"t"] = len(ranks)
+  wrong = write_tiktoken_file(tmp_path / "wrong.tiktoken", ranks)
+  with pytest.raises(tokenizers.TokenizerError, match="other merges"):
+    tokenizers.from_spec(spec, encoding_file=str(wrong))
+
+
+def test_decode_rejects_ids_past_the_vocabulary(tiny):
+  with pytest.raises(tokenizers.TokenizerError, match=r"mask ids >= 267"):
+    tiny.decode([5, tiny.vocab_size])
+  with pytest.raises(tokenizers.TokenizerError, match="outside"):
+    tokenizers.CharTokenizer("ab").decode([2])
+
+
+def test_bad_encoding_files_are_clear_errors(tmp_path):
+  with pytest.raises(tokenizers.TokenizerError, match="does not exist"):
+    tokenizers.bpe_tokenizer(str(tmp_path / "nope.tiktoken"))
+  (tmp_path / "garbage.tiktoken").write_text("not base64 and no rank\n")
+  with pytest.raises(tokenizers.TokenizerError, match="not a readable BPE encoding"):
+    tokenizers.bpe_tokenizer(str(tmp_path / "garbage.tiktoken"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(tokenizers.TokenizerError, match="vocab.bpe and encoder.json"):
+    tokenizers.bpe_tokenizer(str(tmp_path / "empty"))
+  partial = {bytes([b]): b for b in range(200)}
+  with pytest.raises(tokenizers.TokenizerError, match="all 256"):
+    tokenizers.bpe_tokenizer(str(write_tiktoken_file(tmp_path / "p.tiktoken", partial)))
+
+
+# ----------------------------------------------------------------------------
+# Lookup by name
+
+
+def test_unknown_tokenizer_is_a_one_line_error():
+  with pytest.raises(tokenizers.TokenizerError) as e:
+    tokenizers.get_tokenizer("sentencepiece")
+  assert str(e.value) == "unknown tokenizer 'sentencepiece'; choose one of: char, gpt2."
+
+
+def test_get_tokenizer_char_and_bad_arguments():
+  assert tokenizers.get_tokenizer("char", text="hello").chars == "ehlo"
+  assert tokenizers.get_tokenizer("char", chars="ba").chars == "ba"
+  with pytest.raises(tokenizers.TokenizerError, match="chars=... or text="):
+    tokenizers.get_tokenizer("char")
+  with pytest.raises(tokenizers.TokenizerError, match="only encoding_file"):
+    tokenizers.get_tokenizer("gpt2", vocab="x")
+
+
+def test_from_spec_rejects_models_without_a_tokenizer_and_junk():
+  with pytest.raises(tokenizers.TokenizerError, match="records no tokenizer, only 101 ids"):
+    tokenizers.from_spec(tokenizers.ids_spec(101))
+  with pytest.raises(tokenizers.TokenizerError, match="not a tokenizer spec"):
+    tokenizers.from_spec({"kind": "char"})
+
+
+# ----------------------------------------------------------------------------
+# GPT-2: offline behaviour
+
+
+def test_gpt2_missing_files_fail_fast_with_the_fix(tmp_path, monkeypatch):
+  monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+  monkeypatch.setattr(tokenizers, "_host_reachable", lambda url, timeout=3.0: False)
+  start = time.perf_counter()
+  with pytest.raises(tokenizers.TokenizerError) as e:
+    tokenizers.get_tokenizer("gpt2")
+  assert time.perf_counter() - start < 2.0
+  message = str(e.value)
+  assert "\n" not in message
+  for needed in ("vocab.bpe", "encoder.json", "TIKTOKEN_CACHE_DIR", "--tokenizer_file=PATH",
+                 str(tmp_path / "empty-cache")):
+    assert needed in message
+
+
+def test_network_probe_gives_up_after_its_timeout(monkeypatch):
+  # A dead network can hang a DNS lookup far past any socket timeout.
+  monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30))
+  start = time.perf_counter()
+  assert not tokenizers._host_reachable("https://example.invalid/x", timeout=0.2)
+  assert time.perf_counter() - start < 2.0
+
+
+def test_gpt2_rejects_another_encoding(tiny_file):
+  with pytest.raises(tokenizers.TokenizerError, match="is not GPT-2's encoding"):
+    tokenizers.gpt2_tokenizer(str(tiny_file))
+
+
+@pytest.mark.parametrize("layout", ["r50k_base", "data_gym"])
+def test_gpt2_is_read_from_tiktoken_cache_without_network(tmp_path, monkeypatch, layout):
+  # The tiny encoding plays GPT-2 here: both files are cached under the keys
+  # tiktoken uses (sha1 of the download URL).
+  ranks = tiny_ranks()
+  cache = tmp_path / "cache"
+  cache.mkdir()
+  key = lambda url: cache / hashlib.sha1(url.encode()).hexdigest()
+  if layout == "r50k_base":
+    write_tiktoken_file(key(tokenizers._R50K_URL), ranks)
+  else:
+    folder = write_data_gym_pair(tmp_path / "dg", ranks, MERGES)
+    key(tokenizers._GPT2_URLS[0]).write_bytes((folder / "vocab.bpe").read_bytes())
+    key(tokenizers._GPT2_URLS[1]).write_bytes((folder / "encoder.json").read_bytes())
+  monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+  monkeypatch.setattr(tokenizers, "GPT2_FINGERPRINT", tokenizers._fingerprint(ranks))
+  monkeypatch.setattr(tokenizers, "GPT2_VOCAB_SIZE", len(ranks) + 1)
+  cached_before = sorted(p.name for p in cache.iterdir())
+  tok = tokenizers.gpt2_tokenizer()
+  assert tok.name == "gpt2" and tok.eot_id == len(ranks)
+  assert tok.decode(tok.encode("the other")) == "the other"
+  assert sorted(p.name for p in cache.iterdir()) == cached_before  # no copies added
+
+
+def _real_gpt2():
+  tok = tokenizers._gpt2_from_cache()
+  if tok is None:
+    pytest.skip("GPT-2's encoding is not in tiktoken's cache (run "
+                "`python -c 'import tiktoken; tiktoken.get_encoding(\"gpt2\")'` online, or "
+                "copy r50k_base.tiktoken there)")
+  return tok
+
+
+def test_real_gpt2_encoding_if_cached():
+  tok = _real_gpt2()
+  assert tok.encode("Hello world").tolist() == [15496, 995]
+  assert tok.vocab_size == 50257 and tok.eot_id == 50256
+  # nanoGPT's shakespeare/prepare.py: 301,966 train + 36,059 val tokens.
+  assert len(tok.encode(SHAKESPEARE)) == 338025
+  assert tokenizers.from_spec(json.loads(json.dumps(tokenizers.gpt2_spec()))) == tok
+
+
+# ----------------------------------------------------------------------------
+# Large inputs
+
+
+TRICKY = ("First line\nsecond  line\n\nthird\r\nfourth \n fifth\n\n\nsixth\ttab\n"
+          "é\nünï\n \nend of para.\nA\nB\n" + "no newline for a while " * 20 + "\nlast")
+
+
+@pytest.mark.parametrize("chunk_bytes", [8, 64, 1 << 20])
+def test_encode_file_equals_encoding_the_whole_text(tmp_path, tiny, chunk_bytes):
+  text = TRICKY * 5 + SHAKESPEARE[:20000]
+  path = tmp_path / "corpus.txt"
+  path.write_text(text, encoding="utf-8")
+  chunks = list(tokenizers.iter_text_chunks(str(path), chunk_bytes))
+  assert "".join(chunks) == text
+  if chunk_bytes < 100:
+    assert len(chunks) > 50
+  for tok in (tiny, tokenizers.CharTokenizer.from_text(text)):
+    ids = tokenizers.encode_file(tok, str(path), chunk_bytes=chunk_bytes, num_threads=2)
+    np.testing.assert_array_equal(ids, tok.encode(text))
+
+
+def test_encode_chunks_of_nothing_and_progress_only_when_asked(tmp_path, tiny, capfd):
+  assert tokenizers.encode_chunks(tiny, []).shape == (0,)
+  path = tmp_path / "c.txt"
+  path.write_text(SHAKESPEARE[:5000], encoding="utf-8")
+  tokenizers.encode_file(tiny, str(path), chunk_bytes=512)  # stderr is not a terminal
+  assert "tokenizing" not in capfd.readouterr().err
+  tokenizers.encode_file(tiny, str(path), chunk_bytes=512, progress=True)
+  assert "tokenizing" in capfd.readouterr().err
