@@ -295,9 +295,8 @@ def make_plan(config: ParallelConfig, batch_size: int) -> ShardingPlan:
 
 def describe(plan: ShardingPlan, batch_size: int, grad_accum_steps: int) -> str:
   """One line on how a step is spread: devices, processes, params, batch split."""
-  device = jax.devices()[0]
-  return (f"{plan.num_devices} x {device.platform} ({device.device_kind}), "
-          f"{jax.process_count()} process(es), params "
+  return (f"{plan.num_devices} device(s) ({jax.devices()[0].platform}, "
+          f"{jax.process_count()} process(es)), params "
           f"{'split (FSDP)' if plan.fsdp else 'replicated'}, batch {batch_size} = "
           f"{plan.num_devices} devices x {grad_accum_steps} microbatches x "
           f"{batch_size // plan.num_devices // grad_accum_steps}")
