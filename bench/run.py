@@ -7,7 +7,8 @@ Each case runs its arms alternately, A B A B ..., so that slow drifts of this
 shared machine hit every arm alike. It reports each arm's median and min-max,
 and for each peer the median (and min-max) of the per-round ratio
 peer/purejax: above 1 means purejax is faster. Results go to
-`bench/results/<date>.json`, and a markdown table is printed.
+`bench/results/<date>.json` (`<date>-<cases>.json` for some cases), and a
+markdown table is printed.
 """
 
 import dataclasses
@@ -108,9 +109,9 @@ def purejax_train_arm(config, steps, num_devices=1):
 
   def run():
     start = time.perf_counter()
-    state["params"], state["opt"], losses = train_steps(
+    state["params"], state["opt"], metrics = train_steps(
         state["params"], state["opt"], data, key, state["step"])
-    losses.block_until_ready()
+    metrics.loss.block_until_ready()
     state["step"] += steps
     return (time.perf_counter() - start) / steps
 
@@ -532,8 +533,12 @@ def main(_):
     meta["torch"] = torch.__version__
   except ImportError:
     pass
+  # Named by date and cases: <date>.json for every case, <date>-ac.json for a and c.
+  stem = datetime.date.today().isoformat()
+  if cases != ALL_CASES:
+    stem += "-" + "".join(sorted(cases))
   out = pathlib.Path(_OUT.value) if _OUT.value else unused_results_path(
-      datetime.date.today().isoformat() + ("-quick" if quick else ""))
+      stem + ("-quick" if quick else ""))
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
   table = markdown(results)

@@ -24,12 +24,12 @@ opt_state = optimizer.init(params)
 train_data, val_data = jnp.asarray(text.train), jnp.asarray(text.val)
 
 for step in range(0, 1000, 100):
-  params, opt_state, losses = steps.train_steps(
+  params, opt_state, metrics = steps.train_steps(
       params, opt_state, train_data, keys["train"], step, config=config,
       optimizer=optimizer, batch_size=12, num_steps=100)
   val = steps.evaluate(params, val_data, keys["eval"], config=config, batch_size=12,
                        num_batches=50)
-  print(f"step {step + 100}: train loss {float(losses[-1]):.3f}, val loss {float(val):.3f}")
+  print(f"step {step + 100}: train loss {float(metrics.loss[-1]):.3f}, val loss {float(val):.3f}")
 
 prompt = jnp.asarray(text.vocab.encode("ROMEO:"))
 out = decode.generate(params, prompt, config, keys["sample"], max_new_tokens=300,

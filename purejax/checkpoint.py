@@ -98,6 +98,22 @@ def atomic_write(path: pathlib.Path, write_fn) -> None:
   _fsync_dir(path.parent)
 
 
+def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> None:
+  """Writes one checkpoint file atomically (see `atomic_write`)."""
+  arrays = _flatten(jax.device_get(state))
+  manifest = {"format": FORMAT_VERSION, "step": int(step), "meta": meta,
+              "sha256": _digest(arrays)}
+  payload = dict(arrays)
+  payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: np.savez(f, **payload))
+  except OSError as e:
+    raise CheckpointError(
+        f"could not write checkpoint {path}: {e.strerror or e}. The previous "
+        f"checkpoints are intact; free disk space or pass a writable --out_dir.") from e
+
+
 def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int = 3
          ) -> pathlib.Path:
   """Writes `state` at `step` atomically, then prunes to the newest `keep`.
@@ -119,22 +135,22 @@ def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int
   """
   if keep < 1:
     raise ValueError(f"keep must be >= 1, got {keep}.")
-  directory = pathlib.Path(out_dir)
   path = checkpoint_path(out_dir, step)
-  arrays = _flatten(jax.device_get(state))
-  manifest = {"format": FORMAT_VERSION, "step": int(step), "meta": meta,
-              "sha256": _digest(arrays)}
-  payload = dict(arrays)
-  payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
-  try:
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: np.savez(f, **payload))
-  except OSError as e:
-    raise CheckpointError(
-        f"could not write checkpoint {path}: {e.strerror or e}. The previous "
-        f"checkpoints are intact; free disk space or pass a writable --out_dir.") from e
+  _write(path, step, state, meta)
   for _, old in list_checkpoints(out_dir)[keep:]:
     old.unlink(missing_ok=True)
+  return path
+
+
+def best_path(out_dir: str) -> pathlib.Path:
+  """Where `save_best` keeps the run's best checkpoint (outside the keep-K rotation)."""
+  return pathlib.Path(out_dir) / "ckpt_best.npz"
+
+
+def save_best(out_dir: str, step: int, state: Any, meta: Dict[str, Any]) -> pathlib.Path:
+  """Writes `state` as the run's best checkpoint, replacing the previous best atomically."""
+  path = best_path(out_dir)
+  _write(path, step, state, meta)
   return path
 
 

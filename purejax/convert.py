@@ -792,10 +792,22 @@ def to_nanogpt(
 # purejax checkpoints
 
 
-def from_purejax(out_dir: str) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
-  """The params, config and tokenizer spec of the newest GPT checkpoint in `out_dir`."""
+def from_purejax(out_dir: str, *, best: bool = False
+                 ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  """The params, config and tokenizer spec of the newest GPT checkpoint in `out_dir`.
+
+  With `best`, of the run's best checkpoint (`checkpoint.best_path`) instead.
+  """
   import jax  # pylint: disable=g-import-not-at-top
-  arrays, meta = checkpoint.latest_meta(out_dir)
+  if best:
+    path = checkpoint.best_path(out_dir)
+    if not path.exists():
+      raise ConversionError(f"{out_dir} holds no best checkpoint ({path.name}); train with "
+                            f"--always_save_checkpoint=False to keep one.")
+    arrays, manifest = checkpoint.read(path)
+    meta = manifest["meta"]
+  else:
+    arrays, meta = checkpoint.latest_meta(out_dir)
   if meta.get("model") != "gpt":
     raise ConversionError(f"{out_dir} holds a {meta.get('model')!r} model, not a GPT; point "
                           f"at a GPT run.")
@@ -813,6 +825,44 @@ def from_purejax(out_dir: str) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   else:
     spec = tokenizers.ids_spec(config.vocab_size)
   return _to_numpy(params), config, spec
+
+
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+def from_pretrained(source: str, *, trust_pickle: bool = False
+                    ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  """Params, config and tokenizer spec of a pretrained GPT, whatever its format.
+
+  Args:
+    source: `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` (Hugging Face's
+      cache); `KIND:PATH` with KIND hf, nanogpt or purejax; or a path: a folder
+      with `config.json` (Hugging Face), a folder of purejax checkpoints, or a
+      nanoGPT `.pt` file.
+    trust_pickle: load `.pt` files with arbitrary pickled objects.
+
+  Raises:
+    ConversionError: the source is none of these, or does not load.
+  """
+  kind, sep, path = source.partition(":")
+  if not (sep and kind in _SOURCES):
+    kind, path = None, source
+    local = pathlib.Path(source).expanduser()
+    if source in GPT2_NAMES or (local / "config.json").is_file():
+      kind = "hf"
+    elif local.is_dir() and checkpoint.list_checkpoints(str(local)):
+      kind = "purejax"
+    elif local.is_file() and local.suffix == ".pt":
+      kind = "nanogpt"
+    if kind is None:
+      raise ConversionError(
+          f"--init_from={source}: not {', '.join(GPT2_NAMES)}, nor a Hugging Face folder "
+          f"(config.json), a purejax run directory (ckpt_*.npz) or a nanoGPT .pt file.")
+  if kind == "hf":
+    return from_huggingface(path)
+  if kind == "nanogpt":
+    return from_nanogpt(path, allow_pickle=trust_pickle)
+  return from_purejax(path)
 
 
 def to_purejax(params: Params, config: gpt.GPTConfig, out_dir: str,

@@ -141,6 +141,7 @@ def sample_logits(
     top_p: Optional[float] = None,
     *,
     gumbel: Optional[chex.Array] = None,
+    valid_vocab: Optional[int] = None,
 ) -> chex.Array:
   """Draws one token per row of `logits` `[batch, vocab]` -> `[batch]` int32.
 
@@ -149,9 +150,13 @@ def sample_logits(
   (nucleus sampling). Both filters may be combined. The draw is the
   Gumbel-max trick, `argmax(logits / temperature + g)` with
   `g = jax.random.gumbel(key, logits.shape)`; pass `gumbel` instead of `key`
-  to supply `g` drawn ahead of time.
+  to supply `g` drawn ahead of time. Ids from `valid_vocab` on (a vocabulary
+  padded for speed, e.g. GPT-2's 50257 ids in a 50304-row table) are never
+  drawn.
   """
   chex.assert_rank(logits, 2)
+  if valid_vocab is not None and valid_vocab < logits.shape[-1]:
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < valid_vocab, logits, -jnp.inf)
   if top_k is not None and top_k < 1:
     raise ValueError(f"top_k={top_k}: pass None to keep every token, or k >= 1.")
   if gumbel is None:
@@ -231,7 +236,8 @@ class DecodeState(NamedTuple):
   index: chex.Array
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k"))
+@functools.partial(jax.jit,
+                   static_argnames=("config", "max_new_tokens", "top_k", "valid_vocab"))
 def generate(
     params: Params,
     prompt: chex.Array,
@@ -241,6 +247,7 @@ def generate(
     temperature: chex.Numeric = 1.0,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
+    valid_vocab: Optional[int] = None,
 ) -> chex.Array:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
@@ -257,6 +264,8 @@ def generate(
     temperature: softmax temperature; <= 0 for greedy decoding.
     top_k: optional top-k filter.
     top_p: optional nucleus filter.
+    valid_vocab: ids from this one on are never sampled (the padding of a
+      padded vocabulary); None: every id of the model's.
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
@@ -280,7 +289,8 @@ def generate(
     return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
 
   def sample_and_write(state: DecodeState, token_noise) -> Tuple[DecodeState, chex.Array]:
-    token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise)
+    token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise,
+                          valid_vocab=valid_vocab)
     tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, p + state.index))
     return state._replace(tokens=tokens, index=state.index + 1), token
 

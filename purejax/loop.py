@@ -8,19 +8,24 @@
 loop: data -> model -> loss -> optimizer -> checkpoint and log, top to bottom.
 """
 
+import concurrent.futures
 import dataclasses
+import functools
+import pathlib
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from purejax import corpus as corpus_lib
 from purejax import data as data_lib
 from purejax import decode
 from purejax import gpt
 from purejax import mlp
+from purejax import monitor
 from purejax import optim
 from purejax import parallel
 from purejax import rng
@@ -35,24 +40,31 @@ from purejax.runs import RunConfig
 SHAKESPEARE_CHAR = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
                                  n_embd=128, dropout=0.0, bias=False)
 GPT_OPTIMIZER = optim.OptimizerConfig(
-    learning_rate=1e-3, schedule="cosine", warmup_iters=100, decay_iters=2000,
-    min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
+    learning_rate=1e-3, schedule="cosine", warmup_iters=100, min_lr=1e-4, beta2=0.99,
+    weight_decay=0.1, grad_clip=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTTrainConfig:
-  """How long and how the GPT trains, evaluates and logs (nanoGPT's flag names).
+  """How long and how the GPT trains, evaluates, logs and saves (nanoGPT's names).
 
   Attributes:
     batch_size: sequences per step (the global batch).
     max_iters: optimisation steps.
     eval_interval: steps between evaluations of train and val loss.
     eval_iters: batches per evaluation.
-    log_interval: steps between loss lines.
+    log_interval: steps between log points (a line, metrics.jsonl, TensorBoard).
     steps_per_call: steps fused into one jitted `lax.scan`.
     checkpoint_every: steps between checkpoints; None: `eval_interval`.
+    always_save_checkpoint: False also keeps the checkpoint of the lowest val
+      loss so far (`checkpoint.best_path`), beside the keep-K rotation.
     sample_tokens: tokens sampled at the end (0: none).
     seed: seed of the run's PRNG key.
+    profile_steps: `(first, last)`: a `jax.profiler` trace of these steps
+      goes to `out_dir/profile` (for TensorBoard's profile plugin).
+    progress: a live progress bar; None: when stderr is a terminal.
+    peak_flops: one device's peak FLOP/s for the logged MFU; None: the
+      device's known peak (`monitor.device_peak_flops`), or no MFU.
   """
   batch_size: int = 12
   max_iters: int = 2000
@@ -61,8 +73,12 @@ class GPTTrainConfig:
   log_interval: int = 50
   steps_per_call: int = 10
   checkpoint_every: Optional[int] = None
+  always_save_checkpoint: bool = True
   sample_tokens: int = 300
   seed: int = 0
+  profile_steps: Optional[Tuple[int, int]] = None
+  progress: Optional[bool] = None
+  peak_flops: Optional[float] = None
 
   def __post_init__(self):
     runs.require_positive(
@@ -70,128 +86,295 @@ class GPTTrainConfig:
         eval_interval=self.eval_interval, eval_iters=self.eval_iters,
         log_interval=self.log_interval, steps_per_call=self.steps_per_call,
         checkpoint_every=self.checkpoint_every or self.eval_interval)
+    if self.profile_steps is not None:
+      first, last = self.profile_steps
+      if not 0 <= first < last <= self.max_iters:
+        raise ValueError(f"--profile_steps={first},{last} must be two steps A,B with "
+                         f"0 <= A < B <= --max_iters={self.max_iters}.")
+
+
+def _check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
+  if config.vocab_size < text.vocab_size:
+    raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
+                     f"{text.vocab_size} ids of the data's tokenizer; use the model's "
+                     f"own tokenizer (--tokenizer) or a larger model vocabulary.")
+  if config.block_size >= min(len(text.train), len(text.val)):
+    raise ValueError(f"--block_size={config.block_size} must be shorter than the "
+                     f"validation text ({len(text.val)} tokens) and the training text "
+                     f"({len(text.train)} tokens).")
+
+
+class _Feed(NamedTuple):
+  """How the loop's steps and evaluations get their batches."""
+  train_steps: Callable  # (params, opt_state, key, step, num_steps) -> (params, opt_state, metrics)
+  evaluate: Callable     # (params, eval_key) -> {"train_loss", "val_loss"}
+  close: Callable[[], None]
+
+
+def _device_feed(text, config, train, plan, step_fn) -> _Feed:
+  """The corpus on every device; batches drawn there (no host round-trip)."""
+  # Each device samples its rows of every batch from its own copy.
+  train_ids, val_ids = parallel.put(
+      (np.asarray(text.train, np.int32), np.asarray(text.val, np.int32)), plan.replicated)
+
+  def train_steps(params, opt_state, key, step, num_steps):
+    return step_fn(params, opt_state, train_ids, key, step, num_steps=num_steps)
+
+  def evaluate(params, eval_key):
+    kwargs = dict(config=config, batch_size=train.batch_size, num_batches=train.eval_iters,
+                  plan=plan)
+    return {name: float(steps.evaluate(params, ids, eval_key, **kwargs))
+            for name, ids in (("train_loss", train_ids), ("val_loss", val_ids))}
+
+  return _Feed(train_steps, evaluate, lambda: None)
+
+
+def _host_feed(text, config, train, plan, step_fn, chunk_length) -> _Feed:
+  """Batches read by the host from the (memory-mapped) corpus, one call ahead."""
+  window = functools.partial(data_lib.sample_windows, block_size=config.block_size,
+                             batch_size=train.batch_size)
+  train_seed, eval_seed = 2 * train.seed, 2 * train.seed + 1
+
+  def windows(step, num_steps):  # [num_steps, batch, block + 1]
+    return np.stack([window(text.train, seed=train_seed, step=s)
+                     for s in range(step, step + num_steps)])
+
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+  ahead: Dict[Tuple[int, int], concurrent.futures.Future] = {}
+
+  def train_steps(params, opt_state, key, step, num_steps):
+    future = ahead.pop((step, num_steps), None) or pool.submit(windows, step, num_steps)
+    batch = parallel.put(future.result(), plan.replicated)
+    after = step + num_steps
+    if after < train.max_iters:  # read the next call's batches while this one runs
+      ahead[(after, chunk_length(after))] = pool.submit(windows, after, chunk_length(after))
+    return step_fn(params, opt_state, batch, key, step, num_steps=num_steps)
+
+  eval_windows = {name: parallel.put(np.stack([window(ids, seed=eval_seed, step=i)
+                                               for i in range(train.eval_iters)]),
+                                     plan.replicated)
+                  for name, ids in (("train_loss", text.train), ("val_loss", text.val))}
+
+  def evaluate(params, eval_key):
+    del eval_key  # the host's batches are fixed by eval_seed
+    return {name: float(steps.evaluate_on_windows(params, w, config=config, plan=plan))
+            for name, w in eval_windows.items()}
+
+  return _Feed(train_steps, evaluate, lambda: pool.shutdown(cancel_futures=True))
+
+
+def _resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
+  """`opt_config` with the schedule's end filled in (the run's last step by default)."""
+  if opt_config.decay_iters is None:
+    return dataclasses.replace(opt_config, decay_iters=max_iters)
+  return opt_config
+
+
+def _make_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig):
+  optimizer = optim.make_optimizer(opt_config)
+  return runs.skip_nonfinite_updates(optimizer) if run.skip_nonfinite else optimizer
 
 
 def train_gpt(
     config: gpt.GPTConfig,
-    text: data_lib.TextData,
+    text: corpus_lib.Corpus,
     train: GPTTrainConfig,
     opt_config: optim.OptimizerConfig,
     run: RunConfig,
     devices: ParallelConfig = ParallelConfig(),
+    *,
+    init_params: Optional[gpt.Params] = None,
+    init_from: Optional[str] = None,
 ) -> Dict[str, Any]:
   """Trains a GPT on a token corpus; returns the final evaluation and timing.
 
+  What a run writes to `run.out_dir`: checkpoints (`ckpt_<step>.npz`, and
+  `ckpt_best.npz` with `always_save_checkpoint=False`), `metrics.jsonl` and
+  TensorBoard events with every log and eval point (`purejax.monitor`), and
+  `loss.png` at the end when matplotlib is installed.
+
   Args:
-    config: the model; its `vocab_size` must fit the corpus's vocabulary.
-    text: the corpus, split into train and val ids.
-    train: steps, evaluation, logging.
-    opt_config: the optimizer and its schedule.
+    config: the model; its `vocab_size` must cover the corpus's tokenizer.
+    text: the corpus (`corpus.load_corpus`); small ones are put on every
+      device, larger ones are read by the host one call ahead.
+    train: steps, evaluation, logging, checkpoints.
+    opt_config: the optimizer; `decay_iters=None` ends the schedule at
+      `max_iters` in a new run and keeps the saved run's end on resume.
     run: out_dir, resuming, checkpoints kept, non-finite handling.
     devices: how the step is spread over devices and hosts.
+    init_params: start from these params (fine-tuning) instead of a random init.
+    init_from: where `init_params` came from, recorded in the checkpoints.
 
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
-  if config.vocab_size < text.vocab.size:
-    raise ValueError(f"the model's vocab_size {config.vocab_size} is below the data's "
-                     f"{text.vocab.size} tokens.")
-  if config.block_size >= len(text.val):
-    raise ValueError(f"--block_size={config.block_size} must be shorter than the "
-                     f"validation text ({len(text.val)} characters).")
+  _check_fits(config, text, train.batch_size)
   checkpoint_every = train.checkpoint_every or train.eval_interval
   keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
-  params = gpt.init_params(config, keys["params"])
-  optimizer = optim.make_optimizer(opt_config)
-  if run.skip_nonfinite:
-    optimizer = runs.skip_nonfinite_updates(optimizer)
-  meta = {"model": "gpt", "config": dataclasses.asdict(config), "vocab": text.vocab.chars,
-          "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
-          "seed": train.seed}
+  params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
+  gpt.check_params(params, config)
+  resolved = _resumable_optimizer(opt_config, train.max_iters)
+  meta = {"model": "gpt", "config": dataclasses.asdict(config),
+          "tokenizer": text.tokenizer.spec(), "optimizer": dataclasses.asdict(resolved),
+          "batch_size": train.batch_size, "seed": train.seed, "init_from": init_from}
   # The data sampler's whole state is (train key, step): batch s is drawn
   # from fold_in(train key, s), so restoring both resumes the same stream.
-  template = {"params": params, "opt_state": optimizer.init(params),
+  template = {"params": params, "opt_state": _make_optimizer(resolved, run).init(params),
               "keys": {"train": keys["train"], "eval": keys["eval"]}}
   plan = parallel.make_plan(devices, train.batch_size)
-  runs.log(parallel.describe(plan, train.batch_size, devices.grad_accum_steps))
+  runs.log(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
   state, step, saved = runs.start_or_resume(
       run, template, meta, saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
+      ignored={"optimizer": ("decay_iters",)},
       digest_extra=[devices.fsdp, devices.grad_accum_steps])
+  if step and opt_config.decay_iters is None:
+    resolved = dataclasses.replace(resolved, decay_iters=saved["optimizer"]["decay_iters"])
+    meta["optimizer"] = dataclasses.asdict(resolved)
+    runs.log(f"keeping the run's schedule: it ends at step {resolved.decay_iters} "
+             f"(pass --lr_decay_iters to change that)")
+  optimizer = _make_optimizer(resolved, run)
+  schedule = optim.make_schedule(resolved)
   history: List[dict] = saved.get("history", [])  # evaluations
-  step_losses: List[float] = saved.get("losses", [])  # every step's loss
+  best = min((h["val_loss"] for h in history), default=float("inf"))
   state, shardings = parallel.shard_state(state, plan)
-  train_steps = parallel.sharded_step(
-      steps.train_steps, plan, shardings, config=config, optimizer=optimizer,
-      batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps)
-  # The text (1 MB) sits on every device; each device samples its rows.
-  train_data, val_data = parallel.put((text.train, text.val), plan.replicated)
-  runs.log(f"gpt {config}, {gpt.num_params(params) / 1e6:.2f}M params, {opt_config}")
+
+  def chunk_length(step):  # never run across an eval, log, checkpoint or profile boundary
+    marks = (train.eval_interval, train.log_interval, checkpoint_every)
+    boundary = runs.next_boundary(step, marks, train.max_iters)
+    for mark in train.profile_steps or ():
+      boundary = min(boundary, mark) if mark > step else boundary
+    return min(train.steps_per_call, boundary - step)
+
+  on_device = corpus_lib.fits_on_device(text)
+  step_fn = parallel.sharded_step(
+      steps.train_steps if on_device else steps.train_steps_on_windows, plan, shardings,
+      config=config, optimizer=optimizer, batch_size=train.batch_size,
+      grad_accum_steps=devices.grad_accum_steps)
+  feed = (_device_feed(text, config, train, plan, step_fn) if on_device else
+          _host_feed(text, config, train, plan, step_fn, chunk_length))
+  n_params = gpt.num_params(params)
+  runs.log(f"model: {n_params / 1e6:.2f}M params (without position embeddings), {config}")
+  runs.log(f"data: {text.source}; batches drawn "
+           f"{'on the device' if on_device else 'by the host from the memory-mapped file'}")
+  runs.log(f"optimizer: {resolved}")
+  tokens_per_step = train.batch_size * config.block_size
+  flops_per_token = monitor.transformer_flops_per_token(
+      n_params, config.n_layer, config.n_head, config.head_dim, config.block_size)
+  peak = train.peak_flops or monitor.device_peak_flops(jax.devices()[0],
+                                                       config.compute_dtype)
+  peak = peak * plan.num_devices if peak else None
+  main = parallel.is_main_process()
+  progress = monitor.Progress(train.max_iters, step, enabled=main and train.progress is not False)
+  mon = monitor.Monitor(run.out_dir, resume_step=step if step else None, enabled=main,
+                        log=progress.write)
 
   def evaluate(step):
-    kwargs = dict(config=config, batch_size=train.batch_size, num_batches=train.eval_iters,
-                  plan=plan)
-    eval_key, params = state["keys"]["eval"], state["params"]
-    losses = {"step": step,
-              "train_loss": float(steps.evaluate(params, train_data, eval_key, **kwargs)),
-              "val_loss": float(steps.evaluate(params, val_data, eval_key, **kwargs))}
+    nonlocal best
+    losses = feed.evaluate(state["params"], state["keys"]["eval"])
     runs.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
              f"val loss {losses['val_loss']:.4f}")
-    history.append(losses)
+    mon.log_eval(step, **losses)  # also syncs the metrics to disk
+    history.append({"step": step, **losses})
+    if not train.always_save_checkpoint and step > 0 and losses["val_loss"] < best:
+      best = losses["val_loss"]
+      runs.save_checkpoint(run, step, state, {**meta, "history": history}, best=True)
 
   last_saved, times, since_log = None, [], []
-  while step < train.max_iters:
-    if step % train.eval_interval == 0 and not (history and history[-1]["step"] == step):
-      evaluate(step)
-    # Never run across an evaluation, logging or checkpoint boundary in one call.
-    boundary = runs.next_boundary(
-        step, (train.eval_interval, train.log_interval, checkpoint_every), train.max_iters)
-    num_steps = min(train.steps_per_call, boundary - step)
-    start = time.perf_counter()
-    params, opt_state, losses = train_steps(
-        state["params"], state["opt_state"], train_data, state["keys"]["train"], step,
-        num_steps=num_steps)
-    losses = np.asarray(losses)  # waits for the steps to finish
-    seconds_per_step = (time.perf_counter() - start) / num_steps
-    runs.check_finite(losses, step, last_saved, skip=run.skip_nonfinite)
-    state = {**state, "params": params, "opt_state": opt_state}
-    step_losses.extend(losses.tolist())
-    times.append(seconds_per_step)
-    since_log.append(seconds_per_step)
-    step += num_steps
-    if runs.every(train.log_interval, step, train.max_iters):
-      ms = 1000 * float(np.median(since_log))
-      runs.log(f"step {step:5d} | loss {losses[-1]:.4f} | {ms:6.2f} ms/iter | "
-               f"{train.batch_size * config.block_size / ms * 1000:8.0f} tokens/s")
-      since_log = []
-    if step == train.max_iters:
-      evaluate(step)
-    stop = runs.stop_requested()
-    if runs.every(checkpoint_every, step, train.max_iters) or stop:
-      last_saved = runs.save_checkpoint(run, step, state,
-                                        {**meta, "history": history, "losses": step_losses})
-    runs.raise_if_stopped(stop)
+  try:
+    with runs.log_to(progress.write), mon, progress:
+      while step < train.max_iters:
+        if step % train.eval_interval == 0 and not (history and history[-1]["step"] == step):
+          val_loss = evaluate(step)
+        num_steps = chunk_length(step)
+        if train.profile_steps and step == train.profile_steps[0]:
+          jax.profiler.start_trace(str(pathlib.Path(run.out_dir) / "profile"))
+        start = time.perf_counter()
+        params, opt_state, metrics = feed.train_steps(
+            state["params"], state["opt_state"], state["keys"]["train"], step, num_steps)
+        losses = np.asarray(metrics.loss)  # waits for the steps to finish
+        seconds_per_step = (time.perf_counter() - start) / num_steps
+        if train.profile_steps and step + num_steps == train.profile_steps[1]:
+          jax.profiler.stop_trace()
+          runs.log(f"profile of steps {train.profile_steps[0]}-{train.profile_steps[1]} in "
+                   f"{run.out_dir}/profile (tensorboard --logdir {run.out_dir})")
+        runs.check_finite(losses, step, last_saved, skip=run.skip_nonfinite)
+        state = {**state, "params": params, "opt_state": opt_state}
+        times.append(seconds_per_step)
+        since_log.append(seconds_per_step)
+        step += num_steps
+        tokens_per_s = tokens_per_step / seconds_per_step
+        progress.update_to(step, loss=float(losses[-1]), tok_s=tokens_per_s)
+        if runs.every(train.log_interval, step, train.max_iters):
+          ms = 1000 * float(np.median(since_log))
+          record = mon.log_train(
+              step, loss=losses[-1], lr=float(schedule(step - 1)),
+              grad_norm=float(metrics.grad_norm[-1]), ms_per_iter=ms,
+              tokens_per_s=tokens_per_step / ms * 1000,
+              mfu=monitor.mfu(flops_per_token, tokens_per_step / ms * 1000, peak))
+          mfu = f" | MFU {100 * record['mfu']:.1f}%" if record.get("mfu") else ""
+          runs.log(f"step {step:5d} | loss {losses[-1]:.4f} | lr {record['lr']:.2e} | "
+                   f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
+                   f"{record['tokens_per_s']:8.0f} tokens/s{mfu}")
+          since_log = []
+        if runs.every(train.eval_interval, step, train.max_iters):
+          evaluate(step)
+        stop = runs.stop_requested()
+        if runs.every(checkpoint_every, step, train.max_iters) or stop:
+          mon.sync()
+          last_saved = runs.save_checkpoint(run, step, state, {**meta, "history": history})
+        runs.raise_if_stopped(stop)
+  finally:
+    feed.close()
   metrics = dict(history[-1]) if history else {"step": step}
   if times:
     # The first calls compile (one per distinct chunk length), so drop them.
     metrics["ms_per_iter"] = 1000 * float(np.median(times[2:] or times))
     runs.log(f"median {metrics['ms_per_iter']:.2f} ms/iter after compilation")
+  if main:
+    plot_losses(run.out_dir)
   if train.sample_tokens > 0:
-    sample = sample_text(state["params"], text.vocab, config, keys["sample"],
+    sample = sample_text(state["params"], text.tokenizer, config, keys["sample"],
                          train.sample_tokens)
     runs.log("---- sample ----\n" + sample)
   return metrics
 
 
-def sample_text(params, vocab: data_lib.CharVocab, config: gpt.GPTConfig, key,
-                num_tokens: int, prompt: str = "\n") -> str:
+def plot_losses(out_dir: str) -> None:
+  """`out_dir/loss.png` of the run's losses, when matplotlib is installed."""
+  try:
+    from purejax import plot  # pylint: disable=import-outside-toplevel
+    plot.plot_runs([out_dir], pathlib.Path(out_dir) / "loss.png")
+  except ImportError:
+    pass  # matplotlib is optional: pip install purejax[plot]
+
+
+def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
+                 train: GPTTrainConfig, devices: ParallelConfig = ParallelConfig()
+                 ) -> Dict[str, float]:
+  """Train and val loss of `params` on `train.eval_iters` batches of each split (no training)."""
+  _check_fits(config, text, train.batch_size)
+  gpt.check_params(params, config)
+  keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
+  plan = parallel.make_plan(devices, train.batch_size)
+  feed = (_device_feed if corpus_lib.fits_on_device(text) else
+          functools.partial(_host_feed, chunk_length=None))(text, config, train, plan, None)
+  try:
+    return feed.evaluate(parallel.put(params, plan.replicated), keys["eval"])
+  finally:
+    feed.close()
+
+
+def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,
+                prompt: str = "\n") -> str:
   """A sample of `num_tokens` after `prompt`, decoded (on process 0; '' elsewhere)."""
   # Whole params on one local device: sampling is one sequence, not worth a mesh.
   params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
   if not parallel.is_main_process():
     return ""
-  out = decode.generate(params, jnp.asarray(vocab.encode(prompt)), config, key,
-                        max_new_tokens=num_tokens, temperature=0.8, top_k=200)
-  return vocab.decode(out)
+  out = decode.generate(params, jnp.asarray(tokenizer.encode(prompt)), config, key,
+                        max_new_tokens=num_tokens, temperature=0.8, top_k=200,
+                        valid_vocab=tokenizer.vocab_size)
+  return tokenizer.decode(out)
 
 
 # ----------------------------------------------------------------------------
@@ -234,8 +417,12 @@ def train_mlp(
     devices: ParallelConfig = ParallelConfig(),
     *,
     meta_config: Optional[Dict[str, Any]] = None,
+    progress_bar: Optional[bool] = None,
 ) -> Dict[str, Any]:
   """Trains the MLP on MNIST; returns the last epoch's metrics.
+
+  Writes checkpoints (one per `checkpoint_every` epochs), `metrics.jsonl` and
+  TensorBoard events to `run.out_dir`; `progress_bar` as in `GPTTrainConfig`.
 
   `opt_config.decay_iters` should be `epochs * (examples // batch_size)` for
   the schedule to end with the run. `meta_config` adds settings to the
@@ -257,9 +444,8 @@ def train_mlp(
   train_x, train_y, test_x, test_y = parallel.put(
       (mnist.train_images, mnist.train_labels, mnist.test_images, mnist.test_labels),
       plan.replicated)
-  optimizer = optim.make_optimizer(opt_config)
-  if run.skip_nonfinite:
-    optimizer = runs.skip_nonfinite_updates(optimizer)
+  optimizer = _make_optimizer(opt_config, run)
+  schedule = optim.make_schedule(opt_config)
   meta = {"model": "mlp", "config": {"layer_sizes": sizes, "init_scale": train.init_scale,
                                      **(meta_config or {})},
           "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
@@ -272,29 +458,43 @@ def train_mlp(
   train_epoch = parallel.sharded_step(
       mlp.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
       grad_accum_steps=devices.grad_accum_steps)
-  runs.log(f"mlp {sizes}, {opt_config}, {steps_per_epoch} steps/epoch")
+  runs.log(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
+  runs.log(f"optimizer: {opt_config}, {steps_per_epoch} steps/epoch")
 
+  main = parallel.is_main_process()
+  progress = monitor.Progress(train.epochs, epoch, unit="epoch",
+                              enabled=main and progress_bar is not False)
+  mon = monitor.Monitor(run.out_dir, resume_step=epoch if epoch else None, enabled=main,
+                        log=progress.write)
   last_saved = None
-  while epoch < train.epochs:
-    start = time.perf_counter()
-    params, opt_state, train_loss = train_epoch(
-        state["params"], state["opt_state"], train_x, train_y,
-        rng.fold_in_step(state["data_key"], epoch + 1))
-    train_loss = float(train_loss)  # waits for the epoch to finish
-    seconds = time.perf_counter() - start
-    runs.check_finite(np.array([train_loss]), epoch + 1, last_saved, skip=run.skip_nonfinite)
-    state = {**state, "params": params, "opt_state": opt_state}
-    epoch += 1
-    history.append(dict(
-        epoch=epoch, seconds=seconds,
-        examples_per_s=steps_per_epoch * train.batch_size / seconds, train_loss=train_loss,
-        train_acc=float(mlp.evaluate_accuracy(params, train_x, train_y)),
-        test_acc=float(mlp.evaluate_accuracy(params, test_x, test_y))))
-    runs.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
-             "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
-             "test acc {test_acc:.4f}".format(**history[-1]))
-    stop = runs.stop_requested()
-    if runs.every(train.checkpoint_every, epoch, train.epochs) or stop:
-      last_saved = runs.save_checkpoint(run, epoch, state, {**meta, "history": history})
-    runs.raise_if_stopped(stop)
+  with runs.log_to(progress.write), mon, progress:
+    while epoch < train.epochs:
+      start = time.perf_counter()
+      params, opt_state, train_loss = train_epoch(
+          state["params"], state["opt_state"], train_x, train_y,
+          rng.fold_in_step(state["data_key"], epoch + 1))
+      train_loss = float(train_loss)  # waits for the epoch to finish
+      seconds = time.perf_counter() - start
+      runs.check_finite(np.array([train_loss]), epoch + 1, last_saved,
+                        skip=run.skip_nonfinite)
+      state = {**state, "params": params, "opt_state": opt_state}
+      epoch += 1
+      history.append(dict(
+          epoch=epoch, seconds=seconds,
+          examples_per_s=steps_per_epoch * train.batch_size / seconds, train_loss=train_loss,
+          train_acc=float(mlp.evaluate_accuracy(params, train_x, train_y)),
+          test_acc=float(mlp.evaluate_accuracy(params, test_x, test_y))))
+      record = history[-1]
+      mon.log_train(epoch, loss=train_loss, lr=float(schedule(epoch * steps_per_epoch - 1)),
+                    examples_per_s=record["examples_per_s"])
+      mon.log_eval(epoch, train_acc=record["train_acc"], test_acc=record["test_acc"])
+      progress.update_to(epoch, loss=train_loss, test_acc=record["test_acc"])
+      runs.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
+               "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
+               "test acc {test_acc:.4f}".format(**record))
+      stop = runs.stop_requested()
+      if runs.every(train.checkpoint_every, epoch, train.epochs) or stop:
+        mon.sync()
+        last_saved = runs.save_checkpoint(run, epoch, state, {**meta, "history": history})
+      runs.raise_if_stopped(stop)
   return history[-1] if history else {}

@@ -25,7 +25,8 @@ class OptimizerConfig:
     schedule: "cosine" (linear warmup, then cosine decay to `min_lr`) or
       "constant".
     warmup_iters: warmup steps (cosine only).
-    decay_iters: step at which the cosine reaches `min_lr` (held after).
+    decay_iters: step at which the cosine reaches `min_lr` (held after);
+      None leaves it to the training loop (the run's last step).
     min_lr: final learning rate of the cosine.
     beta1, beta2: Adam moments' decay rates.
     momentum: for "momentum".
@@ -37,7 +38,7 @@ class OptimizerConfig:
   learning_rate: float = 1e-3
   schedule: str = "cosine"
   warmup_iters: int = 0
-  decay_iters: int = 1
+  decay_iters: Optional[int] = None
   min_lr: float = 0.0
   beta1: float = 0.9
   beta2: float = 0.999
@@ -55,7 +56,7 @@ class OptimizerConfig:
     if self.min_lr < 0 or self.min_lr > self.learning_rate:
       raise ValueError(f"min_lr must be in [0, learning_rate={self.learning_rate}], "
                        f"got {self.min_lr}.")
-    if self.warmup_iters < 0 or self.decay_iters < 1:
+    if self.warmup_iters < 0 or (self.decay_iters is not None and self.decay_iters < 1):
       raise ValueError(f"warmup_iters must be >= 0 and lr_decay_iters >= 1, got "
                        f"{self.warmup_iters} and {self.decay_iters}.")
     if self.weight_decay < 0 or self.grad_clip < 0:
@@ -102,6 +103,8 @@ def decay_mask(params) -> chex.ArrayTree:
 def make_schedule(config: OptimizerConfig) -> optax.Schedule:
   if config.schedule == "constant":
     return optax.constant_schedule(config.learning_rate)
+  if config.decay_iters is None:
+    raise ValueError("a cosine schedule needs decay_iters, the step where it ends.")
   return warmup_cosine_schedule(config.learning_rate, config.warmup_iters,
                                 config.decay_iters, config.min_lr)
 

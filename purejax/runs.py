@@ -13,7 +13,9 @@ several processes, each function here is called on all of them; only
 process 0 writes.
 """
 
+import contextlib
 import dataclasses
+import functools
 import json
 import pathlib
 import signal
@@ -53,10 +55,23 @@ class RunConfig:
                        f"{self.keep_checkpoints}.")
 
 
+_SINKS: List[Callable[[str], None]] = []
+
+
 def log(message: str) -> None:
-  """Prints on process 0 only, so a multi-host run logs once."""
+  """Prints on process 0 only, so a multi-host run logs once (through `log_to`'s sink)."""
   if parallel.is_main_process():
-    print(message, flush=True)
+    (_SINKS[-1] if _SINKS else functools.partial(print, flush=True))(message)
+
+
+@contextlib.contextmanager
+def log_to(sink: Callable[[str], None]):
+  """Within the block, `log` lines go to `sink` (e.g. a progress bar's `write`)."""
+  _SINKS.append(sink)
+  try:
+    yield
+  finally:
+    _SINKS.pop()
 
 
 def require_positive(**values: Optional[int]) -> None:
@@ -174,6 +189,7 @@ def start_or_resume(
     *,
     identity: Sequence[str] = ("model", "config", "optimizer", "batch_size", "seed"),
     saved_defaults: Optional[Dict[str, Dict[str, Any]]] = None,
+    ignored: Optional[Dict[str, Sequence[str]]] = None,
     digest_extra: Any = None,
 ) -> Tuple[Any, int, Dict[str, Any]]:
   """The state to start from: `template` at step 0, or the newest valid checkpoint.
@@ -190,6 +206,8 @@ def start_or_resume(
     saved_defaults: `{meta key: {field: default}}` filled into a saved dict
       before comparing, so a checkpoint saved before a field existed counts
       as trained with that field's default.
+    ignored: `{meta key: [field, ...]}` left out of the comparison (settings
+      a resumed run may change, e.g. where the schedule ends).
     digest_extra: further settings that must agree across processes.
 
   Returns:
@@ -201,14 +219,14 @@ def start_or_resume(
       digest, "the processes were started with different flags; pass the same "
       "flags to every process (only --process_id differs).")
   state, step, saved = _start_or_resume(run, template, meta, identity,
-                                        saved_defaults or {})
+                                        saved_defaults or {}, ignored or {})
   parallel.check_same_on_all_processes(
       step, f"the processes found different checkpoints in {run.out_dir}; with several "
       f"hosts --out_dir must be one shared directory.")
   return state, step, saved
 
 
-def _start_or_resume(run, template, meta, identity, saved_defaults):
+def _start_or_resume(run, template, meta, identity, saved_defaults, ignored):
   existing = checkpoint.list_checkpoints(run.out_dir)
   if not run.resume:
     if existing:
@@ -217,12 +235,17 @@ def _start_or_resume(run, template, meta, identity, saved_defaults):
           f"--resume to continue that run, or another --out_dir for a new one.")
     return template, 0, {}
 
+  def without_ignored(name, value):
+    if not isinstance(value, dict):
+      return value
+    return {k: v for k, v in value.items() if k not in ignored.get(name, ())}
+
   def same_run(saved, path):
     for name in identity:
       value = saved.get(name)
       if isinstance(value, dict) and name in saved_defaults:
         value = {**saved_defaults[name], **value}
-      if value != meta.get(name):
+      if without_ignored(name, value) != without_ignored(name, meta.get(name)):
         raise checkpoint.CheckpointError(
             f"{path} was trained with {name}={value!r}, this run has "
             f"{meta.get(name)!r}; resume with the original flags or use another --out_dir.")
@@ -231,24 +254,30 @@ def _start_or_resume(run, template, meta, identity, saved_defaults):
   for warning in warnings:
     log(f"warning: {warning}")
   if restored is None:
-    log(f"no valid checkpoint in {run.out_dir}; starting from step 0")
+    log(f"--resume: no valid checkpoint in {run.out_dir}, so this starts a new run")
     return template, 0, {}
   log(f"resumed from {restored.path} at step {restored.step}")
   return restored.state, restored.step, restored.meta
 
 
-def save_checkpoint(run: RunConfig, step: int, state: Any, meta: Dict[str, Any]
-                    ) -> pathlib.Path:
+def save_checkpoint(run: RunConfig, step: int, state: Any, meta: Dict[str, Any], *,
+                    best: bool = False) -> pathlib.Path:
   """Gathers `state` to the hosts (all processes), and process 0 writes it.
 
   The file holds whole arrays, whatever the sharding, so it restores on any
-  number of devices.
+  number of devices. `best=True` writes the run's best checkpoint
+  (`checkpoint.best_path`) instead of one of the keep-K rotation.
   """
   state = parallel.fetch(state)
-  path = checkpoint.checkpoint_path(run.out_dir, step)
+  path = (checkpoint.best_path(run.out_dir) if best else
+          checkpoint.checkpoint_path(run.out_dir, step))
   if parallel.is_main_process():
-    path = checkpoint.save(run.out_dir, step, state, meta, keep=run.keep_checkpoints)
-    log(f"saved {path}")
+    if best:
+      checkpoint.save_best(run.out_dir, step, state, meta)
+      log(f"saved {path} (lowest val loss so far)")
+    else:
+      checkpoint.save(run.out_dir, step, state, meta, keep=run.keep_checkpoints)
+      log(f"saved {path}")
   return path
 
 

@@ -1,8 +1,9 @@
 """Jitted training and evaluation steps of the GPT.
 
-    params, opt_state, losses = train_steps(params, opt_state, data, key, step,
-                                            config=config, optimizer=optimizer,
-                                            batch_size=12, num_steps=10)
+    params, opt_state, metrics = train_steps(params, opt_state, tokens, key, step,
+                                             config=config, optimizer=optimizer,
+                                             batch_size=12, num_steps=10)
+    metrics.loss, metrics.grad_norm                   # [10] each
     val = evaluate(params, val_data, eval_key, config=config, batch_size=12,
                    num_batches=200)
 
@@ -11,7 +12,7 @@ device (`data.sample_batch`), so there is no host round-trip per step.
 """
 
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -26,11 +27,36 @@ from purejax import rng
 Params = gpt.Params
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("config", "optimizer", "batch_size", "num_steps",
-                     "grad_accum_steps", "plan"),
-    donate_argnums=(0, 1))
+class StepMetrics(NamedTuple):
+  """What each training step reports, one entry per step.
+
+  Attributes:
+    loss: `[num_steps]` mean loss, measured before the step's update.
+    grad_norm: `[num_steps]` global norm of the gradient, before clipping.
+  """
+  loss: chex.Array
+  grad_norm: chex.Array
+
+
+def _update(params, opt_state, batch, dropout_key, *, config, optimizer, grad_accum_steps,
+            plan):
+  """One optimisation step on `batch` = (inputs, targets) `[batch, block]`."""
+  def microbatch_loss(params, xy, index):
+    x, y = xy
+    return gpt.loss(params, x, y, config, key=jax.random.fold_in(dropout_key, index),
+                    deterministic=False)
+
+  value, grads = parallel.accumulate_gradients(
+      microbatch_loss, params, batch, grad_accum_steps, plan=plan)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, StepMetrics(
+      value, optax.global_norm(grads))
+
+
+_STATIC = ("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps", "plan")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnums=(0, 1))
 def train_steps(
     params: Params,
     opt_state: optax.OptState,
@@ -44,7 +70,7 @@ def train_steps(
     num_steps: int,
     grad_accum_steps: int = 1,
     plan: Optional[parallel.ShardingPlan] = None,
-) -> Tuple[Params, Any, chex.Array]:
+) -> Tuple[Params, Any, StepMetrics]:
   """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
 
   Step `s` draws its batch and dropout keys from `fold_in(key, s)`, so the
@@ -68,27 +94,63 @@ def train_steps(
       shardings, as `purejax.train` does, to keep the state's layout.
 
   Returns:
-    `(params, opt_state, losses [num_steps])`, each loss measured before its
-    step's update.
+    `(params, opt_state, StepMetrics)` with `[num_steps]` entries.
   """
   def one_step(carry, s):
-    params, opt_state = carry
     batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
-
-    def microbatch_loss(params, xy, index):
-      x, y = xy
-      return gpt.loss(params, x, y, config, key=jax.random.fold_in(dropout_key, index),
-                  deterministic=False)
-
     batch = data.sample_batch(batch_key, tokens, config.block_size, batch_size)
-    value, grads = parallel.accumulate_gradients(
-        microbatch_loss, params, batch, grad_accum_steps, plan=plan)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), value
+    params, opt_state, metrics = _update(
+        *carry, batch, dropout_key, config=config, optimizer=optimizer,
+        grad_accum_steps=grad_accum_steps, plan=plan)
+    return (params, opt_state), metrics
 
   steps = step + jnp.arange(num_steps)
-  (params, opt_state), losses = jax.lax.scan(one_step, (params, opt_state), steps)
-  return params, opt_state, losses
+  (params, opt_state), metrics = jax.lax.scan(one_step, (params, opt_state), steps)
+  return params, opt_state, metrics
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnums=(0, 1))
+def train_steps_on_windows(
+    params: Params,
+    opt_state: optax.OptState,
+    windows: chex.Array,
+    key: chex.PRNGKey,
+    step: chex.Numeric,
+    *,
+    config: gpt.GPTConfig,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    num_steps: int,
+    grad_accum_steps: int = 1,
+    plan: Optional[parallel.ShardingPlan] = None,
+) -> Tuple[Params, Any, StepMetrics]:
+  """`train_steps` on batches read by the host, for corpora too large for the device.
+
+  Args:
+    windows: `[num_steps, batch_size, block_size + 1]` token windows, one
+      batch per step (e.g. `corpus.BatchPrefetcher`); inputs are a window's
+      first `block_size` tokens and targets its last.
+    key, step: as in `train_steps`; only dropout is drawn from them.
+    Others as in `train_steps`.
+
+  Returns:
+    `(params, opt_state, StepMetrics)` with `[num_steps]` entries.
+  """
+  chex.assert_shape(windows, (num_steps, batch_size, config.block_size + 1))
+
+  def one_step(carry, xs):
+    s, window = xs
+    dropout_key = jax.random.split(rng.fold_in_step(key, s))[1]
+    batch = (window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32))
+    params, opt_state, metrics = _update(
+        *carry, batch, dropout_key, config=config, optimizer=optimizer,
+        grad_accum_steps=grad_accum_steps, plan=plan)
+    return (params, opt_state), metrics
+
+  steps = step + jnp.arange(num_steps)
+  (params, opt_state), metrics = jax.lax.scan(one_step, (params, opt_state),
+                                              (steps, windows))
+  return params, opt_state, metrics
 
 
 @functools.partial(jax.jit,
@@ -118,3 +180,22 @@ def evaluate(
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
                           jax.random.split(key, num_batches))
   return total / num_batches
+
+
+@functools.partial(jax.jit, static_argnames=("config", "plan"))
+def evaluate_on_windows(
+    params: Params,
+    windows: chex.Array,
+    *,
+    config: gpt.GPTConfig,
+    plan: Optional[parallel.ShardingPlan] = None,
+) -> chex.Array:
+  """`evaluate` on batches read by the host: windows `[num_batches, batch, block + 1]`."""
+  def body(total, window):
+    x, y = window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
+    if plan is not None:
+      x, y = parallel.constrain((x, y), plan.batch)
+    return total + gpt.loss(params, x, y, config), None
+
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), windows)
+  return total / windows.shape[0]

@@ -15,18 +15,23 @@ Bad values stop the run at once with a one-line message naming the flag.
 import json
 import os
 import sys
-from typing import List
+import dataclasses
+from typing import List, Optional
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from purejax import checkpoint
+from purejax import convert
+from purejax import corpus as corpus_lib
 from purejax import data as data_lib
 from purejax import gpt
 from purejax import loop
 from purejax import optim
 from purejax import parallel
 from purejax import runs
+from purejax import tokenizers
 
 FLAGS = flags.FLAGS
 MODELS = ("gpt", "mlp")
@@ -45,6 +50,7 @@ def define_common_flags(model: str) -> None:
   flags.DEFINE_string("out_dir", f"out-{model}", "Run directory for checkpoints.")
   flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept in --out_dir.")
   flags.DEFINE_bool("resume", False, "Resume from the latest valid checkpoint in --out_dir.")
+  flags.DEFINE_bool("progress", None, "A live progress bar (default: on a terminal).")
   flags.DEFINE_bool("skip_nonfinite", False,
                     "Skip updates whose gradients are NaN/Inf instead of stopping.")
   flags.DEFINE_string("tfds_data_dir", None,
@@ -117,6 +123,31 @@ def define_gpt_flags() -> None:
                        "Steps between checkpoints (default: --eval_interval).")
   flags.DEFINE_integer("sample_tokens", train.sample_tokens,
                        "Tokens sampled at the end (0: none).")
+  flags.DEFINE_bool("always_save_checkpoint", train.always_save_checkpoint,
+                    "False also keeps the checkpoint of the lowest val loss "
+                    "(ckpt_best.npz), beside the --keep_checkpoints newest.")
+  flags.DEFINE_bool("eval_only", False, "Evaluate the newest checkpoint in --out_dir (or "
+                    "--init_from's model) on --eval_iters batches, and exit.")
+  flags.DEFINE_enum("eval_checkpoint", "latest", ["latest", "best"],
+                    "Which checkpoint --eval_only evaluates.")
+  flags.DEFINE_list("profile_steps", None, "A,B: a jax.profiler trace of steps A to B, "
+                    "into --out_dir/profile (TensorBoard's profile plugin).")
+  flags.DEFINE_float("peak_flops", None, "One device's peak FLOP/s for the logged MFU "
+                     "(default: known GPUs and TPUs; none on CPUs).")
+  # Data and weights.
+  flags.DEFINE_string("dataset", "tiny_shakespeare",
+                      "A TFDS name with a text feature, a .txt file or folder of them, or "
+                      "a nanoGPT folder (train.bin/val.bin, optional meta.pkl).")
+  flags.DEFINE_enum("tokenizer", None, ["char", "gpt2"],
+                    "Tokenizer (default: the data's own: characters for text, meta.pkl "
+                    "or GPT-2 BPE for .bin folders, the model's with --init_from).")
+  flags.DEFINE_string("tokenizer_file", None, "A local copy of GPT-2's encoding: a folder "
+                      "with vocab.bpe and encoder.json, or a .tiktoken file.")
+  flags.DEFINE_string("cache_dir", None, "Where tokenized text is cached (default: "
+                      "$PUREJAX_CACHE_DIR or ~/.cache/purejax).")
+  flags.DEFINE_string("init_from", None, "Start from pretrained weights: gpt2, gpt2-medium, "
+                      "gpt2-large, gpt2-xl, a Hugging Face folder, a nanoGPT ckpt.pt, or a "
+                      "purejax run directory. The model flags then come from it.")
 
 
 def define_mlp_flags() -> None:
@@ -151,11 +182,13 @@ def define_flags(model: str) -> None:
 # Flags -> configs
 
 
-def optimizer_config(total_steps: int) -> optim.OptimizerConfig:
+def optimizer_config(total_steps: Optional[int] = None) -> optim.OptimizerConfig:
+  """The optimizer flags; the schedule ends at `--lr_decay_iters`, else `total_steps`
+  (None: the training loop's choice, see `loop.train_gpt`)."""
+  decay = FLAGS.lr_decay_iters if FLAGS.lr_decay_iters is not None else total_steps
   return optim.OptimizerConfig(
       name=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, schedule=FLAGS.lr_schedule,
-      warmup_iters=FLAGS.warmup_iters,
-      decay_iters=FLAGS.lr_decay_iters if FLAGS.lr_decay_iters is not None else total_steps,
+      warmup_iters=FLAGS.warmup_iters, decay_iters=decay,
       min_lr=FLAGS.min_lr, beta2=FLAGS.beta2, weight_decay=FLAGS.weight_decay,
       grad_clip=FLAGS.grad_clip)
 
@@ -171,28 +204,99 @@ def parallel_config() -> parallel.ParallelConfig:
                                  grad_accum_steps=FLAGS.grad_accum_steps)
 
 
-def gpt_config(vocab_size: int) -> gpt.GPTConfig:
-  return gpt.GPTConfig(
-      vocab_size=vocab_size, block_size=FLAGS.block_size, n_layer=FLAGS.n_layer,
-      n_head=FLAGS.n_head, n_embd=FLAGS.n_embd, dropout=FLAGS.dropout, bias=FLAGS.bias,
-      compute_dtype=FLAGS.dtype, remat=FLAGS.remat, attn_block=FLAGS.attn_block,
-      attention=FLAGS.attention, scan_layers=FLAGS.scan_layers)
+# Flags that define the architecture: with --init_from it comes from the weights.
+ARCHITECTURE_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
 
-def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
-  train = loop.GPTTrainConfig(
+def gpt_config(vocab_size: int, base: Optional[gpt.GPTConfig] = None) -> gpt.GPTConfig:
+  """The model flags as a config; with `base` (pretrained), only the speed and dropout flags."""
+  speed = dict(dropout=FLAGS.dropout, compute_dtype=FLAGS.dtype, remat=FLAGS.remat,
+               attn_block=FLAGS.attn_block, attention=FLAGS.attention,
+               scan_layers=FLAGS.scan_layers)
+  if base is not None:
+    return dataclasses.replace(base, **speed)
+  return gpt.GPTConfig(vocab_size=vocab_size, block_size=FLAGS.block_size,
+                       n_layer=FLAGS.n_layer, n_head=FLAGS.n_head, n_embd=FLAGS.n_embd,
+                       bias=FLAGS.bias, **speed)
+
+
+def gpt_train_config() -> loop.GPTTrainConfig:
+  profile = None
+  if FLAGS.profile_steps:
+    try:
+      profile = tuple(int(s) for s in FLAGS.profile_steps)
+      assert len(profile) == 2
+    except (ValueError, AssertionError):
+      raise ValueError(f"--profile_steps must be two steps A,B, got "
+                       f"{','.join(FLAGS.profile_steps)}.") from None
+  return loop.GPTTrainConfig(
       batch_size=FLAGS.batch_size, max_iters=FLAGS.max_iters,
       eval_interval=FLAGS.eval_interval, eval_iters=FLAGS.eval_iters,
       log_interval=FLAGS.log_interval, steps_per_call=FLAGS.steps_per_call,
-      checkpoint_every=FLAGS.checkpoint_every, sample_tokens=FLAGS.sample_tokens,
-      seed=FLAGS.seed)
-  runs.require_positive(block_size=FLAGS.block_size)
-  gpt_config(vocab_size=1)  # fail on bad model flags before loading data
-  text = parallel.main_process_first(
-      lambda: data_lib.load_shakespeare(FLAGS.tfds_data_dir, FLAGS.tfds_manual_dir),
+      checkpoint_every=FLAGS.checkpoint_every,
+      always_save_checkpoint=FLAGS.always_save_checkpoint,
+      sample_tokens=FLAGS.sample_tokens, seed=FLAGS.seed, profile_steps=profile,
+      progress=FLAGS.progress, peak_flops=FLAGS.peak_flops)
+
+
+def load_corpus(tokenizer) -> corpus_lib.Corpus:
+  """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+  return parallel.main_process_first(
+      lambda: corpus_lib.load_corpus(
+          FLAGS.dataset, tokenizer=tokenizer, tokenizer_file=FLAGS.tokenizer_file,
+          cache_dir=FLAGS.cache_dir, tfds_data_dir=FLAGS.tfds_data_dir,
+          tfds_manual_dir=FLAGS.tfds_manual_dir),
       errors=(ValueError, data_lib.DataUnavailableError))
-  return loop.train_gpt(gpt_config(text.vocab.size), text, train,
-                        optimizer_config(train.max_iters), run, devices)
+
+
+def pretrained(source: str, best: bool = False):
+  """`(params, config, tokenizer)` of `source` (see `convert.from_pretrained`)."""
+  given = [name for name in ARCHITECTURE_FLAGS if FLAGS[name].present]
+  if given:
+    raise ValueError(f"--{given[0]} has no effect with --init_from={source}: the "
+                     f"architecture comes from the weights; drop --{given[0]}.")
+  params, config, spec = (convert.from_purejax(source, best=best) if best else
+                          convert.from_pretrained(source))
+  tokenizer = tokenizers.from_spec(spec, encoding_file=FLAGS.tokenizer_file)
+  if FLAGS.tokenizer is not None and FLAGS.tokenizer != tokenizer.name:
+    raise ValueError(f"--tokenizer={FLAGS.tokenizer} does not fit {source}, whose "
+                     f"tokenizer is {tokenizer.name}; drop --tokenizer.")
+  return params, gpt_config(config.vocab_size, base=config), tokenizer
+
+
+def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
+  train = gpt_train_config()
+  runs.require_positive(block_size=FLAGS.block_size)
+  if FLAGS.eval_only:
+    return eval_gpt(run, train, devices)
+  init_params, init_from = None, FLAGS.init_from
+  if init_from:
+    init_params, config, tokenizer = pretrained(init_from)
+  else:
+    gpt_config(vocab_size=1)  # fail on bad model flags before loading data
+    tokenizer = FLAGS.tokenizer
+  text = load_corpus(tokenizer)
+  if not init_from:
+    config = gpt_config(text.vocab_size)
+  return loop.train_gpt(config, text, train, optimizer_config(), run, devices,
+                        init_params=init_params, init_from=init_from)
+
+
+def eval_gpt(run: runs.RunConfig, train: loop.GPTTrainConfig,
+             devices: parallel.ParallelConfig) -> dict:
+  """`--eval_only`: the loss of the newest (or best) checkpoint, or of --init_from's model."""
+  best = FLAGS.eval_checkpoint == "best"
+  if checkpoint.list_checkpoints(run.out_dir) or best:
+    source = run.out_dir
+  elif FLAGS.init_from:
+    source = FLAGS.init_from
+  else:
+    raise ValueError(f"--eval_only: {run.out_dir} holds no checkpoint; train first, or "
+                     f"pass --init_from=MODEL to evaluate pretrained weights.")
+  params, config, tokenizer = pretrained(source, best=best)
+  text = load_corpus(tokenizer)
+  runs.log(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
+  return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices)}
 
 
 def train_mlp(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
@@ -209,7 +313,8 @@ def train_mlp(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
       errors=(ValueError, data_lib.DataUnavailableError))
   steps_per_epoch = len(mnist.train_labels) // train.batch_size
   return loop.train_mlp(mnist, train, optimizer_config(train.epochs * steps_per_epoch), run,
-                        devices, meta_config={"mnist_pixels": FLAGS.mnist_pixels})
+                        devices, meta_config={"mnist_pixels": FLAGS.mnist_pixels},
+                        progress_bar=FLAGS.progress)
 
 
 def main(argv):
@@ -223,6 +328,8 @@ def main(argv):
       parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                       FLAGS.process_id)
     runs.catch_stop_signals()  # after jax.distributed, which takes SIGTERM for itself
+    if not FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)  # TFDS's and JAX's INFO lines
     optimizer_config(total_steps=1)  # fail on bad optimizer flags before loading data
     run = run_config()
     runs.check_out_dir(run.out_dir)
@@ -234,8 +341,8 @@ def main(argv):
   except runs.NonFiniteLoss as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(EXIT_NONFINITE)
-  except (ValueError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
-    sys.exit(f"error: {e}")
+  except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
+    sys.exit("error: " + " ".join(str(e).split()))
   runs.log("final " + json.dumps(metrics))
 
 

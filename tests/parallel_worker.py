@@ -56,8 +56,8 @@ def main(options):
   if model == "gpt":
     data_args = parallel.put(data_args, plan.replicated)
     hlo_text = jitted.lower(params, opt_state, *data_args).compile().as_text()
-    params, opt_state, losses = jitted(params, opt_state, *data_args)
-    losses = np.asarray(losses).tolist()
+    params, opt_state, metrics = jitted(params, opt_state, *data_args)
+    losses = np.asarray(metrics.loss).tolist()
   else:
     losses = []
     images, labels = parallel.put((images, labels), plan.replicated)

@@ -49,13 +49,14 @@ class TrainStepsTest(parameterized.TestCase):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     opt = optax.adam(1e-2)
     state = opt.init(params)
-    params, state, losses = steps.train_steps(params, state, data, jax.random.PRNGKey(1), 0,
-                                            config=TINY, optimizer=opt, batch_size=8,
-                                            num_steps=60)
+    params, state, metrics = steps.train_steps(params, state, data, jax.random.PRNGKey(1), 0,
+                                               config=TINY, optimizer=opt, batch_size=8,
+                                               num_steps=60)
+    losses = metrics.loss
     assert float(losses[0]) > 2.0
     assert float(losses[-1]) < 0.5
     val = steps.evaluate(params, data, jax.random.PRNGKey(2), config=TINY, batch_size=8,
-                       num_batches=4)
+                         num_batches=4)
     assert float(val) < 0.5
 
   def test_weight_decay_only_on_matrices(self):
