@@ -15,15 +15,21 @@ them against its registered checksums.
 When the data can be had neither from `data_dir`, nor from the manual dir,
 nor from the network, loading fails at once with a `DataUnavailableError`
 naming the flag that fixes it (TFDS on its own retries for minutes).
+
+Other text corpora (files, nanoGPT folders, any TFDS text) come through
+`purejax.corpus`; corpora too large for the device are batched on the host
+by `sample_windows` / `BatchPrefetcher` here.
 """
 
 import dataclasses
 import gzip
 import os
 import pathlib
+import queue
 import socket
 import struct
-from typing import Dict, Optional, Sequence, Tuple
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
 from urllib import parse
 
 import chex
@@ -126,6 +132,57 @@ def load_tfds_splits(
     ds = builder.as_dataset(split=split, batch_size=-1)
     out[split] = tfds.as_numpy(ds)
   return out
+
+
+def tfds_text_feature(features, name: str) -> str:
+  """The text feature of a TFDS dataset: the one named "text", else the first scalar string.
+
+  Args:
+    features: `builder.info.features`.
+    name: the dataset, for the error.
+
+  Returns:
+    The feature's name.
+
+  Raises:
+    ValueError: no scalar string feature.
+  """
+  strings = [k for k, f in features.items()  # scalar strings: not sequences of them
+             if getattr(f, "np_dtype", None) == np.dtype(object)
+             and getattr(f, "shape", None) == ()]
+  if not strings:
+    raise ValueError(f"TFDS dataset {name} has no text feature (its features: "
+                     f"{sorted(features.keys())}); pick a dataset with a string feature.")
+  return "text" if "text" in strings else strings[0]
+
+
+def tfds_text_splits(name: str, splits) -> Tuple[List[str], List[str]]:
+  """`(train splits, val splits)` for language modelling on a TFDS dataset.
+
+  Tiny Shakespeare is split 90/5/5: validation + test is nanoGPT's 10%.
+  Others: train, and validation (or test when there is none).
+  """
+  if name == "tiny_shakespeare":
+    return ["train"], ["validation", "test"]
+  for val in ("validation", "test"):
+    if "train" in splits and val in splits:
+      return ["train"], [val]
+  raise ValueError(f"TFDS dataset {name} needs a train split and a validation or test "
+                   f"split; it has {sorted(splits)}.")
+
+
+def write_tfds_text(builder, splits: Sequence[str], feature: str, f) -> None:
+  """Writes a prepared dataset's text to the binary file `f`, a batch of examples at a time.
+
+  Examples are joined with "\\n" within a split and the splits written back
+  to back, so Tiny Shakespeare's validation + test is `load_shakespeare`'s.
+  """
+  tfds = _import_tfds()
+  for split in splits:
+    first = True
+    for batch in tfds.as_numpy(builder.as_dataset(split=split, batch_size=4096)):
+      f.write((b"" if first else b"\n") + b"\n".join(batch[feature].tolist()))
+      first = False
 
 
 # ----------------------------------------------------------------------------
@@ -322,6 +379,27 @@ def load_shakespeare(
                   val=vocab.encode(val_text))
 
 
+def shakespeare_texts(manual_dir: Optional[str] = None) -> Tuple[str, str]:
+  """Tiny Shakespeare's `input.txt` split 90/10 by characters, without TFDS.
+
+  The same texts as TFDS's train and validation + test (nanoGPT's split).
+
+  Args:
+    manual_dir: folder with `input.txt`; default the copy in the package.
+
+  Returns:
+    `(train text, val text)`.
+  """
+  folder = pathlib.Path(manual_dir).expanduser() if manual_dir else EMBEDDED_SHAKESPEARE_DIR
+  path = folder / "input.txt"
+  if not path.is_file():
+    raise DataUnavailableError(f"--tfds_manual_dir={manual_dir} has no input.txt for "
+                               f"tiny_shakespeare; put the original input.txt there.")
+  text = path.read_text(encoding="utf-8")
+  cut = int(len(text) * 0.9)
+  return text[:cut], text[cut:]
+
+
 # ----------------------------------------------------------------------------
 # Language-model batches
 
@@ -345,3 +423,101 @@ def sample_batch(
   take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, block_size + 1))
   windows = take(starts)  # [batch, block + 1]
   return windows[:, :-1], windows[:, 1:]
+
+
+# Host-side batches, for corpora too large for the device (see
+# `corpus.fits_on_device`): windows read from a memmap, a step ahead.
+
+
+def sample_windows(tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                   step: int) -> np.ndarray:
+  """Random windows of a token stream, a function of `(seed, step)` only.
+
+  Resuming at step `s` draws what the first run drew at `s`. Only the
+  windows are read from a memmap.
+
+  Args:
+    tokens: `[num_tokens]` ids (array or memmap), `num_tokens > block_size`.
+    block_size: model context; each window has one token more.
+    batch_size: windows per batch.
+    seed: the stream's seed (use different seeds for train and val).
+    step: the training step.
+
+  Returns:
+    `[batch_size, block_size + 1]` int32; inputs are `[:, :-1]`, targets `[:, 1:]`.
+  """
+  if len(tokens) <= block_size:
+    raise ValueError(f"block_size {block_size} needs more than {len(tokens)} tokens; "
+                     f"lower --block_size.")
+  rng = np.random.default_rng((seed, step))
+  starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
+  return np.asarray(tokens[starts[:, None] + np.arange(block_size + 1)], dtype=np.int32)
+
+
+class BatchPrefetcher:
+  """Prepares the next call's windows in a background thread.
+
+  Each item is `[steps_per_call, batch_size, block_size + 1]` int32: item `i`
+  stacks `sample_windows(tokens, block_size, batch_size, seed, s)` for the
+  steps `s = start_step + i * steps_per_call + k`, `k < steps_per_call`, so a
+  run resumed at `start_step` sees the batches of the first. At most two
+  items wait in the queue (the host reads ahead while the device computes).
+  Use as an iterator; `close()` (or a `with` block) stops the thread.
+
+  Args:
+    tokens: `[num_tokens]` ids, e.g. `Corpus.train` (a memmap).
+    block_size: model context.
+    batch_size: windows per step.
+    seed: the stream's seed.
+    start_step: the first step drawn.
+    steps_per_call: steps per item (the steps one device call runs).
+  """
+
+  def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+               start_step: int, steps_per_call: int = 1):
+    self._args = (tokens, block_size, batch_size, seed)
+    self._queue = queue.Queue(maxsize=2)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._fill, args=(start_step, steps_per_call),
+                                    daemon=True)
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    """Waits for room in the queue, or for `close()`; False when closed."""
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def _fill(self, step: int, steps_per_call: int) -> None:
+    try:
+      while self._put(np.stack([sample_windows(*self._args, s)
+                                for s in range(step, step + steps_per_call)])):
+        step += steps_per_call
+    except Exception as e:  # pylint: disable=broad-except  # re-raised by __next__
+      self._put(e)
+
+  def __iter__(self) -> "BatchPrefetcher":
+    return self
+
+  def __next__(self) -> np.ndarray:
+    if self._stop.is_set():
+      raise StopIteration
+    item = self._queue.get()
+    if isinstance(item, Exception):
+      self.close()
+      raise item
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def __enter__(self) -> "BatchPrefetcher":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
