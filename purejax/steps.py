@@ -50,7 +50,7 @@ def _update(params, opt_state, batch, dropout_key, *, config, optimizer, grad_ac
       microbatch_loss, params, batch, grad_accum_steps, plan=plan)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, StepMetrics(
-      value, optax.global_norm(grads))
+      value, optax.tree.norm(grads))
 
 
 _STATIC = ("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps", "plan")

@@ -24,6 +24,7 @@ from conftest import run_module
 from purejax import checkpoint
 from purejax import convert
 from purejax import data
+from purejax import decode
 from purejax import gpt
 from purejax import tokenizers
 
@@ -127,12 +128,12 @@ def test_to_huggingface_round_trip_through_transformers(hf_model, tmp_path):
 def test_greedy_generate_matches_transformers(hf_model):
   import torch  # pylint: disable=g-import-not-at-top
   model, folder = hf_model
-  # No padding: gpt.generate does not mask padded ids yet (the sampler will).
-  params, config, _ = convert.from_huggingface(str(folder), pad_vocab_multiple=1)
-  assert config.vocab_size == 101
+  # The table is padded to 128 rows; the padding (logits 0) is never sampled.
+  params, config, spec = convert.from_huggingface(str(folder))
+  assert config.vocab_size == 128 and spec["vocab_size"] == 101
   prompt = np.array([[5, 17, 3, 99, 42]])
-  ours = gpt.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
-                      max_new_tokens=11, temperature=0.0)
+  ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
+                         max_new_tokens=11, temperature=0.0, valid_vocab=spec["vocab_size"])
   with torch.no_grad():
     theirs = model.generate(torch.from_numpy(prompt), do_sample=False, max_new_tokens=11,
                             min_new_tokens=11, pad_token_id=0)

@@ -23,7 +23,7 @@ def test_nonfinite_message_names_the_last_good_checkpoint():
 
 def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
   optimizer = runs.skip_nonfinite_updates(
-      optim.make_optimizer(optim.OptimizerConfig(learning_rate=0.1)))
+      optim.make_optimizer(optim.OptimizerConfig(learning_rate=0.1, decay_iters=10)))
   params = {"w": jnp.ones((2, 2))}
   state = optimizer.init(params)
   updates, state = optimizer.update({"w": jnp.full((2, 2), jnp.nan)}, state, params)
