@@ -257,10 +257,16 @@ def pretrained(source: str, best: bool = False):
                      f"architecture comes from the weights; drop --{given[0]}.")
   params, config, spec = (convert.from_purejax(source, best=best) if best else
                           convert.from_pretrained(source))
-  tokenizer = tokenizers.from_spec(spec, encoding_file=FLAGS.tokenizer_file)
-  if FLAGS.tokenizer is not None and FLAGS.tokenizer != tokenizer.name:
-    raise ValueError(f"--tokenizer={FLAGS.tokenizer} does not fit {source}, whose "
-                     f"tokenizer is {tokenizer.name}; drop --tokenizer.")
+  if spec.get("type") == "ids":  # weights without a tokenizer: the user names one
+    if FLAGS.tokenizer is None:
+      raise ValueError(f"{source} records no tokenizer, only {spec['vocab_size']} token "
+                       f"ids; pass --tokenizer=char or --tokenizer=gpt2.")
+    tokenizer = FLAGS.tokenizer
+  else:
+    tokenizer = tokenizers.from_spec(spec, encoding_file=FLAGS.tokenizer_file)
+    if FLAGS.tokenizer is not None and FLAGS.tokenizer != tokenizer.name:
+      raise ValueError(f"--tokenizer={FLAGS.tokenizer} does not fit {source}, whose "
+                       f"tokenizer is {tokenizer.name}; drop --tokenizer.")
   return params, gpt_config(config.vocab_size, base=config), tokenizer
 
 

@@ -1,8 +1,13 @@
-"""Shared test fixtures.
+"""Shared test fixtures and the test tiers.
 
-Integration tests read the original data from `../shared/data` (beside the
-repository; override with PUREJAX_SHARED_DATA). Under `CI=true` they must
-run: missing data is a failure there, not a skip.
+Integration tests read the original data from the folder named by the
+`PUREJAX_TEST_DATA` environment variable: `mnist/` with MNIST's four
+original `.gz` files, and `tinyshakespeare/input.txt`. Without it they skip,
+except under `CI=true`, where missing data is a failure, not a skip.
+
+Tiers: `pytest -m "not slow" tests` runs the fast tier (unit tests of every
+module, in-process); `pytest tests` runs everything. Tests that train through
+subprocesses, several devices or the real data are marked `slow`.
 """
 
 import os
@@ -13,16 +18,15 @@ import sys
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = pathlib.Path(
-    os.environ.get("PUREJAX_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+TEST_DATA = os.environ.get("PUREJAX_TEST_DATA")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def require_shared_data(name: str) -> pathlib.Path:
-  """Path of `shared/data/<name>`; skips outside CI if absent, fails in CI."""
-  path = SHARED_DATA / name
+def require_test_data(name: str) -> pathlib.Path:
+  """Path of `$PUREJAX_TEST_DATA/<name>`; skips outside CI if absent, fails in CI."""
+  path = pathlib.Path(TEST_DATA or "<PUREJAX_TEST_DATA unset>") / name
   if not path.is_dir():
-    message = f"{path} not found (set PUREJAX_SHARED_DATA)"
+    message = f"{path} not found (set PUREJAX_TEST_DATA to the folder of the test data)"
     if IN_CI:
       pytest.fail(message + "; integration tests must run under CI=true.")
     pytest.skip(message)
@@ -44,3 +48,10 @@ def run_module(module: str, *args: str, timeout: float = 900,
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
   return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                         text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+
+
+def pytest_collection_modifyitems(items):
+  # Integration tests are slow tests too.
+  for item in items:
+    if item.get_closest_marker("integration"):
+      item.add_marker(pytest.mark.slow)

@@ -1,4 +1,4 @@
-"""End to end on the real data in ../shared/data, through the command line.
+"""End to end on the real data in $PUREJAX_TEST_DATA, through the command line.
 
 These run under CI=true (missing data fails there, see conftest).
 """
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import require_shared_data, run_module
+from conftest import require_test_data, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def sorted_examples(images, labels):
 
 def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
   from purejax import data
-  mnist_dir = require_shared_data("mnist")
+  mnist_dir = require_test_data("mnist")
   via_tfds = data.load_mnist(tfds_data_dir, str(mnist_dir))
   direct = data.load_mnist_idx(str(mnist_dir))
   assert via_tfds.train_images.shape == (60000, 784)
@@ -41,7 +41,7 @@ def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
 
 
 def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
-  mnist_dir = require_shared_data("mnist")
+  mnist_dir = require_test_data("mnist")
   process = run_module("purejax.train", "--model=mlp", "--epochs=1",
                        f"--tfds_manual_dir={mnist_dir}", f"--tfds_data_dir={tfds_data_dir}",
                        f"--out_dir={tmp_path}")
@@ -51,7 +51,7 @@ def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
 
 
 def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
-  text_dir = require_shared_data("tinyshakespeare")
+  text_dir = require_test_data("tinyshakespeare")
   process = run_module(
       "purejax.train", "--max_iters=200", "--lr_decay_iters=200", "--warmup_iters=20",
       "--eval_interval=100", "--eval_iters=50", "--sample_tokens=40",
@@ -74,7 +74,7 @@ def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
 
 
 def test_mlp_input_size_must_match_the_data(tfds_data_dir, tmp_path):
-  mnist_dir = require_shared_data("mnist")
+  mnist_dir = require_test_data("mnist")
   process = run_module("purejax.train", "--model=mlp", "--layer_sizes=100,10",
                        f"--tfds_manual_dir={mnist_dir}", f"--tfds_data_dir={tfds_data_dir}",
                        f"--out_dir={tmp_path}")

@@ -26,6 +26,7 @@ from conftest import REPO_ROOT
 from purejax import mlp
 from purejax import parallel
 
+
 WORKER = REPO_ROOT / "tests" / "parallel_worker.py"
 RTOL = 1e-5  # fp32, relative: the issue's bar for "the same losses"
 
@@ -44,6 +45,10 @@ def run_worker(**options) -> dict:
   return _run_worker(json.dumps(options, sort_keys=True))
 
 
+# Each of these trains in subprocesses with 4 CPU devices.
+slow = pytest.mark.slow
+
+
 def assert_same_training(result, reference, rtol=RTOL):
   np.testing.assert_allclose(result["losses"], reference["losses"], rtol=rtol)
   assert result["params"].keys() == reference["params"].keys()
@@ -55,6 +60,7 @@ def assert_same_training(result, reference, rtol=RTOL):
                                err_msg=name)
 
 
+@slow
 @pytest.mark.parametrize("model", ["gpt", "mlp"])
 def test_data_parallel_matches_one_device(model):
   one = run_worker(model=model, num_devices=1)
@@ -65,6 +71,7 @@ def test_data_parallel_matches_one_device(model):
   assert four["param_bytes_per_device"] == [four["param_bytes"]] * 4
 
 
+@slow
 @pytest.mark.parametrize("model", ["gpt", "mlp"])
 def test_fsdp_matches_one_device_and_splits_the_params(model):
   one = run_worker(model=model, num_devices=1)
@@ -79,6 +86,7 @@ def test_fsdp_matches_one_device_and_splits_the_params(model):
     assert fsdp["param_bytes_per_device"] == [(fsdp["param_bytes"] - 40) / 4 + 40] * 4
 
 
+@slow
 @pytest.mark.parametrize("model", ["gpt", "mlp"])
 def test_four_microbatches_equal_one_four_times_larger_batch(model):
   whole = run_worker(model=model, num_devices=1, batch_size=16)
@@ -86,6 +94,7 @@ def test_four_microbatches_equal_one_four_times_larger_batch(model):
   assert_same_training(accumulated, whole)
 
 
+@slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_accumulation_on_four_devices_matches_one_device(fsdp):
   one = run_worker(model="gpt", num_devices=1)
@@ -93,6 +102,7 @@ def test_accumulation_on_four_devices_matches_one_device(fsdp):
   assert_same_training(four, one)
 
 
+@slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_gradients_cross_devices_once_per_step(fsdp):
   # Each device sums its microbatches' gradients locally (shard_map) and the
@@ -108,6 +118,7 @@ def test_gradients_cross_devices_once_per_step(fsdp):
     assert set(volume) == ({"all-reduce", "all-gather"} if fsdp else {"all-reduce"})
 
 
+@slow
 def test_dropout_is_the_same_on_four_devices_as_on_one():
   # JAX's partitionable threefry draws the same bits however the batch is split.
   one = run_worker(model="gpt", num_devices=1, dropout=0.1)

@@ -16,8 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require_shared_data
+from conftest import REPO_ROOT, require_test_data
 from purejax import checkpoint
+
+pytestmark = pytest.mark.slow
 
 MANIFEST = checkpoint._MANIFEST  # pylint: disable=protected-access
 
@@ -29,7 +31,7 @@ TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_
 
 @pytest.fixture(scope="module")
 def data_flags(tmp_path_factory):
-  text_dir = require_shared_data("tinyshakespeare")
+  text_dir = require_test_data("tinyshakespeare")
   return [f"--tfds_manual_dir={text_dir}",
           f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_resume')}"]
 
@@ -188,7 +190,7 @@ MLP_FLAGS = ["--model=mlp", "--layer_sizes=784,32,10", "--epochs=4", "--batch_si
 
 
 def test_mlp_sigkill_then_resume_is_bit_identical(tmp_path, tmp_path_factory):
-  mnist_dir = require_shared_data("mnist")
+  mnist_dir = require_test_data("mnist")
   flags = MLP_FLAGS + [f"--tfds_manual_dir={mnist_dir}",
                        f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_mlp')}"]
 

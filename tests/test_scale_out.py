@@ -16,8 +16,10 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require_shared_data, run_module
+from conftest import REPO_ROOT, require_test_data, run_module
 from purejax import checkpoint
+
+pytestmark = pytest.mark.slow
 
 TINY_GPT = ["--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
             "--batch_size=8", "--max_iters=20", "--lr_decay_iters=20", "--warmup_iters=5",
@@ -32,7 +34,7 @@ def devices(n):
 
 @pytest.fixture(scope="module")
 def text_flags(tmp_path_factory):
-  text_dir = require_shared_data("tinyshakespeare")
+  text_dir = require_test_data("tinyshakespeare")
   return [f"--tfds_manual_dir={text_dir}",
           f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_scale')}"]
 
@@ -165,7 +167,7 @@ def test_bad_scale_out_flags_fail_with_a_clear_message(tmp_path, text_flags, fla
 
 
 def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
-  mnist_dir = require_shared_data("mnist")
+  mnist_dir = require_test_data("mnist")
   # 60000 / 3000 = 20 steps in one epoch.
   flags = ["--model=mlp", "--epochs=1", "--batch_size=3000", f"--tfds_data_dir={tfds_data_dir}",
            f"--tfds_manual_dir={mnist_dir}"]

@@ -1,0 +1,208 @@
+"""The command line as a user drives it: own corpora, pretrained weights, what a run shows.
+
+Each test runs `python -m purejax.train` or `python -m purejax.sample` in a
+subprocess on a tiny model and a corpus the test writes itself.
+"""
+
+import json
+import os
+import pickle
+import pty
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, run_module
+from purejax import checkpoint
+from purejax import data
+from purejax import monitor
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+        "--eval_iters=2", "--sample_tokens=0", "--warmup_iters=2"]
+SHORT = ["--max_iters=20", "--eval_interval=10", "--log_interval=5", "--steps_per_call=5"]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  text = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()[:40_000]
+  path = tmp_path_factory.mktemp("text") / "plays.txt"
+  path.write_text(text)
+  return path
+
+
+def final(process):
+  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
+  line = [l for l in process.stdout.splitlines() if l.startswith("final ")][-1]
+  return json.loads(line[len("final "):])
+
+
+def one_line_error(process, *fragments):
+  assert process.returncode == 1, process.stdout[-1000:] + process.stderr[-2000:]
+  assert "Traceback" not in process.stderr
+  error = [l for l in process.stderr.splitlines() if l.startswith("error: ")]
+  assert len(error) == 1, process.stderr[-2000:]
+  for fragment in fragments:
+    assert fragment in error[0], error[0]
+
+
+def test_a_text_file_trains_and_its_tokens_are_cached(tmp_path, text_file):
+  cache = tmp_path / "cache"
+  args = [*TINY, *SHORT, f"--dataset={text_file}", f"--cache_dir={cache}"]
+  metrics = final(run_module("purejax.train", *args, f"--out_dir={tmp_path / 'a'}"))
+  assert metrics["step"] == 20 and metrics["val_loss"] < 4.0
+  assert len(list(cache.glob("*.tokens"))) == 1
+  text_file.write_text(text_file.read_text() + "\nA changed line.\n")
+  final(run_module("purejax.train", *args, f"--out_dir={tmp_path / 'b'}"))
+  assert len(list(cache.glob("*.tokens"))) == 2  # the changed file was tokenized again
+
+
+def test_a_nanogpt_bin_folder_trains_unchanged(tmp_path):
+  chars = sorted(set("hello world, said the nanoGPT folder.\n"))
+  stoi = {c: i for i, c in enumerate(chars)}
+  text = "hello world, said the nanoGPT folder.\n" * 400
+  ids = np.array([stoi[c] for c in text], np.uint16)
+  folder = tmp_path / "shakespeare_char"
+  folder.mkdir()
+  ids[:14000].tofile(folder / "train.bin")
+  ids[14000:].tofile(folder / "val.bin")
+  with open(folder / "meta.pkl", "wb") as f:
+    pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+  metrics = final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={folder}",
+                             f"--out_dir={tmp_path / 'run'}", "--learning_rate=1e-2"))
+  assert metrics["val_loss"] < 2.0
+  bad = ids.copy()
+  bad[5] = 999
+  bad.tofile(folder / "val.bin")
+  one_line_error(run_module("purejax.train", *TINY, *SHORT, f"--dataset={folder}",
+                            f"--out_dir={tmp_path / 'bad'}"), "999")
+  assert not (tmp_path / "bad").exists() or not list((tmp_path / "bad").iterdir())
+
+
+def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file):
+  torch = pytest.importorskip("torch", reason="pip install -r bench/requirements.txt")
+  transformers = pytest.importorskip("transformers",
+                                     reason="pip install -r bench/requirements.txt")
+  torch.manual_seed(0)
+  model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+      vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+  hf = tmp_path / "tiny-gpt2"
+  model.save_pretrained(hf)
+  # No tokenizer is recorded with these weights: the user names one.
+  one_line_error(run_module("purejax.train", f"--init_from={hf}", f"--dataset={text_file}",
+                            f"--out_dir={tmp_path / 'x'}"), "--tokenizer=char")
+  one_line_error(run_module("purejax.train", f"--init_from={hf}", "--n_layer=3",
+                            f"--out_dir={tmp_path / 'x'}"), "--n_layer has no effect")
+  args = ["--tokenizer=char", f"--dataset={text_file}", "--batch_size=4", "--eval_iters=2",
+          "--sample_tokens=20", *SHORT]
+  before = final(run_module("purejax.train", f"--init_from={hf}", "--eval_only", *args,
+                            f"--out_dir={tmp_path / 'eval'}"))
+  tuned = final(run_module("purejax.train", f"--init_from={hf}", *args,
+                           f"--out_dir={tmp_path / 'tuned'}"))
+  assert tuned["val_loss"] < before["val_loss"] - 0.5, (before, tuned)
+  after = final(run_module("purejax.train", "--eval_only", *args,
+                           f"--out_dir={tmp_path / 'tuned'}"))
+  np.testing.assert_allclose(after["val_loss"], tuned["val_loss"], rtol=1e-5)
+  exported = tmp_path / "exported"
+  converted = run_module("purejax.convert", f"--from=purejax:{tmp_path / 'tuned'}",
+                         f"--to=hf:{exported}")
+  assert converted.returncode == 0, converted.stderr[-2000:]
+  transformers.GPT2LMHeadModel.from_pretrained(exported)
+  sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'tuned'}", "--start=ROMEO:",
+                      "--max_new_tokens=10")
+  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
+
+
+def test_data_errors_are_one_line(tmp_path, text_file):
+  out = f"--out_dir={tmp_path / 'run'}"
+  one_line_error(run_module("purejax.train", "--dataset=/no/such/file.txt", out),
+                 "does not exist")
+  one_line_error(run_module("purejax.train", f"--dataset={text_file}",
+                            f"--tfds_manual_dir={tmp_path}", out), "has no effect")
+  one_line_error(run_module("purejax.train", f"--tfds_manual_dir={tmp_path / 'none'}", out),
+                 "--tfds_manual_dir")
+  one_line_error(run_module("purejax.train", "--init_from=/no/such/model", out),
+                 "--init_from=/no/such/model")
+  # A char model meets text with characters it has never seen.
+  final(run_module("purejax.train", *TINY, "--max_iters=5", "--eval_interval=5",
+                   f"--dataset={text_file}", f"--out_dir={tmp_path / 'char'}"))
+  other = tmp_path / "other.txt"
+  other.write_text("Ünïcödé text the model has never seen. " * 200)
+  one_line_error(run_module("purejax.train", f"--init_from={tmp_path / 'char'}",
+                            f"--dataset={other}", out), "not in the model's vocabulary")
+  assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("ckpt_*"))
+
+
+def test_help_lists_only_the_chosen_models_flags():
+  gpt_help = run_module("purejax.train", "--help")
+  mlp_help = run_module("purejax.train", "--model=mlp", "--help")
+  assert "--n_layer" in gpt_help.stdout and "--layer_sizes" not in gpt_help.stdout
+  assert "--layer_sizes" in mlp_help.stdout and "--n_layer" not in mlp_help.stdout
+  assert "--learning_rate: Peak learning rate.\n    (default: '0.001')" in gpt_help.stdout
+  assert "(default: '0.003')" in mlp_help.stdout
+
+
+def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_file):
+  args = [sys.executable, "-m", "purejax.train", *TINY, "--max_iters=40",
+          "--eval_interval=20", "--log_interval=10", "--steps_per_call=5",
+          f"--dataset={text_file}"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", COLUMNS="120")
+  piped = subprocess.run(args + [f"--out_dir={tmp_path / 'piped'}"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, env=env, timeout=600)
+  assert piped.returncode == 0, piped.stderr[-2000:]
+  assert "\r" not in piped.stdout + piped.stderr
+  assert "step    40 | loss" in piped.stdout
+  pid, fd = pty.fork()
+  if pid == 0:  # the child runs the training on the terminal
+    os.chdir(REPO_ROOT)
+    os.execve(sys.executable, args + [f"--out_dir={tmp_path / 'tty'}"], env)
+  output = b""
+  while True:
+    try:
+      chunk = os.read(fd, 4096)
+    except OSError:
+      break
+    if not chunk:
+      break
+    output += chunk
+  _, status = os.waitpid(pid, 0)
+  text = output.decode(errors="replace")
+  assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+  assert "\r" in text and "40/40" in text
+  counts = [int(n) for n in re.findall(r"\b(\d+)/40\b", text)]
+  assert counts == sorted(counts) and counts[-1] == 40  # it moved forward to the end
+
+
+def test_metrics_survive_a_sigkill_and_resume_without_duplicates(tmp_path, text_file):
+  out_dir = tmp_path / "run"
+  args = [sys.executable, "-m", "purejax.train", *TINY, "--max_iters=200",
+          "--eval_interval=20", "--log_interval=5", "--steps_per_call=5",
+          f"--dataset={text_file}", f"--out_dir={out_dir}"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  process = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 300
+  while not checkpoint.list_checkpoints(str(out_dir)) or len(
+      monitor.read_metrics(out_dir)) < 12:
+    assert process.poll() is None and time.monotonic() < deadline
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+  complete = lines if (out_dir / "metrics.jsonl").read_text().endswith("\n") else lines[:-1]
+  for line in complete:
+    json.loads(line)  # every complete line is valid JSON
+  resumed = subprocess.run(args + ["--resume"], cwd=REPO_ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  records = monitor.read_metrics(out_dir)
+  for kind in ("train", "eval"):
+    steps = [r["step"] for r in records if r["kind"] == kind]
+    assert steps == sorted(set(steps)), steps  # strictly increasing
+  assert [r["step"] for r in records if r["kind"] == "train"][-1] == 200
