@@ -245,7 +245,11 @@ class TorchGPT(nn.Module):
         torch.compiler.cudagraph_mark_step_begin()
       pos = p + i - 1  # position of the token fed in
       token = step(token[:, None], positions[pos:pos + 1], temperature, top_k)
-      out[:, p + i] = token  # copies it out before the next CUDA-graph replay reuses it
+      if compile_mode is not False:
+        # A compiled step's output may live in CUDA-graph memory that the
+        # next replay overwrites: keep a copy (as gpt-fast does).
+        token = token.clone()
+      out[:, p + i] = token
     return out
 
 
