@@ -850,6 +850,16 @@ def job_i_torch_recipe(job: Job) -> None:
     return data[ix], data[ix + 1]
 
   history, seconds = [], []
+
+  def publish(done):
+    row = summarise_run(history, seconds, time.perf_counter() - start)
+    row["torch"] = {"compiled": job.compile_torch, "fused_adamw": device.type == "cuda"}
+    if not done:
+      row["partial"] = f"up to step {history[-1]['step']} of {s.recipe_iters}"
+    job.result["history"] = history
+    job.result["rows"] = {name: add_speed(row, b * t, flops_per_token(config), job.peak_flops)}
+    job.save()
+
   with tempfile.TemporaryDirectory() as out_dir:
 
     def evaluate(step):
@@ -872,8 +882,8 @@ def job_i_torch_recipe(job: Job) -> None:
     while True:
       if step % s.eval_interval == 0 or step == s.recipe_iters:
         evaluate(step)
-        job.result["history"] = history
-        job.save()
+        if seconds:
+          publish(done=step == s.recipe_iters)
       if step == s.recipe_iters:
         break
       n = min(10, s.recipe_iters - step, s.eval_interval - step % s.eval_interval)
@@ -892,9 +902,6 @@ def job_i_torch_recipe(job: Job) -> None:
       torch_sync(torch, device)
       seconds.append((time.perf_counter() - call_start) / n)
       step += n
-  row = summarise_run(history, seconds, time.perf_counter() - start)
-  row["torch"] = {"compiled": job.compile_torch, "fused_adamw": device.type == "cuda"}
-  job.result["rows"] = {name: add_speed(row, b * t, flops_per_token(config), job.peak_flops)}
 
 
 def job_i_speed(job: Job) -> None:
