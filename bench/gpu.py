@@ -1028,6 +1028,9 @@ def job_j_sample(job: Job) -> None:
     for row in rows.values():
       row["tokens_per_s"] = 1.0 / row["median"]
     job.result["rows"] = rows
+    twins = [name for name in (eager, compiled) if name in rows]
+    if twins:
+      job.result["fastest_twin"] = min(twins, key=lambda name: rows[name]["median"])
 
   alternate(job, arms, s.sample_rounds, publish)
 
@@ -1219,6 +1222,12 @@ def main(argv):
   results = read_results(path)
   results["meta"]["seconds"] = time.time() - started
   write_results(path, results)
+  versions = meta["versions"]
+  print(f"\n{meta['gpu']}; jax {versions.get('jax')}, jaxlib {versions.get('jaxlib')}, "
+        f"torch {versions.get('torch')}; {meta['sizes']}; ratio = arm time / reference "
+        f"time per round, median (min-max), above 1: the reference is faster; the reference "
+        f"(`vs` in the file) is the job's first purejax arm, in i.speed purejax with the "
+        f"same dropout\n")
   print(markdown(results["results"]))
   print(f"wrote {path} (job output: {log})")
 
@@ -1232,7 +1241,7 @@ def _fmt(value, spec=".3g", scale=1.0, suffix=""):
 
 
 def markdown(results: dict) -> str:
-  lines = ["| job | arm | median (min-max) | tokens/s | MFU | peak GiB | vs purejax | other |",
+  lines = ["| job | arm | median (min-max) | tokens/s | MFU | peak GiB | ratio vs ref | other |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for job, result in results.items():
     for arm, row in (result.get("rows") or {}).items():
