@@ -17,7 +17,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is bench-only: pip install -r bench/requirements.txt")
 
 from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
-from purejax import data as data_lib, gpt, mlp, optim  # pylint: disable=g-import-not-at-top
+from purejax import data as data_lib, decode, gpt, mlp, optim  # pylint: disable=g-import-not-at-top
 
 CONFIG = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
@@ -93,3 +93,67 @@ def test_mlp_logits_and_step_agree():
     theirs = twin(torch.from_numpy(images))
   np.testing.assert_allclose(np.asarray(mlp.batched_predict(new_params, jnp.asarray(images))),
                              theirs.numpy(), atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------
+# The GPU twin's paths (bench/gpu.py), checked on CPU in float32
+
+
+def sharpened(config, seed=0):
+  """Params scaled up so greedy decoding has clear winners (no argmax near-ties)."""
+  return perturbed(gpt.init_params(config, jax.random.PRNGKey(seed)), seed + 1, scale=0.3)
+
+
+def test_gpu_recipe_twin_in_eval_mode_equals_forward():
+  # The Shakespeare GPU recipe's model: no biases, dropout 0.2, which the
+  # SDPA path must switch off in eval mode.
+  config = dataclasses.replace(CONFIG, bias=False, dropout=0.2)
+  params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)))
+  tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 16), 0, 65))
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(config), params).eval()
+  with torch.no_grad():
+    theirs, _ = twin(torch.from_numpy(tokens).long())
+  ours = gpt.forward(params, jnp.asarray(tokens), config)
+  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_twin_kv_cache_logits_equal_forward():
+  params = perturbed(gpt.init_params(CONFIG, jax.random.PRNGKey(0)))
+  tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (2, 16), 0, 65))
+  ours = np.asarray(gpt.forward(params, jnp.asarray(tokens), CONFIG))
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(CONFIG), params).eval()
+  twin.setup_kv_cache(batch=2)
+  x = torch.from_numpy(tokens).long()
+  with torch.no_grad():
+    # A 5-token prompt in one pass, then one token at a time.
+    logits = [twin.forward_with_cache(x[:, :5], torch.arange(5))]
+    logits += [twin.forward_with_cache(x[:, t:t + 1], torch.tensor([t])) for t in range(5, 16)]
+  theirs = torch.stack(logits, dim=1).numpy()  # positions 4, 5, ..., 15
+  np.testing.assert_allclose(ours[:, 4:], theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prompt_len,new_tokens", [(1, 15), (4, 9)])
+def test_twin_kv_generate_greedy_equals_purejax(prompt_len, new_tokens):
+  params = sharpened(CONFIG)
+  prompt = jax.random.randint(jax.random.PRNGKey(3), (2, prompt_len), 0, 65)
+  ours = decode.generate(params, prompt, CONFIG, jax.random.PRNGKey(0),
+                         max_new_tokens=new_tokens, temperature=0.0)
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(CONFIG), params).eval()
+  theirs = twin.generate_kv(torch.from_numpy(np.asarray(prompt)).long(), new_tokens,
+                            temperature=0.0)
+  np.testing.assert_array_equal(np.asarray(ours), theirs.numpy())
+
+
+def test_twin_kv_generate_top_k_sampling():
+  params = sharpened(CONFIG)
+  twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(CONFIG), params).eval()
+  prompt = torch.zeros((3, 1), dtype=torch.long)
+  greedy = twin.generate_kv(prompt, 10, temperature=0.0)
+  # top_k=1 leaves only the argmax, whatever the draw.
+  np.testing.assert_array_equal(twin.generate_kv(prompt, 10, top_k=1).numpy(), greedy.numpy())
+  torch.manual_seed(0)
+  sampled = twin.generate_kv(prompt, 15, temperature=1.0, top_k=5)
+  assert sampled.shape == (3, 16)
+  assert sampled.min() >= 0 and sampled.max() < CONFIG.vocab_size
+  with pytest.raises(ValueError, match="block_size"):
+    twin.generate_kv(prompt, CONFIG.block_size)
