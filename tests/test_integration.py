@@ -67,10 +67,10 @@ def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
   bad_prompt = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO\u20ac")
   assert bad_prompt.returncode == 1
   assert "not in the model's vocabulary" in bad_prompt.stderr
-  mlp_dir = tmp_path / "not-a-gpt"
-  mlp_dir.mkdir()
-  wrong_model = run_module("purejax.sample", f"--out_dir={mlp_dir}")
-  assert wrong_model.returncode == 1 and "train first" in wrong_model.stderr
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  nothing = run_module("purejax.sample", f"--out_dir={empty}")
+  assert nothing.returncode == 1 and "train first" in nothing.stderr
 
 
 def test_mlp_input_size_must_match_the_data(tfds_data_dir, tmp_path):
