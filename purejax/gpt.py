@@ -338,18 +338,8 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *,
   return x
 
 
-def hidden_states(
-    params: Params,
-    tokens: chex.Array,
-    config: GPTConfig,
-    *,
-    key: Optional[chex.PRNGKey] = None,
-    deterministic: bool = True,
-) -> chex.Array:
-  """The final LayerNorm's output `[batch, time, embd]`: what the head reads.
-
-  Args, checks and dropout as in `forward`.
-  """
+def _hidden_states(params, tokens, config, key, deterministic) -> chex.Array:
+  """The final LayerNorm's output `[batch, time, embd]`: what the head reads."""
   check_tokens(tokens, config)
   check_params(params, config)
   t = tokens.shape[1]
@@ -384,7 +374,7 @@ def forward(
     `[batch, time, vocab_size]` float32 logits; position t depends only on
     tokens at positions <= t.
   """
-  x = hidden_states(params, tokens, config, key=key, deterministic=deterministic)
+  x = _hidden_states(params, tokens, config, key, deterministic)
   logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype)
   chex.assert_shape(logits, (*tokens.shape, config.vocab_size))
   return logits.astype(jnp.float32)
@@ -406,7 +396,7 @@ def loss(
   so the whole float32 logits never exist at once.
   """
   chex.assert_equal_shape((tokens, targets))
-  x = hidden_states(params, tokens, config, key=key, deterministic=deterministic)
+  x = _hidden_states(params, tokens, config, key, deterministic)
   forms = config.forms()
   return kernels.tied_head_cross_entropy(
       x, params["wte"]["embedding"], targets, compute_dtype=config.matmul_dtype,

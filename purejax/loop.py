@@ -247,9 +247,8 @@ def train_gpt(
 
   on_device = corpus_lib.fits_on_device(text)
   step_fn = parallel.sharded_step(
-      steps.train_steps if on_device else steps.train_steps_on_windows, plan, shardings,
-      config=config, optimizer=optimizer, batch_size=train.batch_size,
-      grad_accum_steps=devices.grad_accum_steps)
+      steps.train_steps, plan, shardings, config=config, optimizer=optimizer,
+      batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps)
   feed = (_device_feed(text, config, train, plan, step_fn) if on_device else
           _host_feed(text, config, train, plan, step_fn, chunk_length))
   n_params = gpt.num_params(params)
@@ -284,7 +283,7 @@ def train_gpt(
     with runs.log_to(progress.write), mon, progress:
       while step < train.max_iters:
         if step % train.eval_interval == 0 and not (history and history[-1]["step"] == step):
-          val_loss = evaluate(step)
+          evaluate(step)
         num_steps = chunk_length(step)
         if train.profile_steps and step == train.profile_steps[0]:
           jax.profiler.start_trace(str(pathlib.Path(run.out_dir) / "profile"))

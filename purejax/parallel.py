@@ -299,7 +299,7 @@ def describe(plan: ShardingPlan, batch_size: int, grad_accum_steps: int) -> str:
           f"{jax.process_count()} process(es)), params "
           f"{'split (FSDP)' if plan.fsdp else 'replicated'}, batch {batch_size} = "
           f"{plan.num_devices} devices x {grad_accum_steps} microbatches x "
-          f"{batch_size // plan.num_devices // grad_accum_steps}")
+          f"{batch_size // plan.num_devices // grad_accum_steps}; {jax.devices()[0].device_kind}")
 
 
 def main_process_first(load: Callable[[], Any], errors=(ValueError,)) -> Any:

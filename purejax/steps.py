@@ -53,10 +53,10 @@ def _update(params, opt_state, batch, dropout_key, *, config, optimizer, grad_ac
       value, optax.tree.norm(grads))
 
 
-_STATIC = ("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps", "plan")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnums=(0, 1))
+@functools.partial(
+    jax.jit, static_argnames=("config", "optimizer", "batch_size", "num_steps",
+                              "grad_accum_steps", "plan"),
+    donate_argnums=(0, 1))
 def train_steps(
     params: Params,
     opt_state: optax.OptState,
@@ -73,14 +73,19 @@ def train_steps(
 ) -> Tuple[Params, Any, StepMetrics]:
   """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
 
-  Step `s` draws its batch and dropout keys from `fold_in(key, s)`, so the
-  whole run is a function of `(key, step)`: chunking the steps differently,
-  or resuming at any step, gives the same result.
+  Step `s` draws its dropout keys, and its batch when drawn on the device,
+  from `fold_in(key, s)`, so the whole run is a function of `(key, step)`:
+  chunking the steps differently, or resuming at any step, gives the same
+  result.
 
   Args:
     params: model params (donated).
     opt_state: optax state (donated).
-    tokens: `[num_tokens]` training ids, on the device.
+    tokens: either the `[num_tokens]` training ids, on the device, from which
+      each step draws random windows (`data.sample_batch`); or the batches
+      themselves, `[num_steps, batch_size, block_size + 1]` windows read by the
+      host (`data.sample_windows`) for corpora too large for the device.
+      Inputs are a window's first `block_size` tokens, targets its last.
     key: base key of the run's training stream.
     step: global index of the first step.
     config: model config.
@@ -96,60 +101,25 @@ def train_steps(
   Returns:
     `(params, opt_state, StepMetrics)` with `[num_steps]` entries.
   """
-  def one_step(carry, s):
-    batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
-    batch = data.sample_batch(batch_key, tokens, config.block_size, batch_size)
-    params, opt_state, metrics = _update(
-        *carry, batch, dropout_key, config=config, optimizer=optimizer,
-        grad_accum_steps=grad_accum_steps, plan=plan)
-    return (params, opt_state), metrics
-
-  steps = step + jnp.arange(num_steps)
-  (params, opt_state), metrics = jax.lax.scan(one_step, (params, opt_state), steps)
-  return params, opt_state, metrics
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnums=(0, 1))
-def train_steps_on_windows(
-    params: Params,
-    opt_state: optax.OptState,
-    windows: chex.Array,
-    key: chex.PRNGKey,
-    step: chex.Numeric,
-    *,
-    config: gpt.GPTConfig,
-    optimizer: optax.GradientTransformation,
-    batch_size: int,
-    num_steps: int,
-    grad_accum_steps: int = 1,
-    plan: Optional[parallel.ShardingPlan] = None,
-) -> Tuple[Params, Any, StepMetrics]:
-  """`train_steps` on batches read by the host, for corpora too large for the device.
-
-  Args:
-    windows: `[num_steps, batch_size, block_size + 1]` token windows, one
-      batch per step (e.g. `corpus.BatchPrefetcher`); inputs are a window's
-      first `block_size` tokens and targets its last.
-    key, step: as in `train_steps`; only dropout is drawn from them.
-    Others as in `train_steps`.
-
-  Returns:
-    `(params, opt_state, StepMetrics)` with `[num_steps]` entries.
-  """
-  chex.assert_shape(windows, (num_steps, batch_size, config.block_size + 1))
+  from_host = tokens.ndim == 3
+  if from_host:
+    chex.assert_shape(tokens, (num_steps, batch_size, config.block_size + 1))
 
   def one_step(carry, xs):
     s, window = xs
-    dropout_key = jax.random.split(rng.fold_in_step(key, s))[1]
-    batch = (window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32))
+    batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
+    if from_host:
+      batch = (window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32))
+    else:
+      batch = data.sample_batch(batch_key, tokens, config.block_size, batch_size)
     params, opt_state, metrics = _update(
         *carry, batch, dropout_key, config=config, optimizer=optimizer,
         grad_accum_steps=grad_accum_steps, plan=plan)
     return (params, opt_state), metrics
 
   steps = step + jnp.arange(num_steps)
-  (params, opt_state), metrics = jax.lax.scan(one_step, (params, opt_state),
-                                              (steps, windows))
+  (params, opt_state), metrics = jax.lax.scan(
+      one_step, (params, opt_state), (steps, tokens if from_host else None))
   return params, opt_state, metrics
 
 

@@ -206,3 +206,24 @@ def test_metrics_survive_a_sigkill_and_resume_without_duplicates(tmp_path, text_
     steps = [r["step"] for r in records if r["kind"] == kind]
     assert steps == sorted(set(steps)), steps  # strictly increasing
   assert [r["step"] for r in records if r["kind"] == "train"][-1] == 200
+
+
+def test_trains_on_an_image_with_only_jax(tmp_path):
+  # GPU images often carry JAX, optax, chex, absl and numpy only. Hide the
+  # rest: the default dataset then comes from the text in the package.
+  hidden = ["tensorflow", "tensorflow_datasets", "tiktoken", "safetensors", "tensorboardX",
+            "tqdm", "matplotlib", "transformers", "torch"]
+  script = (f"import sys, runpy\n"
+            f"for name in {hidden!r}:\n"
+            f"  sys.modules[name] = None\n"
+            f"sys.argv = ['train'] + sys.argv[1:]\n"
+            f"runpy.run_module('purejax.train', run_name='__main__')\n")
+  process = subprocess.run(
+      [sys.executable, "-c", script, *TINY, "--max_iters=10", "--eval_interval=10",
+       "--log_interval=5", "--steps_per_call=5", f"--out_dir={tmp_path}"],
+      capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  metrics = final(process)
+  assert metrics["step"] == 10
+  assert "tiny_shakespeare (embedded text; TFDS not installed)" in process.stdout
+  assert (tmp_path / "metrics.jsonl").exists()
