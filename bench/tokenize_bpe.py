@@ -1,4 +1,4 @@
-"""Seconds to tokenize 100 MB of text with GPT-2's BPE (`tokenizers.encode_file`).
+"""Seconds to tokenize 100 MB of text with GPT-2's BPE (`tokenize_files.encode_file`).
 
     python -m bench.tokenize_bpe [--mb=100] [--tokenizer_file=PATH]
 
@@ -36,6 +36,7 @@ import numpy as np
 import regex
 
 from purejax import data
+from purejax import tokenize_files
 from purejax import tokenizers
 
 _MB = flags.DEFINE_integer("mb", 100, "Megabytes of text to tokenize.", lower_bound=1)
@@ -119,9 +120,9 @@ def main(argv):
     ids = {}
     for name, fn in [
         (f"encode_file, {_THREADS.value} threads",
-         lambda: tokenizers.encode_file(tok, str(corpus), num_threads=_THREADS.value)),
-        ("encode_file, 1 thread", lambda: tokenizers.encode_file(tok, str(corpus),
-                                                                 num_threads=1)),
+         lambda: tokenize_files.encode_file(tok, str(corpus), num_threads=_THREADS.value)),
+        ("encode_file, 1 thread", lambda: tokenize_files.encode_file(tok, str(corpus),
+                                                                     num_threads=1)),
         ("one encode() of the whole text",
          lambda: tok.encode(corpus.read_text(encoding="utf-8"))),
     ]:

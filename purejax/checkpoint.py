@@ -68,8 +68,9 @@ def _digest(arrays: Dict[str, np.ndarray]) -> str:
   return sha.hexdigest()
 
 
-def _fsync_dir(directory: pathlib.Path) -> None:
-  fd = os.open(directory, os.O_RDONLY)
+def fsync(path: pathlib.Path) -> None:
+  """Forces a file's data, or a folder's entries (renames into it), onto the disk."""
+  fd = os.open(path, os.O_RDONLY)
   try:
     os.fsync(fd)
   finally:
@@ -95,7 +96,7 @@ def atomic_write(path: pathlib.Path, write_fn) -> None:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
-  _fsync_dir(path.parent)
+  fsync(path.parent)
 
 
 def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from purejax import data
+from purejax import tokenize_files
 from purejax import tokenizers
 
 SHAKESPEARE = "tiny_shakespeare"
@@ -109,12 +110,12 @@ def _blocks(pieces: List[Piece]) -> Iterator[bytes]:
 
 
 def _text_chunks(pieces: List[Piece]) -> Iterator[str]:
-  """The joined text in pieces cut where BPE encodes apart as together (see tokenizers)."""
+  """The joined text in pieces cut where BPE encodes apart as together (see tokenize_files)."""
   buf = b""
   for block in _blocks(pieces):
     start = max(len(buf) - 2, 0)  # earlier cut points were rejected already
     buf += block
-    cut = tokenizers._last_safe_cut(buf, start)  # pylint: disable=protected-access
+    cut = tokenize_files.last_safe_cut(buf, start)
     if cut is not None:
       yield buf[:cut].decode("utf-8")
       buf = buf[cut:]
@@ -270,8 +271,8 @@ def _atomic_write(path: pathlib.Path, payload: bytes) -> None:
 
 def _encode(tok, pieces: List[Piece], progress: Optional[bool]) -> np.ndarray:
   total = sum(len(p) if isinstance(p, bytes) else p.stat().st_size for p in pieces)
-  return tokenizers.encode_chunks(tok, _text_chunks(pieces), progress=progress,
-                                  total_chars=total)
+  return tokenize_files.encode_chunks(tok, _text_chunks(pieces), progress=progress,
+                                      total_chars=total)
 
 
 def _tokenize(source: _TextSource, tok, scratch: pathlib.Path, progress: Optional[bool]):
@@ -332,14 +333,14 @@ def _source_line(label: str, tok, train, val) -> str:
 
 def _bin_tokenizer(folder: pathlib.Path, tokenizer, tokenizer_file) -> tokenizers.Tokenizer:
   """meta.pkl's characters, else GPT-2 (nanoGPT's convention); a given one must agree."""
-  from purejax import convert  # pylint: disable=g-import-not-at-top  # pulls in jax: only here
+  from purejax import nanogpt  # pylint: disable=g-import-not-at-top  # pulls in jax: only here
   meta = folder / "meta.pkl"
   if not meta.is_file():
     if tokenizer == "char":
       raise CorpusError(f"{folder} has no meta.pkl, so its ids are GPT-2 BPE (nanoGPT's "
                         f"convention), not characters; drop --tokenizer=char.")
     return _resolve_tokenizer(tokenizer or "gpt2", tokenizer_file)
-  chars = convert.read_nanogpt_meta(str(meta))
+  chars = nanogpt.read_nanogpt_meta(str(meta))
   if isinstance(tokenizer, tokenizers.Tokenizer):
     if isinstance(tokenizer, tokenizers.CharTokenizer) and tokenizer.chars == chars.chars:
       return chars

@@ -23,11 +23,13 @@ import optax
 from purejax import corpus as corpus_lib
 from purejax import data as data_lib
 from purejax import decode
+from purejax import flops
 from purejax import gpt
 from purejax import mlp
 from purejax import monitor
 from purejax import optim
 from purejax import parallel
+from purejax import progress as progress_lib
 from purejax import rng
 from purejax import runs
 from purejax import steps
@@ -64,7 +66,7 @@ class GPTTrainConfig:
       goes to `out_dir/profile` (for TensorBoard's profile plugin).
     progress: a live progress bar; None: when stderr is a terminal.
     peak_flops: one device's peak FLOP/s for the logged MFU; None: the
-      device's known peak (`monitor.device_peak_flops`), or no MFU.
+      device's known peak (`flops.device_peak_flops`), or no MFU.
   """
   batch_size: int = 12
   max_iters: int = 2000
@@ -257,13 +259,14 @@ def train_gpt(
            f"{'on the device' if on_device else 'by the host from the memory-mapped file'}")
   runs.log(f"optimizer: {resolved}")
   tokens_per_step = train.batch_size * config.block_size
-  flops_per_token = monitor.transformer_flops_per_token(
+  flops_per_token = flops.transformer_flops_per_token(
       n_params, config.n_layer, config.n_head, config.head_dim, config.block_size)
-  peak = train.peak_flops or monitor.device_peak_flops(jax.devices()[0],
-                                                       config.compute_dtype)
+  peak = train.peak_flops or flops.device_peak_flops(jax.devices()[0],
+                                                     config.compute_dtype)
   peak = peak * plan.num_devices if peak else None
   main = parallel.is_main_process()
-  progress = monitor.Progress(train.max_iters, step, enabled=main and train.progress is not False)
+  progress = progress_lib.Progress(train.max_iters, step,
+                                   enabled=main and train.progress is not False)
   mon = monitor.Monitor(run.out_dir, resume_step=step if step else None, enabled=main,
                         log=progress.write)
 
@@ -309,7 +312,7 @@ def train_gpt(
               step, loss=losses[-1], lr=float(schedule(step - 1)),
               grad_norm=float(metrics.grad_norm[-1]), ms_per_iter=ms,
               tokens_per_s=tokens_per_step / ms * 1000,
-              mfu=monitor.mfu(flops_per_token, tokens_per_step / ms * 1000, peak))
+              mfu=flops.mfu(flops_per_token, tokens_per_step / ms * 1000, peak))
           mfu = f" | MFU {100 * record['mfu']:.1f}%" if record.get("mfu") else ""
           runs.log(f"step {step:5d} | loss {losses[-1]:.4f} | lr {record['lr']:.2e} | "
                    f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
@@ -461,8 +464,8 @@ def train_mlp(
   runs.log(f"optimizer: {opt_config}, {steps_per_epoch} steps/epoch")
 
   main = parallel.is_main_process()
-  progress = monitor.Progress(train.epochs, epoch, unit="epoch",
-                              enabled=main and progress_bar is not False)
+  progress = progress_lib.Progress(train.epochs, epoch, unit="epoch",
+                                   enabled=main and progress_bar is not False)
   mon = monitor.Monitor(run.out_dir, resume_step=epoch if epoch else None, enabled=main,
                         log=progress.write)
   last_saved = None

@@ -4,10 +4,11 @@
     ids = tok.encode("Hello world")               # np.ndarray int32: [15496, 995]
     text = tok.decode(ids)
     tok = from_spec(json.loads(json.dumps(tok.spec())))  # what a checkpoint stores
-    ids = encode_file(tok, "corpus.txt")          # large files, in parallel
 
 Every tokenizer has `name`, `vocab_size` (the number of real ids), `encode`,
-`decode` and `spec()`; see `Tokenizer`.
+`decode` and `spec()`; see `Tokenizer`. Large files are tokenized in parallel
+by `purejax.tokenize_files`; BPE encoding files are found and read by
+`purejax.bpe_files`.
 
 GPT-2's encoding, offline: tiktoken downloads GPT-2's `vocab.bpe` and
 `encoder.json` once and caches them (under `TIKTOKEN_CACHE_DIR`, default
@@ -22,22 +23,14 @@ GPT-2's fingerprint, so a wrong file is an error, not a silently different
 tokenizer.
 """
 
-import base64
-import concurrent.futures
-import contextlib
 import dataclasses
-import hashlib
 import json
 import os
-import pathlib
-import re
-import sys
-import tempfile
-import threading
-from typing import (Any, ClassVar, Dict, Iterable, Iterator, Optional, Protocol, Tuple,
-                    runtime_checkable)
+from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_checkable
 
 import numpy as np
+
+from purejax import bpe_files
 
 # GPT-2's pre-tokenizer: tiktoken's faster equivalent of the original
 #   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -45,18 +38,9 @@ GPT2_PAT_STR = (
     r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""")
 GPT2_VOCAB_SIZE = 50257  # 50256 merges and byte tokens, then <|endoftext|>
 ENDOFTEXT = "<|endoftext|>"
-# sha256 of GPT-2's merges in tiktoken's file format (`_fingerprint`); it is
+# sha256 of GPT-2's merges in tiktoken's file format (`bpe_files.fingerprint`); it is
 # also the published hash of tiktoken's r50k_base.tiktoken.
 GPT2_FINGERPRINT = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-
-# Where tiktoken's "gpt2" and "r50k_base" encodings (the same merges) come from;
-# tiktoken caches each under the sha1 of its URL.
-_GPT2_URLS = (
-    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-)
-_R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
-_NETWORK_PROBE_TIMEOUT_S = 3.0
 
 TOKENIZERS = ("char", "gpt2")
 
@@ -166,7 +150,7 @@ class BPETokenizer:
   Attributes:
     name: "gpt2", or the name given to `bpe_tokenizer`.
     encoding: the `tiktoken.Encoding`.
-    fingerprint: sha256 of the merges (`_fingerprint`): identifies them
+    fingerprint: sha256 of the merges (`bpe_files.fingerprint`): identifies
       whatever file they were read from.
     pat_str: the pre-tokenizer's regex.
     special_tokens: `(text, id)` pairs, e.g. `(("<|endoftext|>", 50256),)`.
@@ -220,90 +204,9 @@ def gpt2_spec() -> Dict[str, Any]:
           "special_tokens": {ENDOFTEXT: GPT2_VOCAB_SIZE - 1}, "encoding_file": None}
 
 
-def _import_tiktoken():
-  try:
-    import tiktoken  # pylint: disable=g-import-not-at-top
-    import tiktoken.load  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError as e:
-    raise TokenizerError("BPE tokenizers need tiktoken: pip install tiktoken.") from e
-  return tiktoken
-
-
-def _fingerprint(ranks: Dict[bytes, int]) -> str:
-  """sha256 of `ranks` written as tiktoken's `.tiktoken` file (one line per rank)."""
-  sha = hashlib.sha256()
-  for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
-    sha.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
-  return sha.hexdigest()
-
-
-@contextlib.contextmanager
-def _tiktoken_cache_off():
-  """Stops tiktoken's loaders from copying local files into its cache.
-
-  `tiktoken.load` caches every file it reads, local ones too, keyed by
-  path: a side effect in the user's cache, and an error when the cache dir
-  is read-only. An empty TIKTOKEN_CACHE_DIR turns caching off.
-  """
-  saved = os.environ.get("TIKTOKEN_CACHE_DIR")
-  os.environ["TIKTOKEN_CACHE_DIR"] = ""
-  try:
-    yield
-  finally:
-    if saved is None:
-      del os.environ["TIKTOKEN_CACHE_DIR"]
-    else:
-      os.environ["TIKTOKEN_CACHE_DIR"] = saved
-
-
-def _resolve_encoding_file(path: str) -> Tuple[str, Optional[pathlib.Path], pathlib.Path]:
-  """`("tiktoken", None, file)` or `("data_gym", vocab.bpe, encoder.json)` for `path`."""
-  p = pathlib.Path(path).expanduser()
-  if p.is_dir():
-    vocab, encoder = p / "vocab.bpe", p / "encoder.json"
-    tiktoken_files = sorted(p.glob("*.tiktoken"))
-    if vocab.is_file() and encoder.is_file():
-      return "data_gym", vocab, encoder
-    if len(tiktoken_files) == 1:
-      return "tiktoken", None, tiktoken_files[0]
-    raise TokenizerError(
-        f"--tokenizer_file={path} is a folder without vocab.bpe and encoder.json (or "
-        f"one .tiktoken file); put GPT-2's vocab.bpe and encoder.json there.")
-  if not p.is_file():
-    raise TokenizerError(
-        f"--tokenizer_file={path} does not exist; pass a folder with vocab.bpe and "
-        f"encoder.json, or a .tiktoken file.")
-  if p.name == "vocab.bpe" or p.name == "encoder.json":
-    vocab, encoder = p.parent / "vocab.bpe", p.parent / "encoder.json"
-    if not (vocab.is_file() and encoder.is_file()):
-      raise TokenizerError(f"{p.parent} needs both vocab.bpe and encoder.json; one of "
-                           f"them is missing.")
-    return "data_gym", vocab, encoder
-  return "tiktoken", None, p
-
-
-def _load_ranks(path: str) -> Dict[bytes, int]:
-  """The mergeable ranks in a `.tiktoken` file or a vocab.bpe + encoder.json pair."""
-  tiktoken = _import_tiktoken()
-  kind, vocab, target = _resolve_encoding_file(path)
-  try:
-    with _tiktoken_cache_off():
-      if kind == "data_gym":
-        return tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(vocab), str(target))
-      return tiktoken.load.load_tiktoken_bpe(str(target))
-  except (ValueError, KeyError, AssertionError, UnicodeDecodeError) as e:
-    what = f"{vocab} + {target}" if kind == "data_gym" else str(target)
-    raise TokenizerError(
-        f"{what} is not a readable BPE encoding ({type(e).__name__}: "
-        f"{str(e)[:120]}); pass GPT-2's vocab.bpe + encoder.json or a .tiktoken "
-        f"file.") from e
-  except OSError as e:
-    raise TokenizerError(f"cannot read {target}: {e.strerror or e}.") from e
-
-
 def _make_encoding(name: str, ranks: Dict[bytes, int], pat_str: str,
                    special_tokens: Dict[str, int]):
-  tiktoken = _import_tiktoken()
+  tiktoken = bpe_files.import_tiktoken()
   missing = [b for b in range(256) if bytes([b]) not in ranks]
   if missing:
     raise TokenizerError(f"the {name} encoding lacks single-byte tokens for "
@@ -336,91 +239,19 @@ def bpe_tokenizer(
   Raises:
     TokenizerError: the file is missing, unreadable, or lacks byte tokens.
   """
-  ranks = _load_ranks(encoding_file)
+  ranks = bpe_files.load_ranks(encoding_file)
   if special_tokens is None:
     special_tokens = {ENDOFTEXT: max(ranks.values()) + 1}
   encoding = _make_encoding(name, ranks, pat_str, special_tokens)
-  return BPETokenizer(name=name, encoding=encoding, fingerprint=_fingerprint(ranks),
+  return BPETokenizer(name=name, encoding=encoding, fingerprint=bpe_files.fingerprint(ranks),
                       pat_str=pat_str, special_tokens=tuple(sorted(special_tokens.items())),
                       encoding_file=str(encoding_file))
 
 
-def _tiktoken_cache_dir() -> Optional[pathlib.Path]:
-  """tiktoken's cache folder, by its own rules; None when caching is off."""
-  for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
-    if var in os.environ:
-      return pathlib.Path(os.environ[var]) if os.environ[var] else None
-  return pathlib.Path(tempfile.gettempdir()) / "data-gym-cache"
-
-
-def _cached(url: str) -> Optional[pathlib.Path]:
-  cache = _tiktoken_cache_dir()
-  if cache is None:
-    return None
-  path = cache / hashlib.sha1(url.encode()).hexdigest()
-  return path if path.is_file() else None
-
-
-def _host_reachable(url: str, timeout: float = _NETWORK_PROBE_TIMEOUT_S) -> bool:
-  """Whether `url`'s host accepts a connection within `timeout` seconds.
-
-  tiktoken downloads without a timeout, and a DNS lookup ignores socket
-  timeouts: the probe runs in a daemon thread so a dead network costs at
-  most `timeout`.
-  """
-  import socket  # pylint: disable=g-import-not-at-top
-  from urllib import parse  # pylint: disable=g-import-not-at-top
-  result = []
-
-  def probe():
-    try:
-      socket.create_connection((parse.urlparse(url).hostname, 443), timeout=timeout).close()
-      result.append(True)
-    except OSError:
-      pass
-
-  thread = threading.Thread(target=probe, daemon=True)
-  thread.start()
-  thread.join(timeout)
-  return bool(result)
-
-
-def _gpt2_missing_message() -> str:
-  cache = _tiktoken_cache_dir()
-  where = f"tiktoken's cache ({cache})" if cache else "tiktoken's cache (turned off)"
-  return (f"GPT-2's BPE files are not available: {where} has neither GPT-2's vocab.bpe "
-          f"and encoder.json nor r50k_base.tiktoken, and the download host cannot be "
-          f"reached. Pass --tokenizer_file=PATH (a folder with vocab.bpe and "
-          f"encoder.json, or a .tiktoken file), or set TIKTOKEN_CACHE_DIR to a tiktoken "
-          f"cache that has them.")
-
-
-def _gpt2_ranks_from_data_gym_cache(vocab: pathlib.Path, encoder: pathlib.Path
-                                    ) -> Dict[bytes, int]:
-  with tempfile.TemporaryDirectory(prefix="purejax-gpt2-") as folder:
-    # The loader wants the two files under their real names.
-    os.symlink(vocab, os.path.join(folder, "vocab.bpe"))
-    os.symlink(encoder, os.path.join(folder, "encoder.json"))
-    return _load_ranks(folder)
-
-
 def _gpt2_from_cache() -> Optional[BPETokenizer]:
   """GPT-2's tokenizer from tiktoken's cache, without any network access."""
-  vocab, encoder = (_cached(url) for url in _GPT2_URLS)
-  r50k = _cached(_R50K_URL)
-  candidates = []
-  if vocab and encoder:
-    candidates.append(lambda: _gpt2_ranks_from_data_gym_cache(vocab, encoder))
-  if r50k:
-    candidates.append(lambda: _load_ranks(str(r50k)))
-  for load in candidates:
-    try:
-      ranks = load()
-    except (TokenizerError, OSError):
-      continue  # a damaged cache entry: try the next, then the network
-    if _fingerprint(ranks) == GPT2_FINGERPRINT:
-      return _gpt2_from_ranks(ranks, None)
-  return None
+  ranks = bpe_files.cached_gpt2_ranks(GPT2_FINGERPRINT)
+  return None if ranks is None else _gpt2_from_ranks(ranks, None)
 
 
 def _gpt2_from_ranks(ranks: Dict[bytes, int], source: Optional[str]) -> BPETokenizer:
@@ -448,8 +279,8 @@ def gpt2_tokenizer(encoding_file: Optional[str] = None) -> BPETokenizer:
       another encoding than GPT-2's.
   """
   if encoding_file is not None:
-    ranks = _load_ranks(encoding_file)
-    if len(ranks) != GPT2_VOCAB_SIZE - 1 or _fingerprint(ranks) != GPT2_FINGERPRINT:
+    ranks = bpe_files.load_ranks(encoding_file)
+    if len(ranks) != GPT2_VOCAB_SIZE - 1 or bpe_files.fingerprint(ranks) != GPT2_FINGERPRINT:
       raise TokenizerError(
           f"{encoding_file} is not GPT-2's encoding ({len(ranks)} merges and byte tokens, "
           f"GPT-2 has {GPT2_VOCAB_SIZE - 1}, or different merges); pass GPT-2's vocab.bpe "
@@ -458,14 +289,14 @@ def gpt2_tokenizer(encoding_file: Optional[str] = None) -> BPETokenizer:
   cached = _gpt2_from_cache()
   if cached is not None:
     return cached
-  if not _host_reachable(_GPT2_URLS[0]):
-    raise TokenizerError(_gpt2_missing_message())
-  tiktoken = _import_tiktoken()
+  if not bpe_files.host_reachable(bpe_files.GPT2_URLS[0]):
+    raise TokenizerError(bpe_files.gpt2_missing_message())
+  tiktoken = bpe_files.import_tiktoken()
   try:
     encoding = tiktoken.get_encoding("gpt2")
   except Exception as e:  # requests' and tiktoken's errors: the download failed
     raise TokenizerError(f"downloading GPT-2's BPE files failed ({type(e).__name__}: "
-                         f"{str(e)[:120]}). {_gpt2_missing_message()}") from e
+                         f"{str(e)[:120]}). {bpe_files.gpt2_missing_message()}") from e
   special = {ENDOFTEXT: GPT2_VOCAB_SIZE - 1}
   return BPETokenizer(name="gpt2", encoding=encoding, fingerprint=GPT2_FINGERPRINT,
                       pat_str=GPT2_PAT_STR, special_tokens=tuple(special.items()))
@@ -547,139 +378,3 @@ def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> T
 def ids_spec(vocab_size: int) -> Dict[str, Any]:
   """The spec of a model whose tokenizer is unknown: only its number of real ids."""
   return {"type": "ids", "name": "ids", "vocab_size": int(vocab_size)}
-
-
-# ----------------------------------------------------------------------------
-# Large inputs
-
-
-def _show_progress(progress: Optional[bool]) -> bool:
-  return sys.stderr.isatty() if progress is None else progress
-
-
-# A newline between two visible ASCII characters. GPT-2's pre-tokenizer (and
-# cl100k's) always ends a piece at such a newline and starts the next piece
-# right after it, so the text on either side encodes the same apart as
-# together. Next to other whitespace that fails ("\n\n" is one token).
-_SAFE_CUT = re.compile(rb"[\x21-\x7e]\n(?=[\x21-\x7e])")
-
-
-def _last_safe_cut(buf: bytes, start: int) -> Optional[int]:
-  """Index just past the last safe newline in `buf[start:]`, or None."""
-  last = None
-  for match in _SAFE_CUT.finditer(buf, start):
-    last = match
-  return None if last is None else last.end()
-
-
-def iter_text_chunks(path: str, chunk_bytes: int = 1 << 20) -> Iterator[str]:
-  """A UTF-8 text file in pieces of about `chunk_bytes`, cut only where tokenizing apart is exact.
-
-  Each cut falls right after a newline that sits between two visible ASCII
-  characters; a piece with no such newline grows until one comes.
-  Concatenated, the pieces are the file.
-  """
-  with open(path, "rb") as f:
-    buf = b""
-    while True:
-      block = f.read(chunk_bytes)
-      if not block:
-        if buf:
-          yield buf.decode("utf-8")
-        return
-      # Cut points before the last two old bytes were rejected already.
-      start = max(len(buf) - 2, 0)
-      buf += block
-      cut = _last_safe_cut(buf, start)
-      if cut is not None:
-        yield buf[:cut].decode("utf-8")
-        buf = buf[cut:]
-
-
-def encode_chunks(
-    tokenizer: Tokenizer,
-    chunks: Iterable[str],
-    *,
-    num_threads: Optional[int] = None,
-    progress: Optional[bool] = None,
-    total_chars: Optional[int] = None,
-) -> np.ndarray:
-  """Encodes pieces of one text in parallel and joins their ids in order.
-
-  tiktoken's core releases the GIL, so threads run BPE on all cores; at most
-  `2 * num_threads` pieces are held at once. The pieces must be cut where
-  encoding apart equals encoding together (`iter_text_chunks` cuts so).
-
-  Args:
-    tokenizer: any `Tokenizer`.
-    chunks: consecutive pieces of the text.
-    num_threads: worker threads (default: the CPU count).
-    progress: show a tqdm bar; default only when stderr is a terminal.
-    total_chars: the text's length, for the bar.
-
-  Returns:
-    `[num_tokens]` int32 ids of the whole text.
-  """
-  num_threads = num_threads or os.cpu_count() or 1
-  bar = _progress_bar(progress, total_chars, "chars")
-  pieces = []
-  try:
-    with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
-      pending = []
-      for chunk in chunks:
-        pending.append((pool.submit(tokenizer.encode, chunk), len(chunk)))
-        while len(pending) >= 2 * num_threads:
-          pieces.append(_collect(pending.pop(0), bar))
-      pieces.extend(_collect(item, bar) for item in pending)
-  finally:
-    bar.close()
-  return np.concatenate(pieces) if pieces else np.zeros((0,), np.int32)
-
-
-def _collect(item, bar) -> np.ndarray:
-  future, size = item
-  ids = future.result()
-  bar.update(size)
-  return ids
-
-
-class _NoBar:
-  def update(self, n):
-    del n
-
-  def close(self):
-    pass
-
-
-def _progress_bar(progress: Optional[bool], total: Optional[int], unit: str):
-  if not _show_progress(progress):
-    return _NoBar()
-  import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm.tqdm(total=total, unit=unit, unit_scale=True, desc="tokenizing",
-                   file=sys.stderr)
-
-
-def encode_file(
-    tokenizer: Tokenizer,
-    path: str,
-    *,
-    num_threads: Optional[int] = None,
-    chunk_bytes: int = 1 << 20,
-    progress: Optional[bool] = None,
-) -> np.ndarray:
-  """Encodes a UTF-8 text file in parallel; the same ids as `tokenizer.encode(whole text)`.
-
-  Args:
-    tokenizer: any `Tokenizer`.
-    path: the text file.
-    num_threads: worker threads (default: the CPU count).
-    chunk_bytes: size of the pieces handed to the threads.
-    progress: show a tqdm bar; default only when stderr is a terminal.
-
-  Returns:
-    `[num_tokens]` int32 ids.
-  """
-  size = os.path.getsize(path)
-  # The bar counts characters; for mostly-ASCII text that is about the bytes.
-  return encode_chunks(tokenizer, iter_text_chunks(path, chunk_bytes),
-                       num_threads=num_threads, progress=progress, total_chars=size)

@@ -12,6 +12,7 @@ import time
 # script's sys.path starts at its own folder, tests/).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from purejax import monitor  # pylint: disable=wrong-import-position
+from purejax import progress as progress_lib  # pylint: disable=wrong-import-position
 
 
 def write_metrics_forever(out_dir: str) -> None:
@@ -29,7 +30,7 @@ def write_metrics_forever(out_dir: str) -> None:
 
 def drive_progress(total: int) -> None:
   """Runs a bar to `total`, printing a log line every 5 steps through it."""
-  with monitor.Progress(total) as progress:
+  with progress_lib.Progress(total) as progress:
     for step in range(1, total + 1):
       time.sleep(0.01)
       progress.update(1, loss=4.0 / step, tok_s=123456.0)

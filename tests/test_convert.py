@@ -1,4 +1,4 @@
-"""convert: GPT-2 weights in and out of Hugging Face and nanoGPT formats.
+"""convert, huggingface, nanogpt: GPT-2 weights in and out of Hugging Face and nanoGPT formats.
 
 The format checks run everywhere (safetensors and numpy only). The checks
 against the real consumers, `transformers.GPT2LMHeadModel` and a module
@@ -26,6 +26,9 @@ from purejax import convert
 from purejax import data
 from purejax import decode
 from purejax import gpt
+from purejax import gpt2_weights
+from purejax import huggingface
+from purejax import nanogpt
 from purejax import tokenizers
 
 SHAKESPEARE = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
@@ -61,7 +64,7 @@ def assert_trees_equal(a, b):
 
 
 def write_hf_folder(folder: pathlib.Path, params, config, valid_vocab=None):
-  return convert.to_huggingface(params, config, str(folder), valid_vocab=valid_vocab)
+  return huggingface.to_huggingface(params, config, str(folder), valid_vocab=valid_vocab)
 
 
 # ----------------------------------------------------------------------------
@@ -94,7 +97,7 @@ def hf_logits(model, ids):
 
 def test_from_huggingface_computes_the_same_logits(hf_model):
   model, folder = hf_model
-  params, config, spec = convert.from_huggingface(str(folder))
+  params, config, spec = huggingface.from_huggingface(str(folder))
   assert config == dataclasses.replace(CONFIG, vocab_size=128)  # 101 padded to 2 * 64
   assert spec == tokenizers.ids_spec(101)
   ids = tokens()
@@ -107,9 +110,9 @@ def test_from_huggingface_computes_the_same_logits(hf_model):
 def test_to_huggingface_round_trip_through_transformers(hf_model, tmp_path):
   transformers = need("transformers")
   model, folder = hf_model
-  params, config, spec = convert.from_huggingface(str(folder))
-  out = convert.to_huggingface(params, config, str(tmp_path / "export"),
-                               valid_vocab=spec["vocab_size"])
+  params, config, spec = huggingface.from_huggingface(str(folder))
+  out = huggingface.to_huggingface(params, config, str(tmp_path / "export"),
+                                   valid_vocab=spec["vocab_size"])
   assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp dirs left
   assert json.loads((out / "config.json").read_text())["vocab_size"] == 101
   tensors = load_file(str(out / "model.safetensors"))
@@ -120,7 +123,7 @@ def test_to_huggingface_round_trip_through_transformers(hf_model, tmp_path):
   ids = tokens(seed=5)
   np.testing.assert_allclose(hf_logits(reloaded, ids), hf_logits(model, ids), atol=1e-6)
   # and back once more: the same params.
-  again, config2, _ = convert.from_huggingface(str(out))
+  again, config2, _ = huggingface.from_huggingface(str(out))
   assert config2 == config
   assert_trees_equal(again, params)
 
@@ -129,7 +132,7 @@ def test_greedy_generate_matches_transformers(hf_model):
   import torch  # pylint: disable=g-import-not-at-top
   model, folder = hf_model
   # The table is padded to 128 rows; the padding (logits 0) is never sampled.
-  params, config, spec = convert.from_huggingface(str(folder))
+  params, config, spec = huggingface.from_huggingface(str(folder))
   assert config.vocab_size == 128 and spec["vocab_size"] == 101
   prompt = np.array([[5, 17, 3, 99, 42]])
   ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
@@ -143,11 +146,11 @@ def test_greedy_generate_matches_transformers(hf_model):
 def test_sharded_safetensors_and_pytorch_bin_import_the_same(hf_model, tmp_path):
   torch = need("torch")
   model, folder = hf_model
-  reference, _, _ = convert.from_huggingface(str(folder))
+  reference, _, _ = huggingface.from_huggingface(str(folder))
   sharded = tmp_path / "sharded"
   model.save_pretrained(sharded, max_shard_size="20KB")
   assert (sharded / "model.safetensors.index.json").is_file()
-  assert_trees_equal(convert.from_huggingface(str(sharded))[0], reference)
+  assert_trees_equal(huggingface.from_huggingface(str(sharded))[0], reference)
   # The original GPT-2 release: pytorch_model.bin without the "transformer."
   # prefix, with causal-mask buffers.
   legacy = tmp_path / "legacy"
@@ -157,15 +160,15 @@ def test_sharded_safetensors_and_pytorch_bin_import_the_same(hf_model, tmp_path)
   state["h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 16, 16))
   state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
   torch.save(state, legacy / "pytorch_model.bin")
-  assert_trees_equal(convert.from_huggingface(str(legacy))[0], reference)
+  assert_trees_equal(huggingface.from_huggingface(str(legacy))[0], reference)
 
 
 def test_gpt2_name_resolves_through_the_hub_cache_only(hf_model, tmp_path, monkeypatch):
   hub = need("huggingface_hub")
   _, folder = hf_model
   monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path))
-  with pytest.raises(convert.ConversionError) as e:
-    convert.from_huggingface("gpt2")
+  with pytest.raises(gpt2_weights.ConversionError) as e:
+    huggingface.from_huggingface("gpt2")
   assert "not in the Hugging Face cache" in str(e.value)
   assert "pass the folder's path" in str(e.value)
   # A cache laid out as huggingface_hub writes it.
@@ -176,7 +179,7 @@ def test_gpt2_name_resolves_through_the_hub_cache_only(hf_model, tmp_path, monke
   (repo / "refs" / "main").write_text("0" * 40)
   for name in ("config.json", "model.safetensors"):
     (snapshot / name).write_bytes((folder / name).read_bytes())
-  params, config, _ = convert.from_huggingface("gpt2")
+  params, config, _ = huggingface.from_huggingface("gpt2")
   assert config.n_layer == 2
 
 
@@ -252,7 +255,7 @@ def test_nanogpt_round_trip(tmp_path, bias):
   torch = need("torch")
   config = dataclasses.replace(CONFIG, bias=bias)
   params = random_params(config)
-  path = convert.to_nanogpt(params, config, str(tmp_path / "out" / "ckpt.pt"))
+  path = nanogpt.to_nanogpt(params, config, str(tmp_path / "out" / "ckpt.pt"))
   ckpt = torch.load(path, weights_only=True)
   assert ckpt["model_args"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16,
                                 "bias": bias, "vocab_size": 101, "dropout": 0.0}
@@ -265,14 +268,14 @@ def test_nanogpt_round_trip(tmp_path, bias):
   with torch.no_grad():
     theirs = model(torch.from_numpy(ids)).numpy()
   np.testing.assert_allclose(logits(params, config, ids), theirs, atol=1e-4, rtol=1e-4)
-  again, config2, spec = convert.from_nanogpt(str(path))
+  again, config2, spec = nanogpt.from_nanogpt(str(path))
   assert config2 == config and spec == tokenizers.ids_spec(101)
   assert_trees_equal(again, params)
   # A padded vocabulary keeps its real size through the trip.
   padded = dataclasses.replace(config, vocab_size=128)
-  path = convert.to_nanogpt(random_params(padded), padded, str(tmp_path / "p.pt"),
+  path = nanogpt.to_nanogpt(random_params(padded), padded, str(tmp_path / "p.pt"),
                             tokenizer_spec=tokenizers.ids_spec(101))
-  assert convert.from_nanogpt(str(path))[2]["vocab_size"] == 101
+  assert nanogpt.from_nanogpt(str(path))[2]["vocab_size"] == 101
 
 
 def test_from_nanogpt_reads_a_training_checkpoint(tmp_path):
@@ -297,7 +300,7 @@ def test_from_nanogpt_reads_a_training_checkpoint(tmp_path):
   with open(tmp_path / "meta.pkl", "wb") as f:
     pickle.dump({"vocab_size": 65, "itos": dict(enumerate(chars)),
                  "stoi": {c: i for i, c in enumerate(chars)}}, f)
-  params, config2, spec = convert.from_nanogpt(str(tmp_path / "ckpt.pt"))
+  params, config2, spec = nanogpt.from_nanogpt(str(tmp_path / "ckpt.pt"))
   assert config2 == config
   assert spec == tokenizers.CharTokenizer(chars).spec()
   ids = tokens(vocab=65)
@@ -305,44 +308,44 @@ def test_from_nanogpt_reads_a_training_checkpoint(tmp_path):
     theirs = model(torch.from_numpy(ids)).numpy()
   np.testing.assert_allclose(logits(params, config, ids), theirs, atol=1e-4, rtol=1e-4)
   # to_nanogpt writes meta.pkl back for a character tokenizer.
-  convert.to_nanogpt(params, config, str(tmp_path / "back" / "ckpt.pt"), tokenizer_spec=spec)
-  assert convert.read_nanogpt_meta(str(tmp_path / "back" / "meta.pkl")).chars == chars
+  nanogpt.to_nanogpt(params, config, str(tmp_path / "back" / "ckpt.pt"), tokenizer_spec=spec)
+  assert nanogpt.read_nanogpt_meta(str(tmp_path / "back" / "meta.pkl")).chars == chars
 
 
 def test_nanogpt_errors(tmp_path):
   torch = need("torch")
   params = random_params(CONFIG)
-  path = convert.to_nanogpt(params, CONFIG, str(tmp_path / "ckpt.pt"))
+  path = nanogpt.to_nanogpt(params, CONFIG, str(tmp_path / "ckpt.pt"))
   ckpt = torch.load(path, weights_only=True)
 
   untied = dict(ckpt, model=dict(ckpt["model"]))
   untied["model"]["lm_head.weight"] = untied["model"]["lm_head.weight"].clone() + 1
   torch.save(untied, tmp_path / "untied.pt")
-  with pytest.raises(convert.ConversionError, match="untied output heads are not supported"):
-    convert.from_nanogpt(str(tmp_path / "untied.pt"))
+  with pytest.raises(gpt2_weights.ConversionError, match="untied output heads are not supported"):
+    nanogpt.from_nanogpt(str(tmp_path / "untied.pt"))
 
   fork = dict(ckpt, model_args=dict(ckpt["model_args"], use_rmsnorm=True))
   torch.save(fork, tmp_path / "fork.pt")
-  with pytest.raises(convert.ConversionError, match=r"model_args \['use_rmsnorm'\]"):
-    convert.from_nanogpt(str(tmp_path / "fork.pt"))
+  with pytest.raises(gpt2_weights.ConversionError, match=r"model_args \['use_rmsnorm'\]"):
+    nanogpt.from_nanogpt(str(tmp_path / "fork.pt"))
 
   (tmp_path / "trunc.pt").write_bytes(path.read_bytes()[:1000])
-  with pytest.raises(convert.ConversionError, match="truncated or damaged"):
-    convert.from_nanogpt(str(tmp_path / "trunc.pt"))
+  with pytest.raises(gpt2_weights.ConversionError, match="truncated or damaged"):
+    nanogpt.from_nanogpt(str(tmp_path / "trunc.pt"))
 
-  with pytest.raises(convert.ConversionError, match="is missing"):
-    convert.from_nanogpt(str(tmp_path / "nope.pt"))
+  with pytest.raises(gpt2_weights.ConversionError, match="is missing"):
+    nanogpt.from_nanogpt(str(tmp_path / "nope.pt"))
 
   # A pickled object that torch's safe loader refuses.
   torch.save({"model": {}, "model_args": {}, "extra": datetime.date(2024, 1, 1)},
              tmp_path / "obj.pt")
-  with pytest.raises(convert.ConversionError, match="--trust_pickle"):
-    convert.from_nanogpt(str(tmp_path / "obj.pt"))
+  with pytest.raises(gpt2_weights.ConversionError, match="--trust_pickle"):
+    nanogpt.from_nanogpt(str(tmp_path / "obj.pt"))
 
   wrong_meta = tmp_path / "evil.pkl"
   wrong_meta.write_bytes(pickle.dumps({"itos": collections.OrderedDict({0: "a"})}))
-  with pytest.raises(convert.ConversionError, match="only plain"):
-    convert.from_nanogpt(str(path), meta_path=str(wrong_meta))
+  with pytest.raises(gpt2_weights.ConversionError, match="only plain"):
+    nanogpt.from_nanogpt(str(path), meta_path=str(wrong_meta))
 
 
 # ----------------------------------------------------------------------------
@@ -356,7 +359,7 @@ def test_gpt2_vocabulary_is_padded_and_unpadded(tmp_path):
   assert load_file(str(out / "model.safetensors"))["transformer.wte.weight"].shape == (50257, 32)
   hf_config = json.loads((out / "config.json").read_text())
   assert hf_config["vocab_size"] == 50257 and hf_config["eos_token_id"] == 50256
-  again, config2, spec = convert.from_huggingface(str(out))
+  again, config2, spec = huggingface.from_huggingface(str(out))
   assert config2 == config
   assert spec == tokenizers.gpt2_spec() and spec["vocab_size"] == 50257
   wte = again["wte"]["embedding"]
@@ -371,7 +374,7 @@ def test_bias_free_params_export_with_zero_biases(tmp_path):
   tensors = load_file(str(out / "model.safetensors"))
   assert not tensors["transformer.h.1.mlp.c_fc.bias"].any()
   assert tensors["transformer.ln_f.bias"].shape == (32,)
-  again, config2, _ = convert.from_huggingface(str(out), pad_vocab_multiple=1)
+  again, config2, _ = huggingface.from_huggingface(str(out), pad_vocab_multiple=1)
   assert config2.bias and config2.vocab_size == 101
   ids = tokens()
   np.testing.assert_allclose(logits(again, config2, ids), logits(params, config, ids),
@@ -381,11 +384,11 @@ def test_bias_free_params_export_with_zero_biases(tmp_path):
 def test_to_huggingface_is_atomic_and_does_not_clobber(tmp_path, monkeypatch):
   params = random_params(CONFIG)
   out = write_hf_folder(tmp_path / "m", params, CONFIG)
-  with pytest.raises(convert.ConversionError, match="pass --overwrite"):
+  with pytest.raises(gpt2_weights.ConversionError, match="pass --overwrite"):
     write_hf_folder(out, params, CONFIG)
   params2 = random_params(CONFIG, seed=7)
-  convert.to_huggingface(params2, CONFIG, str(out), overwrite=True)
-  assert_trees_equal(convert.from_huggingface(str(out), pad_vocab_multiple=1)[0], params2)
+  huggingface.to_huggingface(params2, CONFIG, str(out), overwrite=True)
+  assert_trees_equal(huggingface.from_huggingface(str(out), pad_vocab_multiple=1)[0], params2)
 
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
 
@@ -395,11 +398,11 @@ def test_to_huggingface_is_atomic_and_does_not_clobber(tmp_path, monkeypatch):
 
   monkeypatch.setattr(safetensors.numpy, "save_file", crash)
   with pytest.raises(KeyboardInterrupt):
-    convert.to_huggingface(params, CONFIG, str(tmp_path / "crashed"))
+    huggingface.to_huggingface(params, CONFIG, str(tmp_path / "crashed"))
   with pytest.raises(KeyboardInterrupt):
-    convert.to_huggingface(params, CONFIG, str(out), overwrite=True)
+    huggingface.to_huggingface(params, CONFIG, str(out), overwrite=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp folders left
-  assert_trees_equal(convert.from_huggingface(str(out), pad_vocab_multiple=1)[0], params2)
+  assert_trees_equal(huggingface.from_huggingface(str(out), pad_vocab_multiple=1)[0], params2)
 
 
 @pytest.fixture
@@ -434,8 +437,8 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
 ])
 def test_unsupported_configs_are_one_line_errors(hf_folder, changes, message):
   edit_config(hf_folder, **changes)
-  with pytest.raises(convert.ConversionError) as e:
-    convert.from_huggingface(str(hf_folder))
+  with pytest.raises(gpt2_weights.ConversionError) as e:
+    huggingface.from_huggingface(str(hf_folder))
   assert message in str(e.value)
   assert "\n" not in str(e.value)
 
@@ -445,16 +448,16 @@ def test_damaged_or_missing_files(hf_folder, tmp_path):
   whole = weights.read_bytes()
   for size in (len(whole) - 100, 50, 3):
     weights.write_bytes(whole[:size])
-    with pytest.raises(convert.ConversionError, match="truncated or damaged: download it"):
-      convert.from_huggingface(str(hf_folder))
+    with pytest.raises(gpt2_weights.ConversionError, match="truncated or damaged: download it"):
+      huggingface.from_huggingface(str(hf_folder))
   weights.unlink()
-  with pytest.raises(convert.ConversionError, match="has no model.safetensors"):
-    convert.from_huggingface(str(hf_folder))
+  with pytest.raises(gpt2_weights.ConversionError, match="has no model.safetensors"):
+    huggingface.from_huggingface(str(hf_folder))
   (hf_folder / "config.json").unlink()
-  with pytest.raises(convert.ConversionError, match="config.json is missing"):
-    convert.from_huggingface(str(hf_folder))
-  with pytest.raises(convert.ConversionError, match="neither a folder nor one of gpt2"):
-    convert.from_huggingface(str(tmp_path / "no-such-model"))
+  with pytest.raises(gpt2_weights.ConversionError, match="config.json is missing"):
+    huggingface.from_huggingface(str(hf_folder))
+  with pytest.raises(gpt2_weights.ConversionError, match="neither a folder nor one of gpt2"):
+    huggingface.from_huggingface(str(tmp_path / "no-such-model"))
 
 
 def test_untied_head_and_foreign_tensors_are_refused(hf_folder):
@@ -462,15 +465,16 @@ def test_untied_head_and_foreign_tensors_are_refused(hf_folder):
   tensors = load_file(str(path))
   tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + 1.0
   save_file(tensors, str(path), metadata={"format": "pt"})
-  with pytest.raises(convert.ConversionError, match="untied output heads are not supported"):
-    convert.from_huggingface(str(hf_folder))
+  with pytest.raises(gpt2_weights.ConversionError, match="untied output heads are not supported"):
+    huggingface.from_huggingface(str(hf_folder))
   tensors["lm_head.weight"] = tensors["transformer.wte.weight"]  # a tied copy is fine
   save_file(tensors, str(path), metadata={"format": "pt"})
-  convert.from_huggingface(str(hf_folder))
+  huggingface.from_huggingface(str(hf_folder))
   tensors["transformer.h.0.attn.q_norm.weight"] = np.ones(32, np.float32)
   save_file(tensors, str(path), metadata={"format": "pt"})
-  with pytest.raises(convert.ConversionError, match=r"unexpected \['h.0.attn.q_norm.weight'\]"):
-    convert.from_huggingface(str(hf_folder))
+  with pytest.raises(gpt2_weights.ConversionError,
+                     match=r"unexpected \['h.0.attn.q_norm.weight'\]"):
+    huggingface.from_huggingface(str(hf_folder))
 
 
 def test_bfloat16_weights_import_as_float32(hf_folder):
@@ -478,7 +482,7 @@ def test_bfloat16_weights_import_as_float32(hf_folder):
   path = hf_folder / "model.safetensors"
   tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in load_file(str(path)).items()}
   save_file(tensors, str(path), metadata={"format": "pt"})
-  params, _, _ = convert.from_huggingface(str(hf_folder))
+  params, _, _ = huggingface.from_huggingface(str(hf_folder))
   assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(params))
 
 
@@ -499,7 +503,7 @@ def test_purejax_checkpoint_to_huggingface_and_back(tmp_path):
   save_purejax_run(tmp_path / "run", params, CONFIG, chars)
   summary = convert.convert(f"purejax:{tmp_path / 'run'}", f"hf:{tmp_path / 'hf'}")
   assert "101 ids of 101" in summary and "tokenizer char" in summary
-  back, config, spec = convert.from_huggingface(str(tmp_path / "hf"), pad_vocab_multiple=1)
+  back, config, spec = huggingface.from_huggingface(str(tmp_path / "hf"), pad_vocab_multiple=1)
   assert config == CONFIG and spec["vocab_size"] == 101
   assert_trees_equal(back, params)
   # HF -> purejax: a checkpoint purejax.sample's loader reads.
@@ -514,8 +518,8 @@ def test_cli_converts_and_fails_with_one_line(tmp_path, hf_folder):
                   f"--to=hf:{tmp_path / 'copy'}", timeout=300)
   assert ok.returncode == 0, ok.stderr
   assert ok.stdout.startswith("wrote hf:")
-  assert_trees_equal(convert.from_huggingface(str(tmp_path / "copy"))[0],
-                     convert.from_huggingface(str(hf_folder))[0])
+  assert_trees_equal(huggingface.from_huggingface(str(tmp_path / "copy"))[0],
+                     huggingface.from_huggingface(str(hf_folder))[0])
   edit_config(hf_folder, **LLAMA_CONFIG)
   for args, message in [
       ([f"--from=hf:{hf_folder}", f"--to=hf:{tmp_path / 'x'}"], "describes a 'llama' model"),

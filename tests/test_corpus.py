@@ -13,6 +13,7 @@ import pytest
 
 from purejax import corpus
 from purejax import data
+from purejax import tokenize_files
 from purejax import tokenizers
 from test_tokenizers import no_network  # pylint: disable=unused-import  # autouse fixture
 from test_tokenizers import tiny_ranks, write_tiktoken_file
@@ -31,13 +32,13 @@ def tiny(tmp_path):
 def encode_calls(monkeypatch):
   """Counts tokenizing passes (each `encode_chunks` call)."""
   calls = []
-  real = tokenizers.encode_chunks
+  real = tokenize_files.encode_chunks
 
   def counting(*args, **kwargs):
     calls.append(1)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(tokenizers, "encode_chunks", counting)
+  monkeypatch.setattr(tokenize_files, "encode_chunks", counting)
   return calls
 
 

@@ -1,4 +1,4 @@
-"""monitor: metrics.jsonl, TensorBoard scalars, the progress bar and MFU.
+"""monitor, progress and flops: metrics.jsonl, TensorBoard scalars, the progress bar and MFU.
 
 The crash and terminal tests run small scripts (tests/monitor_worker.py) in
 subprocesses: one is SIGKILLed while it writes, one runs under a
@@ -19,7 +19,9 @@ import types
 import pytest
 
 from conftest import REPO_ROOT
+from purejax import flops as flops_lib
 from purejax import monitor
+from purejax import progress as progress_lib
 
 WORKER = REPO_ROOT / "tests" / "monitor_worker.py"
 
@@ -317,7 +319,7 @@ def test_progress_without_a_terminal_prints_only_the_log_lines():
 
 
 def test_progress_counts_and_stops_at_the_total(capsys):
-  progress = monitor.Progress(total=10, initial=4)  # pytest's capture is no terminal
+  progress = progress_lib.Progress(total=10, initial=4)  # pytest's capture is no terminal
   assert not progress.live
   progress.update(3)
   progress.update_to(9)
@@ -325,7 +327,7 @@ def test_progress_counts_and_stops_at_the_total(capsys):
   assert progress.n == 10
   progress.write("a log line")
   progress.close()
-  monitor.Progress(total=10, enabled=False).write("from another process")
+  progress_lib.Progress(total=10, enabled=False).write("from another process")
   assert capsys.readouterr().out == "a log line\n"
 
 
@@ -337,19 +339,19 @@ def test_flops_per_token_matches_nanogpt_for_gpt2_124m():
   # nanoGPT's GPT-2 (124M) prints "number of parameters: 123.65M" (no position
   # embeddings): 124,439,808 - 1024 * 768 = 123,653,376.
   n_params = 124_439_808 - 1024 * 768
-  flops = monitor.transformer_flops_per_token(n_params, n_layer=12, n_head=12, head_dim=64,
-                                              block_size=1024)
+  flops = flops_lib.transformer_flops_per_token(n_params, n_layer=12, n_head=12, head_dim=64,
+                                                block_size=1024)
   assert flops == 6 * 123_653_376 + 12 * 12 * 12 * 64 * 1024 == 855_166_464
   # nanoGPT's estimate_mfu: its train.py batch (12 x 1024 tokens, 40 accumulation
   # steps) in 1 s per iteration on an A100 in bf16 is ~1.35 PFLOP/s, 134% of
   # 312 TFLOP/s; scale the time to reach 40%.
   tokens_per_iter = 12 * 1024 * 40
   a100 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA A100-SXM4-40GB")
-  peak = monitor.device_peak_flops(a100, "bfloat16")
+  peak = flops_lib.device_peak_flops(a100, "bfloat16")
   assert peak == 312e12
   seconds = flops * tokens_per_iter / (0.4 * peak)
-  assert monitor.mfu(flops, tokens_per_iter / seconds, peak) == pytest.approx(0.4)
-  assert monitor.mfu(flops, 1000.0, None) is None
+  assert flops_lib.mfu(flops, tokens_per_iter / seconds, peak) == pytest.approx(0.4)
+  assert flops_lib.mfu(flops, 1000.0, None) is None
 
 
 def device(kind, platform="gpu"):
@@ -370,7 +372,7 @@ def device(kind, platform="gpu"):
     ("NVIDIA H100 80GB HBM3", "int8", None),
 ])
 def test_gpu_peaks(kind, dtype, expected):
-  assert monitor.device_peak_flops(device(kind), dtype, matmul_precision=None) == expected
+  assert flops_lib.device_peak_flops(device(kind), dtype, matmul_precision=None) == expected
 
 
 @pytest.mark.parametrize("kind, dtype, precision, expected", [
@@ -386,17 +388,17 @@ def test_gpu_peaks(kind, dtype, expected):
     ("TPU v4", "float32", "highest", 275e12 / 6),
 ])
 def test_tpu_peaks(kind, dtype, precision, expected):
-  assert monitor.device_peak_flops(device(kind, "tpu"), dtype,
-                                   matmul_precision=precision) == expected
+  assert flops_lib.device_peak_flops(device(kind, "tpu"), dtype,
+                                     matmul_precision=precision) == expected
 
 
 def test_peak_follows_the_runs_matmul_precision_and_the_override():
   jax = pytest.importorskip("jax")
   jnp = pytest.importorskip("jax.numpy")
   h100 = device("NVIDIA H100 80GB HBM3")
-  assert monitor.device_peak_flops(h100, jnp.float32) == 494.5e12
-  assert monitor.device_peak_flops(h100, jnp.bfloat16) == 989e12
+  assert flops_lib.device_peak_flops(h100, jnp.float32) == 494.5e12
+  assert flops_lib.device_peak_flops(h100, jnp.bfloat16) == 989e12
   with jax.default_matmul_precision("highest"):
-    assert monitor.device_peak_flops(h100, jnp.float32) == 67e12
-  assert monitor.device_peak_flops(jax.devices("cpu")[0], "float32") is None
-  assert monitor.device_peak_flops(jax.devices("cpu")[0], "float32", override=1e12) == 1e12
+    assert flops_lib.device_peak_flops(h100, jnp.float32) == 67e12
+  assert flops_lib.device_peak_flops(jax.devices("cpu")[0], "float32") is None
+  assert flops_lib.device_peak_flops(jax.devices("cpu")[0], "float32", override=1e12) == 1e12

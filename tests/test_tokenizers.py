@@ -1,4 +1,4 @@
-"""tokenizers: characters, byte-level BPE through tiktoken, specs, large files.
+"""tokenizers, bpe_files, tokenize_files: characters, BPE through tiktoken, specs, large files.
 
 No test here touches the network: an autouse fixture fails any test that
 opens a connection or looks up a host. The BPE tests run on a tiny encoding
@@ -17,7 +17,9 @@ import time
 import numpy as np
 import pytest
 
+from purejax import bpe_files
 from purejax import data
+from purejax import tokenize_files
 from purejax import tokenizers
 
 SHAKESPEARE = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
@@ -233,7 +235,7 @@ def test_from_spec_rejects_models_without_a_tokenizer_and_junk():
 
 def test_gpt2_missing_files_fail_fast_with_the_fix(tmp_path, monkeypatch):
   monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
-  monkeypatch.setattr(tokenizers, "_host_reachable", lambda url, timeout=3.0: False)
+  monkeypatch.setattr(bpe_files, "host_reachable", lambda url, timeout=3.0: False)
   start = time.perf_counter()
   with pytest.raises(tokenizers.TokenizerError) as e:
     tokenizers.get_tokenizer("gpt2")
@@ -249,7 +251,7 @@ def test_network_probe_gives_up_after_its_timeout(monkeypatch):
   # A dead network can hang a DNS lookup far past any socket timeout.
   monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30))
   start = time.perf_counter()
-  assert not tokenizers._host_reachable("https://example.invalid/x", timeout=0.2)
+  assert not bpe_files.host_reachable("https://example.invalid/x", timeout=0.2)
   assert time.perf_counter() - start < 2.0
 
 
@@ -267,13 +269,13 @@ def test_gpt2_is_read_from_tiktoken_cache_without_network(tmp_path, monkeypatch,
   cache.mkdir()
   key = lambda url: cache / hashlib.sha1(url.encode()).hexdigest()
   if layout == "r50k_base":
-    write_tiktoken_file(key(tokenizers._R50K_URL), ranks)
+    write_tiktoken_file(key(bpe_files.R50K_URL), ranks)
   else:
     folder = write_data_gym_pair(tmp_path / "dg", ranks, MERGES)
-    key(tokenizers._GPT2_URLS[0]).write_bytes((folder / "vocab.bpe").read_bytes())
-    key(tokenizers._GPT2_URLS[1]).write_bytes((folder / "encoder.json").read_bytes())
+    key(bpe_files.GPT2_URLS[0]).write_bytes((folder / "vocab.bpe").read_bytes())
+    key(bpe_files.GPT2_URLS[1]).write_bytes((folder / "encoder.json").read_bytes())
   monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-  monkeypatch.setattr(tokenizers, "GPT2_FINGERPRINT", tokenizers._fingerprint(ranks))
+  monkeypatch.setattr(tokenizers, "GPT2_FINGERPRINT", bpe_files.fingerprint(ranks))
   monkeypatch.setattr(tokenizers, "GPT2_VOCAB_SIZE", len(ranks) + 1)
   cached_before = sorted(p.name for p in cache.iterdir())
   tok = tokenizers.gpt2_tokenizer()
@@ -313,20 +315,20 @@ def test_encode_file_equals_encoding_the_whole_text(tmp_path, tiny, chunk_bytes)
   text = TRICKY * 5 + SHAKESPEARE[:20000]
   path = tmp_path / "corpus.txt"
   path.write_text(text, encoding="utf-8")
-  chunks = list(tokenizers.iter_text_chunks(str(path), chunk_bytes))
+  chunks = list(tokenize_files.iter_text_chunks(str(path), chunk_bytes))
   assert "".join(chunks) == text
   if chunk_bytes < 100:
     assert len(chunks) > 50
   for tok in (tiny, tokenizers.CharTokenizer.from_text(text)):
-    ids = tokenizers.encode_file(tok, str(path), chunk_bytes=chunk_bytes, num_threads=2)
+    ids = tokenize_files.encode_file(tok, str(path), chunk_bytes=chunk_bytes, num_threads=2)
     np.testing.assert_array_equal(ids, tok.encode(text))
 
 
 def test_encode_chunks_of_nothing_and_progress_only_when_asked(tmp_path, tiny, capfd):
-  assert tokenizers.encode_chunks(tiny, []).shape == (0,)
+  assert tokenize_files.encode_chunks(tiny, []).shape == (0,)
   path = tmp_path / "c.txt"
   path.write_text(SHAKESPEARE[:5000], encoding="utf-8")
-  tokenizers.encode_file(tiny, str(path), chunk_bytes=512)  # stderr is not a terminal
+  tokenize_files.encode_file(tiny, str(path), chunk_bytes=512)  # stderr is not a terminal
   assert "tokenizing" not in capfd.readouterr().err
-  tokenizers.encode_file(tiny, str(path), chunk_bytes=512, progress=True)
+  tokenize_files.encode_file(tiny, str(path), chunk_bytes=512, progress=True)
   assert "tokenizing" in capfd.readouterr().err

@@ -1,0 +1,336 @@
+"""GPT-2-layout state dicts <-> purejax's GPT params, and GPT-2's config.json <-> `GPTConfig`.
+
+    params = gpt2_weights.params_from_state(state, config, transposed=False, source=path)
+    state = gpt2_weights.state_from_params(params, config, transposed=True)  # nanoGPT's
+    config, vocab = gpt2_weights.config_from_hf(hf_config)  # a parsed config.json
+    hf_config = gpt2_weights.hf_config_dict(config, vocab)
+
+Hugging Face's GPT-2 and nanoGPT's checkpoints hold the same architecture as
+`purejax.gpt` (GPT-2's), under the same layer names:
+`transformer.h.{i}.attn.c_attn.weight` etc. They differ in how dense weights
+are stored: Hugging Face's Conv1D keeps them `[in, out]` like purejax,
+nanoGPT's `nn.Linear` keeps `[out, in]`. The mapping is spelled out in
+`_TOP_WEIGHTS` and `_LAYER_WEIGHTS`; per-layer tensors are stacked on
+purejax's leading `[n_layer]` axis. State dicts here are `{name: numpy
+array}` with the names after `transformer.` (`strip_prefixes`); reading and
+writing the files is `purejax.huggingface`'s and `purejax.nanogpt`'s job;
+`ConversionError` is what all of them raise.
+
+Vocabulary padding: imported GPT-2 vocabularies are padded with zero rows up
+to a multiple of 64 (50257 -> 50304 ids, as nanoGPT does; the output matmul
+runs faster). `config.vocab_size` is the padded table size; the number of
+real ids travels in the tokenizer spec returned with the params as
+`spec["vocab_size"]` (see `purejax.tokenizers`): samplers must mask logits of
+ids >= it, and `state_from_params(..., vocab_rows=...)` drops the padding
+again.
+"""
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from purejax import gpt
+from purejax import tokenizers
+
+Params = Dict[str, Any]
+
+VOCAB_MULTIPLE = 64
+_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
+_LAYER_NORM_EPS = 1e-5
+
+
+class ConversionError(ValueError):
+  """Weights or a config that cannot be converted; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------
+# The name table: checkpoint names (after "transformer.") -> purejax paths.
+# `linear` marks dense weights, which nanoGPT stores transposed.
+
+_TOP_WEIGHTS = (
+    # (name, path, linear, is_bias)
+    ("wte.weight", ("wte", "embedding"), False, False),
+    ("wpe.weight", ("wpe", "embedding"), False, False),
+    ("ln_f.weight", ("ln_f", "scale"), False, False),
+    ("ln_f.bias", ("ln_f", "bias"), False, True),
+)
+_LAYER_WEIGHTS = (
+    # (name after "h.{i}.", path under "blocks", linear, is_bias)
+    ("ln_1.weight", ("ln_1", "scale"), False, False),
+    ("ln_1.bias", ("ln_1", "bias"), False, True),
+    ("attn.c_attn.weight", ("attn", "qkv", "w"), True, False),
+    ("attn.c_attn.bias", ("attn", "qkv", "b"), False, True),
+    ("attn.c_proj.weight", ("attn", "proj", "w"), True, False),
+    ("attn.c_proj.bias", ("attn", "proj", "b"), False, True),
+    ("ln_2.weight", ("ln_2", "scale"), False, False),
+    ("ln_2.bias", ("ln_2", "bias"), False, True),
+    ("mlp.c_fc.weight", ("mlp", "fc", "w"), True, False),
+    ("mlp.c_fc.bias", ("mlp", "fc", "b"), False, True),
+    ("mlp.c_proj.weight", ("mlp", "proj", "w"), True, False),
+    ("mlp.c_proj.bias", ("mlp", "proj", "b"), False, True),
+)
+
+
+_LINEAR = frozenset(name for name, _, linear, _ in _LAYER_WEIGHTS if linear)
+
+
+def _is_buffer(name: str) -> bool:
+  """Causal-mask buffers some checkpoints carry (`h.0.attn.bias`, `...masked_bias`)."""
+  return name.endswith(".attn.bias") or name.endswith(".attn.masked_bias")
+
+
+def padded_vocab_size(vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:
+  """`vocab_size` rounded up to a multiple of `multiple` (1: no padding)."""
+  return -(-vocab_size // multiple) * multiple
+
+
+def _get(tree: Params, path: Tuple[str, ...]):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree: Params, path: Tuple[str, ...], value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _describe(config: gpt.GPTConfig) -> str:
+  return (f"n_layer={config.n_layer}, n_head={config.n_head}, n_embd={config.n_embd}, "
+          f"block_size={config.block_size}, vocab_size={config.vocab_size}")
+
+
+def params_from_state(
+    state: Dict[str, np.ndarray],
+    config: gpt.GPTConfig,
+    *,
+    transposed: bool,
+    source: str,
+    vocab_rows: Optional[int] = None,
+) -> Params:
+  """purejax params from a GPT-2-layout state dict.
+
+  Args:
+    state: `{name: array}` with names as in `_TOP_WEIGHTS` / `_LAYER_WEIGHTS`
+      (prefixes already stripped), plus optionally `lm_head.weight` and mask
+      buffers.
+    config: the target config.
+    transposed: dense weights are `[out, in]` (nanoGPT) instead of `[in, out]`.
+    source: the file, for error messages.
+    vocab_rows: rows of the token embedding in `state` (default
+      `config.vocab_size`); the rows up to `config.vocab_size` are zero padding.
+
+  Returns:
+    float32 numpy params in `gpt.init_params`' layout.
+
+  Raises:
+    ConversionError: missing, unexpected or misshapen tensors, or an untied head.
+  """
+  expected = _expected_shapes(config)
+  expected["wte.weight"] = (vocab_rows or config.vocab_size, config.n_embd)
+  state = {name: value for name, value in state.items() if not _is_buffer(name)}
+  head = state.pop("lm_head.weight", None)
+  missing = sorted(set(expected) - set(state))
+  extra = sorted(set(state) - set(expected))
+  if extra and not config.bias and all(name.endswith(".bias") for name in extra):
+    raise ConversionError(f"{source} has biases ({extra[0]}, ...) but the config says "
+                          f"bias=False; set bias=True.")
+  if missing or extra:
+    raise ConversionError(
+        f"{source} is not a GPT-2 layout for {_describe(config)} (bias={config.bias}): "
+        f"missing {missing[:3]}, unexpected {extra[:3]}; only GPT-2-architecture "
+        f"checkpoints convert.")
+  arrays = {}
+  for name, want in expected.items():
+    value = np.asarray(state[name], dtype=np.float32)
+    if transposed and name.split(".", 2)[-1] in _LINEAR:
+      value = value.T
+    if value.shape != want:
+      raise ConversionError(
+          f"{source}: {name} has shape {tuple(value.shape)}, but {_describe(config)} "
+          f"needs {want}; the weights and the config do not belong together.")
+    arrays[name] = value
+  wte = arrays["wte.weight"]
+  if head is not None:
+    head = np.asarray(head, dtype=np.float32)
+    if head.shape != wte.shape or not np.array_equal(head, wte):
+      raise ConversionError(
+          f"{source}: lm_head.weight differs from the token embedding wte.weight; "
+          f"untied output heads are not supported (purejax's GPT ties the head to wte).")
+  padding = config.vocab_size - wte.shape[0]
+  arrays["wte.weight"] = np.concatenate([wte, np.zeros((padding, wte.shape[1]), np.float32)])
+
+  params: Params = {}
+  for name, path, _, is_bias in _TOP_WEIGHTS:
+    if config.bias or not is_bias:
+      _set(params, path, arrays[name])
+  for name, path, _, is_bias in _LAYER_WEIGHTS:
+    if config.bias or not is_bias:
+      layers = [arrays[f"h.{i}.{name}"] for i in range(config.n_layer)]
+      _set(params, ("blocks",) + path, np.stack(layers))
+  gpt.check_params(params, config)
+  return params
+
+
+def _expected_shapes(config: gpt.GPTConfig) -> Dict[str, Tuple[int, ...]]:
+  """`{checkpoint name: shape}` of every weight, in purejax's `[in, out]` layout."""
+  c = config.n_embd
+  top = {"wte.weight": (config.vocab_size, c), "wpe.weight": (config.block_size, c),
+         "ln_f.weight": (c,), "ln_f.bias": (c,)}
+  layer = {"ln_1.weight": (c,), "ln_1.bias": (c,), "attn.c_attn.weight": (c, 3 * c),
+           "attn.c_attn.bias": (3 * c,), "attn.c_proj.weight": (c, c),
+           "attn.c_proj.bias": (c,), "ln_2.weight": (c,), "ln_2.bias": (c,),
+           "mlp.c_fc.weight": (c, 4 * c), "mlp.c_fc.bias": (4 * c,),
+           "mlp.c_proj.weight": (4 * c, c), "mlp.c_proj.bias": (c,)}
+  shapes = {name: shape for name, shape in top.items()
+            if config.bias or not name.endswith(".bias")}
+  for i in range(config.n_layer):
+    shapes.update({f"h.{i}.{name}": shape for name, shape in layer.items()
+                   if config.bias or not name.endswith(".bias")})
+  return shapes
+
+
+def state_from_params(
+    params: Params,
+    config: gpt.GPTConfig,
+    *,
+    transposed: bool,
+    vocab_rows: Optional[int] = None,
+    zero_biases: bool = False,
+) -> Dict[str, np.ndarray]:
+  """A GPT-2-layout state dict (names without prefix) from purejax params.
+
+  Args:
+    params: purejax GPT params (stacked blocks; jax or numpy arrays).
+    config: their config.
+    transposed: write dense weights `[out, in]` (nanoGPT) instead of `[in, out]`.
+    vocab_rows: keep only the first rows of the token embedding (drops
+      vocabulary padding); default all.
+    zero_biases: for `bias=False` params, write zero biases (formats that
+      always have biases compute the same function with them).
+
+  Returns:
+    `{name: float32 contiguous numpy array}`.
+  """
+  gpt.check_params(params, config)
+  params = to_numpy(params)
+  full = _expected_shapes(dataclasses.replace(config, bias=True))
+  state = {}
+  for name, path, _, is_bias in _TOP_WEIGHTS:
+    if is_bias and not config.bias:
+      if zero_biases:
+        state[name] = np.zeros(full[name], np.float32)
+      continue
+    state[name] = _get(params, path)
+  state["wte.weight"] = state["wte.weight"][:vocab_rows]
+  for name, path, linear, is_bias in _LAYER_WEIGHTS:
+    for i in range(config.n_layer):
+      key = f"h.{i}.{name}"
+      if is_bias and not config.bias:
+        if zero_biases:
+          state[key] = np.zeros(full[key], np.float32)
+        continue
+      value = _get(params, ("blocks",) + path)[i]
+      state[key] = value.T if (transposed and linear) else value
+  return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in state.items()}
+
+
+def to_numpy(params: Params) -> Params:
+  """A params tree (of jax or numpy arrays) with float32 numpy arrays as its leaves."""
+  if isinstance(params, dict):
+    return {k: to_numpy(v) for k, v in params.items()}
+  return np.asarray(params, dtype=np.float32)
+
+
+def strip_prefixes(state: Dict[str, np.ndarray], prefixes: Tuple[str, ...]
+                   ) -> Dict[str, np.ndarray]:
+  """`state` with each of `prefixes`, in order, cut from the start of its names."""
+  out = {}
+  for name, value in state.items():
+    for prefix in prefixes:
+      if name.startswith(prefix):
+        name = name[len(prefix):]
+    out[name] = value
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face's config.json
+
+
+def config_from_hf(
+    hf_config: Dict[str, Any], source: str = "config.json",
+    pad_vocab_multiple: int = VOCAB_MULTIPLE,
+) -> Tuple[gpt.GPTConfig, int]:
+  """`(GPTConfig, real vocabulary size)` for a Hugging Face GPT-2 `config.json`.
+
+  Raises:
+    ConversionError: another architecture, or a GPT-2 option purejax's GPT
+      does not have.
+  """
+  model_type = hf_config.get("model_type")
+  if model_type != "gpt2":
+    architectures = ", ".join(hf_config.get("architectures") or []) or "no architectures"
+    raise ConversionError(
+        f"{source} describes a {model_type!r} model ({architectures}); only GPT-2 "
+        f"checkpoints (model_type 'gpt2') convert to purejax's GPT.")
+  get = lambda key, default: hf_config.get(key, default)  # GPT2Config's defaults
+  n_embd = get("n_embd", 768)
+  unsupported = []
+  if get("activation_function", "gelu_new") not in _GELU_TANH:
+    unsupported.append(f"activation_function={get('activation_function', None)!r} "
+                       f"(purejax uses tanh GELU: {' or '.join(_GELU_TANH)})")
+  if abs(get("layer_norm_epsilon", 1e-5) - _LAYER_NORM_EPS) > 1e-12:
+    unsupported.append(f"layer_norm_epsilon={get('layer_norm_epsilon', None)} "
+                       f"(purejax uses {_LAYER_NORM_EPS})")
+  if not get("scale_attn_weights", True):
+    unsupported.append("scale_attn_weights=false (purejax scales by 1/sqrt(head_dim))")
+  if get("scale_attn_by_inverse_layer_idx", False):
+    unsupported.append("scale_attn_by_inverse_layer_idx=true")
+  if get("n_inner", None) not in (None, 4 * n_embd):
+    unsupported.append(f"n_inner={get('n_inner', None)} (purejax's MLP is 4 * n_embd wide)")
+  if get("add_cross_attention", False):
+    unsupported.append("add_cross_attention=true")
+  if not get("tie_word_embeddings", True):
+    unsupported.append("tie_word_embeddings=false (purejax ties the head to wte)")
+  if unsupported:
+    raise ConversionError(f"{source}: purejax's GPT does not support "
+                          f"{'; '.join(unsupported)}.")
+  vocab = get("vocab_size", tokenizers.GPT2_VOCAB_SIZE)
+  try:
+    config = gpt.GPTConfig(
+        vocab_size=padded_vocab_size(vocab, pad_vocab_multiple),
+        block_size=get("n_positions", 1024), n_layer=get("n_layer", 12),
+        n_head=get("n_head", 12), n_embd=n_embd, dropout=0.0, bias=True)
+  except (ValueError, TypeError) as e:
+    raise ConversionError(f"{source}: {e}") from e
+  return config, vocab
+
+
+def hf_config_dict(config: gpt.GPTConfig, vocab_size: int) -> Dict[str, Any]:
+  """A Hugging Face `config.json` for a purejax GPT with `vocab_size` real ids."""
+  out = {
+      "architectures": ["GPT2LMHeadModel"],
+      "model_type": "gpt2",
+      "vocab_size": vocab_size,
+      "n_positions": config.block_size,
+      "n_ctx": config.block_size,
+      "n_embd": config.n_embd,
+      "n_layer": config.n_layer,
+      "n_head": config.n_head,
+      "n_inner": None,
+      "activation_function": "gelu_new",
+      "layer_norm_epsilon": _LAYER_NORM_EPS,
+      "resid_pdrop": config.dropout,
+      "embd_pdrop": config.dropout,
+      "attn_pdrop": config.dropout,
+      "scale_attn_weights": True,
+      "tie_word_embeddings": True,
+      "initializer_range": 0.02,
+      "torch_dtype": "float32",
+  }
+  if vocab_size == tokenizers.GPT2_VOCAB_SIZE:
+    out["bos_token_id"] = out["eos_token_id"] = tokenizers.GPT2_VOCAB_SIZE - 1
+  return out
