@@ -9,8 +9,8 @@ Text (files or TFDS) is tokenized once into `cache_dir` and read back with
 `np.memmap` afterwards; the cache file is named by a hash of the text (or of
 the TFDS dataset's name and version) and of the tokenizer, so a changed file
 or another tokenizer re-tokenizes. Corpora too large for the device
-(`fits_on_device`) are sampled on the host: `data.sample_windows`,
-`data.BatchPrefetcher`.
+(`fits_on_device`) are sampled on the host: `batches.sample_windows`,
+`batches.BatchPrefetcher`.
 """
 
 import codecs
@@ -441,6 +441,6 @@ def load_corpus(
 def fits_on_device(corpus: Corpus, max_bytes: int = DEVICE_BYTES) -> bool:
   """Whether both splits, in their stored dtype, fit in `max_bytes`: sample on the device.
 
-  Otherwise draw batches on the host: `data.sample_windows`, `data.BatchPrefetcher`.
+  Otherwise draw batches on the host: `batches.sample_windows`, `batches.BatchPrefetcher`.
   """
   return corpus.train.nbytes + corpus.val.nbytes <= max_bytes

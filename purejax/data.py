@@ -25,15 +25,11 @@ import dataclasses
 import gzip
 import os
 import pathlib
-import queue
 import socket
 import struct
-import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 from urllib import parse
 
-import chex
-import jax
 import numpy as np
 
 # The text shipped inside the package (public domain), used as TFDS's manual
@@ -398,126 +394,3 @@ def shakespeare_texts(manual_dir: Optional[str] = None) -> Tuple[str, str]:
   text = path.read_text(encoding="utf-8")
   cut = int(len(text) * 0.9)
   return text[:cut], text[cut:]
-
-
-# ----------------------------------------------------------------------------
-# Language-model batches
-
-
-def sample_batch(
-    key: chex.PRNGKey, data: chex.Array, block_size: int, batch_size: int
-) -> Tuple[chex.Array, chex.Array]:
-  """Random windows of a token stream, drawn on the device.
-
-  Args:
-    key: PRNG key.
-    data: `[num_tokens]` int ids, with `num_tokens > block_size`.
-    block_size: window length.
-    batch_size: windows per batch.
-
-  Returns:
-    `(inputs, targets)`, each `[batch_size, block_size]`; targets are the
-    inputs shifted one token ahead.
-  """
-  starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - block_size)
-  take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, block_size + 1))
-  windows = take(starts)  # [batch, block + 1]
-  return windows[:, :-1], windows[:, 1:]
-
-
-# Host-side batches, for corpora too large for the device (see
-# `corpus.fits_on_device`): windows read from a memmap, a step ahead.
-
-
-def sample_windows(tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
-                   step: int) -> np.ndarray:
-  """Random windows of a token stream, a function of `(seed, step)` only.
-
-  Resuming at step `s` draws what the first run drew at `s`. Only the
-  windows are read from a memmap.
-
-  Args:
-    tokens: `[num_tokens]` ids (array or memmap), `num_tokens > block_size`.
-    block_size: model context; each window has one token more.
-    batch_size: windows per batch.
-    seed: the stream's seed (use different seeds for train and val).
-    step: the training step.
-
-  Returns:
-    `[batch_size, block_size + 1]` int32; inputs are `[:, :-1]`, targets `[:, 1:]`.
-  """
-  if len(tokens) <= block_size:
-    raise ValueError(f"block_size {block_size} needs more than {len(tokens)} tokens; "
-                     f"lower --block_size.")
-  rng = np.random.default_rng((seed, step))
-  starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
-  return np.asarray(tokens[starts[:, None] + np.arange(block_size + 1)], dtype=np.int32)
-
-
-class BatchPrefetcher:
-  """Prepares the next call's windows in a background thread.
-
-  Each item is `[steps_per_call, batch_size, block_size + 1]` int32: item `i`
-  stacks `sample_windows(tokens, block_size, batch_size, seed, s)` for the
-  steps `s = start_step + i * steps_per_call + k`, `k < steps_per_call`, so a
-  run resumed at `start_step` sees the batches of the first. At most two
-  items wait in the queue (the host reads ahead while the device computes).
-  Use as an iterator; `close()` (or a `with` block) stops the thread.
-
-  Args:
-    tokens: `[num_tokens]` ids, e.g. `Corpus.train` (a memmap).
-    block_size: model context.
-    batch_size: windows per step.
-    seed: the stream's seed.
-    start_step: the first step drawn.
-    steps_per_call: steps per item (the steps one device call runs).
-  """
-
-  def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
-               start_step: int, steps_per_call: int = 1):
-    self._args = (tokens, block_size, batch_size, seed)
-    self._queue = queue.Queue(maxsize=2)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._fill, args=(start_step, steps_per_call),
-                                    daemon=True)
-    self._thread.start()
-
-  def _put(self, item) -> bool:
-    """Waits for room in the queue, or for `close()`; False when closed."""
-    while not self._stop.is_set():
-      try:
-        self._queue.put(item, timeout=0.1)
-        return True
-      except queue.Full:
-        pass
-    return False
-
-  def _fill(self, step: int, steps_per_call: int) -> None:
-    try:
-      while self._put(np.stack([sample_windows(*self._args, s)
-                                for s in range(step, step + steps_per_call)])):
-        step += steps_per_call
-    except Exception as e:  # pylint: disable=broad-except  # re-raised by __next__
-      self._put(e)
-
-  def __iter__(self) -> "BatchPrefetcher":
-    return self
-
-  def __next__(self) -> np.ndarray:
-    if self._stop.is_set():
-      raise StopIteration
-    item = self._queue.get()
-    if isinstance(item, Exception):
-      self.close()
-      raise item
-    return item
-
-  def close(self) -> None:
-    self._stop.set()
-    self._thread.join()
-
-  def __enter__(self) -> "BatchPrefetcher":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()

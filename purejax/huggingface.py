@@ -21,8 +21,6 @@ from typing import Any, Dict, Optional, Tuple
 
 import ml_dtypes  # pylint: disable=unused-import  # lets numpy (and safetensors) read bfloat16
 import numpy as np
-import safetensors
-from safetensors import numpy as safetensors_numpy
 
 from purejax import checkpoint
 from purejax import gpt
@@ -87,7 +85,18 @@ def _read_json(path: pathlib.Path) -> Dict[str, Any]:
   return value
 
 
+def _import_safetensors():
+  # Imported when used, so training needs it only for Hugging Face weights.
+  try:
+    import safetensors.numpy  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ConversionError("Hugging Face weights need the safetensors package: pip install "
+                          "safetensors.") from None
+  return safetensors
+
+
 def _read_safetensors(path: pathlib.Path) -> Dict[str, np.ndarray]:
+  safetensors = _import_safetensors()
   try:
     with safetensors.safe_open(str(path), framework="np") as f:
       return {name: f.get_tensor(name) for name in f.keys()}
@@ -250,7 +259,7 @@ def to_huggingface(
   tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
   try:
     # transformers refuses safetensors files without a "format" in the metadata.
-    safetensors_numpy.save_file(tensors, str(tmp / "model.safetensors"),
+    _import_safetensors().numpy.save_file(tensors, str(tmp / "model.safetensors"),
                                 metadata={"format": "pt"})
     with open(tmp / "config.json", "w", encoding="utf-8") as f:
       json.dump(gpt2_weights.hf_config_dict(config, vocab), f, indent=2)

@@ -8,7 +8,6 @@
 loop: data -> model -> loss -> optimizer -> checkpoint and log, top to bottom.
 """
 
-import concurrent.futures
 import dataclasses
 import functools
 import pathlib
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from purejax import batches
 from purejax import corpus as corpus_lib
 from purejax import data as data_lib
 from purejax import decode
@@ -106,63 +106,26 @@ def _check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int)
                      f"({len(text.train)} tokens).")
 
 
-class _Feed(NamedTuple):
-  """How the loop's steps and evaluations get their batches."""
-  train_steps: Callable  # (params, opt_state, key, step, num_steps) -> (params, opt_state, metrics)
-  evaluate: Callable     # (params, eval_key) -> {"train_loss", "val_loss"}
-  close: Callable[[], None]
+def _feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
+          ) -> batches.Feed:
+  """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
+  put = functools.partial(parallel.put, shardings=plan.replicated)
+  if corpus_lib.fits_on_device(text):
+    # Each device samples its rows of every batch from its own copy.
+    return batches.device_feed(text.train, text.val, put)
+  return batches.host_feed(
+      text.train, text.val, put, block_size=config.block_size, batch_size=train.batch_size,
+      eval_batches=train.eval_iters, seed=train.seed, start_step=start_step,
+      end_step=train.max_iters if end_step is None else end_step,
+      steps_per_call=steps_per_call)
 
 
-def _device_feed(text, config, train, plan, step_fn) -> _Feed:
-  """The corpus on every device; batches drawn there (no host round-trip)."""
-  # Each device samples its rows of every batch from its own copy.
-  train_ids, val_ids = parallel.put(
-      (np.asarray(text.train, np.int32), np.asarray(text.val, np.int32)), plan.replicated)
-
-  def train_steps(params, opt_state, key, step, num_steps):
-    return step_fn(params, opt_state, train_ids, key, step, num_steps=num_steps)
-
-  def evaluate(params, eval_key):
-    kwargs = dict(config=config, batch_size=train.batch_size, num_batches=train.eval_iters,
-                  plan=plan)
-    return {name: float(steps.evaluate(params, ids, eval_key, **kwargs))
-            for name, ids in (("train_loss", train_ids), ("val_loss", val_ids))}
-
-  return _Feed(train_steps, evaluate, lambda: None)
-
-
-def _host_feed(text, config, train, plan, step_fn, chunk_length) -> _Feed:
-  """Batches read by the host from the (memory-mapped) corpus, one call ahead."""
-  window = functools.partial(data_lib.sample_windows, block_size=config.block_size,
-                             batch_size=train.batch_size)
-  train_seed, eval_seed = 2 * train.seed, 2 * train.seed + 1
-
-  def windows(step, num_steps):  # [num_steps, batch, block + 1]
-    return np.stack([window(text.train, seed=train_seed, step=s)
-                     for s in range(step, step + num_steps)])
-
-  pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  ahead: Dict[Tuple[int, int], concurrent.futures.Future] = {}
-
-  def train_steps(params, opt_state, key, step, num_steps):
-    future = ahead.pop((step, num_steps), None) or pool.submit(windows, step, num_steps)
-    batch = parallel.put(future.result(), plan.replicated)
-    after = step + num_steps
-    if after < train.max_iters:  # read the next call's batches while this one runs
-      ahead[(after, chunk_length(after))] = pool.submit(windows, after, chunk_length(after))
-    return step_fn(params, opt_state, batch, key, step, num_steps=num_steps)
-
-  eval_windows = {name: parallel.put(np.stack([window(ids, seed=eval_seed, step=i)
-                                               for i in range(train.eval_iters)]),
-                                     plan.replicated)
-                  for name, ids in (("train_loss", text.train), ("val_loss", text.val))}
-
-  def evaluate(params, eval_key):
-    del eval_key  # the host's batches are fixed by eval_seed
-    return {name: float(steps.evaluate_on_windows(params, w, config=config, plan=plan))
-            for name, w in eval_windows.items()}
-
-  return _Feed(train_steps, evaluate, lambda: pool.shutdown(cancel_futures=True))
+def _evaluate(params, eval_key, feed, config, train, plan) -> Dict[str, float]:
+  """Mean loss of `train.eval_iters` batches of each split, the same batches every time."""
+  return {name: float(steps.evaluate(params, tokens, eval_key, config=config,
+                                     batch_size=train.batch_size,
+                                     num_batches=train.eval_iters, plan=plan))
+          for name, tokens in feed.eval.items()}
 
 
 def _resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
@@ -247,16 +210,14 @@ def train_gpt(
       boundary = min(boundary, mark) if mark > step else boundary
     return min(train.steps_per_call, boundary - step)
 
-  on_device = corpus_lib.fits_on_device(text)
-  step_fn = parallel.sharded_step(
+  train_steps = parallel.sharded_step(
       steps.train_steps, plan, shardings, config=config, optimizer=optimizer,
       batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps)
-  feed = (_device_feed(text, config, train, plan, step_fn) if on_device else
-          _host_feed(text, config, train, plan, step_fn, chunk_length))
+  feed = _feed(text, config, train, plan, start_step=step, steps_per_call=chunk_length)
   n_params = gpt.num_params(params)
   runs.log(f"model: {n_params / 1e6:.2f}M params (without position embeddings), {config}")
   runs.log(f"data: {text.source}; batches drawn "
-           f"{'on the device' if on_device else 'by the host from the memory-mapped file'}")
+           f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
   runs.log(f"optimizer: {resolved}")
   tokens_per_step = train.batch_size * config.block_size
   flops_per_token = flops.transformer_flops_per_token(
@@ -265,14 +226,13 @@ def train_gpt(
                                                      config.compute_dtype)
   peak = peak * plan.num_devices if peak else None
   main = parallel.is_main_process()
-  progress = progress_lib.Progress(train.max_iters, step,
-                                   enabled=main and train.progress is not False)
+  progress = progress_lib.Progress(train.max_iters, step, enabled=main, bar=train.progress)
   mon = monitor.Monitor(run.out_dir, resume_step=step if step else None, enabled=main,
                         log=progress.write)
 
   def evaluate(step):
     nonlocal best
-    losses = feed.evaluate(state["params"], state["keys"]["eval"])
+    losses = _evaluate(state["params"], state["keys"]["eval"], feed, config, train, plan)
     runs.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
              f"val loss {losses['val_loss']:.4f}")
     mon.log_eval(step, **losses)  # also syncs the metrics to disk
@@ -291,8 +251,9 @@ def train_gpt(
         if train.profile_steps and step == train.profile_steps[0]:
           jax.profiler.start_trace(str(pathlib.Path(run.out_dir) / "profile"))
         start = time.perf_counter()
-        params, opt_state, metrics = feed.train_steps(
-            state["params"], state["opt_state"], state["keys"]["train"], step, num_steps)
+        params, opt_state, metrics = train_steps(
+            state["params"], state["opt_state"], feed.train(step, num_steps),
+            state["keys"]["train"], step, num_steps=num_steps)
         losses = np.asarray(metrics.loss)  # waits for the steps to finish
         seconds_per_step = (time.perf_counter() - start) / num_steps
         if train.profile_steps and step + num_steps == train.profile_steps[1]:
@@ -358,10 +319,11 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
   gpt.check_params(params, config)
   keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
   plan = parallel.make_plan(devices, train.batch_size)
-  feed = (_device_feed if corpus_lib.fits_on_device(text) else
-          functools.partial(_host_feed, chunk_length=None))(text, config, train, plan, None)
+  feed = _feed(text, config, train, plan, start_step=0, steps_per_call=lambda _: 1,
+               end_step=0)
   try:
-    return feed.evaluate(parallel.put(params, plan.replicated), keys["eval"])
+    return _evaluate(parallel.put(params, plan.replicated), keys["eval"], feed, config,
+                     train, plan)
   finally:
     feed.close()
 
@@ -464,8 +426,8 @@ def train_mlp(
   runs.log(f"optimizer: {opt_config}, {steps_per_epoch} steps/epoch")
 
   main = parallel.is_main_process()
-  progress = progress_lib.Progress(train.epochs, epoch, unit="epoch",
-                                   enabled=main and progress_bar is not False)
+  progress = progress_lib.Progress(train.epochs, epoch, unit="epoch", enabled=main,
+                                   bar=progress_bar)
   mon = monitor.Monitor(run.out_dir, resume_step=epoch if epoch else None, enabled=main,
                         log=progress.write)
   last_saved = None

@@ -10,7 +10,7 @@ prints plain lines, so logs stay free of carriage returns.
 """
 
 import sys
-from typing import Any
+from typing import Any, Optional
 
 
 def _format_postfix(value: Any) -> str:
@@ -33,7 +33,7 @@ class Progress:
   """
 
   def __init__(self, total: int, initial: int = 0, *, unit: str = "step",
-               enabled: bool = True, stream=None):
+               enabled: bool = True, bar: Optional[bool] = None, stream=None):
     """Starts the bar.
 
     Args:
@@ -42,13 +42,15 @@ class Progress:
       unit: what one count is, shown in the rate ("step/s").
       enabled: False prints nothing, not even `write` lines (processes
         other than 0).
+      bar: draw the live bar; None: when `stream` is a terminal. Without a
+        bar, `write` lines are all that is printed.
       stream: where the bar goes; default sys.stderr, read when the bar
         starts (so a test's redirection applies).
     """
     self.total, self.n, self.enabled = total, initial, enabled
     stream = sys.stderr if stream is None else stream
     self._bar = None
-    if enabled and _is_terminal(stream):
+    if enabled and (_is_terminal(stream) if bar is None else bar):
       import tqdm  # pylint: disable=import-outside-toplevel
       self._bar = tqdm.tqdm(total=total, initial=initial, unit=unit, file=stream,
                             dynamic_ncols=True)

@@ -8,7 +8,7 @@
                    num_batches=200)
 
 Both run as one `lax.scan` inside a `jit`, with their batches drawn on the
-device (`data.sample_batch`), so there is no host round-trip per step.
+device (`batches.sample_batch`), so there is no host round-trip per step.
 """
 
 import functools
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from purejax import data
+from purejax import batches
 from purejax import gpt
 from purejax import parallel
 from purejax import rng
@@ -82,9 +82,9 @@ def train_steps(
     params: model params (donated).
     opt_state: optax state (donated).
     tokens: either the `[num_tokens]` training ids, on the device, from which
-      each step draws random windows (`data.sample_batch`); or the batches
+      each step draws random windows (`batches.sample_batch`); or the batches
       themselves, `[num_steps, batch_size, block_size + 1]` windows read by the
-      host (`data.sample_windows`) for corpora too large for the device.
+      host (`batches.sample_windows`) for corpora too large for the device.
       Inputs are a window's first `block_size` tokens, targets its last.
     key: base key of the run's training stream.
     step: global index of the first step.
@@ -111,7 +111,7 @@ def train_steps(
     if from_host:
       batch = (window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32))
     else:
-      batch = data.sample_batch(batch_key, tokens, config.block_size, batch_size)
+      batch = batches.sample_batch(batch_key, tokens, config.block_size, batch_size)
     params, opt_state, metrics = _update(
         *carry, batch, dropout_key, config=config, optimizer=optimizer,
         grad_accum_steps=grad_accum_steps, plan=plan)
@@ -135,37 +135,28 @@ def evaluate(
     num_batches: int,
     plan: Optional[parallel.ShardingPlan] = None,
 ) -> chex.Array:
-  """Mean loss over `num_batches` random batches of `tokens` (no dropout).
+  """Mean loss over `num_batches` batches of `tokens` (no dropout).
 
-  Pass the same `key` at every evaluation so the batches are fixed and the
-  numbers compare across steps. `plan` splits each batch across devices, as
-  in `train_steps`.
+  `tokens` as in `train_steps`: ids on the device, from which the batches are
+  drawn with `key` (pass the same `key` at every evaluation so the batches
+  are fixed and the numbers compare across steps), or `[num_batches,
+  batch_size, block_size + 1]` windows read by the host. `plan` splits each
+  batch across devices, as in `train_steps`.
   """
-  def body(total, k):
-    x, y = data.sample_batch(k, tokens, config.block_size, batch_size)
+  from_host = tokens.ndim == 3
+  if from_host:
+    chex.assert_shape(tokens, (num_batches, batch_size, config.block_size + 1))
+
+  def body(total, xs):
+    k, window = xs
+    if from_host:
+      x, y = window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
+    else:
+      x, y = batches.sample_batch(k, tokens, config.block_size, batch_size)
     if plan is not None:
       x, y = parallel.constrain((x, y), plan.batch)
     return total + gpt.loss(params, x, y, config), None
 
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
-                          jax.random.split(key, num_batches))
+  xs = (jax.random.split(key, num_batches), tokens if from_host else None)
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
   return total / num_batches
-
-
-@functools.partial(jax.jit, static_argnames=("config", "plan"))
-def evaluate_on_windows(
-    params: Params,
-    windows: chex.Array,
-    *,
-    config: gpt.GPTConfig,
-    plan: Optional[parallel.ShardingPlan] = None,
-) -> chex.Array:
-  """`evaluate` on batches read by the host: windows `[num_batches, batch, block + 1]`."""
-  def body(total, window):
-    x, y = window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
-    if plan is not None:
-      x, y = parallel.constrain((x, y), plan.batch)
-    return total + gpt.loss(params, x, y, config), None
-
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), windows)
-  return total / windows.shape[0]

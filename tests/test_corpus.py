@@ -317,42 +317,6 @@ def test_errors_are_one_clear_line(tmp_path, setup, kwargs, error, message):
 # Host batches
 
 
-def test_sample_windows_deterministic_in_range_and_shifted(tmp_path):
-  path = tmp_path / "ids.bin"
-  np.arange(1000, dtype=np.uint16).tofile(path)
-  tokens = np.memmap(path, dtype=np.uint16, mode="r")
-  a = data.sample_windows(tokens, 16, 8, seed=3, step=5)
-  assert a.shape == (8, 17) and a.dtype == np.int32
-  np.testing.assert_array_equal(a, data.sample_windows(tokens, 16, 8, seed=3, step=5))
-  assert not np.array_equal(a, data.sample_windows(tokens, 16, 8, seed=3, step=6))
-  assert not np.array_equal(a, data.sample_windows(tokens, 16, 8, seed=4, step=5))
-  assert a.min() >= 0 and a.max() <= 999
-  inputs, targets = a[:, :-1], a[:, 1:]
-  np.testing.assert_array_equal(targets, inputs + 1)  # consecutive ids: a window of the stream
-  ends = data.sample_windows(np.arange(17), 16, 4, seed=0, step=0)
-  np.testing.assert_array_equal(ends, np.tile(np.arange(17), (4, 1)))  # the only window
-  with pytest.raises(ValueError, match="block_size 16 needs more than 16 tokens"):
-    data.sample_windows(np.arange(16), 16, 4, seed=0, step=0)
-
-
-def test_prefetcher_yields_what_direct_calls_give():
-  tokens = np.arange(500, dtype=np.uint16)
-  with data.BatchPrefetcher(tokens, 8, 4, seed=7, start_step=10, steps_per_call=3) as batches:
-    items = [next(batches) for _ in range(4)]
-  for i, item in enumerate(items):
-    assert item.shape == (3, 4, 9)
-    for k in range(3):
-      np.testing.assert_array_equal(item[k], data.sample_windows(tokens, 8, 4, 7, 10 + 3 * i + k))
-  assert not batches._thread.is_alive()  # pylint: disable=protected-access
-
-
-def test_prefetcher_raises_the_samplers_error_and_closes_unread():
-  with pytest.raises(ValueError, match="block_size 8 needs more than 5 tokens"):
-    next(data.BatchPrefetcher(np.arange(5), 8, 2, seed=0, start_step=0))
-  unread = data.BatchPrefetcher(np.arange(100), 8, 2, seed=0, start_step=0)
-  unread.close()  # returns although the queue is full and nothing was read
-
-
 def test_fits_on_device(tmp_path):
   (tmp_path / "a.txt").write_text(TEXT, encoding="utf-8")
   c = load(tmp_path / "a.txt", tmp_path)

@@ -1,14 +1,15 @@
-"""steps: batches, fused training steps, evaluation; data.sample_batch."""
+"""steps: fused training steps and evaluation, on device-drawn or host-read batches."""
 
 import dataclasses
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from absl.testing import parameterized
 
-from purejax import data as data_lib
+from purejax import batches
 from purejax import gpt
 from purejax import optim
 from purejax import steps
@@ -16,13 +17,6 @@ from test_gpt import TINY, random_tokens
 
 
 class TrainStepsTest(parameterized.TestCase):
-
-  def test_sample_batch_targets_are_shifted_inputs(self):
-    data = jnp.arange(100, dtype=jnp.int32)
-    x, y = data_lib.sample_batch(jax.random.PRNGKey(0), data, 8, 5)
-    chex.assert_shape((x, y), (5, 8))
-    chex.assert_trees_all_equal(y, x + 1)
-    chex.assert_trees_all_equal(x[:, 1:], x[:, :-1] + 1)  # contiguous windows
 
   def test_chunking_does_not_change_the_run(self):
     # 6 steps as one call or as 2 + 4 calls: same params, bit for bit.
@@ -67,3 +61,25 @@ class TrainStepsTest(parameterized.TestCase):
     assert params["blocks"]["attn"]["qkv"]["b"].ndim == 2
     assert not mask["blocks"]["attn"]["qkv"]["b"] and not mask["blocks"]["ln_1"]["scale"]
     assert not mask["ln_f"]["scale"]
+
+  def test_host_windows_train_and_evaluate_as_device_batches(self):
+    # Windows read by the host are the same steps as batches drawn on the
+    # device, when they hold the same tokens.
+    data = random_tokens(jax.random.PRNGKey(0), (300,))
+    key, opt = jax.random.PRNGKey(3), optax.adam(1e-2)
+
+    def device_window(s):  # what step s draws on the device, as one window
+      batch_key = jax.random.split(jax.random.fold_in(key, s))[0]
+      x, y = batches.sample_batch(batch_key, data, TINY.block_size, 4)
+      return jnp.concatenate([x, y[:, -1:]], axis=1)
+
+    windows = jnp.stack([device_window(s) for s in range(5, 11)])  # [6, 4, block + 1]
+    run = lambda tokens: steps.train_steps(
+        gpt.init_params(TINY, jax.random.PRNGKey(0)), opt.init(
+            gpt.init_params(TINY, jax.random.PRNGKey(0))), tokens, key, 5, config=TINY,
+        optimizer=opt, batch_size=4, num_steps=6)
+    chex.assert_trees_all_close(run(windows), run(data), rtol=1e-6, atol=1e-7)
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    chex.assert_trees_all_close(
+        steps.evaluate(params, windows, key, config=TINY, batch_size=4, num_batches=6),
+        np.mean([gpt.loss(params, w[:, :-1], w[:, 1:], TINY) for w in windows]), rtol=1e-6)

@@ -17,7 +17,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is bench-only: pip install -r bench/requirements.txt")
 
 from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
-from purejax import data as data_lib, decode, gpt, mlp, optim  # pylint: disable=g-import-not-at-top
+from purejax import batches, decode, gpt, mlp, optim  # pylint: disable=g-import-not-at-top
 
 CONFIG = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
@@ -45,7 +45,7 @@ def test_gpt_logits_agree(bias):
 def test_gpt_one_training_step_agrees():
   params = perturbed(gpt.init_params(CONFIG, jax.random.PRNGKey(0)))
   data = jax.random.randint(jax.random.PRNGKey(3), (2000,), 0, 65)
-  x, y = data_lib.sample_batch(jax.random.PRNGKey(4), data, 16, 4)
+  x, y = batches.sample_batch(jax.random.PRNGKey(4), data, 16, 4)
   lr, wd, betas = 1e-2, 0.1, (0.9, 0.99)
 
   # purejax: loss before the step, then the loss of the updated params.

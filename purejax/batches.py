@@ -1,0 +1,197 @@
+"""Language-model batches: drawn on the device, or read by the host one call ahead.
+
+    x, y = sample_batch(key, ids, block_size, batch_size)          # inside a jit
+    windows = sample_windows(memmap, block_size, batch_size, seed, step)  # numpy
+
+Corpora that fit on the device (`corpus.fits_on_device`) stay there and
+every step draws its batch inside the jitted step, with no host round-trip.
+Larger ones are memory-mapped: the host reads each call's windows in a
+background thread while the device runs the previous call (`BatchPrefetcher`,
+`host_feed`). Both are functions of `(seed or key, step)`, so a resumed run
+draws what the first run drew.
+"""
+
+import queue
+import threading
+from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
+
+import chex
+import jax
+import numpy as np
+
+
+def sample_batch(
+    key: chex.PRNGKey, data: chex.Array, block_size: int, batch_size: int
+) -> Tuple[chex.Array, chex.Array]:
+  """Random windows of a token stream, drawn on the device.
+
+  Args:
+    key: PRNG key.
+    data: `[num_tokens]` int ids, with `num_tokens > block_size`.
+    block_size: window length.
+    batch_size: windows per batch.
+
+  Returns:
+    `(inputs, targets)`, each `[batch_size, block_size]`; targets are the
+    inputs shifted one token ahead.
+  """
+  starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - block_size)
+  take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, block_size + 1))
+  windows = take(starts)  # [batch, block + 1]
+  return windows[:, :-1], windows[:, 1:]
+
+
+def sample_windows(tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                   step: int) -> np.ndarray:
+  """Random windows of a token stream, a function of `(seed, step)` only.
+
+  Resuming at step `s` draws what the first run drew at `s`. Only the
+  windows are read from a memmap.
+
+  Args:
+    tokens: `[num_tokens]` ids (array or memmap), `num_tokens > block_size`.
+    block_size: model context; each window has one token more.
+    batch_size: windows per batch.
+    seed: the stream's seed (use different seeds for train and val).
+    step: the training step.
+
+  Returns:
+    `[batch_size, block_size + 1]` int32; inputs are `[:, :-1]`, targets `[:, 1:]`.
+  """
+  if len(tokens) <= block_size:
+    raise ValueError(f"block_size {block_size} needs more than {len(tokens)} tokens; "
+                     f"lower --block_size.")
+  rng = np.random.default_rng((seed, step))
+  starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
+  return np.asarray(tokens[starts[:, None] + np.arange(block_size + 1)], dtype=np.int32)
+
+
+class BatchPrefetcher:
+  """Prepares the next call's windows in a background thread.
+
+  Each item is `[n, batch_size, block_size + 1]` int32, stacking
+  `sample_windows(tokens, block_size, batch_size, seed, s)` for the steps
+  `s` of one device call, in order from `start_step`; so a run resumed at
+  `start_step` sees the batches of the first. At most two items wait in the
+  queue (the host reads ahead while the device computes). Use as an
+  iterator; `close()` (or a `with` block) stops the thread.
+
+  Args:
+    tokens: `[num_tokens]` ids, e.g. `Corpus.train` (a memmap).
+    block_size: model context.
+    batch_size: windows per step.
+    seed: the stream's seed.
+    start_step: the first step drawn.
+    steps_per_call: steps per item: a number, or a function of the item's
+      first step (the training loop's calls stop at log and eval steps).
+    end_step: no item goes past this step (None: endless).
+  """
+
+  def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+               start_step: int, steps_per_call: Union[int, Callable[[int], int]] = 1,
+               end_step: Optional[int] = None):
+    self._args = (tokens, block_size, batch_size, seed)
+    self._queue = queue.Queue(maxsize=2)
+    self._stop = threading.Event()
+    length = steps_per_call if callable(steps_per_call) else lambda _: steps_per_call
+    self._thread = threading.Thread(target=self._fill, args=(start_step, length, end_step),
+                                    daemon=True)
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    """Waits for room in the queue, or for `close()`; False when closed."""
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def _fill(self, step: int, length: Callable[[int], int], end: Optional[int]) -> None:
+    try:
+      while end is None or step < end:
+        n = length(step) if end is None else min(length(step), end - step)
+        if not self._put(np.stack([sample_windows(*self._args, s)
+                                   for s in range(step, step + n)])):
+          return
+        step += n
+      self._put(StopIteration())
+    except Exception as e:  # pylint: disable=broad-except  # re-raised by __next__
+      self._put(e)
+
+  def __iter__(self) -> "BatchPrefetcher":
+    return self
+
+  def __next__(self) -> np.ndarray:
+    if self._stop.is_set():
+      raise StopIteration
+    item = self._queue.get()
+    if isinstance(item, BaseException):
+      self.close()
+      raise item
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def __enter__(self) -> "BatchPrefetcher":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+# ----------------------------------------------------------------------------
+# What the training loop feeds its steps
+
+
+class Feed(NamedTuple):
+  """Where the training loop's steps and evaluations get their batches.
+
+  Attributes:
+    train: `train(step, num_steps)` -> the `tokens` argument of
+      `steps.train_steps` for those steps.
+    eval: `{"train_loss": tokens, "val_loss": tokens}`: the `tokens`
+      argument of `steps.evaluate` for each split.
+    on_device: whether batches are drawn on the device.
+    close: stops any background reading.
+  """
+  train: Callable[[int, int], chex.Array]
+  eval: Dict[str, chex.Array]
+  on_device: bool
+  close: Callable[[], None]
+
+
+def device_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable) -> Feed:
+  """Both splits on every device (`put`), where each step draws its own batch."""
+  train_ids, val_ids = put((np.asarray(train_ids, np.int32), np.asarray(val_ids, np.int32)))
+  return Feed(lambda step, num_steps: train_ids,
+              {"train_loss": train_ids, "val_loss": val_ids}, True, lambda: None)
+
+
+def host_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable, *, block_size: int,
+              batch_size: int, eval_batches: int, seed: int, start_step: int,
+              end_step: int, steps_per_call: Callable[[int], int]) -> Feed:
+  """Windows read by the host from the (memory-mapped) splits, one call ahead.
+
+  Training windows follow `(2 * seed, step)`; the evaluation's are fixed,
+  `eval_batches` of them per split from `(2 * seed + 1, i)`, read once.
+  `steps_per_call(step)` is the length of the loop's call starting at `step`.
+  """
+  ahead = BatchPrefetcher(train_ids, block_size, batch_size, 2 * seed, start_step,
+                          steps_per_call, end_step)
+  expected = [start_step]
+
+  def train(step, num_steps):
+    assert step == expected[0], f"the loop asked for step {step}, not {expected[0]}"
+    windows = next(ahead)
+    assert len(windows) == num_steps, (len(windows), num_steps)
+    expected[0] = step + num_steps
+    return put(windows)
+
+  evals = {name: put(np.stack([sample_windows(ids, block_size, batch_size, 2 * seed + 1, i)
+                               for i in range(eval_batches)]))
+           for name, ids in (("train_loss", train_ids), ("val_loss", val_ids))}
+  return Feed(train, evals, False, ahead.close)
