@@ -2,6 +2,7 @@
 
     python -m bench.gpu                          # every case (about 25 minutes on an H100)
     python -m bench.gpu --cases=h.train,h.medium --time_budget_s=420 --out_dir=$OUT
+    python -m bench.gpu --cases=h.feed --time_budget_s=420 --out_dir=$OUT
     python -m bench.gpu --quick --cases=h,i,j    # smoke run; on a CPU, with tiny models
 
 Each case is made of jobs, and `--cases` takes cases or jobs:
@@ -9,8 +10,12 @@ Each case is made of jobs, and `--cases` takes cases or jobs:
 * h, GPT-2 124M train step (T=1024, bf16 compute, AdamW + clipping):
   `h.train` alternates purejax (layers scanned, the backend's forms), purejax
   with `scan_layers=False` and the twin (`torch.compile`, bf16 autocast,
-  fused AdamW) at batch 12; `h.medium` asks whether purejax trains GPT-2
-  medium at batch 8; `h.max_batch.purejax`, `h.max_batch.torch` and
+  fused AdamW) at batch 12; `h.feed` alternates purejax fed random ids on
+  the device (as h.train) with purejax fed windows that a background thread
+  reads from a uint16 token file on disk through `np.memmap`, one call
+  ahead (as `loop.train_gpt` feeds a corpus too large for the device);
+  `h.medium` asks whether purejax trains GPT-2 medium at batch 8;
+  `h.max_batch.purejax`, `h.max_batch.torch` and
   `h.max_batch.purejax_unrolled` find each arm's largest batch and its peak
   memory from batch 12 up.
 * i, nanoGPT's Tiny Shakespeare GPU recipe (shakespeare_char): the whole run
@@ -37,6 +42,7 @@ Only JAX, PyTorch, optax, chex, absl and numpy are needed (no TensorFlow,
 no network).
 """
 
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -76,11 +82,11 @@ RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _CASES = flags.DEFINE_list(
-    "cases", "h,i,j", "Cases (h, i, j) or jobs (h.train, h.medium, h.max_batch, "
+    "cases", "h,i,j", "Cases (h, i, j) or jobs (h.train, h.feed, h.medium, h.max_batch, "
     "h.max_batch.torch, i.purejax_recipe, i.torch_recipe, i.speed, j.sample) to run.")
 _QUICK = flags.DEFINE_bool(
-    "quick", False, "Fewer rounds, 200 recipe iterations, 200 sampled tokens; on a CPU "
-    "every run uses tiny models.")
+    "quick", False, "Fewer rounds, 200 recipe iterations, 200 sampled tokens, a 32 MiB "
+    "token file for h.feed; on a CPU every run uses tiny models.")
 _BUDGET = flags.DEFINE_float(
     "time_budget_s", 1500.0, "Seconds after which jobs add no rounds and no job starts.")
 _GRACE = flags.DEFINE_float(
@@ -116,6 +122,7 @@ SHAKESPEARE_OPTIMIZER = optim.OptimizerConfig(
     name="adamw", learning_rate=1e-3, schedule="cosine", warmup_iters=100, decay_iters=5000,
     min_lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
 DATA_TOKENS = 1 << 20  # random token ids the GPT-2 arms sample their batches from
+GPT2_TOKENIZER_VOCAB = 50257  # ids in h.feed's token file are below this (GPT-2's BPE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +145,8 @@ class Sizes:
   speed_rounds: int
   sample_tokens: int
   sample_rounds: int
+  feed_tokens: int  # uint16 ids in h.feed's token file (2 bytes each)
+  feed_calls: int  # timed calls per arm and round in h.feed, after one untimed call
   min_rounds: int = 2  # rounds run even past the budget
 
 
@@ -149,7 +158,8 @@ def make_sizes(gpu: bool, quick: bool) -> Sizes:
         steps_per_call=10, train_rounds=4 if quick else 10, probe_rounds=1 if quick else 2,
         shakespeare=SHAKESPEARE_GPU, recipe_batch=64, recipe_iters=200 if quick else 5000,
         eval_interval=250, eval_iters=200, speed_iters=200, speed_rounds=4,
-        sample_tokens=200 if quick else 1000, sample_rounds=3 if quick else 5)
+        sample_tokens=200 if quick else 1000, sample_rounds=3 if quick else 5,
+        feed_tokens=(16 if quick else 512) << 20, feed_calls=5)
   # No GPU: the same jobs on tiny models, to check that everything runs.
   tiny = gpt.GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=2, n_embd=64,
                        bias=False, compute_dtype="bfloat16")
@@ -159,11 +169,12 @@ def make_sizes(gpu: bool, quick: bool) -> Sizes:
       probe_rounds=1, shakespeare=dataclasses.replace(SHAKESPEARE_GPU, block_size=64,
                                                       n_layer=2, n_head=2, n_embd=64),
       recipe_batch=16, recipe_iters=20, eval_interval=10, eval_iters=4, speed_iters=20,
-      speed_rounds=2, sample_tokens=30, sample_rounds=2)
+      speed_rounds=2, sample_tokens=30, sample_rounds=2, feed_tokens=1 << 20, feed_calls=2)
 
 
 JOBS = {
     "h.train": "h: GPT-2 124M train step, batch 12",
+    "h.feed": "h: the memory-mapped loader feeds the GPT-2 124M step without slowing it",
     "h.medium": "h: GPT-2 medium train step, batch 8 (purejax)",
     "h.max_batch.purejax": "h: largest batch, purejax (scan)",
     "h.max_batch.torch": "h: largest batch, torch twin",
@@ -395,9 +406,9 @@ def purejax_train_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.Optim
 
   def run():
     start = time.perf_counter()
-    state["params"], state["opt"], losses = train_steps(state["params"], state["opt"], data,
-                                                        key, state["step"])
-    losses = np.asarray(losses)  # waits for the steps
+    state["params"], state["opt"], metrics = train_steps(state["params"], state["opt"], data,
+                                                         key, state["step"])
+    losses = np.asarray(metrics.loss)  # waits for the steps
     seconds = time.perf_counter() - start
     state["step"] += steps
     info["last_loss"] = float(losses[-1])
@@ -555,6 +566,213 @@ def job_h_train(job: Job) -> None:
 
   alternate(job, arms, s.train_rounds, publish)
 
+
+# h.feed: batches read by the host from a token file on disk.
+
+
+def write_token_file(path: pathlib.Path, num_tokens: int, vocab: int, seed: int = 0,
+                     chunk: int = 1 << 24) -> bool:
+  """Writes `num_tokens` random uint16 ids below `vocab` to `path` through `np.memmap`.
+
+  Then syncs the file and asks the kernel to drop it from the page cache, so
+  the reads start from the disk, as a corpus larger than memory would.
+
+  Returns:
+    Whether the page cache could be dropped (`os.posix_fadvise`).
+  """
+  rng = np.random.default_rng(seed)
+  out = np.memmap(path, dtype=np.uint16, mode="w+", shape=(num_tokens,))
+  for start in range(0, num_tokens, chunk):
+    stop = min(start + chunk, num_tokens)
+    out[start:stop] = rng.integers(0, vocab, size=stop - start, dtype=np.uint16)
+  out.flush()
+  del out
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+    if hasattr(os, "posix_fadvise"):
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+      return True
+    return False
+  finally:
+    os.close(fd)
+
+
+def filesystem_of(path: pathlib.Path) -> Optional[str]:
+  """`"<fstype> <device>"` of the mount holding `path` (from /proc/mounts), or None."""
+  try:
+    mounts = [line.split()[:3] for line in pathlib.Path("/proc/mounts").read_text().splitlines()]
+  except OSError:
+    return None
+  path = str(pathlib.Path(path).resolve())
+  best = None
+  for device, point, fstype in (m for m in mounts if len(m) == 3):
+    if (path == point or path.startswith(point.rstrip("/") + "/")) and (
+        best is None or len(point) > len(best[1])):
+      best = (device, point, fstype)
+  return f"{best[2]} {best[0]}" if best else None
+
+
+class HostFeed:
+  """Each call's windows, read in a background thread one call ahead, as `loop._host_feed`.
+
+  `windows(step)` returns `[steps_per_call, batch_size, block_size + 1]`
+  int32: `data.sample_windows(tokens, block_size, batch_size, seed, s)` for
+  `s = step .. step + steps_per_call - 1`, and starts reading the call after.
+  `reads` holds the seconds each read took (in the thread), `waits` the
+  seconds each `windows` call waited for its read.
+
+  Not `data.BatchPrefetcher`: that keeps up to three calls in flight, which
+  would hide a read slower than a call, and does not time its reads.
+  """
+
+  def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+               steps_per_call: int):
+    self._read_args = (tokens, block_size, batch_size, seed)
+    self.steps_per_call = steps_per_call
+    self.reads: List[float] = []
+    self.waits: List[float] = []
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._ahead: Optional[Tuple[int, concurrent.futures.Future]] = None
+
+  def _read(self, step: int) -> np.ndarray:
+    start = time.perf_counter()
+    out = np.stack([data_lib.sample_windows(*self._read_args, s)
+                    for s in range(step, step + self.steps_per_call)])
+    self.reads.append(time.perf_counter() - start)
+    return out
+
+  def windows(self, step: int) -> np.ndarray:
+    ahead, self._ahead = self._ahead, None
+    future = ahead[1] if ahead and ahead[0] == step else self._pool.submit(self._read, step)
+    start = time.perf_counter()
+    out = future.result()
+    self.waits.append(time.perf_counter() - start)
+    after = step + self.steps_per_call
+    self._ahead = (after, self._pool.submit(self._read, after))
+    return out
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def purejax_host_feed_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.OptimizerConfig,
+                          steps: int, info: dict, feed: HostFeed) -> Callable[[], float]:
+  """`steps_lib.train_steps_on_windows` on `feed`'s windows; returns fn() -> seconds per step.
+
+  One call as `loop.train_gpt` runs it: wait for the windows read ahead,
+  `jax.device_put` them, start reading the next call's, run the steps and
+  wait for their losses; all of it timed. The first call, which compiles,
+  runs here.
+  """
+  key = jax.random.PRNGKey(0)
+  params = gpt.init_params(config, key)
+  optimizer = optim.make_optimizer(opt_config)
+  state = {"params": params, "opt": optimizer.init(params), "step": 0}
+  train_steps = functools.partial(steps_lib.train_steps_on_windows, config=config,
+                                  optimizer=optimizer, batch_size=batch, num_steps=steps)
+  info["forms"] = {"attention": attention_run(config), "remat": config.remat_policy()}
+
+  def run():
+    start = time.perf_counter()
+    windows = jax.device_put(feed.windows(state["step"]))
+    state["params"], state["opt"], metrics = train_steps(state["params"], state["opt"],
+                                                         windows, key, state["step"])
+    losses = np.asarray(metrics.loss)  # waits for the steps
+    seconds = time.perf_counter() - start
+    state["step"] += steps
+    info["last_loss"] = float(losses[-1])
+    if not np.isfinite(losses).all():
+      raise FloatingPointError(f"non-finite loss {losses} by step {state['step']}")
+    return seconds / steps
+
+  run()
+  return run
+
+
+def consecutive_calls(run: Callable[[], float], calls: int,
+                      feed: Optional[HostFeed] = None,
+                      timed_waits: Optional[List[float]] = None) -> Callable[[], float]:
+  """One untimed call of `run`, then the mean seconds per step of `calls` more.
+
+  The untimed call's windows were read while the other arm ran; from the
+  next call on, each read overlaps only the call before it, as in training.
+  With `feed`, its waits during the timed calls go to `timed_waits`.
+  """
+  def timed():
+    run()
+    begin = len(feed.waits) if feed else 0
+    seconds = float(np.mean([run() for _ in range(calls)]))
+    if feed:
+      timed_waits.extend(feed.waits[begin:])
+    return seconds
+  return timed
+
+
+def ms_stats(seconds: List[float], prefix: str) -> dict:
+  if not seconds:
+    return {}
+  ms = 1000 * np.asarray(seconds)
+  return {f"{prefix}_ms_median": float(np.median(ms)), f"{prefix}_ms_max": float(ms.max()),
+          f"{prefix}_n": len(ms)}
+
+
+def job_h_feed(job: Job) -> None:
+  """Does reading batches from a memory-mapped file on disk slow the GPT-2 124M step?
+
+  Arms, alternated: purejax fed random ids on the device (h.train's
+  reference arm), and purejax fed `[steps, batch, block + 1]` windows read
+  from a uint16 token file by `HostFeed`. A round is one untimed call and
+  `feed_calls` timed calls of each arm.
+  """
+  s = job.sizes
+  config, batch, steps = s.gpt2, s.train_batch, s.steps_per_call
+  device, host = ("purejax, random ids on the device (as h.train)",
+                  "purejax, windows read from a memmapped token file, one call ahead")
+  vocab = min(GPT2_TOKENIZER_VOCAB, config.vocab_size)
+  job.result["config"] = {"model": dataclasses.asdict(config), "batch": batch,
+                          "steps_per_call": steps, "timed_calls_per_round": s.feed_calls,
+                          "optimizer": dataclasses.asdict(GPT2_OPTIMIZER)}
+  job.note("host/device is the per-round ratio of the two arms' ms/iter; at most 1.02 means "
+           "the feed costs nothing. read_ms: one call's windows read from the memmap (in the "
+           "background thread); wait_ms: how long a timed call waited for them.")
+  with tempfile.TemporaryDirectory(prefix="purejax-feed-") as tmp:
+    path = pathlib.Path(tmp) / "train.bin"
+    start = time.perf_counter()
+    dropped = write_token_file(path, s.feed_tokens, vocab)
+    job.result["token_file"] = {
+        "path": str(path), "tokens": s.feed_tokens, "bytes": path.stat().st_size,
+        "ids_below": vocab, "filesystem": filesystem_of(path),
+        "write_s": time.perf_counter() - start, "page_cache_dropped": dropped}
+    job.save()
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    feed = HostFeed(tokens, config.block_size, batch, seed=0, steps_per_call=steps)
+    infos, waits = {device: {}, host: {}}, []
+    try:
+      arms = build_arms(job, {
+          device: lambda: consecutive_calls(purejax_train_arm(
+              config, batch, GPT2_OPTIMIZER, steps, infos[device]), s.feed_calls),
+          host: lambda: consecutive_calls(purejax_host_feed_arm(
+              config, batch, GPT2_OPTIMIZER, steps, infos[host], feed), s.feed_calls,
+                                          feed, waits),
+      })
+
+      def publish(times):
+        rows = summarise(times, {host: device}, "s/iter")
+        for name, row in rows.items():
+          add_speed(row, batch * config.block_size, flops_per_token(config), job.peak_flops)
+          row.update(infos[name])
+        if host in rows:
+          rows[host].update(ms_stats(list(feed.reads), "read"), **ms_stats(waits, "wait"))
+          job.result["read_ms_median"] = rows[host].get("read_ms_median")
+          if "ratio" in rows[host]:
+            job.result["host_vs_device"] = rows[host]["ratio"]
+            job.result["feed_costs_nothing"] = rows[host]["ratio"] <= 1.02
+        job.result["rows"] = rows
+
+      alternate(job, arms, s.train_rounds, publish)
+    finally:
+      feed.close()
 
 def job_h_medium(job: Job) -> None:
   s = job.sizes
@@ -1095,7 +1313,7 @@ def run_worker() -> None:
     elif name.startswith("h.max_batch."):
       job_h_max_batch(job, name.split(".")[-1])
     else:
-      {"h.train": job_h_train, "h.medium": job_h_medium,
+      {"h.train": job_h_train, "h.feed": job_h_feed, "h.medium": job_h_medium,
        "i.purejax_recipe": job_i_purejax_recipe, "i.torch_recipe": job_i_torch_recipe,
        "i.speed": job_i_speed, "j.sample": job_j_sample}[name](job)
     job.result["status"] = "done"
@@ -1258,7 +1476,9 @@ def markdown(results: dict) -> str:
                if "ratio" in row else "")
       other = []
       for key, label in (("wall_s", "wall {:.0f} s"), ("best_val_loss", "best val {:.4f}"),
-                         ("final_val_loss", "final val {:.4f}"), ("n", "n={}")):
+                         ("final_val_loss", "final val {:.4f}"),
+                         ("read_ms_median", "read {:.2f} ms/call"),
+                         ("wait_ms_max", "waited at most {:.2f} ms"), ("n", "n={}")):
         if row.get(key) is not None:
           other.append(label.format(row[key]))
       mfu = row.get("mfu")
@@ -1272,6 +1492,10 @@ def markdown(results: dict) -> str:
     if "largest_batch" in result:
       extra.append(f"largest batch {result['largest_batch']}, first failing "
                    f"{result.get('smallest_failed_batch')}")
+    if "host_vs_device" in result:
+      extra.append(f"host/device {result['host_vs_device']:.3f}: the feed "
+                   f"{'costs nothing' if result.get('feed_costs_nothing') else 'slows the step'}"
+                   f" (<= 1.02 is free)")
     if result.get("status") not in ("done", None):
       extra.append(f"status {result['status']}")
     for where, error in (result.get("errors") or {}).items():

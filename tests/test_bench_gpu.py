@@ -56,8 +56,45 @@ def test_select_jobs():
   assert gpu.select_jobs(["h.max_batch", "h.train"]) == [
       "h.train", "h.max_batch.purejax", "h.max_batch.torch", "h.max_batch.purejax_unrolled"]
   assert len(gpu.select_jobs(["h", "i", "j"])) == len(gpu.JOBS)
+  assert gpu.select_jobs(["h.feed"]) == ["h.feed"]
+  assert gpu.select_jobs(["h"])[:2] == ["h.train", "h.feed"]
   with pytest.raises(app.UsageError, match="unknown"):
     gpu.select_jobs(["k"])
+
+
+def test_host_feed_reads_the_token_file_one_call_ahead(tmp_path):
+  path = tmp_path / "train.bin"
+  gpu.write_token_file(path, 5000, vocab=300, chunk=1024)
+  tokens = np.memmap(path, dtype=np.uint16, mode="r")
+  assert tokens.shape == (5000,) and tokens.max() < 300 and len(np.unique(tokens)) > 200
+  feed = gpu.HostFeed(tokens, block_size=16, batch_size=4, seed=0, steps_per_call=3)
+  try:
+    for step in (0, 3, 9):  # 9: not the call read ahead, so read now
+      windows = feed.windows(step)
+      assert windows.shape == (3, 4, 17) and windows.dtype == np.int32
+      for k in range(3):
+        np.testing.assert_array_equal(
+            windows[k], gpu.data_lib.sample_windows(tokens, 16, 4, 0, step + k))
+    assert len(feed.waits) == 3
+  finally:
+    feed.close()
+  # 0, 3, 6 (read ahead, unused), 9, and 12 unless close() cancelled it before it started
+  assert len(feed.reads) in (4, 5)
+
+
+def test_consecutive_calls_keeps_the_timed_calls_waits():
+  class Feed:
+    waits = []
+  calls = iter([9.0, 1.0, 3.0, 9.0, 2.0, 2.0])
+
+  def run():
+    Feed.waits.append(len(Feed.waits))
+    return next(calls)
+
+  waits = []
+  timed = gpu.consecutive_calls(run, 2, Feed, waits)
+  assert timed() == 2.0 and timed() == 2.0
+  assert waits == [1, 2, 4, 5]  # not the untimed first call of each round
 
 
 def test_summarise_pairs_rounds_with_the_reference():
@@ -87,6 +124,10 @@ def test_markdown_takes_partial_and_failed_jobs():
   })
   assert "50.00 ms/iter (40.00-60.00)" in table and "40.0%" in table and "| 2.0 |" in table
   assert "status crashed" in table and "best val 1.4700" in table
+  feed = gpu.markdown({"h.feed": {"host_vs_device": 1.01, "feed_costs_nothing": True, "rows": {
+      "host": {"median": 0.1, "min": 0.1, "max": 0.1, "unit": "s/iter",
+               "read_ms_median": 3.5}}}})
+  assert "read 3.50 ms/call" in feed and "host/device 1.010: the feed costs nothing" in feed
 
 
 def test_shakespeare_is_split_as_nanogpt_splits_it():
