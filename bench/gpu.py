@@ -67,16 +67,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import batches
 from purejax import checkpoint
+from purejax import corpus as corpus_lib
 from purejax import data as data_lib
 from purejax import decode
+from purejax import flops
 from purejax import gpt
 from purejax import loop
-from purejax import monitor
 from purejax import optim
 from purejax import parallel
 from purejax import runs
 from purejax import steps as steps_lib
+from purejax import tokenizers
 
 RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -328,18 +331,18 @@ def add_speed(row: dict, tokens_per_step: int, flops_per_token: Optional[float],
   row.update(ms_per_iter=1000 * row["median"], tokens_per_s=tokens_per_s)
   if flops_per_token:
     row["flops_per_token"] = flops_per_token
-    row["mfu"] = monitor.mfu(flops_per_token, tokens_per_s, peak_flops or None)
+    row["mfu"] = flops.mfu(flops_per_token, tokens_per_s, peak_flops or None)
   return row
 
 
 @functools.lru_cache(maxsize=None)
 def flops_per_token(config: gpt.GPTConfig) -> float:
-  """`monitor.transformer_flops_per_token` of `config`, params counted without a device."""
+  """`flops.transformer_flops_per_token` of `config`, params counted without a device."""
   shapes = jax.eval_shape(lambda k: gpt.init_params(config, k),
                           jax.ShapeDtypeStruct((2,), jnp.uint32))
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
   n_params -= config.block_size * config.n_embd  # as nanoGPT: no position embeddings
-  return monitor.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
+  return flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
                                              config.head_dim, config.block_size)
 
 
@@ -614,15 +617,15 @@ def filesystem_of(path: pathlib.Path) -> Optional[str]:
 
 
 class HostFeed:
-  """Each call's windows, read in a background thread one call ahead, as `loop._host_feed`.
+  """Each call's windows, read in a background thread one call ahead, as `batches.host_feed`.
 
   `windows(step)` returns `[steps_per_call, batch_size, block_size + 1]`
-  int32: `data.sample_windows(tokens, block_size, batch_size, seed, s)` for
+  int32: `batches.sample_windows(tokens, block_size, batch_size, seed, s)` for
   `s = step .. step + steps_per_call - 1`, and starts reading the call after.
   `reads` holds the seconds each read took (in the thread), `waits` the
   seconds each `windows` call waited for its read.
 
-  Not `data.BatchPrefetcher`: that keeps up to three calls in flight, which
+  Not `batches.BatchPrefetcher`: that keeps up to three calls in flight, which
   would hide a read slower than a call, and does not time its reads.
   """
 
@@ -637,7 +640,7 @@ class HostFeed:
 
   def _read(self, step: int) -> np.ndarray:
     start = time.perf_counter()
-    out = np.stack([data_lib.sample_windows(*self._read_args, s)
+    out = np.stack([batches.sample_windows(*self._read_args, s)
                     for s in range(step, step + self.steps_per_call)])
     self.reads.append(time.perf_counter() - start)
     return out
@@ -658,7 +661,7 @@ class HostFeed:
 
 def purejax_host_feed_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.OptimizerConfig,
                           steps: int, info: dict, feed: HostFeed) -> Callable[[], float]:
-  """`steps_lib.train_steps_on_windows` on `feed`'s windows; returns fn() -> seconds per step.
+  """`steps_lib.train_steps` on `feed`'s windows; returns fn() -> seconds per step.
 
   One call as `loop.train_gpt` runs it: wait for the windows read ahead,
   `jax.device_put` them, start reading the next call's, run the steps and
@@ -669,7 +672,7 @@ def purejax_host_feed_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.O
   params = gpt.init_params(config, key)
   optimizer = optim.make_optimizer(opt_config)
   state = {"params": params, "opt": optimizer.init(params), "step": 0}
-  train_steps = functools.partial(steps_lib.train_steps_on_windows, config=config,
+  train_steps = functools.partial(steps_lib.train_steps, config=config,
                                   optimizer=optimizer, batch_size=batch, num_steps=steps)
   info["forms"] = {"attention": attention_run(config), "remat": config.remat_policy()}
 
@@ -923,7 +926,7 @@ def predicted_start(records: List[dict], first: List[int], rest: List[int]) -> O
 # Case i: the Tiny Shakespeare GPU recipe
 
 
-def shakespeare() -> data_lib.TextData:
+def shakespeare() -> corpus_lib.Corpus:
   """Tiny Shakespeare read as plain text, split exactly as nanoGPT's prepare.py does.
 
   The vocabulary is the sorted set of the text's characters; the first 90% of
@@ -931,10 +934,10 @@ def shakespeare() -> data_lib.TextData:
   """
   path = pathlib.Path(data_lib.EMBEDDED_SHAKESPEARE_DIR) / "input.txt"
   text = path.read_text(encoding="utf-8")
-  vocab = data_lib.CharVocab.from_text(text)
-  ids = vocab.encode(text)
+  tokenizer = tokenizers.CharTokenizer.from_text(text)
+  ids = tokenizer.encode(text)
   n = int(len(ids) * 0.9)
-  return data_lib.TextData(vocab=vocab, train=ids[:n], val=ids[n:])
+  return corpus_lib.Corpus(tokenizer, ids[:n], ids[n:], "tiny_shakespeare (plain text)")
 
 
 def recipe_config(job: Job) -> dict:
@@ -995,7 +998,7 @@ def job_i_purejax_recipe(job: Job) -> None:
                                         flops_per_token(config), job.peak_flops)}
 
 
-def purejax_recipe_loop(job: Job, text: data_lib.TextData, config: gpt.GPTConfig
+def purejax_recipe_loop(job: Job, text: corpus_lib.Corpus, config: gpt.GPTConfig
                         ) -> Tuple[List[dict], List[float], float]:
   """The recipe with `steps.train_steps` (10 steps per call) and `steps.evaluate`."""
   s = job.sizes
@@ -1264,7 +1267,7 @@ def job_env(job: Job) -> None:
     device = jax.devices()[0]
     env.update(jax=jax.__version__, backend=jax.default_backend(),
                device_kind=device.device_kind, devices=[str(d) for d in jax.devices()],
-               peak_flops_bf16=monitor.device_peak_flops(device, "bfloat16"), **jax_memory())
+               peak_flops_bf16=flops.device_peak_flops(device, "bfloat16"), **jax_memory())
   except Exception as e:  # pylint: disable=broad-except
     job.error("jax", e)
   try:

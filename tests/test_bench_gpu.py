@@ -74,7 +74,7 @@ def test_host_feed_reads_the_token_file_one_call_ahead(tmp_path):
       assert windows.shape == (3, 4, 17) and windows.dtype == np.int32
       for k in range(3):
         np.testing.assert_array_equal(
-            windows[k], gpu.data_lib.sample_windows(tokens, 16, 4, 0, step + k))
+            windows[k], gpu.batches.sample_windows(tokens, 16, 4, 0, step + k))
     assert len(feed.waits) == 3
   finally:
     feed.close()
@@ -134,7 +134,7 @@ def test_shakespeare_is_split_as_nanogpt_splits_it():
   text = gpu.shakespeare()
   raw = (pathlib.Path(gpu.data_lib.EMBEDDED_SHAKESPEARE_DIR) / "input.txt").read_text()
   chars = sorted(set(raw))
-  assert text.vocab.chars == "".join(chars) and text.vocab.size == 65
+  assert text.tokenizer.chars == "".join(chars) and text.vocab_size == 65
   n = int(len(raw) * 0.9)
   assert len(text.train) == n and len(text.val) == len(raw) - n
-  assert text.vocab.decode(text.val[:50]) == raw[n:n + 50]
+  assert text.tokenizer.decode(text.val[:50]) == raw[n:n + 50]
