@@ -617,7 +617,7 @@ def filesystem_of(path: pathlib.Path) -> Optional[str]:
 
 
 class HostFeed:
-  """Each call's windows, read in a background thread one call ahead, as `batches.host_feed`.
+  """Each call's windows, read in a background thread one call ahead.
 
   `windows(step)` returns `[steps_per_call, batch_size, block_size + 1]`
   int32: `batches.sample_windows(tokens, block_size, batch_size, seed, s)` for
@@ -625,8 +625,9 @@ class HostFeed:
   `reads` holds the seconds each read took (in the thread), `waits` the
   seconds each `windows` call waited for its read.
 
-  Not `batches.BatchPrefetcher`: that keeps up to three calls in flight, which
-  would hide a read slower than a call, and does not time its reads.
+  The training loop's `batches.host_feed` reads ahead with
+  `batches.BatchPrefetcher`, which queues up to two calls; this reads only one
+  ahead and times every read, so a read slower than a call shows here.
   """
 
   def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,

@@ -12,12 +12,11 @@ import dataclasses
 import functools
 import pathlib
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from purejax import batches
 from purejax import corpus as corpus_lib

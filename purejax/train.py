@@ -253,7 +253,7 @@ def pretrained(source: str, best: bool = False):
   """`(params, config, tokenizer)` of `source` (see `convert.from_pretrained`)."""
   given = [name for name in ARCHITECTURE_FLAGS if FLAGS[name].present]
   if given:
-    raise ValueError(f"--{given[0]} has no effect with --init_from={source}: the "
+    raise ValueError(f"--{given[0]} has no effect on weights from {source}: the "
                      f"architecture comes from the weights; drop --{given[0]}.")
   params, config, spec = (convert.from_purejax(source, best=best) if best else
                           convert.from_pretrained(source))

@@ -98,7 +98,7 @@ def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file)
   one_line_error(run_module("purejax.train", f"--init_from={hf}", f"--dataset={text_file}",
                             f"--out_dir={tmp_path / 'x'}"), "--tokenizer=char")
   one_line_error(run_module("purejax.train", f"--init_from={hf}", "--n_layer=3",
-                            f"--out_dir={tmp_path / 'x'}"), "--n_layer has no effect")
+                            f"--out_dir={tmp_path / 'x'}"), "--n_layer has no effect on weights")
   args = ["--tokenizer=char", f"--dataset={text_file}", "--batch_size=4", "--eval_iters=2",
           "--sample_tokens=20", *SHORT]
   before = final(run_module("purejax.train", f"--init_from={hf}", "--eval_only", *args,
