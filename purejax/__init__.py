@@ -10,7 +10,6 @@ Models are params pytrees (nested dicts of arrays) plus pure functions:
 from purejax import attention
 from purejax import batches
 from purejax import checkpoint
-from purejax import convert
 from purejax import corpus
 from purejax import data
 from purejax import decode
@@ -29,7 +28,7 @@ from purejax import runs
 from purejax import steps
 from purejax import tokenizers
 
-__all__ = ["attention", "batches", "checkpoint", "convert", "corpus", "data", "decode", "flops",
+__all__ = ["attention", "batches", "checkpoint", "corpus", "data", "decode", "flops",
            "gpt", "kernels", "loop", "mlp", "monitor", "nn", "optim", "parallel",
            "progress", "rng", "runs", "steps", "tokenizers"]
 __version__ = "0.1.0"

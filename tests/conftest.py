@@ -50,6 +50,15 @@ def run_module(module: str, *args: str, timeout: float = 900,
                         text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
 
 
+def pytest_configure(config):
+  # The fast tier (-m "not slow") is for quick feedback while editing: XLA
+  # compiles its many small programs without its optimisation passes, which
+  # halves the tier's time. The full suite (what CI runs) compiles as users do.
+  if config.option.markexpr.replace(" ", "") == "notslow":
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_backend_optimization_level=0").strip()
+
+
 def pytest_collection_modifyitems(items):
   # Integration tests are slow tests too.
   for item in items:

@@ -27,6 +27,7 @@ def training_state(seed=0, config=CONFIG):
           "keys": {"train": jax.random.PRNGKey(seed + 1)}}
 
 
+@pytest.mark.slow
 def test_roundtrip_restores_every_leaf_and_the_structure(tmp_path):
   state = training_state()
   checkpoint.save(str(tmp_path), 7, state, {"model": "gpt", "history": [1.5]})
@@ -88,6 +89,7 @@ def test_checksum_catches_a_changed_array(tmp_path):
     checkpoint.read(path)
 
 
+@pytest.mark.slow
 def test_another_config_is_refused(tmp_path):
   checkpoint.save(str(tmp_path), 1, training_state(), {})
   other = training_state(config=gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2,

@@ -1,22 +1,29 @@
-"""The command-line tools refuse bad input with one clear line, not a traceback."""
+"""The command-line tools refuse bad input with one clear line, not a traceback.
+
+Each test runs the tool in a subprocess; all but one are in the slow tier.
+"""
 
 import pytest
 
 from conftest import run_module
 
+slow = pytest.mark.slow
+
 
 @pytest.mark.parametrize("args, message", [
     (["--learning_rate=-1"], "learning rate must be > 0"),
-    (["--learning_rate=0"], "learning rate must be > 0"),
-    (["--batch_size=0"], "--batch_size must be a positive integer"),
-    (["--max_iters=-5"], "--max_iters must be a positive integer"),
-    (["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
-    (["--dropout=1.0"], r"dropout must be in [0, 1)"),
-    (["--block_size=0"], "--block_size must be a positive integer"),
-    (["--model=mlp", "--epochs=0"], "--epochs must be a positive integer"),
-    (["--model=mlp", "--layer_sizes=784,a,10"], "--layer_sizes must be integers"),
-    (["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "min_lr must be in"),
-    (["--cpu_devices=0"], "--cpu_devices must be >= 1"),
+    pytest.param(["--learning_rate=0"], "learning rate must be > 0", marks=slow),
+    pytest.param(["--batch_size=0"], "--batch_size must be a positive integer", marks=slow),
+    pytest.param(["--max_iters=-5"], "--max_iters must be a positive integer", marks=slow),
+    pytest.param(["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4",
+                 marks=slow),
+    pytest.param(["--dropout=1.0"], r"dropout must be in [0, 1)", marks=slow),
+    pytest.param(["--block_size=0"], "--block_size must be a positive integer", marks=slow),
+    pytest.param(["--model=mlp", "--epochs=0"], "--epochs must be a positive integer", marks=slow),
+    pytest.param(["--model=mlp", "--layer_sizes=784,a,10"], "--layer_sizes must be integers",
+                 marks=slow),
+    pytest.param(["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "min_lr must be in", marks=slow),
+    pytest.param(["--cpu_devices=0"], "--cpu_devices must be >= 1", marks=slow),
 ])
 def test_bad_flag_values(args, message):
   process = run_module("purejax.train", *args, timeout=300)
@@ -25,6 +32,7 @@ def test_bad_flag_values(args, message):
   assert "Traceback" not in process.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--model=resnet"], ["--dtype=float64"],
                                   ["--optimizer=lion"]])
 def test_unknown_choices_are_rejected_by_flag_parsing(args):
@@ -34,6 +42,7 @@ def test_unknown_choices_are_rejected_by_flag_parsing(args):
   assert "Traceback" not in process.stderr
 
 
+@pytest.mark.slow
 def test_mnist_offline_without_data_names_the_flag(tmp_path):
   process = run_module("purejax.train", "--model=mlp",
                        f"--tfds_manual_dir={tmp_path / 'missing'}",
@@ -43,12 +52,14 @@ def test_mnist_offline_without_data_names_the_flag(tmp_path):
   assert "Traceback" not in process.stderr
 
 
+@pytest.mark.slow
 def test_sample_without_a_trained_model(tmp_path):
   process = run_module("purejax.sample", f"--out_dir={tmp_path}", timeout=300)
   assert process.returncode == 1
   assert "train first" in process.stderr
 
 
+@pytest.mark.slow
 def test_unwritable_out_dir_fails_before_training(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("")
@@ -57,6 +68,7 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
   assert "is not writable" in process.stderr and "Traceback" not in process.stderr
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_must_be_positive(tmp_path):
   process = run_module("purejax.train", "--keep_checkpoints=0", f"--out_dir={tmp_path}",
                        timeout=300)
@@ -64,6 +76,7 @@ def test_keep_checkpoints_must_be_positive(tmp_path):
   assert "--keep_checkpoints must be a positive integer" in process.stderr
 
 
+@pytest.mark.slow
 def test_block_size_longer_than_validation_text(tmp_path, tfds_data_dir):
   process = run_module("purejax.train", "--block_size=200000", "--n_embd=8", "--n_head=1",
                        "--n_layer=1", f"--tfds_data_dir={tfds_data_dir}",
@@ -72,6 +85,7 @@ def test_block_size_longer_than_validation_text(tmp_path, tfds_data_dir):
   assert "must be shorter than the validation text" in process.stderr
 
 
+@pytest.mark.slow
 def test_sample_refuses_a_checkpoint_of_another_model(tmp_path):
   import jax
   from purejax import checkpoint, mlp

@@ -226,6 +226,7 @@ def test_nanogpt_bad_bin_files(tmp_path, tiny):
 # TFDS, and Tiny Shakespeare without it
 
 
+@pytest.mark.slow
 def test_embedded_shakespeare_equals_tfds_without_tfds(tfds_data_dir, tmp_path, monkeypatch):
   splits = data.load_tfds_splits("tiny_shakespeare", ("train", "validation", "test"),
                                  data_dir=tfds_data_dir,

@@ -39,6 +39,7 @@ class GenerateTest(parameterized.TestCase):
       ("slides_past_block", 3, 20),
       ("prompt_longer_than_block", 12, 6),
   )
+  @pytest.mark.slow
   def test_kv_cache_greedy_equals_full_recompute(self, prompt_len, new_tokens):
     params = sharpened_params(TINY)
     prompt = random_tokens(jax.random.PRNGKey(2), (prompt_len,))
@@ -47,6 +48,7 @@ class GenerateTest(parameterized.TestCase):
     np.testing.assert_array_equal(np.asarray(cached),
                                   greedy_recompute(params, prompt, TINY, new_tokens))
 
+  @pytest.mark.slow
   def test_within_block_equals_nanogpt_crop_semantics(self):
     # Inside block_size, the context is simply every token so far.
     params = sharpened_params(TINY)
@@ -57,6 +59,7 @@ class GenerateTest(parameterized.TestCase):
       logits = gpt.forward(params, jnp.asarray(out[:n])[None], TINY)
       assert out[n] == int(jnp.argmax(logits[0, -1]))
 
+  @pytest.mark.slow
   def test_batched_sampling_shapes_and_determinism(self):
     params = sharpened_params(TINY)
     prompts = random_tokens(jax.random.PRNGKey(3), (4, 3))
@@ -69,6 +72,7 @@ class GenerateTest(parameterized.TestCase):
     assert not np.array_equal(a, c)
     assert int(a.max()) < TINY.vocab_size and int(a.min()) >= 0
 
+  @pytest.mark.slow
   def test_top_k_one_is_greedy(self):
     params = sharpened_params(TINY)
     prompt = random_tokens(jax.random.PRNGKey(4), (3,))

@@ -122,6 +122,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
                                 rtol=1e-5, atol=1e-5)
 
   @parameterized.parameters("full", "dots")
+  @pytest.mark.slow
   def test_remat_gives_the_same_loss_and_gradients(self, policy):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 9))
@@ -132,6 +133,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
                                 rtol=1e-5, atol=1e-6)
 
   @parameterized.parameters((1, 8), (3, 8), (3, 7), (5, 8))
+  @pytest.mark.slow
   def test_attention_in_query_blocks_is_exact(self, attn_block, time):
     # Blocks of queries skip most of the masked keys; the loss, its gradients
     # and causality must not change.
@@ -146,6 +148,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
                                 gpt.forward(params, changed[:, :-1], blocked)[:, :4],
                                 atol=1e-6)
 
+  @pytest.mark.slow
   def test_dropout_keys(self):
     config = dataclasses.replace(TINY, dropout=0.3)
     params = gpt.init_params(config, jax.random.PRNGKey(0))
@@ -160,6 +163,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     with pytest.raises(ValueError, match="key"):
       run(None, False)
 
+  @pytest.mark.slow
   def test_gradients_match_finite_differences(self):
     config = gpt.GPTConfig(vocab_size=7, block_size=5, n_layer=2, n_head=2, n_embd=8)
     params = sharpened_params(config)

@@ -54,20 +54,28 @@ class SelectTest(parameterized.TestCase):
     assert GPU_FORMS.loss_chunk(12 * 64, 65) is None
 
 
+slow = pytest.mark.slow
+
+
+# 12 positions: blocks of 2 (six), 5 (the last one partial), 12 (one), 64 (> time).
+@pytest.mark.parametrize("form, block", [
+    ("blocked", 5), ("fused", 12),
+    pytest.param("blocked", 2, marks=slow), pytest.param("blocked", 12, marks=slow),
+    pytest.param("blocked", 64, marks=slow)])
+def test_attention_forms_equal_plain_values_and_gradients(form, block):
+  q, k, v = qkv(0)
+  cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+
+  def value_and_grads(form):
+    f = lambda q, k, v: jnp.sum(cotangent * attention.causal_attention(
+        q, k, v, form=form, block=block))
+    return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+
+  chex.assert_trees_all_close(value_and_grads(form), value_and_grads("plain"),
+                              rtol=1e-5, atol=1e-5)
+
+
 class AttentionTest(parameterized.TestCase):
-
-  @parameterized.product(form=["blocked", "fused"], block=[1, 5, 12, 64])
-  def test_forms_equal_plain_values_and_gradients(self, form, block):
-    q, k, v = qkv(0)
-    cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
-
-    def value_and_grads(form):
-      f = lambda q, k, v: jnp.sum(cotangent * attention.causal_attention(
-          q, k, v, form=form, block=block))
-      return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
-
-    chex.assert_trees_all_close(value_and_grads(form), value_and_grads("plain"),
-                                rtol=1e-5, atol=1e-5)
 
   def test_plain_is_causal_softmax_attention(self):
     q, k, v = qkv(1, (1, 5, 2, 4))
@@ -176,21 +184,20 @@ def loss_and_grads(config, params, tokens):
   return jax.value_and_grad(gpt.loss)(params, tokens[:, :-1], tokens[:, 1:], config)
 
 
-class GPTFormsTest(parameterized.TestCase):
+@pytest.mark.parametrize("changes", [
+    dict(attention="fused"), dict(scan_layers=False, remat="none"),
+    pytest.param(dict(attention="plain"), marks=slow),
+    pytest.param(dict(scan_layers=False), marks=slow),
+    pytest.param(dict(remat="full"), marks=slow)])
+def test_model_forms_give_the_same_loss_and_gradients(changes):
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)
+  chex.assert_trees_all_close(
+      loss_and_grads(dataclasses.replace(TINY, **changes), params, tokens),
+      loss_and_grads(TINY, params, tokens), rtol=1e-5, atol=1e-6)
 
-  @parameterized.named_parameters(
-      ("attention_plain", dict(attention="plain")),
-      ("attention_fused", dict(attention="fused")),
-      ("unrolled_layers", dict(scan_layers=False)),
-      ("unrolled_no_remat", dict(scan_layers=False, remat="none")),
-      ("scanned_full_remat", dict(remat="full")),
-  )
-  def test_model_forms_give_the_same_loss_and_gradients(self, changes):
-    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)
-    chex.assert_trees_all_close(
-        loss_and_grads(dataclasses.replace(TINY, **changes), params, tokens),
-        loss_and_grads(TINY, params, tokens), rtol=1e-5, atol=1e-6)
+
+class GPTFormsTest(parameterized.TestCase):
 
   def test_bfloat16_mode_runs_bfloat16_products(self):
     # Closeness to float32 alone would not show that the products ran in

@@ -62,6 +62,7 @@ def test_a_run_logs_loss_lr_grad_norm_and_evals_to_metrics_jsonl(tmp_path):
   assert "losses" not in meta
 
 
+@pytest.mark.slow
 def test_tensorboard_reads_back_the_logged_scalars(tmp_path):
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   train(tmp_path)
@@ -76,6 +77,7 @@ def test_tensorboard_reads_back_the_logged_scalars(tmp_path):
     np.testing.assert_allclose([v for _, v in read], [v for _, v in logged], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_with_more_steps_keeps_the_run_schedule(tmp_path, capsys):
   train(tmp_path)
   longer = dataclasses.replace(FAST, max_iters=30)
@@ -102,6 +104,7 @@ def test_resume_into_an_empty_directory_says_it_starts_a_new_run(tmp_path, capsy
   assert "no valid checkpoint" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_best_checkpoint_is_the_lowest_val_loss_when_val_loss_rises(tmp_path):
   # Train and val disagree on every transition (abcd... vs dcba...): after the
   # model learns which characters occur, learning train's order makes the
@@ -129,11 +132,13 @@ def test_best_checkpoint_is_the_lowest_val_loss_when_val_loss_rises(tmp_path):
   np.testing.assert_allclose(losses["val_loss"], val[lowest], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_profile_steps_write_a_trace(tmp_path):
   train(tmp_path, train_config=dataclasses.replace(FAST, profile_steps=(5, 10)))
   assert list((tmp_path / "profile").rglob("*.xplane.pb"))
 
 
+@pytest.mark.slow
 def test_host_batches_train_like_device_batches(tmp_path, monkeypatch):
   # Corpora too large for the device are read by the host one call ahead.
   fast = dataclasses.replace(OPT, learning_rate=1e-2)

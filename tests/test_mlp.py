@@ -79,6 +79,7 @@ class MlpTest(chex.TestCase):
     expected = -logp[np.arange(32), np.asarray(y)].mean()
     chex.assert_trees_all_close(value, np.float32(expected), rtol=1e-4)
 
+  @pytest.mark.slow
   def test_gradients_match_finite_differences(self):
     params = mlp.init_network_params([5, 4, 3], jax.random.PRNGKey(0), scale=0.5)
     x, y = synthetic_task(jax.random.PRNGKey(3), n=6, dim=5, classes=3)
@@ -86,6 +87,7 @@ class MlpTest(chex.TestCase):
     jtu.check_grads(lambda p: mlp.loss(p, x, y), (params64,), order=1,
                     modes=("rev",), atol=1e-2, rtol=1e-2)
 
+  @pytest.mark.slow
   def test_same_seed_gives_identical_params_after_training(self):
     def run(seed):
       key = jax.random.PRNGKey(seed)

@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import optax
 from absl.testing import parameterized
 
@@ -18,6 +19,7 @@ from test_gpt import TINY, random_tokens
 
 class TrainStepsTest(parameterized.TestCase):
 
+  @pytest.mark.slow
   def test_chunking_does_not_change_the_run(self):
     # 6 steps as one call or as 2 + 4 calls: same params, bit for bit.
     config = dataclasses.replace(TINY, dropout=0.1)
@@ -62,6 +64,7 @@ class TrainStepsTest(parameterized.TestCase):
     assert not mask["blocks"]["attn"]["qkv"]["b"] and not mask["blocks"]["ln_1"]["scale"]
     assert not mask["ln_f"]["scale"]
 
+  @pytest.mark.slow
   def test_host_windows_train_and_evaluate_as_device_batches(self):
     # Windows read by the host are the same steps as batches drawn on the
     # device, when they hold the same tokens.

@@ -42,6 +42,7 @@ def test_gpt_logits_agree(bias):
   np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_gpt_one_training_step_agrees():
   params = perturbed(gpt.init_params(CONFIG, jax.random.PRNGKey(0)))
   data = jax.random.randint(jax.random.PRNGKey(3), (2000,), 0, 65)
@@ -69,6 +70,7 @@ def test_gpt_one_training_step_agrees():
   assert float(loss1) < float(loss0)
 
 
+@pytest.mark.slow
 def test_mlp_logits_and_step_agree():
   sizes = [784, 64, 64, 10]
   params = mlp.init_network_params(sizes, jax.random.PRNGKey(0), scale=0.05)
