@@ -391,14 +391,18 @@ def free_memory(torch_too: bool, drop_compiled: bool = False) -> None:
 
 
 def purejax_train_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.OptimizerConfig,
-                      steps: int, info: dict, data=None) -> Callable[[], float]:
+                      steps: int, info: dict, data=None, feed: Optional["HostFeed"] = None
+                      ) -> Callable[[], float]:
   """`steps_lib.train_steps` of `steps` steps per call; returns fn() -> seconds per step.
 
   Batches are random windows of `data` (default: random token ids), drawn on
-  the device inside the jitted scan. The first call, which compiles, runs here.
+  the device inside the jitted scan; or, with `feed`, windows the host read
+  one call ahead, which a call waits for and `jax.device_put`s inside its
+  timing, as `loop.train_gpt` runs a corpus too large for the device. The
+  first call, which compiles, runs here.
   """
   key = jax.random.PRNGKey(0)
-  if data is None:
+  if data is None and feed is None:
     data = jax.random.randint(key, (DATA_TOKENS,), 0, config.vocab_size, dtype=jnp.int32)
   params = gpt.init_params(config, key)
   optimizer = optim.make_optimizer(opt_config)
@@ -409,8 +413,9 @@ def purejax_train_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.Optim
 
   def run():
     start = time.perf_counter()
-    state["params"], state["opt"], metrics = train_steps(state["params"], state["opt"], data,
-                                                         key, state["step"])
+    tokens = data if feed is None else jax.device_put(feed.windows(state["step"]))
+    state["params"], state["opt"], metrics = train_steps(state["params"], state["opt"],
+                                                         tokens, key, state["step"])
     losses = np.asarray(metrics.loss)  # waits for the steps
     seconds = time.perf_counter() - start
     state["step"] += steps
@@ -660,40 +665,6 @@ class HostFeed:
     self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def purejax_host_feed_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.OptimizerConfig,
-                          steps: int, info: dict, feed: HostFeed) -> Callable[[], float]:
-  """`steps_lib.train_steps` on `feed`'s windows; returns fn() -> seconds per step.
-
-  One call as `loop.train_gpt` runs it: wait for the windows read ahead,
-  `jax.device_put` them, start reading the next call's, run the steps and
-  wait for their losses; all of it timed. The first call, which compiles,
-  runs here.
-  """
-  key = jax.random.PRNGKey(0)
-  params = gpt.init_params(config, key)
-  optimizer = optim.make_optimizer(opt_config)
-  state = {"params": params, "opt": optimizer.init(params), "step": 0}
-  train_steps = functools.partial(steps_lib.train_steps, config=config,
-                                  optimizer=optimizer, batch_size=batch, num_steps=steps)
-  info["forms"] = {"attention": attention_run(config), "remat": config.remat_policy()}
-
-  def run():
-    start = time.perf_counter()
-    windows = jax.device_put(feed.windows(state["step"]))
-    state["params"], state["opt"], metrics = train_steps(state["params"], state["opt"],
-                                                         windows, key, state["step"])
-    losses = np.asarray(metrics.loss)  # waits for the steps
-    seconds = time.perf_counter() - start
-    state["step"] += steps
-    info["last_loss"] = float(losses[-1])
-    if not np.isfinite(losses).all():
-      raise FloatingPointError(f"non-finite loss {losses} by step {state['step']}")
-    return seconds / steps
-
-  run()
-  return run
-
-
 def consecutive_calls(run: Callable[[], float], calls: int,
                       feed: Optional[HostFeed] = None,
                       timed_waits: Optional[List[float]] = None) -> Callable[[], float]:
@@ -756,8 +727,8 @@ def job_h_feed(job: Job) -> None:
       arms = build_arms(job, {
           device: lambda: consecutive_calls(purejax_train_arm(
               config, batch, GPT2_OPTIMIZER, steps, infos[device]), s.feed_calls),
-          host: lambda: consecutive_calls(purejax_host_feed_arm(
-              config, batch, GPT2_OPTIMIZER, steps, infos[host], feed), s.feed_calls,
+          host: lambda: consecutive_calls(purejax_train_arm(
+              config, batch, GPT2_OPTIMIZER, steps, infos[host], feed=feed), s.feed_calls,
                                           feed, waits),
       })
 

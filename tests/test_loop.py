@@ -13,6 +13,7 @@ import pytest
 
 from purejax import checkpoint
 from purejax import corpus as corpus_lib
+from purejax import flops
 from purejax import gpt
 from purejax import loop
 from purejax import monitor
@@ -160,3 +161,17 @@ def test_bad_settings_are_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="must be shorter than the validation text"):
     train(tmp_path, corpus=make_corpus("abcd" * 100, "abcd"))
   json.dumps(dataclasses.asdict(FAST))  # configs stay JSON-able
+
+
+@pytest.mark.slow
+def test_logged_mfu_is_nanogpts_formula_over_the_given_peak(tmp_path):
+  # bench.gpu's case h computes MFU with the same two functions, so the two
+  # agree whenever they time the same step.
+  train(tmp_path, train_config=dataclasses.replace(FAST, peak_flops=1e12))
+  config = dataclasses.replace(TINY, vocab_size=TEXT.vocab_size)
+  n_params = gpt.num_params(gpt.init_params(config, jax.random.PRNGKey(0)))
+  per_token = flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
+                                                config.head_dim, config.block_size)
+  for record in (r for r in monitor.read_metrics(tmp_path) if r["kind"] == "train"):
+    np.testing.assert_allclose(record["mfu"], per_token * record["tokens_per_s"] / 1e12,
+                               rtol=1e-6)
