@@ -9,6 +9,8 @@ Without a terminal (CI, a file, nohup, a pipe) it draws nothing and `write`
 prints plain lines, so logs stay free of carriage returns.
 """
 
+import os
+import shutil
 import sys
 from typing import Any, Optional
 
@@ -52,8 +54,14 @@ class Progress:
     self._bar = None
     if enabled and (_is_terminal(stream) if bar is None else bar):
       import tqdm  # pylint: disable=import-outside-toplevel
+      # Follow the terminal's size. A terminal that reports none (a bare
+      # pseudo-terminal) gets $COLUMNS x $LINES or 80 x 24: tqdm draws no
+      # bar at all on a screen of 0 lines.
+      sized = _terminal_size(stream) is not None
+      fallback = shutil.get_terminal_size()
       self._bar = tqdm.tqdm(total=total, initial=initial, unit=unit, file=stream,
-                            dynamic_ncols=True)
+                            dynamic_ncols=sized, ncols=None if sized else fallback.columns,
+                            nrows=None if sized else fallback.lines)
 
   @property
   def live(self) -> bool:
@@ -94,6 +102,15 @@ class Progress:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def _terminal_size(stream) -> Optional[os.terminal_size]:
+  """The terminal's size, or None if it reports none (or is not a terminal)."""
+  try:
+    size = os.get_terminal_size(stream.fileno())
+  except (AttributeError, OSError, ValueError):
+    return None
+  return size if size.columns > 0 and size.lines > 0 else None
 
 
 def _is_terminal(stream) -> bool:

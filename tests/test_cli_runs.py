@@ -74,9 +74,10 @@ def test_a_nanogpt_bin_folder_trains_unchanged(tmp_path):
   ids[14000:].tofile(folder / "val.bin")
   with open(folder / "meta.pkl", "wb") as f:
     pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
-  metrics = final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={folder}",
-                             f"--out_dir={tmp_path / 'run'}", "--learning_rate=1e-2"))
-  assert metrics["val_loss"] < 2.0
+  final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={folder}",
+                   f"--out_dir={tmp_path / 'run'}", "--learning_rate=1e-2"))
+  evals = [r["val_loss"] for r in monitor.read_metrics(tmp_path / "run") if r["kind"] == "eval"]
+  assert evals[-1] < evals[0] - 0.5, evals  # it learned from the .bin ids
   bad = ids.copy()
   bad[5] = 999
   bad.tofile(folder / "val.bin")
@@ -99,8 +100,8 @@ def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file)
                             f"--out_dir={tmp_path / 'x'}"), "--tokenizer=char")
   one_line_error(run_module("purejax.train", f"--init_from={hf}", "--n_layer=3",
                             f"--out_dir={tmp_path / 'x'}"), "--n_layer has no effect on weights")
-  args = ["--tokenizer=char", f"--dataset={text_file}", "--batch_size=4", "--eval_iters=2",
-          "--sample_tokens=20", *SHORT]
+  args = ["--tokenizer=char", f"--dataset={text_file}", "--batch_size=8", "--eval_iters=4",
+          "--sample_tokens=20", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT]
   before = final(run_module("purejax.train", f"--init_from={hf}", "--eval_only", *args,
                             f"--out_dir={tmp_path / 'eval'}"))
   tuned = final(run_module("purejax.train", f"--init_from={hf}", *args,
@@ -174,7 +175,7 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_fil
   _, status = os.waitpid(pid, 0)
   text = output.decode(errors="replace")
   assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
-  assert "\r" in text and "40/40" in text
+  assert re.search(r"\r(?!\n)", text) and "40/40" in text  # a bar redrawn in place
   counts = [int(n) for n in re.findall(r"\b(\d+)/40\b", text)]
   assert counts == sorted(counts) and counts[-1] == 40  # it moved forward to the end
 
