@@ -50,16 +50,20 @@ def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
   assert list(tmp_path.glob("ckpt_*.npz"))
 
 
-def test_gpt_200_steps_on_shakespeare_then_sample(tfds_data_dir, tmp_path):
+def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
+    tfds_data_dir, tmp_path):
   text_dir = require_test_data("tinyshakespeare")
   process = run_module(
-      "purejax.train", "--max_iters=200", "--lr_decay_iters=200", "--warmup_iters=20",
-      "--eval_interval=100", "--eval_iters=50", "--sample_tokens=40",
+      "purejax.train", "--max_iters=500", "--lr_decay_iters=500", "--warmup_iters=20",
+      "--eval_interval=250", "--eval_iters=50", "--sample_tokens=40",
       f"--tfds_manual_dir={text_dir}", f"--tfds_data_dir={tfds_data_dir}",
       f"--out_dir={tmp_path}")
   metrics = final_metrics(process)
-  assert metrics["step"] == 200
-  assert metrics["val_loss"] < 2.6, metrics
+  assert metrics["step"] == 500
+  # The best bigram model of the training text (counts, any smoothing) has a
+  # val loss of 2.48; the recipe reaches ~2.33 here. A model whose attention
+  # is broken sees one character and cannot get below the bigram's loss.
+  assert metrics["val_loss"] < 2.40, metrics
   sample = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO:",
                       "--num_samples=2", "--max_new_tokens=30")
   assert sample.returncode == 0, sample.stderr[-2000:]
