@@ -249,7 +249,11 @@ def test_gpt2_missing_files_fail_fast_with_the_fix(tmp_path, monkeypatch):
 
 def test_network_probe_gives_up_after_its_timeout(monkeypatch):
   # A dead network can hang a DNS lookup far past any socket timeout.
-  monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30))
+  def hang(*args, **kwargs):
+    time.sleep(30)
+    raise OSError("timed out")  # as a real lookup would, long after the probe gave up
+
+  monkeypatch.setattr(socket, "create_connection", hang)
   start = time.perf_counter()
   assert not bpe_files.host_reachable("https://example.invalid/x", timeout=0.2)
   assert time.perf_counter() - start < 2.0
