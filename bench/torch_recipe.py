@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bench import torch_gpt
-from purejax import data as data_lib
+from purejax import corpus
 from purejax import gpt
 
 _SEEDS = flags.DEFINE_list("seeds", "0,1,2", "Seeds to train.")
@@ -41,7 +41,7 @@ def batch(data, block, generator):
 
 
 def train(seed, text, max_iters):
-  config = gpt.GPTConfig(vocab_size=text.vocab.size, block_size=64, n_layer=4, n_head=4,
+  config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4, n_head=4,
                          n_embd=128, bias=False)
   torch.manual_seed(seed)
   generator = torch.Generator().manual_seed(seed)
@@ -68,7 +68,7 @@ def train(seed, text, max_iters):
 
 
 def main(_):
-  text = data_lib.load_shakespeare()
+  text = corpus.load_corpus("tiny_shakespeare")
   results = []
   for seed in [int(s) for s in _SEEDS.value]:
     val, ms = train(seed, text, _ITERS.value)

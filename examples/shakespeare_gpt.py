@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import purejax
 from purejax import decode, gpt, optim, steps
 
-text = purejax.data.load_shakespeare()
-config = gpt.GPTConfig(vocab_size=text.vocab.size, block_size=64, n_layer=4,
+text = purejax.corpus.load_corpus("tiny_shakespeare")
+config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,
                        n_head=4, n_embd=128)
 keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))
 params = gpt.init_params(config, keys["params"])
@@ -31,7 +31,7 @@ for step in range(0, 1000, 100):
                        num_batches=50)
   print(f"step {step + 100}: train loss {float(metrics.loss[-1]):.3f}, val loss {float(val):.3f}")
 
-prompt = jnp.asarray(text.vocab.encode("ROMEO:"))
+prompt = jnp.asarray(text.tokenizer.encode("ROMEO:"))
 out = decode.generate(params, prompt, config, keys["sample"], max_new_tokens=300,
                       temperature=0.8, top_k=40)
-print(text.vocab.decode(out))
+print(text.tokenizer.decode(out))

@@ -186,7 +186,7 @@ def _tfds_source(name: str, data_dir: Optional[str], manual_dir: Optional[str]) 
                       f".txt files, a nanoGPT folder or a TFDS name.") from None
   feature = data.tfds_text_feature(builder.info.features, name)
   if manual_dir is None and builder.name == SHAKESPEARE:
-    manual_dir = str(data.EMBEDDED_SHAKESPEARE_DIR)  # offline, as load_shakespeare
+    manual_dir = str(data.EMBEDDED_SHAKESPEARE_DIR)  # the package's copy: offline
 
   @contextlib.contextmanager
   def open_parts(scratch: pathlib.Path):

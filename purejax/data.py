@@ -1,24 +1,25 @@
-"""Datasets: MNIST and Tiny Shakespeare through TensorFlow Datasets.
+"""Datasets through TensorFlow Datasets: MNIST, and Tiny Shakespeare's text.
 
-Both are prepared once by TFDS (into `data_dir`, default
+MNIST is prepared once by TFDS (into `data_dir`, default
 `~/tensorflow_datasets`) and then read whole as numpy arrays
-(`batch_size=-1`): they are small enough to live on the device, where the
-training loops index them without any per-step host round-trip.
+(`batch_size=-1`): it is small enough to live on the device, where the
+training loop indexes it without any per-step host round-trip.
 
 Offline use: TFDS accepts the original files from a "manual dir" and checks
 them against its registered checksums.
 
-* MNIST: `--tfds_manual_dir=../shared/data/mnist` (the four original `.gz`).
+* MNIST: `--tfds_manual_dir=/path/to/mnist`, a folder with the four original
+  `.gz` files (`MNIST_FILES`).
 * Tiny Shakespeare: the text ships inside this package and is the default
-  manual dir, so it never needs the network.
+  manual dir, so it never needs the network (`shakespeare_texts` reads it
+  without TFDS).
 
 When the data can be had neither from `data_dir`, nor from the manual dir,
 nor from the network, loading fails at once with a `DataUnavailableError`
 naming the flag that fixes it (TFDS on its own retries for minutes).
 
-Other text corpora (files, nanoGPT folders, any TFDS text) come through
-`purejax.corpus`; corpora too large for the device are batched on the host
-by `sample_windows` / `BatchPrefetcher` here.
+Text corpora for the GPT (files, nanoGPT folders, any TFDS text) come
+through `purejax.corpus`, which uses the TFDS helpers here.
 """
 
 import dataclasses
@@ -113,7 +114,7 @@ def load_tfds_splits(
           f"{name} is not prepared in the TFDS data dir ({builder.data_dir}) and "
           f"its download host cannot be reached. Offline, pass "
           f"--tfds_manual_dir=DIR with the original files {sorted(expected)} "
-          f"(e.g. --tfds_manual_dir=../shared/data/{name}), or --tfds_data_dir "
+          f"(e.g. --tfds_manual_dir=/path/to/{name}), or --tfds_data_dir "
           f"pointing at an already prepared copy.")
     config = tfds.download.DownloadConfig(manual_dir=manual_dir)
     try:
@@ -304,75 +305,7 @@ def load_mnist_idx(directory: str, pixels: str = "unit") -> MnistData:
 
 
 # ----------------------------------------------------------------------------
-# Tiny Shakespeare (character level)
-
-
-@dataclasses.dataclass(frozen=True)
-class CharVocab:
-  """A character vocabulary: id `i` is `chars[i]`."""
-  chars: str
-
-  @classmethod
-  def from_text(cls, text: str) -> "CharVocab":
-    return cls("".join(sorted(set(text))))
-
-  @property
-  def size(self) -> int:
-    return len(self.chars)
-
-  def encode(self, text: str) -> np.ndarray:
-    """Text -> int32 ids. Raises ValueError naming any unknown characters."""
-    index = {c: i for i, c in enumerate(self.chars)}
-    unknown = sorted(set(text) - index.keys())
-    if unknown:
-      raise ValueError(
-          f"characters {unknown!r} are not in the model's vocabulary "
-          f"({self.chars!r}); remove or replace them.")
-    return np.array([index[c] for c in text], dtype=np.int32)
-
-  def decode(self, ids) -> str:
-    return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))
-
-
-@dataclasses.dataclass(frozen=True)
-class TextData:
-  """A character corpus split for language modelling.
-
-  Attributes:
-    vocab: the characters of the whole text.
-    train: int32 ids of the training text.
-    val: int32 ids of the validation text.
-  """
-  vocab: CharVocab
-  train: np.ndarray
-  val: np.ndarray
-
-
-def load_shakespeare(
-    data_dir: Optional[str] = None, manual_dir: Optional[str] = None
-) -> TextData:
-  """Loads character-level Tiny Shakespeare through TFDS.
-
-  TFDS splits the text 90% / 5% / 5% into train / validation / test. We train
-  on `train` and validate on `validation + test`, which is exactly
-  nanoGPT's 90/10 split, so losses compare with nanoGPT's directly.
-
-  Args:
-    data_dir: TFDS data dir (None: TFDS's default).
-    manual_dir: folder with `input.txt`; defaults to the copy shipped in the
-      package, so this works offline.
-
-  Returns:
-    `TextData` with a 65-character vocabulary.
-  """
-  manual_dir = str(EMBEDDED_SHAKESPEARE_DIR) if manual_dir is None else manual_dir
-  splits = load_tfds_splits("tiny_shakespeare", ("train", "validation", "test"),
-                            data_dir=data_dir, manual_dir=manual_dir)
-  text = {s: splits[s]["text"][0].decode("utf-8") for s in splits}
-  val_text = text["validation"] + text["test"]
-  vocab = CharVocab.from_text(text["train"] + val_text)
-  return TextData(vocab=vocab, train=vocab.encode(text["train"]),
-                  val=vocab.encode(val_text))
+# Tiny Shakespeare without TFDS
 
 
 def shakespeare_texts(manual_dir: Optional[str] = None) -> Tuple[str, str]:

@@ -79,7 +79,7 @@ class Tokenizer(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class CharTokenizer:
-  """A character vocabulary: id `i` is `chars[i]` (like `data.CharVocab`)."""
+  """A character vocabulary: id `i` is `chars[i]`."""
   chars: str
   name: ClassVar[str] = "char"
 

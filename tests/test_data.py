@@ -99,16 +99,6 @@ def test_tfds_offline_without_manual_dir_fails_fast(tmp_path, monkeypatch):
   assert time.monotonic() - start < 60  # TFDS alone would retry for minutes
 
 
-def test_char_vocab_roundtrip_and_unknown_characters():
-  vocab = data.CharVocab.from_text("hello world")
-  assert vocab.chars == " dehlorw"
-  ids = vocab.encode("hold")
-  assert ids.dtype == np.int32
-  assert vocab.decode(ids) == "hold"
-  with pytest.raises(ValueError, match=r"\['Z', 'x'\] are not in the model's vocabulary"):
-    vocab.encode("xZ")
-
-
 def test_embedded_shakespeare_is_the_original_text():
   import hashlib
   text = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_bytes()
