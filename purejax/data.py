@@ -172,7 +172,7 @@ def write_tfds_text(builder, splits: Sequence[str], feature: str, f) -> None:
   """Writes a prepared dataset's text to the binary file `f`, a batch of examples at a time.
 
   Examples are joined with "\\n" within a split and the splits written back
-  to back, so Tiny Shakespeare's validation + test is `load_shakespeare`'s.
+  to back, so Tiny Shakespeare's validation + test is one text (nanoGPT's last 10 %).
   """
   tfds = _import_tfds()
   for split in splits:

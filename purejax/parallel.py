@@ -3,7 +3,7 @@
     plan = ShardingPlan(make_mesh(), fsdp=True)   # all devices, axis "data"
     shardings = plan.state(params)                # a NamedSharding per leaf
     params = put(params, shardings)               # global jax.Arrays, split
-    step = jit_train_step(gpt.train_steps, plan, shardings, plan.state(opt_state),
+    step = jit_train_step(steps.train_steps, plan, shardings, plan.state(opt_state),
                           config=config, optimizer=optimizer, ...)
 
 Everything here is `jax.sharding` and `jax.distributed`; the model code stays
@@ -349,7 +349,7 @@ def jit_train_step(fn: Callable, plan: ShardingPlan, params_shardings: Any,
 
   The state goes in and comes out with the given shardings (and is donated);
   the three other arguments and the third output (the losses) are
-  replicated. This fits `gpt.train_steps` (data, key, step) and
+  replicated. This fits `steps.train_steps` (tokens, key, step) and
   `mlp.train_epoch` (images, labels, key). Static arguments are bound here,
   because `jax.jit` takes no keyword arguments once `in_shardings` is set.
   """
