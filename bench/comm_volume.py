@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 
 from bench import hlo as hlo_lib  # noqa: E402
 from purejax import gpt  # noqa: E402
-from purejax import optim  # noqa: E402
-from purejax import parallel  # noqa: E402
-from purejax import steps  # noqa: E402
+from purejax.training import optim  # noqa: E402
+from purejax.training import parallel  # noqa: E402
+from purejax.training import steps  # noqa: E402
 
 _DEVICES = flags.DEFINE_integer("devices", 4, "CPU devices to partition over.")
 

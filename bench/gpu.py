@@ -20,7 +20,7 @@ Each case is made of jobs, and `--cases` takes cases or jobs:
   memory from batch 12 up.
 * i, nanoGPT's Tiny Shakespeare GPU recipe (shakespeare_char): the whole run
   with evaluations by purejax (`i.purejax_recipe`, through
-  `purejax.loop.train_gpt`) and by the twin (`i.torch_recipe`), then
+  `purejax.training.loop.train_gpt`) and by the twin (`i.torch_recipe`), then
   `i.speed` alternates 200 iterations of each with dropout 0.2 and 0.
 * j, sampling 1000 tokens at batch 1 through a KV cache: `j.sample`
   alternates purejax's `decode.generate` with the twin's `generate_kv`, eager
@@ -67,19 +67,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax import batches
-from purejax import checkpoint
-from purejax import corpus as corpus_lib
-from purejax import data as data_lib
+from purejax.data import batches
+from purejax.training import checkpoint
+from purejax.data import corpus as corpus_lib
+from purejax.data import datasets as data_lib
 from purejax import decode
-from purejax import flops
+from purejax.training import flops
 from purejax import gpt
-from purejax import loop
-from purejax import optim
-from purejax import parallel
-from purejax import runs
-from purejax import steps as steps_lib
-from purejax import tokenizers
+from purejax.training import loop
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import runs
+from purejax.training import steps as steps_lib
+from purejax.data import tokenizers
 
 RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -31,9 +31,9 @@ import optax
 from purejax import decode
 from purejax import gpt
 from purejax import mlp
-from purejax import optim
-from purejax import parallel
-from purejax import steps as steps_lib
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import steps as steps_lib
 
 _QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}

@@ -12,7 +12,7 @@ size asked, written to a temporary file. Three arms, one run each:
   must equal `encode_file`'s, which the run checks.
 
 GPT-2's encoding comes from `--tokenizer_file` or tiktoken's cache (see
-`purejax.tokenizers`). Where neither has it, the run uses a stand-in of the
+`purejax.data.tokenizers`). Where neither has it, the run uses a stand-in of the
 same algorithm and size, and says so in the output and the JSON: GPT-2's
 pre-tokenizer regex and 50,256 byte-level BPE ranks built from the corpus's
 most frequent words (each word's prefixes, so every merge joins two
@@ -35,9 +35,9 @@ from absl import flags
 import numpy as np
 import regex
 
-from purejax import data
-from purejax import tokenize_files
-from purejax import tokenizers
+from purejax.data import datasets
+from purejax.data import tokenize_files
+from purejax.data import tokenizers
 
 _MB = flags.DEFINE_integer("mb", 100, "Megabytes of text to tokenize.", lower_bound=1)
 _TOKENIZER_FILE = flags.DEFINE_string(
@@ -53,7 +53,7 @@ RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 
 def make_corpus(path: pathlib.Path, size_bytes: int, seed: int = 0) -> int:
   """Writes Tiny Shakespeare's lines, each pass in a new random order, up to `size_bytes`."""
-  text = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+  text = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
   lines = text.splitlines(keepends=True)
   rng = random.Random(seed)
   written = 0

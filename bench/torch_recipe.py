@@ -2,7 +2,7 @@
 
     python -m bench.torch_recipe --seeds=0,1,2
 
-Same data (purejax.data's Tiny Shakespeare, nanoGPT's 90/10 split), same
+Same data (purejax.data.datasets's Tiny Shakespeare, nanoGPT's 90/10 split), same
 model (bench/torch_gpt.py, bias off as in nanoGPT's train.py), same schedule
 (linear warmup, cosine to min_lr), AdamW (decay on rank >= 2), clip 1.0,
 2000 iterations, then the loss over 200 random val batches, as nanoGPT's
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bench import torch_gpt
-from purejax import corpus
+from purejax.data import corpus
 from purejax import gpt
 
 _SEEDS = flags.DEFINE_list("seeds", "0,1,2", "Seeds to train.")

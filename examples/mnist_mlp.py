@@ -13,7 +13,7 @@ import purejax
 from purejax import mlp
 
 manual_dir = sys.argv[1] if len(sys.argv) > 1 else None
-mnist = purejax.data.load_mnist(manual_dir=manual_dir)
+mnist = purejax.data.datasets.load_mnist(manual_dir=manual_dir)
 train_x, train_y = jax.device_put((mnist.train_images, mnist.train_labels))
 
 key = jax.random.PRNGKey(0)

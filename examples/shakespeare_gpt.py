@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 
 import purejax
-from purejax import decode, gpt, optim, steps
+from purejax import decode, gpt
+from purejax.training import optim, steps
 
-text = purejax.corpus.load_corpus("tiny_shakespeare")
+text = purejax.data.corpus.load_corpus("tiny_shakespeare")
 config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,
                        n_head=4, n_embd=128)
 keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))

@@ -2,33 +2,67 @@
 
 Models are params pytrees (nested dicts of arrays) plus pure functions:
 
-    from purejax import mlp
-    params = mlp.init_network_params([784, 512, 512, 10], jax.random.PRNGKey(0))
-    logits = mlp.batched_predict(params, images)
+    import purejax
+    params = purejax.mlp.init_network_params([784, 512, 512, 10], jax.random.PRNGKey(0))
+    logits = purejax.mlp.batched_predict(params, images)
+
+    config = purejax.GPTConfig(vocab_size=65, block_size=64)
+    params = purejax.gpt.init_params(config, jax.random.PRNGKey(0))
+
+The layers, bottom to top (each imports only from those below it):
+
+    ops/        backend-dependent forms: matmul, attention, the large-vocabulary loss
+    rng, nn     key helpers; layers as init_<layer> + a pure apply
+    gpt, mlp    the models; decode: sampling with a KV cache
+    data/       tokenizers, corpora, batches, MNIST and TFDS
+    training/   steps, optimizer, devices, checkpoints, metrics, the loops
+    weights/    pretrained weights in and out, one module per format
+    train, sample, plot, convert   the command lines (`python -m purejax.<cmd>`)
 """
 
-from purejax import attention
-from purejax import batches
-from purejax import checkpoint
-from purejax import corpus
 from purejax import data
 from purejax import decode
-from purejax import flops
 from purejax import gpt
-from purejax import kernels
-from purejax import loop
 from purejax import mlp
-from purejax import monitor
 from purejax import nn
-from purejax import optim
-from purejax import parallel
-from purejax import progress
+from purejax import ops
 from purejax import rng
-from purejax import runs
-from purejax import steps
-from purejax import tokenizers
+from purejax import training
+from purejax import weights
+from purejax.data.batches import sample_batch
+from purejax.data.corpus import Corpus
+from purejax.data.corpus import load_corpus
+from purejax.data.tokenizers import CharTokenizer
+from purejax.decode import KVCache
+from purejax.decode import generate
+from purejax.gpt import GPTConfig
+from purejax.training.loop import GPTTrainConfig
+from purejax.training.loop import MLPTrainConfig
+from purejax.training.loop import evaluate_gpt
+from purejax.training.loop import train_gpt
+from purejax.training.loop import train_mlp
+from purejax.training.optim import OptimizerConfig
+from purejax.training.optim import make_optimizer
+from purejax.training.parallel import ParallelConfig
+from purejax.training.runs import RunConfig
+from purejax.training.steps import StepMetrics
+from purejax.training.steps import evaluate
+from purejax.training.steps import train_steps
+from purejax.weights import convert
+from purejax.weights import from_pretrained
 
-__all__ = ["attention", "batches", "checkpoint", "corpus", "data", "decode", "flops",
-           "gpt", "kernels", "loop", "mlp", "monitor", "nn", "optim", "parallel",
-           "progress", "rng", "runs", "steps", "tokenizers"]
+__all__ = [
+    # modules and layers
+    "data", "decode", "gpt", "mlp", "nn", "ops", "rng", "training", "weights",
+    # models and sampling
+    "GPTConfig", "KVCache", "generate",
+    # data
+    "CharTokenizer", "Corpus", "load_corpus", "sample_batch",
+    # training
+    "GPTTrainConfig", "MLPTrainConfig", "OptimizerConfig", "ParallelConfig", "RunConfig",
+    "StepMetrics", "evaluate", "evaluate_gpt", "make_optimizer", "train_gpt", "train_mlp",
+    "train_steps",
+    # weights
+    "convert", "from_pretrained",
+]
 __version__ = "0.1.0"

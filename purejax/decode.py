@@ -15,7 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax import attention
+from purejax.ops import attention
 from purejax import gpt
 from purejax import nn
 

@@ -15,8 +15,8 @@ compiles one block, not `n_layer` copies, so compile time barely grows with
 depth. Dropout keys are threaded explicitly, one per layer.
 
 Sampling with a KV cache is in `purejax/decode.py`, training steps in
-`purejax/steps.py`; the backend-dependent forms of attention, the
-mixed-precision matmul and the loss are chosen in `purejax/kernels.py`.
+`purejax/training/steps.py`; the backend-dependent forms of attention, the
+mixed-precision matmul and the loss are chosen in `purejax/ops/kernels.py`.
 """
 
 import dataclasses
@@ -28,8 +28,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax import attention
-from purejax import kernels
+from purejax.ops import attention
+from purejax.ops import kernels
 from purejax import nn
 from purejax import rng
 
@@ -66,7 +66,7 @@ class GPTConfig:
       (`kernels.select`: "dots" on CPU; on GPU "full" scanned, "none" unrolled).
     attn_block: queries per block of the "blocked" attention form; only speed
       depends on it.
-    attention: form of causal attention (`purejax/attention.py`): "plain",
+    attention: form of causal attention (`purejax/ops/attention.py`): "plain",
       "blocked", "fused", or "auto" for the backend's (`kernels.select`).
       All compute the same function.
     scan_layers: run the blocks as one `lax.scan` (compile time flat in

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from purejax import nn
-from purejax import parallel
+from purejax.training import parallel
 
 Params = Dict[str, Dict[str, chex.Array]]
 

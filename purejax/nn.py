@@ -12,7 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax import kernels
+from purejax.ops import kernels
 
 Params = Dict[str, chex.Array]
 

@@ -12,10 +12,10 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from purejax import checkpoint
-from purejax import convert
+from purejax.training import checkpoint
+from purejax import weights
 from purejax import decode
-from purejax import tokenizers
+from purejax.data import tokenizers
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "out-gpt", "Run directory of a trained model.")
 _INIT_FROM = flags.DEFINE_string(
@@ -41,11 +41,11 @@ _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
 def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None):
   """`(params, config, tokenizer)` of `init_from` if given, else of the run in `out_dir`."""
   if init_from:
-    params, config, spec = convert.from_pretrained(init_from)
+    params, config, spec = weights.from_pretrained(init_from)
   elif best:
-    params, config, spec = convert.from_purejax(out_dir, best=True)
+    params, config, spec = weights.from_purejax(out_dir, best=True)
   elif checkpoint.list_checkpoints(out_dir):
-    params, config, spec = convert.from_purejax(out_dir)
+    params, config, spec = weights.from_purejax(out_dir)
   else:
     raise checkpoint.CheckpointError(
         f"no checkpoint in {out_dir}; train first with `python -m purejax.train "

@@ -22,16 +22,16 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from purejax import checkpoint
-from purejax import convert
-from purejax import corpus as corpus_lib
-from purejax import data as data_lib
+from purejax.training import checkpoint
+from purejax import weights
+from purejax.data import corpus as corpus_lib
+from purejax.data import datasets as data_lib
 from purejax import gpt
-from purejax import loop
-from purejax import optim
-from purejax import parallel
-from purejax import runs
-from purejax import tokenizers
+from purejax.training import loop
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import runs
+from purejax.data import tokenizers
 
 FLAGS = flags.FLAGS
 MODELS = ("gpt", "mlp")
@@ -59,7 +59,7 @@ def define_common_flags(model: str) -> None:
                       "Folder with the dataset's original files, for offline preparation "
                       "(MNIST: the four .gz files; Shakespeare defaults to the text in "
                       "the package).")
-  # Devices and hosts (see purejax/parallel.py).
+  # Devices and hosts (see purejax/training/parallel.py).
   flags.DEFINE_integer("num_devices", None, "Devices to train on (default: all JAX sees).")
   flags.DEFINE_integer(
       "cpu_devices", None, "On a CPU: split the host into this many JAX devices and train "
@@ -250,13 +250,13 @@ def load_corpus(tokenizer) -> corpus_lib.Corpus:
 
 
 def pretrained(source: str, best: bool = False):
-  """`(params, config, tokenizer)` of `source` (see `convert.from_pretrained`)."""
+  """`(params, config, tokenizer)` of `source` (see `weights.from_pretrained`)."""
   given = [name for name in ARCHITECTURE_FLAGS if FLAGS[name].present]
   if given:
     raise ValueError(f"--{given[0]} has no effect on weights from {source}: the "
                      f"architecture comes from the weights; drop --{given[0]}.")
-  params, config, spec = (convert.from_purejax(source, best=best) if best else
-                          convert.from_pretrained(source))
+  params, config, spec = (weights.from_purejax(source, best=best) if best else
+                          weights.from_pretrained(source))
   if spec.get("type") == "ids":  # weights without a tokenizer: the user names one
     if FLAGS.tokenizer is None:
       raise ValueError(f"{source} records no tokenizer, only {spec['vocab_size']} token "

@@ -20,8 +20,8 @@ import optax
 from bench import hlo
 from purejax import gpt
 from purejax import mlp
-from purejax import parallel
-from purejax import steps
+from purejax.training import parallel
+from purejax.training import steps
 
 GPT_CONFIG = dict(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=True)
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax import batches
+from purejax.data import batches
 
 
 def test_sample_batch_targets_are_shifted_inputs():

@@ -88,7 +88,8 @@ def test_block_size_longer_than_validation_text(tmp_path, tfds_data_dir):
 @pytest.mark.slow
 def test_sample_refuses_a_checkpoint_of_another_model(tmp_path):
   import jax
-  from purejax import checkpoint, mlp
+  from purejax import mlp
+  from purejax.training import checkpoint
   params = mlp.init_network_params([4, 3], jax.random.PRNGKey(0))
   checkpoint.save(str(tmp_path), 1, {"params": params}, {"model": "mlp"})
   process = run_module("purejax.sample", f"--out_dir={tmp_path}", timeout=300)

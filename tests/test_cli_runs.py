@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, run_module
-from purejax import checkpoint
-from purejax import data
-from purejax import monitor
+from purejax.training import checkpoint
+from purejax.data import datasets
+from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ SHORT = ["--max_iters=20", "--eval_interval=10", "--log_interval=5", "--steps_pe
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
-  text = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()[:40_000]
+  text = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()[:40_000]
   path = tmp_path_factory.mktemp("text") / "plays.txt"
   path.write_text(text)
   return path

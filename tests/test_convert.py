@@ -21,17 +21,17 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import run_module
-from purejax import checkpoint
-from purejax import convert
-from purejax import data
+from purejax.training import checkpoint
+from purejax import weights
+from purejax.data import datasets
 from purejax import decode
 from purejax import gpt
-from purejax import gpt2_weights
-from purejax import huggingface
-from purejax import nanogpt
-from purejax import tokenizers
+from purejax.weights import gpt2
+from purejax.weights import huggingface
+from purejax.weights import nanogpt
+from purejax.data import tokenizers
 
-SHAKESPEARE = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 CONFIG = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
 EXTRAS = "pip install -r bench/requirements.txt"
 
@@ -167,7 +167,7 @@ def test_gpt2_name_resolves_through_the_hub_cache_only(hf_model, tmp_path, monke
   hub = need("huggingface_hub")
   _, folder = hf_model
   monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path))
-  with pytest.raises(gpt2_weights.ConversionError) as e:
+  with pytest.raises(gpt2.ConversionError) as e:
     huggingface.from_huggingface("gpt2")
   assert "not in the Hugging Face cache" in str(e.value)
   assert "pass the folder's path" in str(e.value)
@@ -309,7 +309,7 @@ def test_from_nanogpt_reads_a_training_checkpoint(tmp_path):
   np.testing.assert_allclose(logits(params, config, ids), theirs, atol=1e-4, rtol=1e-4)
   # to_nanogpt writes meta.pkl back for a character tokenizer.
   nanogpt.to_nanogpt(params, config, str(tmp_path / "back" / "ckpt.pt"), tokenizer_spec=spec)
-  assert nanogpt.read_nanogpt_meta(str(tmp_path / "back" / "meta.pkl")).chars == chars
+  assert tokenizers.read_nanogpt_meta(str(tmp_path / "back" / "meta.pkl")).chars == chars
 
 
 def test_nanogpt_errors(tmp_path):
@@ -321,30 +321,30 @@ def test_nanogpt_errors(tmp_path):
   untied = dict(ckpt, model=dict(ckpt["model"]))
   untied["model"]["lm_head.weight"] = untied["model"]["lm_head.weight"].clone() + 1
   torch.save(untied, tmp_path / "untied.pt")
-  with pytest.raises(gpt2_weights.ConversionError, match="untied output heads are not supported"):
+  with pytest.raises(gpt2.ConversionError, match="untied output heads are not supported"):
     nanogpt.from_nanogpt(str(tmp_path / "untied.pt"))
 
   fork = dict(ckpt, model_args=dict(ckpt["model_args"], use_rmsnorm=True))
   torch.save(fork, tmp_path / "fork.pt")
-  with pytest.raises(gpt2_weights.ConversionError, match=r"model_args \['use_rmsnorm'\]"):
+  with pytest.raises(gpt2.ConversionError, match=r"model_args \['use_rmsnorm'\]"):
     nanogpt.from_nanogpt(str(tmp_path / "fork.pt"))
 
   (tmp_path / "trunc.pt").write_bytes(path.read_bytes()[:1000])
-  with pytest.raises(gpt2_weights.ConversionError, match="truncated or damaged"):
+  with pytest.raises(gpt2.ConversionError, match="truncated or damaged"):
     nanogpt.from_nanogpt(str(tmp_path / "trunc.pt"))
 
-  with pytest.raises(gpt2_weights.ConversionError, match="is missing"):
+  with pytest.raises(gpt2.ConversionError, match="is missing"):
     nanogpt.from_nanogpt(str(tmp_path / "nope.pt"))
 
   # A pickled object that torch's safe loader refuses.
   torch.save({"model": {}, "model_args": {}, "extra": datetime.date(2024, 1, 1)},
              tmp_path / "obj.pt")
-  with pytest.raises(gpt2_weights.ConversionError, match="--trust_pickle"):
+  with pytest.raises(gpt2.ConversionError, match="--trust_pickle"):
     nanogpt.from_nanogpt(str(tmp_path / "obj.pt"))
 
   wrong_meta = tmp_path / "evil.pkl"
   wrong_meta.write_bytes(pickle.dumps({"itos": collections.OrderedDict({0: "a"})}))
-  with pytest.raises(gpt2_weights.ConversionError, match="only plain"):
+  with pytest.raises(gpt2.ConversionError, match="only plain"):
     nanogpt.from_nanogpt(str(path), meta_path=str(wrong_meta))
 
 
@@ -384,7 +384,7 @@ def test_bias_free_params_export_with_zero_biases(tmp_path):
 def test_to_huggingface_is_atomic_and_does_not_clobber(tmp_path, monkeypatch):
   params = random_params(CONFIG)
   out = write_hf_folder(tmp_path / "m", params, CONFIG)
-  with pytest.raises(gpt2_weights.ConversionError, match="pass --overwrite"):
+  with pytest.raises(gpt2.ConversionError, match="pass --overwrite"):
     write_hf_folder(out, params, CONFIG)
   params2 = random_params(CONFIG, seed=7)
   huggingface.to_huggingface(params2, CONFIG, str(out), overwrite=True)
@@ -437,26 +437,26 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
 ])
 def test_unsupported_configs_are_one_line_errors(hf_folder, changes, message):
   edit_config(hf_folder, **changes)
-  with pytest.raises(gpt2_weights.ConversionError) as e:
+  with pytest.raises(gpt2.ConversionError) as e:
     huggingface.from_huggingface(str(hf_folder))
   assert message in str(e.value)
   assert "\n" not in str(e.value)
 
 
 def test_damaged_or_missing_files(hf_folder, tmp_path):
-  weights = hf_folder / "model.safetensors"
-  whole = weights.read_bytes()
+  weights_file = hf_folder / "model.safetensors"
+  whole = weights_file.read_bytes()
   for size in (len(whole) - 100, 50, 3):
-    weights.write_bytes(whole[:size])
-    with pytest.raises(gpt2_weights.ConversionError, match="truncated or damaged: download it"):
+    weights_file.write_bytes(whole[:size])
+    with pytest.raises(gpt2.ConversionError, match="truncated or damaged: download it"):
       huggingface.from_huggingface(str(hf_folder))
-  weights.unlink()
-  with pytest.raises(gpt2_weights.ConversionError, match="has no model.safetensors"):
+  weights_file.unlink()
+  with pytest.raises(gpt2.ConversionError, match="has no model.safetensors"):
     huggingface.from_huggingface(str(hf_folder))
   (hf_folder / "config.json").unlink()
-  with pytest.raises(gpt2_weights.ConversionError, match="config.json is missing"):
+  with pytest.raises(gpt2.ConversionError, match="config.json is missing"):
     huggingface.from_huggingface(str(hf_folder))
-  with pytest.raises(gpt2_weights.ConversionError, match="neither a folder nor one of gpt2"):
+  with pytest.raises(gpt2.ConversionError, match="neither a folder nor one of gpt2"):
     huggingface.from_huggingface(str(tmp_path / "no-such-model"))
 
 
@@ -465,14 +465,14 @@ def test_untied_head_and_foreign_tensors_are_refused(hf_folder):
   tensors = load_file(str(path))
   tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + 1.0
   save_file(tensors, str(path), metadata={"format": "pt"})
-  with pytest.raises(gpt2_weights.ConversionError, match="untied output heads are not supported"):
+  with pytest.raises(gpt2.ConversionError, match="untied output heads are not supported"):
     huggingface.from_huggingface(str(hf_folder))
   tensors["lm_head.weight"] = tensors["transformer.wte.weight"]  # a tied copy is fine
   save_file(tensors, str(path), metadata={"format": "pt"})
   huggingface.from_huggingface(str(hf_folder))
   tensors["transformer.h.0.attn.q_norm.weight"] = np.ones(32, np.float32)
   save_file(tensors, str(path), metadata={"format": "pt"})
-  with pytest.raises(gpt2_weights.ConversionError,
+  with pytest.raises(gpt2.ConversionError,
                      match=r"unexpected \['h.0.attn.q_norm.weight'\]"):
     huggingface.from_huggingface(str(hf_folder))
 
@@ -501,14 +501,14 @@ def test_purejax_checkpoint_to_huggingface_and_back(tmp_path):
   chars = "".join(chr(32 + i) for i in range(101))
   params = random_params(CONFIG)
   save_purejax_run(tmp_path / "run", params, CONFIG, chars)
-  summary = convert.convert(f"purejax:{tmp_path / 'run'}", f"hf:{tmp_path / 'hf'}")
+  summary = weights.convert(f"purejax:{tmp_path / 'run'}", f"hf:{tmp_path / 'hf'}")
   assert "101 ids of 101" in summary and "tokenizer char" in summary
   back, config, spec = huggingface.from_huggingface(str(tmp_path / "hf"), pad_vocab_multiple=1)
   assert config == CONFIG and spec["vocab_size"] == 101
   assert_trees_equal(back, params)
   # HF -> purejax: a checkpoint purejax.sample's loader reads.
-  convert.convert(f"hf:{tmp_path / 'hf'}", f"purejax:{tmp_path / 'imported'}")
-  params2, config2, spec2 = convert.from_purejax(str(tmp_path / "imported"))
+  weights.convert(f"hf:{tmp_path / 'hf'}", f"purejax:{tmp_path / 'imported'}")
+  params2, config2, spec2 = weights.from_purejax(str(tmp_path / "imported"))
   assert config2.vocab_size == 128 and spec2 == tokenizers.ids_spec(101)
   np.testing.assert_array_equal(params2["wte"]["embedding"][:101], params["wte"]["embedding"])
 

@@ -11,14 +11,14 @@ import types
 import numpy as np
 import pytest
 
-from purejax import corpus
-from purejax import data
-from purejax import tokenize_files
-from purejax import tokenizers
+from purejax.data import corpus
+from purejax.data import datasets
+from purejax.data import tokenize_files
+from purejax.data import tokenizers
 from test_tokenizers import no_network  # pylint: disable=unused-import  # autouse fixture
 from test_tokenizers import tiny_ranks, write_tiktoken_file
 
-SHAKESPEARE = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 TEXT = SHAKESPEARE[:3000]
 
 
@@ -228,11 +228,11 @@ def test_nanogpt_bad_bin_files(tmp_path, tiny):
 
 @pytest.mark.slow
 def test_embedded_shakespeare_equals_tfds_without_tfds(tfds_data_dir, tmp_path, monkeypatch):
-  splits = data.load_tfds_splits("tiny_shakespeare", ("train", "validation", "test"),
+  splits = datasets.load_tfds_splits("tiny_shakespeare", ("train", "validation", "test"),
                                  data_dir=tfds_data_dir,
-                                 manual_dir=str(data.EMBEDDED_SHAKESPEARE_DIR))
+                                 manual_dir=str(datasets.EMBEDDED_SHAKESPEARE_DIR))
   text = {s: splits[s]["text"][0].decode("utf-8") for s in splits}
-  assert data.shakespeare_texts() == (text["train"], text["validation"] + text["test"])
+  assert datasets.shakespeare_texts() == (text["train"], text["validation"] + text["test"])
 
   with_tfds = corpus.load_corpus(cache_dir=str(tmp_path / "a"), tfds_data_dir=tfds_data_dir)
   assert with_tfds.tokenizer.decode(with_tfds.train) == text["train"]
@@ -265,13 +265,13 @@ def test_tfds_unknown_dataset_and_missing_manual_dir(tfds_data_dir, tmp_path):
 
 def test_tfds_text_feature_and_splits():
   feat = lambda dtype, shape=(): types.SimpleNamespace(np_dtype=np.dtype(dtype), shape=shape)
-  pick = data.tfds_text_feature
+  pick = datasets.tfds_text_feature
   assert pick({"id": feat(np.int64), "text": feat(object)}, "x") == "text"
   assert pick({"label": feat(np.int64), "sentence": feat(object)}, "x") == "sentence"
   assert pick({"tokens": feat(object, (None,)), "body": feat(object)}, "x") == "body"
   with pytest.raises(ValueError, match=r"has no text feature \(its features: \['image'"):
     pick({"image": feat(np.uint8, (28, 28, 1)), "label": feat(np.int64)}, "mnist")
-  splits = data.tfds_text_splits
+  splits = datasets.tfds_text_splits
   assert splits("lm1b", {"train": 1, "test": 1}) == (["train"], ["test"])
   assert splits("x", {"train": 1, "validation": 1, "test": 1}) == (["train"], ["validation"])
   assert splits("tiny_shakespeare", {}) == (["train"], ["validation", "test"])

@@ -27,10 +27,10 @@ def sorted_examples(images, labels):
 
 
 def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
-  from purejax import data
+  from purejax.data import datasets
   mnist_dir = require_test_data("mnist")
-  via_tfds = data.load_mnist(tfds_data_dir, str(mnist_dir))
-  direct = data.load_mnist_idx(str(mnist_dir))
+  via_tfds = datasets.load_mnist(tfds_data_dir, str(mnist_dir))
+  direct = datasets.load_mnist_idx(str(mnist_dir))
   assert via_tfds.train_images.shape == (60000, 784)
   assert via_tfds.test_images.shape == (10000, 784)
   # TFDS shuffles the order when it prepares; the examples must be the same.

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from purejax import attention
+from purejax.ops import attention
 from purejax import gpt
-from purejax import kernels
+from purejax.ops import kernels
 
 GPU_FORMS = kernels.select("gpu")
 CPU_FORMS = kernels.select("cpu")

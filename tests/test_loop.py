@@ -11,15 +11,15 @@ import jax
 import numpy as np
 import pytest
 
-from purejax import checkpoint
-from purejax import corpus as corpus_lib
-from purejax import flops
+from purejax.training import checkpoint
+from purejax.data import corpus as corpus_lib
+from purejax.training import flops
 from purejax import gpt
-from purejax import loop
-from purejax import monitor
-from purejax import optim
-from purejax import runs
-from purejax import tokenizers
+from purejax.training import loop
+from purejax.training import monitor
+from purejax.training import optim
+from purejax.training import runs
+from purejax.data import tokenizers
 
 TINY = gpt.GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False)
 FAST = loop.GPTTrainConfig(batch_size=4, max_iters=20, eval_interval=10, eval_iters=2,

@@ -19,9 +19,9 @@ import types
 import pytest
 
 from conftest import REPO_ROOT
-from purejax import flops as flops_lib
-from purejax import monitor
-from purejax import progress as progress_lib
+from purejax.training import flops as flops_lib
+from purejax.training import monitor
+from purejax.training import progress as progress_lib
 
 WORKER = REPO_ROOT / "tests" / "monitor_worker.py"
 
@@ -260,7 +260,7 @@ def test_without_tensorboardx_one_warning_and_metrics_still_written(tmp_path, mo
 
 def test_importing_tensorboardx_does_not_import_torch():
   # torch (if installed) costs seconds to import; tensorboardX would pull it in.
-  code = ("import sys; from purejax import monitor; monitor._import_tensorboardx(); "
+  code = ("import sys; from purejax.training import monitor; monitor._import_tensorboardx(); "
           "print('torch' in sys.modules)")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO_ROOT, check=True).stdout

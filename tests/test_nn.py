@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from purejax import kernels
+from purejax.ops import kernels
 from purejax import nn
 
 

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from bench import hlo
 from conftest import REPO_ROOT
 from purejax import mlp
-from purejax import parallel
+from purejax.training import parallel
 
 
 WORKER = REPO_ROOT / "tests" / "parallel_worker.py"

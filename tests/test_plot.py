@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT, run_module
-from purejax import plot
+from purejax.training import plots
 
 try:
   import matplotlib  # pylint: disable=unused-import
@@ -45,7 +45,7 @@ def runs(tmp_path):
 @needs_matplotlib
 def test_two_runs_give_one_png_with_each_runs_curves(runs, tmp_path):
   out = tmp_path / "loss.png"
-  figure = plot.plot_runs([path for path, _ in runs.values()], out)
+  figure = plots.plot_runs([path for path, _ in runs.values()], out)
   assert out.read_bytes().startswith(b"\x89PNG")
 
   by_step, by_time = figure.axes
@@ -70,7 +70,7 @@ def test_two_runs_give_one_png_with_each_runs_curves(runs, tmp_path):
 def test_long_runs_get_hours_on_the_time_axis(tmp_path):
   run = tmp_path / "long"
   write_run(run, seconds_per_step=600.0, train_loss=2.0)  # 60 steps: 10 hours
-  by_time = plot.plot_runs([run]).axes[1]
+  by_time = plots.plot_runs([run]).axes[1]
   assert by_time.get_xlabel() == "wall time (h)"
   assert list(by_time.get_lines()[0].get_xdata()) == [step / 6 for step in range(10, 61, 10)]
 
@@ -79,7 +79,7 @@ def test_a_run_still_writing_is_plotted_without_its_partial_line(runs):
   path, records = runs["bf16"]
   with open(path / "metrics.jsonl", "a") as f:
     f.write('{"step": 70, "time": 17.5, "ki')
-  train, _ = plot.run_curves(path)
+  train, _ = plots.run_curves(path)
   assert train.steps == [r["step"] for r in records if r["kind"] == "train"]
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, require_test_data
-from purejax import checkpoint
+from purejax.training import checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from purejax import checkpoint
-from purejax import optim
-from purejax import runs
+from purejax.training import checkpoint
+from purejax.training import optim
+from purejax.training import runs
 
 
 def test_nonfinite_message_names_the_last_good_checkpoint():

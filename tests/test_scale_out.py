@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, require_test_data, run_module
-from purejax import checkpoint
-from purejax import monitor
+from purejax.training import checkpoint
+from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,10 @@ import pytest
 import optax
 from absl.testing import parameterized
 
-from purejax import batches
+from purejax.data import batches
 from purejax import gpt
-from purejax import optim
-from purejax import steps
+from purejax.training import optim
+from purejax.training import steps
 from test_gpt import TINY, random_tokens
 
 

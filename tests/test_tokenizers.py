@@ -17,12 +17,12 @@ import time
 import numpy as np
 import pytest
 
-from purejax import bpe_files
-from purejax import data
-from purejax import tokenize_files
-from purejax import tokenizers
+from purejax.data import bpe_files
+from purejax.data import datasets
+from purejax.data import tokenize_files
+from purejax.data import tokenizers
 
-SHAKESPEARE = (data.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 
 # Merges of the tiny encoding, in rank order: each joins two existing tokens.
 MERGES = [(b"t", b"h"), (b"th", b"e"), (b" ", b"t"), (b" t", b"he"), (b"e", b"r"),

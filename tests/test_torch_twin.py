@@ -17,7 +17,9 @@ torch = pytest.importorskip(
     "torch", reason="torch is bench-only: pip install -r bench/requirements.txt")
 
 from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
-from purejax import batches, decode, gpt, mlp, optim  # pylint: disable=g-import-not-at-top
+from purejax import decode, gpt, mlp  # pylint: disable=g-import-not-at-top
+from purejax.data import batches  # pylint: disable=g-import-not-at-top
+from purejax.training import optim  # pylint: disable=g-import-not-at-top
 
 CONFIG = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32)
 

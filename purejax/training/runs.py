@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import optax
 
-from purejax import checkpoint
-from purejax import parallel
+from purejax.training import checkpoint
+from purejax.training import parallel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,9 +27,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from purejax import data
-from purejax import tokenize_files
-from purejax import tokenizers
+from purejax import _files
+from purejax.data import datasets
+from purejax.data import tokenize_files
+from purejax.data import tokenizers
 
 SHAKESPEARE = "tiny_shakespeare"
 TRAIN_FRACTION = 0.9  # nanoGPT's split of a single text
@@ -168,13 +169,13 @@ def _tfds_source(name: str, data_dir: Optional[str], manual_dir: Optional[str]) 
     # TFDS imports without TensorFlow (a stock JAX image) but cannot read data then.
     if importlib.util.find_spec("tensorflow") is None:
       raise ImportError("tensorflow")
-    tfds = data._import_tfds()  # pylint: disable=protected-access
+    tfds = datasets._import_tfds()  # pylint: disable=protected-access
   except ImportError:
     if name != SHAKESPEARE:
       raise CorpusError(f"--dataset={name} is not an existing file or folder, and TFDS names "
                         f"need tensorflow-datasets and tensorflow (not installed): pip install "
                         f"tensorflow-datasets tensorflow-cpu, or pass a path.") from None
-    train, val = (t.encode("utf-8") for t in data.shakespeare_texts(manual_dir))
+    train, val = (t.encode("utf-8") for t in datasets.shakespeare_texts(manual_dir))
     key = {"split_text_sha256": [hashlib.sha256(t).hexdigest() for t in (train, val)]}
     return _TextSource(SHAKESPEARE, f"{SHAKESPEARE} (embedded text; TFDS not installed)", key,
                        lambda scratch: contextlib.nullcontext(([train], [val])))
@@ -184,22 +185,22 @@ def _tfds_source(name: str, data_dir: Optional[str], manual_dir: Optional[str]) 
     raise CorpusError(f"--dataset={name} is neither an existing file or folder nor a TFDS "
                       f"dataset ({str(e).splitlines()[0]}); pass a .txt file, a folder of "
                       f".txt files, a nanoGPT folder or a TFDS name.") from None
-  feature = data.tfds_text_feature(builder.info.features, name)
+  feature = datasets.tfds_text_feature(builder.info.features, name)
   if manual_dir is None and builder.name == SHAKESPEARE:
-    manual_dir = str(data.EMBEDDED_SHAKESPEARE_DIR)  # the package's copy: offline
+    manual_dir = str(datasets.EMBEDDED_SHAKESPEARE_DIR)  # the package's copy: offline
 
   @contextlib.contextmanager
   def open_parts(scratch: pathlib.Path):
-    data.load_tfds_splits(name, (), data_dir=data_dir, manual_dir=manual_dir)  # prepares
+    datasets.load_tfds_splits(name, (), data_dir=data_dir, manual_dir=manual_dir)  # prepares
     prepared = tfds.builder(name, data_dir=data_dir)  # its splits are known only now
-    parts = data.tfds_text_splits(prepared.name, prepared.info.splits)
+    parts = datasets.tfds_text_splits(prepared.name, prepared.info.splits)
     files = []
     try:
       for splits in parts:
         with tempfile.NamedTemporaryFile("wb", dir=scratch, prefix=f"{prepared.name}-text-",
                                          suffix=".tmp", delete=False) as f:
           files.append(pathlib.Path(f.name))
-          data.write_tfds_text(prepared, splits, feature, f)
+          datasets.write_tfds_text(prepared, splits, feature, f)
       yield [files[0]], [files[1]]
     finally:
       for path in files:
@@ -259,16 +260,6 @@ def _read_cache(tokens_path: pathlib.Path, meta_path: pathlib.Path):
   return meta["tokenizer"], ids[:n_train], ids[n_train:]
 
 
-def _atomic_write(path: pathlib.Path, payload: bytes) -> None:
-  """Writes a temp file beside `path`, then renames it: a crash never leaves half a file."""
-  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-  with open(tmp, "wb") as f:
-    f.write(payload)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
 def _encode(tok, pieces: List[Piece], progress: Optional[bool]) -> np.ndarray:
   total = sum(len(p) if isinstance(p, bytes) else p.stat().st_size for p in pieces)
   return tokenize_files.encode_chunks(tok, _text_chunks(pieces), progress=progress,
@@ -315,8 +306,8 @@ def _text_corpus(source: _TextSource, tok, cache_dir: pathlib.Path,
     meta = {"format": _CACHE_FORMAT, "source": source.label, "tokenizer": built.spec(),
             "dtype": dtype.name, "train_tokens": len(train), "val_tokens": len(val)}
     # The sidecar goes last: it marks the ids complete.
-    _atomic_write(tokens_path, np.concatenate([train, val]).astype(dtype).tobytes())
-    _atomic_write(meta_path, json.dumps(meta, indent=1).encode())
+    _files.atomic_write_bytes(tokens_path, np.concatenate([train, val]).astype(dtype).tobytes())
+    _files.atomic_write_bytes(meta_path, json.dumps(meta, indent=1).encode())
     cached = _read_cache(tokens_path, meta_path)
   spec, train, val = cached
   tok = tok if tok is not None else tokenizers.from_spec(spec)
@@ -333,14 +324,13 @@ def _source_line(label: str, tok, train, val) -> str:
 
 def _bin_tokenizer(folder: pathlib.Path, tokenizer, tokenizer_file) -> tokenizers.Tokenizer:
   """meta.pkl's characters, else GPT-2 (nanoGPT's convention); a given one must agree."""
-  from purejax import nanogpt  # pylint: disable=g-import-not-at-top  # pulls in jax: only here
   meta = folder / "meta.pkl"
   if not meta.is_file():
     if tokenizer == "char":
       raise CorpusError(f"{folder} has no meta.pkl, so its ids are GPT-2 BPE (nanoGPT's "
                         f"convention), not characters; drop --tokenizer=char.")
     return _resolve_tokenizer(tokenizer or "gpt2", tokenizer_file)
-  chars = nanogpt.read_nanogpt_meta(str(meta))
+  chars = tokenizers.read_nanogpt_meta(str(meta))
   if isinstance(tokenizer, tokenizers.Tokenizer):
     if isinstance(tokenizer, tokenizers.CharTokenizer) and tokenizer.chars == chars.chars:
       return chars
@@ -413,7 +403,7 @@ def load_corpus(
     CorpusError: unknown or empty dataset, misplaced flags, ids past the
       vocabulary, text too short (all ValueErrors).
     tokenizers.TokenizerError: unknown tokenizer, characters it lacks.
-    data.DataUnavailableError: TFDS data that cannot be had offline.
+    datasets.DataUnavailableError: TFDS data that cannot be had offline.
   """
   _check_tokenizer(tokenizer, tokenizer_file)
   cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()

@@ -26,7 +26,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax import kernels
+from purejax.ops import kernels
 from purejax import nn
 
 

@@ -18,22 +18,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax import batches
-from purejax import corpus as corpus_lib
-from purejax import data as data_lib
+from purejax.data import batches
+from purejax.data import corpus as corpus_lib
+from purejax.data import datasets as data_lib
 from purejax import decode
-from purejax import flops
+from purejax.training import flops
 from purejax import gpt
 from purejax import mlp
-from purejax import monitor
-from purejax import optim
-from purejax import parallel
-from purejax import progress as progress_lib
+from purejax.training import monitor
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import progress as progress_lib
 from purejax import rng
-from purejax import runs
-from purejax import steps
-from purejax.parallel import ParallelConfig
-from purejax.runs import RunConfig
+from purejax.training import runs
+from purejax.training import steps
+from purejax.training.parallel import ParallelConfig
+from purejax.training.runs import RunConfig
 
 # nanoGPT's character-level Shakespeare recipe for a CPU: the model (no
 # biases, as nanoGPT's train.py; GPTConfig's own default is GPT-2's biases)
@@ -154,7 +154,7 @@ def train_gpt(
 
   What a run writes to `run.out_dir`: checkpoints (`ckpt_<step>.npz`, and
   `ckpt_best.npz` with `always_save_checkpoint=False`), `metrics.jsonl` and
-  TensorBoard events with every log and eval point (`purejax.monitor`), and
+  TensorBoard events with every log and eval point (`purejax.training.monitor`), and
   `loss.png` at the end when matplotlib is installed.
 
   Args:
@@ -304,8 +304,8 @@ def train_gpt(
 def plot_losses(out_dir: str) -> None:
   """`out_dir/loss.png` of the run's losses, when matplotlib is installed."""
   try:
-    from purejax import plot  # pylint: disable=import-outside-toplevel
-    plot.plot_runs([out_dir], pathlib.Path(out_dir) / "loss.png")
+    from purejax.training import plots  # pylint: disable=import-outside-toplevel
+    plots.plot_runs([out_dir], pathlib.Path(out_dir) / "loss.png")
   except ImportError:
     pass  # matplotlib is optional: pip install purejax[plot]
 

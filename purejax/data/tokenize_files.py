@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from purejax import tokenizers
+from purejax.data import tokenizers
 
 
 def _show_progress(progress: Optional[bool]) -> bool:

@@ -9,7 +9,7 @@ own loaders, with its caching turned off (`_tiktoken_cache_off`), so reading a
 local file never writes into the user's cache. tiktoken caches its downloads
 under the sha1 of their URL (`GPT2_URLS`, `R50K_URL`); `cached_gpt2_ranks`
 finds them there without touching the network, and `host_reachable` tells in
-seconds whether a download could work at all. `purejax.tokenizers` builds
+seconds whether a download could work at all. `purejax.data.tokenizers` builds
 tokenizers from these ranks.
 """
 
@@ -22,8 +22,7 @@ import tempfile
 import threading
 from typing import Dict, Optional, Tuple
 
-# tokenizers imports this module too; only its TokenizerError is used, when raising.
-from purejax import tokenizers
+from purejax.data.errors import TokenizerError
 
 # Where tiktoken's "gpt2" and "r50k_base" encodings (the same merges) come from;
 # tiktoken caches each under the sha1 of its URL.
@@ -41,7 +40,7 @@ def import_tiktoken():
     import tiktoken  # pylint: disable=g-import-not-at-top
     import tiktoken.load  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
-    raise tokenizers.TokenizerError("BPE tokenizers need tiktoken: pip install tiktoken.") from e
+    raise TokenizerError("BPE tokenizers need tiktoken: pip install tiktoken.") from e
   return tiktoken
 
 
@@ -82,17 +81,17 @@ def _resolve_encoding_file(path: str) -> Tuple[str, Optional[pathlib.Path], path
       return "data_gym", vocab, encoder
     if len(tiktoken_files) == 1:
       return "tiktoken", None, tiktoken_files[0]
-    raise tokenizers.TokenizerError(
+    raise TokenizerError(
         f"--tokenizer_file={path} is a folder without vocab.bpe and encoder.json (or "
         f"one .tiktoken file); put GPT-2's vocab.bpe and encoder.json there.")
   if not p.is_file():
-    raise tokenizers.TokenizerError(
+    raise TokenizerError(
         f"--tokenizer_file={path} does not exist; pass a folder with vocab.bpe and "
         f"encoder.json, or a .tiktoken file.")
   if p.name == "vocab.bpe" or p.name == "encoder.json":
     vocab, encoder = p.parent / "vocab.bpe", p.parent / "encoder.json"
     if not (vocab.is_file() and encoder.is_file()):
-      raise tokenizers.TokenizerError(f"{p.parent} needs both vocab.bpe and encoder.json; "
+      raise TokenizerError(f"{p.parent} needs both vocab.bpe and encoder.json; "
                                       f"one of them is missing.")
     return "data_gym", vocab, encoder
   return "tiktoken", None, p
@@ -109,12 +108,12 @@ def load_ranks(path: str) -> Dict[bytes, int]:
       return tiktoken.load.load_tiktoken_bpe(str(target))
   except (ValueError, KeyError, AssertionError, UnicodeDecodeError) as e:
     what = f"{vocab} + {target}" if kind == "data_gym" else str(target)
-    raise tokenizers.TokenizerError(
+    raise TokenizerError(
         f"{what} is not a readable BPE encoding ({type(e).__name__}: "
         f"{str(e)[:120]}); pass GPT-2's vocab.bpe + encoder.json or a .tiktoken "
         f"file.") from e
   except OSError as e:
-    raise tokenizers.TokenizerError(f"cannot read {target}: {e.strerror or e}.") from e
+    raise TokenizerError(f"cannot read {target}: {e.strerror or e}.") from e
 
 
 def _tiktoken_cache_dir() -> Optional[pathlib.Path]:
@@ -194,7 +193,7 @@ def cached_gpt2_ranks(expected_fingerprint: str) -> Optional[Dict[bytes, int]]:
   for load in candidates:
     try:
       ranks = load()
-    except (tokenizers.TokenizerError, OSError):
+    except (TokenizerError, OSError):
       continue  # a damaged cache entry: try the next, then the network
     if fingerprint(ranks) == expected_fingerprint:
       return ranks

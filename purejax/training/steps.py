@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from purejax import batches
+from purejax.data import batches
 from purejax import gpt
-from purejax import parallel
+from purejax.training import parallel
 from purejax import rng
 
 Params = gpt.Params

@@ -8,7 +8,7 @@ Model files call these and read as the math; which form runs is decided by
 `select(platform, compute_dtype)` alone, from measurements cited next to
 each choice. Every form has a plain reference form that the tests compare
 it with on CPU (values and gradients), so a fast form can never quietly
-compute something else. The attention forms live in `purejax/attention.py`;
+compute something else. The attention forms live in `purejax/ops/attention.py`;
 `select` picks among them too.
 """
 
@@ -34,7 +34,7 @@ class Forms:
 
   Attributes:
     attention: causal attention in training and evaluation (`ATTENTION_FORMS`,
-      see `purejax/attention.py`).
+      see `purejax/ops/attention.py`).
     matmul_backward: "row_major" writes the transposed operands of the
       low-precision gradient products out row-major and fences them with an
       optimisation barrier; "plain" uses ordinary transposes.

@@ -13,14 +13,14 @@ nanoGPT's `nn.Linear` keeps `[out, in]`. The mapping is spelled out in
 `_TOP_WEIGHTS` and `_LAYER_WEIGHTS`; per-layer tensors are stacked on
 purejax's leading `[n_layer]` axis. State dicts here are `{name: numpy
 array}` with the names after `transformer.` (`strip_prefixes`); reading and
-writing the files is `purejax.huggingface`'s and `purejax.nanogpt`'s job;
+writing the files is `purejax.weights.huggingface`'s and `purejax.weights.nanogpt`'s job;
 `ConversionError` is what all of them raise.
 
 Vocabulary padding: imported GPT-2 vocabularies are padded with zero rows up
 to a multiple of 64 (50257 -> 50304 ids, as nanoGPT does; the output matmul
 runs faster). `config.vocab_size` is the padded table size; the number of
 real ids travels in the tokenizer spec returned with the params as
-`spec["vocab_size"]` (see `purejax.tokenizers`): samplers must mask logits of
+`spec["vocab_size"]` (see `purejax.data.tokenizers`): samplers must mask logits of
 ids >= it, and `state_from_params(..., vocab_rows=...)` drops the padding
 again.
 """
@@ -31,17 +31,14 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import gpt
-from purejax import tokenizers
+from purejax.weights.errors import ConversionError
+from purejax.data import tokenizers
 
 Params = Dict[str, Any]
 
 VOCAB_MULTIPLE = 64
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
 _LAYER_NORM_EPS = 1e-5
-
-
-class ConversionError(ValueError):
-  """Weights or a config that cannot be converted; the message says why and what to do."""
 
 
 # ----------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
     params, config, tok_spec = nanogpt.from_nanogpt("out/ckpt.pt")
     nanogpt.to_nanogpt(params, config, "ckpt.pt", tokenizer_spec=tok_spec)
-    tokenizer = nanogpt.read_nanogpt_meta("data/shakespeare_char/meta.pkl")
 
 nanoGPT stores dense weights as `nn.Linear` does, `[out, in]`, and ties
-`lm_head.weight` to the token embedding. `purejax.gpt2_weights` maps the
-tensors onto purejax's params; `purejax.torch_files` reads and writes them
-with torch. `meta.pkl` is read without running pickled code.
+`lm_head.weight` to the token embedding. `purejax.weights.gpt2` maps the
+tensors onto purejax's params; `purejax.weights.torch_files` reads and writes them
+with torch. `meta.pkl` is read by `purejax.data.tokenizers.read_nanogpt_meta`, without running
+pickled code.
 """
 
 import pathlib
@@ -16,41 +16,18 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from purejax import checkpoint
+from purejax import _files
+from purejax.training import checkpoint
 from purejax import gpt
-from purejax import gpt2_weights
-from purejax import tokenizers
-from purejax import torch_files
-from purejax.gpt2_weights import ConversionError
+from purejax.weights import gpt2
+from purejax.data import tokenizers
+from purejax.weights import torch_files
+from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
 TokenizerSpec = Dict[str, Any]
 
 _NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
-
-
-class _PlainUnpickler(pickle.Unpickler):
-  """Unpickles only plain containers, strings and numbers: no code runs."""
-
-  def find_class(self, module, name):
-    raise pickle.UnpicklingError(f"meta.pkl refers to {module}.{name}; only plain "
-                                 f"dicts of strings and ints are read.")
-
-
-def read_nanogpt_meta(path: str) -> tokenizers.CharTokenizer:
-  """nanoGPT's `meta.pkl` (`{"vocab_size", "itos", "stoi"}`) as a `CharTokenizer`."""
-  try:
-    with open(path, "rb") as f:
-      meta = _PlainUnpickler(f).load()
-  except FileNotFoundError:
-    raise ConversionError(f"{path} is missing.") from None
-  except (pickle.UnpicklingError, EOFError, ValueError) as e:
-    raise ConversionError(f"{path} is not a readable nanoGPT meta.pkl ({e}).") from e
-  itos = meta.get("itos") if isinstance(meta, dict) else None
-  if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))):
-    raise ConversionError(f"{path} has no 'itos' table of ids 0..n-1; only nanoGPT's "
-                          f"character vocabularies are read.")
-  return tokenizers.CharTokenizer("".join(itos[i] for i in range(len(itos))))
 
 
 def from_nanogpt(
@@ -104,16 +81,19 @@ def from_nanogpt(
     raise ConversionError(f"{path}: model_args lacks {e}.") from None
   except (ValueError, TypeError) as e:
     raise ConversionError(f"{path}: {e}") from e
-  state = gpt2_weights.strip_prefixes(torch_files.tensors_to_numpy(ckpt["model"], path),
+  state = gpt2.strip_prefixes(torch_files.tensors_to_numpy(ckpt["model"], path),
                                       ("_orig_mod.", "transformer."))
-  params = gpt2_weights.params_from_state(state, config, transposed=True, source=str(path))
+  params = gpt2.params_from_state(state, config, transposed=True, source=str(path))
 
   meta = pathlib.Path(meta_path) if meta_path else path.parent / "meta.pkl"
   recorded = ckpt.get("tokenizer")
   if not meta_path and isinstance(recorded, dict) and "type" in recorded:
     spec = recorded  # written by to_nanogpt
   elif meta_path or meta.is_file():
-    tokenizer = read_nanogpt_meta(str(meta))
+    try:
+      tokenizer = tokenizers.read_nanogpt_meta(str(meta))
+    except tokenizers.TokenizerError as e:
+      raise ConversionError(str(e)) from e
     if tokenizer.vocab_size > config.vocab_size:
       raise ConversionError(f"{meta} has {tokenizer.vocab_size} characters but the model "
                             f"only {config.vocab_size} ids; pass the model's own meta.pkl.")
@@ -160,7 +140,7 @@ def to_nanogpt(
   """
   torch = torch_files.import_torch("writing a nanoGPT checkpoint")
   check_target(path, overwrite)
-  state = gpt2_weights.state_from_params(params, config, transposed=True)
+  state = gpt2.state_from_params(params, config, transposed=True)
   # Copies: arrays that came from jax are read-only, which torch tensors cannot wrap.
   model = {f"transformer.{name}": torch.from_numpy(np.array(value))
            for name, value in state.items()}
@@ -180,12 +160,12 @@ def to_nanogpt(
     ckpt["tokenizer"] = tokenizer_spec
   out = pathlib.Path(path).expanduser()
   out.parent.mkdir(parents=True, exist_ok=True)
-  checkpoint.atomic_write(out, lambda f: torch.save(ckpt, f))
+  _files.atomic_write(out, lambda f: torch.save(ckpt, f))
   if tokenizer_spec and tokenizer_spec.get("type") == "char":
     chars = tokenizer_spec["chars"]
     meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)),
             "stoi": {c: i for i, c in enumerate(chars)}}
-    checkpoint.atomic_write(out.parent / "meta.pkl", lambda f: pickle.dump(meta, f))
+    _files.atomic_write(out.parent / "meta.pkl", lambda f: pickle.dump(meta, f))
   return out
 
 

@@ -29,17 +29,16 @@ import json
 import os
 import pathlib
 import re
-import tempfile
-import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import jax
 import numpy as np
 
+from purejax import _files
+
 FORMAT_VERSION = 1
 # Tests hold each write open this long (after the data, before the rename) so
 # that a SIGKILL can land inside it. Zero in normal use.
-_TEST_WRITE_DELAY_S = float(os.environ.get("PUREJAX_TEST_CHECKPOINT_WRITE_DELAY", "0") or 0)
 _MANIFEST = "__manifest__"
 _NAME = re.compile(r"^ckpt_(\d{9})\.npz$")
 
@@ -68,37 +67,6 @@ def _digest(arrays: Dict[str, np.ndarray]) -> str:
   return sha.hexdigest()
 
 
-def fsync(path: pathlib.Path) -> None:
-  """Forces a file's data, or a folder's entries (renames into it), onto the disk."""
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def atomic_write(path: pathlib.Path, write_fn) -> None:
-  """Calls `write_fn(file)` on a temp file beside `path`, then renames it to `path`.
-
-  After a crash, `path` holds either its old content or the new content,
-  never a mix. On any error the temp file is removed and `path` is untouched.
-  """
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      write_fn(f)
-      f.flush()
-      os.fsync(f.fileno())
-      if _TEST_WRITE_DELAY_S:
-        time.sleep(_TEST_WRITE_DELAY_S)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  fsync(path.parent)
-
-
 def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> None:
   """Writes one checkpoint file atomically (see `atomic_write`)."""
   arrays = _flatten(jax.device_get(state))
@@ -108,7 +76,7 @@ def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> N
   payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: np.savez(f, **payload))
+    _files.atomic_write(path, lambda f: np.savez(f, **payload))
   except OSError as e:
     raise CheckpointError(
         f"could not write checkpoint {path}: {e.strerror or e}. The previous "

@@ -16,7 +16,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from purejax.gpt2_weights import ConversionError
+from purejax.weights.errors import ConversionError
 
 
 def import_torch(what: str):

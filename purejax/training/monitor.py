@@ -34,8 +34,8 @@ queue `flush()` does not drain, so `sync()` here really puts every logged
 scalar in the file. If tensorboardX is missing or fails to import, the run
 goes on without event files after one warning line.
 
-The MFU values logged come from `purejax.flops`; the progress bar whose
-`write` the example passes as `log` is `purejax.progress`.
+The MFU values logged come from `purejax.training.flops`; the progress bar whose
+`write` the example passes as `log` is `purejax.training.progress`.
 """
 
 import json
@@ -48,7 +48,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from purejax import checkpoint
+from purejax import _files
 
 METRICS_FILE = "metrics.jsonl"
 KINDS = ("train", "eval")
@@ -201,7 +201,7 @@ class MetricsLog:
     if resume_step is None or not self.path.exists():
       if self.path.exists() and self.path.stat().st_size:
         self.warnings.append(f"replacing {self.path} of an earlier run (this run starts at step 0)")
-        checkpoint.atomic_write(self.path, lambda f: None)
+        _files.atomic_write(self.path, lambda f: None)
       return []
     parsed, damaged = _parse(self.path.read_bytes())
     kept = [(record, line) for record, line in parsed if record["step"] <= resume_step]
@@ -213,7 +213,7 @@ class MetricsLog:
       self.warnings.append(f"dropped {later} record(s) after step {resume_step} from "
                            f"{self.path}; the run resumes from step {resume_step}")
     if damaged or later:
-      checkpoint.atomic_write(self.path, lambda f: f.write(b"".join(line for _, line in kept)))
+      _files.atomic_write(self.path, lambda f: f.write(b"".join(line for _, line in kept)))
     return [record for record, _ in kept]
 
   def elapsed(self) -> float:

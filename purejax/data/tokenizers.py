@@ -7,8 +7,8 @@
 
 Every tokenizer has `name`, `vocab_size` (the number of real ids), `encode`,
 `decode` and `spec()`; see `Tokenizer`. Large files are tokenized in parallel
-by `purejax.tokenize_files`; BPE encoding files are found and read by
-`purejax.bpe_files`.
+by `purejax.data.tokenize_files`; BPE encoding files are found and read by
+`purejax.data.bpe_files`.
 
 GPT-2's encoding, offline: tiktoken downloads GPT-2's `vocab.bpe` and
 `encoder.json` once and caches them (under `TIKTOKEN_CACHE_DIR`, default
@@ -26,11 +26,13 @@ tokenizer.
 import dataclasses
 import json
 import os
+import pickle
 from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_checkable
 
 import numpy as np
 
-from purejax import bpe_files
+from purejax.data import bpe_files
+from purejax.data.errors import TokenizerError
 
 # GPT-2's pre-tokenizer: tiktoken's faster equivalent of the original
 #   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -43,10 +45,6 @@ ENDOFTEXT = "<|endoftext|>"
 GPT2_FINGERPRINT = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 TOKENIZERS = ("char", "gpt2")
-
-
-class TokenizerError(ValueError):
-  """A tokenizer cannot be built or used; the message says how to fix it."""
 
 
 @runtime_checkable
@@ -378,3 +376,31 @@ def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> T
 def ids_spec(vocab_size: int) -> Dict[str, Any]:
   """The spec of a model whose tokenizer is unknown: only its number of real ids."""
   return {"type": "ids", "name": "ids", "vocab_size": int(vocab_size)}
+
+
+# ----------------------------------------------------------------------------
+# nanoGPT's character vocabularies
+
+
+class _PlainUnpickler(pickle.Unpickler):
+  """Unpickles only plain containers, strings and numbers: no code runs."""
+
+  def find_class(self, module, name):
+    raise pickle.UnpicklingError(f"meta.pkl refers to {module}.{name}; only plain "
+                                 f"dicts of strings and ints are read.")
+
+
+def read_nanogpt_meta(path: str) -> CharTokenizer:
+  """nanoGPT's `meta.pkl` (`{"vocab_size", "itos", "stoi"}`) as a `CharTokenizer`."""
+  try:
+    with open(path, "rb") as f:
+      meta = _PlainUnpickler(f).load()
+  except FileNotFoundError:
+    raise TokenizerError(f"{path} is missing.") from None
+  except (pickle.UnpicklingError, EOFError, ValueError) as e:
+    raise TokenizerError(f"{path} is not a readable nanoGPT meta.pkl ({e}).") from e
+  itos = meta.get("itos") if isinstance(meta, dict) else None
+  if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))):
+    raise TokenizerError(f"{path} has no 'itos' table of ids 0..n-1; only nanoGPT's "
+                          f"character vocabularies are read.")
+  return CharTokenizer("".join(itos[i] for i in range(len(itos))))

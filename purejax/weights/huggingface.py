@@ -6,10 +6,10 @@
 
 A name in `GPT2_NAMES` is looked up in the Hugging Face cache only: purejax
 never downloads. Weights are read with safetensors' numpy API, sharded ones
-too; a legacy `pytorch_model.bin` needs torch (`purejax.torch_files`). The
+too; a legacy `pytorch_model.bin` needs torch (`purejax.weights.torch_files`). The
 folder written loads with `transformers.GPT2LMHeadModel.from_pretrained` and
 appears whole or not at all. Tensor names, shapes and the config's fields
-map onto purejax's as `purejax.gpt2_weights` says.
+map onto purejax's as `purejax.weights.gpt2` says.
 """
 
 import json
@@ -22,12 +22,12 @@ from typing import Any, Dict, Optional, Tuple
 import ml_dtypes  # pylint: disable=unused-import  # lets numpy (and safetensors) read bfloat16
 import numpy as np
 
-from purejax import checkpoint
+from purejax import _files
 from purejax import gpt
-from purejax import gpt2_weights
-from purejax import tokenizers
-from purejax import torch_files
-from purejax.gpt2_weights import ConversionError
+from purejax.weights import gpt2
+from purejax.data import tokenizers
+from purejax.weights import torch_files
+from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
 TokenizerSpec = Dict[str, Any]
@@ -138,7 +138,7 @@ def _tokenizer_spec_for_vocab(vocab: int) -> TokenizerSpec:
 
 
 def from_huggingface(
-    path_or_name: str, *, pad_vocab_multiple: int = gpt2_weights.VOCAB_MULTIPLE,
+    path_or_name: str, *, pad_vocab_multiple: int = gpt2.VOCAB_MULTIPLE,
 ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   """Imports a Hugging Face GPT-2 model (`GPT2LMHeadModel` / `GPT2Model`).
 
@@ -161,16 +161,16 @@ def from_huggingface(
       damaged files, or weights that do not fit the config.
   """
   folder = _hf_folder(path_or_name)
-  config, vocab = gpt2_weights.config_from_hf(_read_json(folder / "config.json"),
+  config, vocab = gpt2.config_from_hf(_read_json(folder / "config.json"),
                                               str(folder / "config.json"), pad_vocab_multiple)
-  state = gpt2_weights.strip_prefixes(_read_hf_weights(folder), ("transformer.",))
+  state = gpt2.strip_prefixes(_read_hf_weights(folder), ("transformer.",))
   source = f"{folder} (weights)"
   wte = state.get("wte.weight")
   if wte is not None and wte.shape[0] != vocab:
     raise ConversionError(f"{source}: wte.weight has {wte.shape[0]} rows but config.json "
                           f"says vocab_size={vocab}; the weights and config.json do not "
                           f"belong together.")
-  params = gpt2_weights.params_from_state(state, config, transposed=False, source=source,
+  params = gpt2.params_from_state(state, config, transposed=False, source=source,
                                           vocab_rows=vocab)
   return params, config, _tokenizer_spec_for_vocab(vocab)
 
@@ -212,7 +212,7 @@ def _publish_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
   elif out.is_dir():
     out.rmdir()
   os.replace(tmp, out)
-  checkpoint.fsync(out.parent)
+  _files.fsync(out.parent)
   if old is not None:
     shutil.rmtree(old)
 
@@ -251,7 +251,7 @@ def to_huggingface(
   """
   check_target(out_dir, overwrite)
   vocab = _check_valid_vocab(valid_vocab, config)
-  state = gpt2_weights.state_from_params(params, config, transposed=False, vocab_rows=vocab,
+  state = gpt2.state_from_params(params, config, transposed=False, vocab_rows=vocab,
                                          zero_biases=True)
   tensors = {f"transformer.{name}": value for name, value in state.items()}
   out = pathlib.Path(out_dir).expanduser().absolute()
@@ -262,9 +262,9 @@ def to_huggingface(
     _import_safetensors().numpy.save_file(tensors, str(tmp / "model.safetensors"),
                                 metadata={"format": "pt"})
     with open(tmp / "config.json", "w", encoding="utf-8") as f:
-      json.dump(gpt2_weights.hf_config_dict(config, vocab), f, indent=2)
+      json.dump(gpt2.hf_config_dict(config, vocab), f, indent=2)
     for name in ("model.safetensors", "config.json"):
-      checkpoint.fsync(tmp / name)
+      _files.fsync(tmp / name)
     _publish_dir(tmp, out)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -19,7 +19,7 @@ nor from the network, loading fails at once with a `DataUnavailableError`
 naming the flag that fixes it (TFDS on its own retries for minutes).
 
 Text corpora for the GPT (files, nanoGPT folders, any TFDS text) come
-through `purejax.corpus`, which uses the TFDS helpers here.
+through `purejax.data.corpus`, which uses the TFDS helpers here.
 """
 
 import dataclasses

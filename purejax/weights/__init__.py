@@ -1,0 +1,22 @@
+"""Pretrained weights in and out: Hugging Face folders, nanoGPT checkpoints, purejax runs.
+
+    params, config, tok_spec = weights.from_pretrained("gpt2")
+    weights.convert("purejax:out-gpt", "hf:gpt2-finetuned")
+
+One module per format (`huggingface`, `nanogpt`, `torch_files` for torch's
+files), `gpt2` for the name map onto purejax's params, and `pretrained` for
+the entry points below, which dispatch on the source.
+"""
+
+from purejax.weights.errors import ConversionError
+from purejax.weights.huggingface import from_huggingface
+from purejax.weights.huggingface import to_huggingface
+from purejax.weights.nanogpt import from_nanogpt
+from purejax.weights.nanogpt import to_nanogpt
+from purejax.weights.pretrained import convert
+from purejax.weights.pretrained import from_pretrained
+from purejax.weights.pretrained import from_purejax
+from purejax.weights.pretrained import to_purejax
+
+__all__ = ["ConversionError", "convert", "from_huggingface", "from_nanogpt", "from_pretrained",
+           "from_purejax", "to_huggingface", "to_nanogpt", "to_purejax"]

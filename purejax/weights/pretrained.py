@@ -1,0 +1,174 @@
+"""GPT weights in and out, whatever the format: Hugging Face, nanoGPT, purejax checkpoints.
+
+    params, config, tok_spec = pretrained.from_pretrained("gpt2")  # a name, a path, KIND:PATH
+    logits = gpt.forward(params, tokens, config)   # [..., config.vocab_size]
+    pretrained.to_purejax(params, config, "out-gpt", tok_spec)   # a step-0 checkpoint
+    params, config, tok_spec = pretrained.from_purejax("out-gpt")
+    pretrained.convert("hf:gpt2", "nanogpt:ckpt.pt")             # what `python -m purejax.convert` runs
+
+Each outside format has its module: `purejax.weights.huggingface` (a folder with
+`config.json` and `model.safetensors`) and `purejax.weights.nanogpt` (`ckpt.pt`,
+`meta.pkl`); `purejax.weights.gpt2` maps their tensors onto purejax's params.
+
+`config.vocab_size` may count padding rows (see `purejax.weights.gpt2`); the
+tokenizer spec returned with the params says how many ids are real
+(`spec["vocab_size"]`).
+"""
+
+import dataclasses
+import pathlib
+from typing import Any, Dict, Optional, Tuple
+
+from purejax import gpt
+from purejax.data import tokenizers
+from purejax.training import checkpoint
+from purejax.weights import gpt2
+from purejax.weights import huggingface
+from purejax.weights import nanogpt
+from purejax.weights.errors import ConversionError
+
+Params = Dict[str, Any]
+TokenizerSpec = Dict[str, Any]
+
+# ----------------------------------------------------------------------------
+# purejax checkpoints
+
+
+def from_purejax(out_dir: str, *, best: bool = False
+                 ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  """The params, config and tokenizer spec of the newest GPT checkpoint in `out_dir`.
+
+  With `best`, of the run's best checkpoint (`checkpoint.best_path`) instead.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if best:
+    path = checkpoint.best_path(out_dir)
+    if not path.exists():
+      raise ConversionError(f"{out_dir} holds no best checkpoint ({path.name}); train with "
+                            f"--always_save_checkpoint=False to keep one.")
+    arrays, manifest = checkpoint.read(path)
+    meta = manifest["meta"]
+  else:
+    arrays, meta = checkpoint.latest_meta(out_dir)
+  if meta.get("model") != "gpt":
+    raise ConversionError(f"{out_dir} holds a {meta.get('model')!r} model, not a GPT; point "
+                          f"at a GPT run.")
+  try:
+    config = gpt.GPTConfig(**meta["config"])
+  except (TypeError, ValueError, KeyError) as e:
+    raise ConversionError(f"{out_dir}: the checkpoint's config does not fit this purejax "
+                          f"version ({e}).") from e
+  template = {"params": jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))}
+  params = checkpoint.extract(arrays, template, out_dir)["params"]
+  if "tokenizer" in meta:
+    spec = meta["tokenizer"]
+  elif "vocab" in meta:
+    spec = tokenizers.CharTokenizer(meta["vocab"]).spec()
+  else:
+    spec = tokenizers.ids_spec(config.vocab_size)
+  return gpt2.to_numpy(params), config, spec
+
+
+def from_pretrained(source: str, *, trust_pickle: bool = False
+                    ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  """Params, config and tokenizer spec of a pretrained GPT, whatever its format.
+
+  Args:
+    source: `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` (Hugging Face's
+      cache); `KIND:PATH` with KIND hf, nanogpt or purejax; or a path: a folder
+      with `config.json` (Hugging Face), a folder of purejax checkpoints, or a
+      nanoGPT `.pt` file.
+    trust_pickle: load `.pt` files with arbitrary pickled objects.
+
+  Raises:
+    ConversionError: the source is none of these, or does not load.
+  """
+  kind, sep, path = source.partition(":")
+  if not (sep and kind in _SOURCES):
+    kind, path = None, source
+    local = pathlib.Path(source).expanduser()
+    if source in huggingface.GPT2_NAMES or (local / "config.json").is_file():
+      kind = "hf"
+    elif local.is_dir() and checkpoint.list_checkpoints(str(local)):
+      kind = "purejax"
+    elif local.is_file() and local.suffix == ".pt":
+      kind = "nanogpt"
+    if kind is None:
+      raise ConversionError(
+          f"--init_from={source}: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hugging Face "
+          f"folder (config.json), a purejax run directory (ckpt_*.npz) or a nanoGPT .pt file.")
+  if kind == "hf":
+    return huggingface.from_huggingface(path)
+  if kind == "nanogpt":
+    return nanogpt.from_nanogpt(path, allow_pickle=trust_pickle)
+  return from_purejax(path)
+
+
+def to_purejax(params: Params, config: gpt.GPTConfig, out_dir: str,
+               tokenizer_spec: TokenizerSpec) -> pathlib.Path:
+  """Writes `params` as a step-0 purejax checkpoint (no optimizer state) in `out_dir`.
+
+  The metadata holds the config, the tokenizer spec (`"tokenizer"`) and, for
+  character tokenizers, `"vocab"` as `purejax.sample` reads it today.
+  """
+  meta = {"model": "gpt", "config": dataclasses.asdict(config), "tokenizer": tokenizer_spec}
+  if tokenizer_spec.get("type") == "char":
+    meta["vocab"] = tokenizer_spec["chars"]
+  _check_target("purejax", out_dir, overwrite=False)
+  return checkpoint.save(out_dir, 0, {"params": params}, meta)
+
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+def _check_target(kind: str, path: str, overwrite: bool) -> None:
+  """Refuses to replace existing output unless `overwrite` (checked before any work)."""
+  target = pathlib.Path(path).expanduser()
+  if kind == "purejax":
+    if checkpoint.list_checkpoints(str(target)):
+      raise ConversionError(f"{target} already holds checkpoints; choose an empty folder.")
+  elif kind == "hf":
+    huggingface.check_target(path, overwrite)
+  else:
+    nanogpt.check_target(path, overwrite)
+
+
+_SOURCES = ("hf", "nanogpt", "purejax")
+
+
+def parse_location(value: Optional[str], what: str) -> Tuple[str, str]:
+  """`(kind, path)` of a `KIND:PATH` location; `what` names it in the error."""
+  if not value:
+    raise ConversionError(f"{what} is required: KIND:PATH with KIND one of "
+                          f"{', '.join(_SOURCES)}.")
+  kind, sep, path = value.partition(":")
+  if not sep or kind not in _SOURCES or not path:
+    raise ConversionError(f"{what}={value or ''} must be KIND:PATH with KIND one of "
+                          f"{', '.join(_SOURCES)}.")
+  return kind, path
+
+
+def convert(source: str, target: str, *, meta: Optional[str] = None,
+            overwrite: bool = False, trust_pickle: bool = False) -> str:
+  """Converts `source` to `target` (both `KIND:PATH`); returns a one-line summary."""
+  src_kind, src = parse_location(source, "source")
+  dst_kind, dst = parse_location(target, "target")
+  _check_target(dst_kind, dst, overwrite)  # before a load that may take minutes
+  if src_kind == "hf":
+    params, config, spec = huggingface.from_huggingface(src)
+  elif src_kind == "nanogpt":
+    params, config, spec = nanogpt.from_nanogpt(src, meta_path=meta, allow_pickle=trust_pickle)
+  else:
+    params, config, spec = from_purejax(src)
+  valid = int(spec.get("vocab_size", config.vocab_size))
+  if dst_kind == "hf":
+    written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
+                                         overwrite=overwrite)
+  elif dst_kind == "nanogpt":
+    written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, overwrite=overwrite)
+  else:
+    written = to_purejax(params, config, dst, spec)
+  return (f"wrote {dst_kind}:{written} ({config.n_layer} layers, n_embd={config.n_embd}, "
+          f"{gpt.num_params(params) / 1e6:.2f}M params, {valid} ids of {config.vocab_size}, "
+          f"tokenizer {spec.get('name')}).")
