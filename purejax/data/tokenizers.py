@@ -8,7 +8,8 @@
 Every tokenizer has `name`, `vocab_size` (the number of real ids), `encode`,
 `decode` and `spec()`; see `Tokenizer`. Large files are tokenized in parallel
 by `purejax.data.tokenize_files`; BPE encoding files are found and read by
-`purejax.data.bpe_files`.
+`purejax.data.bpe_files`; Hugging Face `tokenizer.json` files (the Llama
+family's) are read by `purejax.data.tokenizer_json`.
 
 GPT-2's encoding, offline: tiktoken downloads GPT-2's `vocab.bpe` and
 `encoder.json` once and caches them (under `TIKTOKEN_CACHE_DIR`, default
@@ -32,6 +33,7 @@ from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_check
 import numpy as np
 
 from purejax.data import bpe_files
+from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
 
 # GPT-2's pre-tokenizer: tiktoken's faster equivalent of the original
@@ -365,12 +367,14 @@ def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> T
           f"{str(spec.get('fingerprint'))[:12]}); pass --tokenizer_file=PATH of the "
           f"original file.")
     return tok
+  if kind == "tokenizer.json":
+    return tokenizer_json.from_spec(spec, encoding_file=encoding_file)
   if kind == "ids":
     raise TokenizerError(
         f"this model records no tokenizer, only {spec.get('vocab_size')} ids; pass "
         f"--tokenizer={'|'.join(TOKENIZERS)} explicitly.")
   raise TokenizerError(f"not a tokenizer spec: {json.dumps(spec)[:100]} (its 'type' must "
-                       f"be 'char', 'bpe' or 'ids').")
+                       f"be 'char', 'bpe', 'tokenizer.json' or 'ids').")
 
 
 def ids_spec(vocab_size: int) -> Dict[str, Any]:

@@ -1,0 +1,138 @@
+"""Hugging Face `tokenizer.json` files, run by the `tokenizers` library, offline.
+
+    tok = tokenizer_json.load("path/to/model")        # a folder with tokenizer.json, or the file
+    ids = tok.encode("Hello world")                   # np.ndarray int32
+    text = tok.decode(ids)
+    tok = tokenizer_json.from_spec(tok.spec())        # what a checkpoint stores
+
+This is how the Llama family's models (Llama, Mistral, Qwen2, SmolLM, ...)
+ship their tokenizers. The file is read from disk only: nothing is
+downloaded. The spec records the file's path and its sha256, so a model is
+never run with another tokenizer than the one it was trained with; a
+moved file is found again through `encoding_file=`. Text is encoded without
+special tokens (no BOS is prepended): a corpus is plain text. Chat templates
+are not applied.
+"""
+
+import dataclasses
+import hashlib
+import pathlib
+from typing import Any, ClassVar, Dict, Optional
+
+import numpy as np
+
+from purejax.data.errors import TokenizerError
+
+FILE_NAME = "tokenizer.json"
+
+
+def _import_tokenizers():
+  try:
+    import tokenizers  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise TokenizerError("tokenizer.json files need the tokenizers package: pip install "
+                         "tokenizers.") from None
+  return tokenizers
+
+
+def _file_of(path: str) -> pathlib.Path:
+  """`path` itself, or the `tokenizer.json` inside the folder `path`."""
+  p = pathlib.Path(path).expanduser()
+  if p.is_dir():
+    p = p / FILE_NAME
+  if not p.is_file():
+    raise TokenizerError(f"{p} is missing; pass a folder holding {FILE_NAME} (a Hugging Face "
+                         f"model folder) or the file itself.")
+  return p
+
+
+def fingerprint(path: pathlib.Path) -> str:
+  """sha256 of the file's bytes."""
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class JSONTokenizer:
+  """A Hugging Face `tokenizer.json`. Build it with `load`, not directly.
+
+  Attributes:
+    tokenizer: the `tokenizers.Tokenizer`.
+    encoding_file: the file it was read from.
+    fingerprint: sha256 of that file.
+  """
+  tokenizer: Any = dataclasses.field(repr=False, compare=False)
+  encoding_file: str
+  fingerprint: str
+  name: ClassVar[str] = "tokenizer.json"
+
+  @property
+  def vocab_size(self) -> int:
+    """Every id the file defines, added (special) tokens included."""
+    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> np.ndarray:
+    """Text -> int32 ids, without special tokens (no BOS/EOS added)."""
+    return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+  def decode(self, ids: Any) -> str:
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+      raise TokenizerError(f"token ids must be integers, got {ids.dtype}.")
+    bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+    if bad.size:
+      raise TokenizerError(
+          f"token id {int(bad[0])} is outside the tokenizer's {self.vocab_size} ids (an id "
+          f"of the model's padded vocabulary?); mask ids >= {self.vocab_size} when sampling.")
+    return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+
+  def spec(self) -> Dict[str, Any]:
+    return {"type": "tokenizer.json", "name": self.name, "vocab_size": self.vocab_size,
+            "fingerprint": self.fingerprint, "encoding_file": self.encoding_file}
+
+
+def load(path: str) -> JSONTokenizer:
+  """The tokenizer of `path`: a folder holding `tokenizer.json`, or the file.
+
+  Raises:
+    TokenizerError: the file is missing or not one the `tokenizers` library
+      reads, or the library is not installed.
+  """
+  file = _file_of(path)
+  tokenizers = _import_tokenizers()
+  try:
+    tokenizer = tokenizers.Tokenizer.from_file(str(file))
+  except Exception as e:  # pylint: disable=broad-except  # the library raises plain Exceptions
+    raise TokenizerError(f"{file} is not a tokenizer.json the tokenizers library reads "
+                         f"({str(e).splitlines()[0][:120]}); download it again.") from e
+  return JSONTokenizer(tokenizer, str(file.absolute()), fingerprint(file))
+
+
+def spec_of_folder(folder: str) -> Optional[Dict[str, Any]]:
+  """The spec of `folder/tokenizer.json` if there is one (read and checked), else None."""
+  if not (pathlib.Path(folder).expanduser() / FILE_NAME).is_file():
+    return None
+  return load(folder).spec()
+
+
+def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> JSONTokenizer:
+  """Rebuilds the tokenizer of `spec`, from `encoding_file` if given (a moved file).
+
+  Raises:
+    TokenizerError: the file is missing, or holds another tokenizer than the
+      one the spec records.
+  """
+  source = encoding_file or spec.get("encoding_file")
+  if not source:
+    raise TokenizerError("the tokenizer.json is recorded without a path; pass "
+                         "--tokenizer_file=PATH of the model's tokenizer.json.")
+  try:
+    tok = load(source)
+  except TokenizerError as e:
+    raise TokenizerError(f"{e} (the model's tokenizer; pass --tokenizer_file=PATH if it "
+                         f"moved)") from e
+  if tok.fingerprint != spec.get("fingerprint"):
+    raise TokenizerError(
+        f"{tok.encoding_file} is another tokenizer than the model was made with (sha256 "
+        f"{tok.fingerprint[:12]}, expected {str(spec.get('fingerprint'))[:12]}); pass "
+        f"--tokenizer_file=PATH of the original tokenizer.json.")
+  return tok
