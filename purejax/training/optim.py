@@ -5,7 +5,7 @@ thing for each.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Mapping, Optional
 
 import chex
 import jax
@@ -100,6 +100,16 @@ def decay_mask(params) -> chex.ArrayTree:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+class _Numbers:
+  """`config`'s fields, with those in `values` replaced (without validation: they may be traced)."""
+
+  def __init__(self, config: OptimizerConfig, values: Mapping[str, chex.Numeric]):
+    self._config, self._values = config, dict(values)
+
+  def __getattr__(self, name):
+    return self._values[name] if name in self._values else getattr(self._config, name)
+
+
 def make_schedule(config: OptimizerConfig) -> optax.Schedule:
   if config.schedule == "constant":
     return optax.constant_schedule(config.learning_rate)
@@ -109,8 +119,14 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
                                 config.decay_iters, config.min_lr)
 
 
+# The numbers of an `OptimizerConfig` that may be arrays (`make_optimizer`'s
+# `hyperparams`): a sweep trains one run per value in one vmapped step.
+HYPERPARAMS = ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "momentum")
+
+
 def make_optimizer(
-    config: OptimizerConfig, *, decay_mask_fn: Optional[callable] = decay_mask
+    config: OptimizerConfig, *, decay_mask_fn: Optional[callable] = decay_mask,
+    hyperparams: Optional[Mapping[str, chex.Numeric]] = None,
 ) -> optax.GradientTransformation:
   """Builds the optax transformation described by `config`.
 
@@ -118,11 +134,21 @@ def make_optimizer(
     config: the optimizer's settings.
     decay_mask_fn: which params get weight decay (AdamW); default: weight
       matrices and embeddings.
+    hyperparams: values that replace `config`'s fields of these names (any
+      of `HYPERPARAMS`), as scalars or traced arrays: a function of them
+      builds one run's optimizer inside a `jax.vmap` over runs
+      (`purejax.training.sweep`). The state's structure does not depend on
+      them. They are not validated; `config`'s values are.
 
   Returns:
     An optax `GradientTransformation`: optional global-norm clipping followed
     by the optimizer with its schedule.
   """
+  if hyperparams:
+    unknown = sorted(set(hyperparams) - set(HYPERPARAMS))
+    if unknown:
+      raise ValueError(f"{unknown} cannot vary between runs; choose among {HYPERPARAMS}.")
+    config = _Numbers(config, hyperparams)
   lr = make_schedule(config)
   if config.name == "sgd":
     opt = optax.sgd(lr)

@@ -1,0 +1,212 @@
+"""Many runs in one program: a sweep of seeds and optimizer settings in one jitted step.
+
+    runs = sweep.expand(opt_config, seed=0, grid={"learning_rate": (3e-4, 1e-3)}, num_seeds=2)
+    params = sweep.stack([gpt.init_params(config, key) for key in param_keys])  # [runs, ...]
+    opt_state = jax.vmap(optimizer.init)(params)
+    params, opt_state, metrics = sweep.train_steps(
+        params, opt_state, train_ids, train_keys, step, sweep.hyperparams(runs),
+        config=config, make_optimizer=make, batch_size=12, num_steps=10)
+    metrics.loss                                         # [runs, 10]
+
+The model is a pure function of its params, so `N` runs are one `jax.vmap`
+of the single run's step (`steps.train_steps`) over a leading runs axis of
+params, optimizer state and keys. What differs between runs is data: the
+seed (the params' init, the batches and dropout drawn from the run's keys)
+and the optimizer's numbers (`optim.HYPERPARAMS`: learning rate, weight
+decay, ...), passed as `[runs]` arrays. Each run's optimizer is built inside
+the vmap from its numbers (`make_optimizer(hyperparams) ->
+GradientTransformation`), so its state has the structure a run trained
+alone has: slicing run `i` out of the stacked state (`unstack`) gives that
+run's own checkpoint, which resumes or exports on its own.
+
+Exactness: run `i` of a sweep computes what the run computes alone, but
+batched matmuls may add in another order, so values agree to float
+rounding, not bit for bit (the tests allow 2e-5 relative in losses after 20
+steps). What stays static, and so equal across the runs of one step, is the
+model config (dropout included) and the batch size.
+"""
+
+import dataclasses
+import functools
+import itertools
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Sequence, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from purejax import gpt
+from purejax.training import optim
+from purejax.training import steps
+
+SWEEPABLE = optim.HYPERPARAMS
+
+
+class RunSpec(NamedTuple):
+  """One run of a sweep.
+
+  Attributes:
+    name: a directory name that says what the run varies, e.g.
+      `"run1_learning_rate=0.001_seed=0"`.
+    seed: the run's seed.
+    opt_config: the run's optimizer (validated like a single run's).
+    hyperparams: `{name: value}` of the swept optimizer numbers.
+  """
+  name: str
+  seed: int
+  opt_config: optim.OptimizerConfig
+  hyperparams: Dict[str, float]
+
+
+def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:
+  """`"learning_rate=3e-4,1e-3;weight_decay=0,0.1"` -> `{name: values}`.
+
+  Raises:
+    ValueError: a malformed part, an unknown name, a value that is not a
+      number, or a name given twice.
+  """
+  grid: Dict[str, Tuple[float, ...]] = {}
+  for part in filter(None, (p.strip() for p in spec.split(";"))):
+    name, sep, values = part.partition("=")
+    name = name.strip()
+    if not sep or not values.strip():
+      raise ValueError(f"sweep part {part!r} is not NAME=V1,V2,...; e.g. "
+                       f"learning_rate=3e-4,1e-3.")
+    if name not in SWEEPABLE:
+      raise ValueError(f"{name!r} cannot be swept in one program; choose among "
+                       f"{SWEEPABLE} (and seeds).")
+    if name in grid:
+      raise ValueError(f"{name} is given twice in the sweep; list its values once.")
+    try:
+      grid[name] = tuple(float(v) for v in values.split(",") if v.strip())
+    except ValueError:
+      raise ValueError(f"sweep values of {name} must be numbers, got {values!r}.") from None
+  return grid
+
+
+def expand(opt_config: optim.OptimizerConfig, seed: int,
+           grid: Mapping[str, Sequence[float]], num_seeds: int = 1) -> List[RunSpec]:
+  """Every combination of the grid's values, each with seeds `seed .. seed + num_seeds - 1`.
+
+  Args:
+    opt_config: the optimizer all runs share, but for the grid's fields.
+    seed: the first seed.
+    grid: `{field of OptimizerConfig: values}` (`parse_grid`).
+    num_seeds: seeds per combination (>= 1).
+
+  Returns:
+    The runs, seeds varying fastest.
+
+  Raises:
+    ValueError: an invalid combination (e.g. a learning rate below `min_lr`),
+      naming the run.
+  """
+  if num_seeds < 1:
+    raise ValueError(f"sweep seeds must be a positive integer, got {num_seeds}.")
+  names = list(grid)
+  specs = []
+  for values in itertools.product(*(grid[n] for n in names)):
+    for s in range(seed, seed + num_seeds):
+      hyper = dict(zip(names, values))
+      label = "_".join([f"{n}={v:g}" for n, v in hyper.items()] + [f"seed={s}"])
+      try:
+        config = dataclasses.replace(opt_config, **hyper)
+      except ValueError as e:
+        raise ValueError(f"sweep run {label}: {e}") from None
+      specs.append(RunSpec(f"run{len(specs)}_{label}", s, config, hyper))
+  return specs
+
+
+def hyperparams(runs: Sequence[RunSpec]) -> Dict[str, chex.Array]:
+  """The swept numbers as `{name: [runs] float32}`, for `train_steps`."""
+  names = runs[0].hyperparams.keys()
+  return {n: jnp.asarray([r.hyperparams[n] for r in runs], jnp.float32) for n in names}
+
+
+def stack(trees: Sequence[Any]) -> Any:
+  """Pytrees of one structure -> one pytree with a leading `[len(trees)]` runs axis."""
+  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def unstack(tree: Any, index: int) -> Any:
+  """Run `index` of a stacked pytree (`stack`'s inverse for one run)."""
+  return jax.tree.map(lambda leaf: leaf[index], tree)
+
+
+def num_runs(tree: Any) -> int:
+  return jax.tree.leaves(tree)[0].shape[0]
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
+                              "grad_accum_steps"),
+    donate_argnums=(0, 1))
+def train_steps(
+    params: gpt.Params,
+    opt_state: optax.OptState,
+    tokens: chex.Array,
+    keys: chex.PRNGKey,
+    step: chex.Numeric,
+    hyperparams: Mapping[str, chex.Array],
+    *,
+    config: gpt.GPTConfig,
+    make_optimizer: Callable[[Mapping[str, chex.Array]], optax.GradientTransformation],
+    batch_size: int,
+    num_steps: int,
+    grad_accum_steps: int = 1,
+) -> Tuple[gpt.Params, optax.OptState, steps.StepMetrics]:
+  """`steps.train_steps` of every run at once, in one jitted program.
+
+  Args:
+    params: `[runs, ...]` params (donated).
+    opt_state: `[runs, ...]` optimizer states (donated), each of the
+      structure `make_optimizer(...).init` gives.
+    tokens: the `[num_tokens]` training ids on the device, shared by all
+      runs; each run draws its own batches from its key.
+    keys: `[runs, 2]` base keys of the runs' training streams.
+    step: global index of the first step (the same for every run).
+    hyperparams: `{name: [runs]}` optimizer numbers (`hyperparams`).
+    config: the model config all runs share.
+    make_optimizer: builds one run's optimizer from its `{name: scalar}`
+      numbers (e.g. `functools.partial(optim.make_optimizer, opt_config)`
+      taking them as `hyperparams=`); pass the same object every call, as
+      it is a static argument.
+    batch_size, num_steps, grad_accum_steps: as in `steps.train_steps`.
+
+  Returns:
+    `(params, opt_state, StepMetrics)`, each with the leading runs axis;
+    metrics are `[runs, num_steps]`.
+  """
+  if tokens.ndim != 1:
+    raise ValueError("a sweep draws its batches on the device; load a corpus that fits "
+                     "in device memory (host-read batches differ per run).")
+
+  def one_run(params, opt_state, key, hyper):
+    return steps.train_steps(
+        params, opt_state, tokens, key, step, config=config,
+        optimizer=make_optimizer(hyper), batch_size=batch_size, num_steps=num_steps,
+        grad_accum_steps=grad_accum_steps)
+
+  return jax.vmap(one_run)(params, opt_state, keys, dict(hyperparams))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches"))
+def evaluate(params: gpt.Params, tokens: chex.Array, keys: chex.PRNGKey, *,
+             config: gpt.GPTConfig, batch_size: int, num_batches: int) -> chex.Array:
+  """`steps.evaluate` of every run: `[runs]` mean losses of `[runs, ...]` params.
+
+  Each run draws its evaluation batches from its own `keys[i]`, as it would alone.
+  """
+  def one_run(params, key):
+    return steps.evaluate(params, tokens, key, config=config, batch_size=batch_size,
+                          num_batches=num_batches)
+
+  return jax.vmap(one_run)(params, keys)
+
+
+def best_run(losses: np.ndarray) -> int:
+  """Index of the lowest finite loss (0 if none is finite)."""
+  losses = np.where(np.isfinite(losses), losses, np.inf)
+  return int(np.argmin(losses))

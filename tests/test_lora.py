@@ -1,0 +1,171 @@
+"""lora: adapters as a separate pytree, a merged view of the params, export of the merge."""
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from purejax import gpt
+from purejax import lora
+from purejax.training import optim
+from test_gpt import TINY
+
+# in pytree order (dict keys sorted)
+GPT_TARGETS = ("blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w",
+               "blocks.mlp.proj.w")
+
+
+def trained_adapters(adapters, seed=1):
+  """Adapters with non-zero B (as after training), so merging changes the weights."""
+  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 2 * len(adapters)))
+  return {path: {"a": ab["a"], "b": 0.1 * jax.random.normal(next(keys), ab["b"].shape)}
+          for path, ab in adapters.items()}
+
+
+def test_attention_and_mlp_targets_are_the_gpts_four_matrices():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  assert lora.target_paths(params, lora.ATTENTION_AND_MLP) == GPT_TARGETS
+  assert lora.target_paths(params, lora.ATTENTION) == GPT_TARGETS[:2]
+  # a comma-separated string, as the command line passes it
+  assert lora.target_paths(params, "*mlp.fc.w,*attn.qkv.w") == GPT_TARGETS[1:3]
+
+
+def test_targets_that_match_nothing_or_a_vector_are_refused():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="match no weight matrix"):
+    lora.init(params, 2, ("*attn.q_proj.w",), jax.random.PRNGKey(1))
+  with pytest.raises(ValueError, match="is not a dense layer's weight"):
+    lora.init(params, 2, ("*attn.qkv.*",), jax.random.PRNGKey(1))  # matches the bias
+  with pytest.raises(ValueError, match="rank 16 is not below"):
+    lora.init(params, 16, lora.ATTENTION, jax.random.PRNGKey(1))
+
+
+def test_adapters_are_stacked_like_the_blocks_and_start_at_the_base_model():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  adapters = lora.init(params, 4, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1))
+  c, n = TINY.n_embd, TINY.n_layer
+  chex.assert_shape(adapters["blocks.attn.qkv.w"]["a"], (n, c, 4))
+  chex.assert_shape(adapters["blocks.attn.qkv.w"]["b"], (n, 4, 3 * c))
+  chex.assert_shape(adapters["blocks.mlp.proj.w"]["a"], (n, 4 * c, 4))
+  # B starts at zero: the merged params are the base params exactly.
+  chex.assert_trees_all_equal(lora.merge(params, adapters, alpha=8.0), params)
+
+
+def test_merge_adds_the_scaled_low_rank_product_to_the_targets_only():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  adapters = trained_adapters(lora.init(params, 2, ("*attn.proj.w",), jax.random.PRNGKey(1)))
+  merged = lora.merge(params, adapters, alpha=6.0)
+  ab = adapters["blocks.attn.proj.w"]
+  expected = params["blocks"]["attn"]["proj"]["w"] + 3.0 * ab["a"] @ ab["b"]
+  np.testing.assert_allclose(merged["blocks"]["attn"]["proj"]["w"], expected, atol=1e-6)
+  untouched = dict(merged, blocks=dict(merged["blocks"], attn=params["blocks"]["attn"]))
+  chex.assert_trees_all_equal(untouched, params)
+
+
+def test_adapters_that_do_not_fit_the_params_are_refused():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  adapters = lora.init(params, 2, lora.ATTENTION, jax.random.PRNGKey(1))
+  wider = gpt.init_params(dataclasses.replace(TINY, n_embd=32), jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="does not fit the weight"):
+    lora.merge(wider, adapters, alpha=2.0)
+
+
+def test_gradients_flow_to_the_adapters_only():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  adapters = trained_adapters(lora.init(params, 2, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1)))
+  x = jax.random.randint(jax.random.PRNGKey(2), (2, TINY.block_size), 0, TINY.vocab_size)
+
+  def loss(adapters):
+    return gpt.loss(lora.merge(params, adapters, 4.0), x, jnp.roll(x, -1, axis=1), TINY)
+
+  grads = jax.grad(loss)(adapters)
+  chex.assert_trees_all_equal_shapes(grads, adapters)
+  assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+
+
+def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning():
+  # GPT-2 124M's shapes, rank 8 on the attention and MLP matrices; shapes only
+  # (jax.eval_shape), so nothing is allocated.
+  config = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(weight_decay=0.1, decay_iters=10))
+  params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+  adapters = jax.eval_shape(
+      lambda p: lora.init(p, 8, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1)), params)
+
+  def size(tree):
+    return sum(leaf.size for leaf in jax.tree.leaves(tree))
+
+  full = size(jax.eval_shape(optimizer.init, params))
+  adapted = size(jax.eval_shape(optimizer.init, adapters))
+  # 12 layers x 8 x ((768 + 2304) + (768 + 768) + 2 x (768 + 3072)) = 1,179,648
+  # adapter values, two Adam moments each, against ~124M x 2.
+  assert size(adapters) == 1_179_648
+  assert adapted / full <= 0.02, adapted / full
+
+
+def test_fine_tuning_the_adapters_on_an_unseen_text_lowers_its_loss():
+  # The base model learns one repeating pattern; the adapters alone then
+  # learn another (a text it has not seen), its held-out loss falls.
+  config = TINY
+  vocab = config.vocab_size
+  seen = jnp.tile(jnp.arange(vocab, dtype=jnp.int32), 60)
+  unseen = jnp.tile(jnp.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7], jnp.int32) % vocab, 60)
+
+  def batch(data, key):
+    starts = jax.random.randint(key, (16,), 0, data.shape[0] - config.block_size - 1)
+    windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (config.block_size + 1,)))(starts)
+    return windows[:, :-1], windows[:, 1:]
+
+  def train(loss_fn, trainable, steps, lr):
+    opt = optax.adam(lr)
+
+    @jax.jit
+    def step(carry, key):
+      trainable, state = carry
+      value, grads = jax.value_and_grad(loss_fn)(trainable, *batch(data, key))
+      updates, state = opt.update(grads, state, trainable)
+      return (optax.apply_updates(trainable, updates), state), value
+
+    (trainable, _), _ = jax.lax.scan(step, (trainable, opt.init(trainable)),
+                                     jax.random.split(jax.random.PRNGKey(steps), steps))
+    return trainable
+
+  data = seen
+  base = train(lambda p, x, y: gpt.loss(p, x, y, config),
+               gpt.init_params(config, jax.random.PRNGKey(0)), 150, 1e-2)
+  adapters = lora.init(base, 4, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1))
+  held_out = batch(unseen, jax.random.PRNGKey(99))
+
+  def val_loss(adapters):
+    return float(gpt.loss(lora.merge(base, adapters, 8.0), *held_out, config))
+
+  before = val_loss(adapters)
+  data = unseen
+  tuned = train(lambda a, x, y: gpt.loss(lora.merge(base, a, 8.0), x, y, config),
+                adapters, 150, 1e-2)
+  after = val_loss(tuned)
+  assert after < 0.5 * before, (before, after)
+
+
+@pytest.mark.slow
+def test_merged_export_reloads_in_transformers_with_the_lora_forwards_logits(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from purejax.weights import huggingface  # pylint: disable=g-import-not-at-top
+  config = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  adapters = trained_adapters(lora.init(params, 4, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1)))
+  ids = np.random.default_rng(0).integers(0, 101, (2, 16))
+  lora_logits = gpt.forward(lora.merge(params, adapters, 8.0), jnp.asarray(ids), config)
+  # the adapters change the model, so the comparison below can fail
+  assert float(jnp.abs(lora_logits - gpt.forward(params, jnp.asarray(ids), config)).max()) > 1e-2
+  folder = huggingface.to_huggingface(lora.merge(params, adapters, 8.0), config,
+                                      str(tmp_path / "merged"))
+  model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+  with torch.no_grad():
+    hf_logits = model(torch.from_numpy(ids)).logits.numpy()
+  np.testing.assert_allclose(hf_logits, np.asarray(lora_logits), atol=2e-5)
