@@ -29,7 +29,7 @@ model config (dropout included) and the batch size.
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -39,6 +39,7 @@ import optax
 
 from purejax import gpt
 from purejax.training import optim
+from purejax.training import runs as runs_lib
 from purejax.training import steps
 
 SWEEPABLE = optim.HYPERPARAMS
@@ -58,6 +59,25 @@ class RunSpec(NamedTuple):
   seed: int
   opt_config: optim.OptimizerConfig
   hyperparams: Dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptimizer:
+  """Builds one run's optimizer from its numbers: `train_steps`' `make_optimizer`.
+
+  Hashable (a static jit argument that compiles once for equal settings).
+
+  Attributes:
+    config: the settings the runs share.
+    skip_nonfinite: skip non-finite updates (`runs.skip_nonfinite_updates`).
+  """
+  config: optim.OptimizerConfig
+  skip_nonfinite: bool = False
+
+  def __call__(self, hyperparams: Optional[Mapping[str, chex.Array]] = None
+               ) -> optax.GradientTransformation:
+    optimizer = optim.make_optimizer(self.config, hyperparams=hyperparams)
+    return runs_lib.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer
 
 
 def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:
@@ -120,9 +140,10 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
 
 
 def hyperparams(runs: Sequence[RunSpec]) -> Dict[str, chex.Array]:
-  """The swept numbers as `{name: [runs] float32}`, for `train_steps`."""
-  names = runs[0].hyperparams.keys()
-  return {n: jnp.asarray([r.hyperparams[n] for r in runs], jnp.float32) for n in names}
+  """The numbers any run sweeps, `{name: [runs] float32}` from each run's optimizer."""
+  names = sorted({n for r in runs for n in r.hyperparams})
+  return {n: jnp.asarray([getattr(r.opt_config, n) for r in runs], jnp.float32)
+          for n in names}
 
 
 def stack(trees: Sequence[Any]) -> Any:
@@ -170,9 +191,7 @@ def train_steps(
     hyperparams: `{name: [runs]}` optimizer numbers (`hyperparams`).
     config: the model config all runs share.
     make_optimizer: builds one run's optimizer from its `{name: scalar}`
-      numbers (e.g. `functools.partial(optim.make_optimizer, opt_config)`
-      taking them as `hyperparams=`); pass the same object every call, as
-      it is a static argument.
+      numbers (`RunOptimizer`); a static argument.
     batch_size, num_steps, grad_accum_steps: as in `steps.train_steps`.
 
   Returns:

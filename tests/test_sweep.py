@@ -1,0 +1,103 @@
+"""sweep: many runs in one vmapped step, each equal to the run trained alone."""
+
+import dataclasses
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from purejax import gpt
+from purejax.training import optim
+from purejax.training import steps
+from purejax.training import sweep
+from test_gpt import TINY, random_tokens
+
+# Batching the runs' matmuls may add in another order, so a run of a sweep
+# equals its solo run to float rounding: after 20 steps (learning rates up to
+# 1e-2) losses agree to this relative tolerance, and params to this absolute
+# one. Adam divides by sqrt(v), so where a gradient is near zero a rounding
+# difference moves that entry by a fraction of the step: 1e-4 is 1 % of one
+# step at 1e-2.
+LOSS_RTOL = 2e-5
+PARAMS_ATOL = 1e-4
+BASE = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=2, decay_iters=20, min_lr=1e-4,
+                             weight_decay=0.1, grad_clip=1.0, beta2=0.99)
+
+
+def test_parse_grid_and_expand_name_every_run():
+  grid = sweep.parse_grid("learning_rate=3e-4,1e-3; weight_decay=0,0.1")
+  assert grid == {"learning_rate": (3e-4, 1e-3), "weight_decay": (0.0, 0.1)}
+  runs = sweep.expand(BASE, seed=5, grid=grid, num_seeds=2)
+  assert len(runs) == 8
+  assert runs[0].name == "run0_learning_rate=0.0003_weight_decay=0_seed=5"
+  assert [r.seed for r in runs[:2]] == [5, 6]
+  assert runs[7].opt_config == dataclasses.replace(BASE, learning_rate=1e-3, weight_decay=0.1)
+  assert sweep.expand(BASE, seed=0, grid={}, num_seeds=3)[2].name == "run2_seed=2"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("learning_rate", "is not NAME=V1,V2"),
+    ("batch_size=8,16", "cannot be swept"),
+    ("learning_rate=fast", "must be numbers"),
+    ("learning_rate=1e-3;learning_rate=1e-2", "given twice"),
+])
+def test_bad_sweeps_are_refused_with_the_fix(spec, message):
+  with pytest.raises(ValueError, match=message):
+    sweep.parse_grid(spec)
+
+
+def test_a_run_the_optimizer_would_refuse_is_named():
+  with pytest.raises(ValueError, match="sweep run learning_rate=1e-05_seed=0: min_lr"):
+    sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-5,)})
+
+
+def _solo(config, data, spec, num_steps):
+  """The run trained alone, as `purejax.train` trains it."""
+  keys = jax.random.split(jax.random.PRNGKey(spec.seed))
+  params = gpt.init_params(config, keys[0])
+  optimizer = optim.make_optimizer(spec.opt_config)
+  params, _, metrics = steps.train_steps(
+      params, optimizer.init(params), data, keys[1], 0, config=config, optimizer=optimizer,
+      batch_size=4, num_steps=num_steps)
+  return params, metrics.loss
+
+
+@pytest.mark.parametrize("dropout", [pytest.param(0.0, marks=pytest.mark.slow), 0.1])
+def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout):
+  config = dataclasses.replace(TINY, dropout=dropout)
+  data = random_tokens(jax.random.PRNGKey(0), (600,))
+  runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2),
+                                          "weight_decay": (0.0, 0.1)}, num_seeds=1)
+  runs = runs[:2] + sweep.expand(BASE, seed=7, grid={"learning_rate": (1e-2,)})  # another seed
+  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
+  params = sweep.stack([gpt.init_params(config, k[0]) for k in keys])
+  make = sweep.RunOptimizer(BASE)
+  opt_state = jax.vmap(lambda p: make().init(p))(params)
+  hyper = sweep.hyperparams(runs)
+  train_keys = sweep.stack([k[1] for k in keys])
+  # 20 steps in two calls, as a loop would run them
+  p, s, first = sweep.train_steps(params, opt_state, data, train_keys, 0, hyper, config=config,
+                                  make_optimizer=make, batch_size=4, num_steps=10)
+  p, s, second = sweep.train_steps(p, s, data, train_keys, 10, hyper, config=config,
+                                   make_optimizer=make, batch_size=4, num_steps=10)
+  losses = np.concatenate([first.loss, second.loss], axis=1)
+  chex.assert_shape(losses, (3, 20))
+  for i, spec in enumerate(runs):
+    solo_params, solo_losses = _solo(config, data, spec, 20)
+    np.testing.assert_allclose(losses[i], solo_losses, rtol=LOSS_RTOL)
+    chex.assert_trees_all_close(sweep.unstack(p, i), solo_params, atol=PARAMS_ATOL, rtol=0)
+  # the runs really differ (different settings and seeds train differently)
+  assert len({round(float(l), 4) for l in losses[:, -1]}) == 3
+
+
+def test_evaluate_gives_each_runs_own_loss():
+  data = random_tokens(jax.random.PRNGKey(0), (300,))
+  params = sweep.stack([gpt.init_params(TINY, jax.random.PRNGKey(s)) for s in range(2)])
+  keys = sweep.stack([jax.random.PRNGKey(10 + s) for s in range(2)])
+  losses = sweep.evaluate(params, data, keys, config=TINY, batch_size=4, num_batches=3)
+  for i in range(2):
+    alone = steps.evaluate(sweep.unstack(params, i), data, keys[i], config=TINY, batch_size=4,
+                           num_batches=3)
+    np.testing.assert_allclose(losses[i], alone, rtol=LOSS_RTOL)
+  assert sweep.best_run(np.array([np.nan, 2.0, 1.5])) == 2
