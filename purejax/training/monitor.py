@@ -46,7 +46,7 @@ import os
 import pathlib
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from purejax import _files
 
@@ -329,8 +329,11 @@ class ScalarWriter:
 # Monitor: both files behind one object
 
 
-def _tensorboard_scalars(kind: str, record: Mapping[str, Any]) -> Dict[str, float]:
-  """`{"<kind>/<name>": value}` for a record's numeric values (not bools or strings)."""
+def scalars(kind: str, record: Mapping[str, Any]) -> Dict[str, float]:
+  """`{"<kind>/<name>": value}` for a record's numeric values (not bools or strings).
+
+  The tags of TensorBoard and of a run's other sinks (`wandb_sink`).
+  """
   return {f"{kind}/{name}": value for name, value in record.items()
           if name not in _RESERVED and isinstance(value, (int, float))
           and not isinstance(value, bool)}
@@ -352,7 +355,7 @@ class Monitor:
 
   def __init__(self, out_dir, *, resume_step: Optional[int] = None, enabled: bool = True,
                tensorboard: bool = True, log: Optional[Callable[[str], None]] = None,
-               clock: Callable[[], float] = time.time):
+               clock: Callable[[], float] = time.time, sinks: Sequence[Any] = ()):
     """Opens the run's files.
 
     Args:
@@ -365,11 +368,15 @@ class Monitor:
         line dropped, a missing tensorboardX); default: "warning: ..." on stderr.
         Pass the loop's own logger (e.g. `Progress.write`) to keep one stream.
       clock: wall-clock seconds; tests pass a fake one.
+      sinks: further writers, each called `sink(kind, record)` with every
+        record written (e.g. `wandb_sink.WandbSink`) and closed with the
+        monitor if it has a `close`. Unused when not `enabled`.
     """
     warn = _print_warning if log is None else (lambda message: log(f"warning: {message}"))
     self._clock, self._start = clock, clock()
     self.metrics: Optional[MetricsLog] = None
     self.scalars: Optional[ScalarWriter] = None
+    self.sinks = tuple(sinks) if enabled else ()
     if not enabled:
       return
     self.metrics = MetricsLog(out_dir, resume_step=resume_step, clock=clock)
@@ -389,7 +396,9 @@ class Monitor:
       return make_record(kind, step, self._clock() - self._start, values)
     record = self.metrics.append(kind, step, values)
     if self.scalars is not None:
-      self.scalars.add_scalars(step, _tensorboard_scalars(kind, record))
+      self.scalars.add_scalars(step, scalars(kind, record))
+    for sink in self.sinks:
+      sink(kind, record)
     return record
 
   def log_train(self, step: int, **values) -> Dict[str, Any]:
@@ -418,6 +427,9 @@ class Monitor:
       self.metrics.close()
     if self.scalars is not None:
       self.scalars.close()
+    for sink in self.sinks:
+      getattr(sink, "close", lambda: None)()
+    self.sinks = ()
 
   def __enter__(self) -> "Monitor":
     return self
