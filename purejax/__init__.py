@@ -13,7 +13,9 @@ The layers, bottom to top (each imports only from those below it):
 
     ops/        backend-dependent forms: matmul, attention, the large-vocabulary loss
     rng, nn     key helpers; layers as init_<layer> + a pure apply
-    gpt, mlp    the models; decode: sampling with a KV cache
+    gpt, mlp    the models; decode: sampling with a KV cache; lora: low-rank
+                adapters over any model's params (below training and weights,
+                which both use it)
     data/       tokenizers, corpora, batches, MNIST and TFDS
     training/   steps, optimizer, devices, checkpoints, metrics, the loops
     weights/    pretrained weights in and out, one module per format
@@ -23,6 +25,7 @@ The layers, bottom to top (each imports only from those below it):
 from purejax import data
 from purejax import decode
 from purejax import gpt
+from purejax import lora
 from purejax import mlp
 from purejax import nn
 from purejax import ops
@@ -53,7 +56,7 @@ from purejax.weights import from_pretrained
 
 __all__ = [
     # modules and layers
-    "data", "decode", "gpt", "mlp", "nn", "ops", "rng", "training", "weights",
+    "data", "decode", "gpt", "lora", "mlp", "nn", "ops", "rng", "training", "weights",
     # models and sampling
     "GPTConfig", "KVCache", "generate",
     # data
