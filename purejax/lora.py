@@ -27,6 +27,7 @@ alike: `ATTENTION_AND_MLP` takes a GPT's `attn.qkv`, `attn.proj`, `mlp.fc`,
 `mlp.proj` and the attention and SwiGLU projections of Llama-style blocks.
 """
 
+import dataclasses
 import fnmatch
 from typing import Any, Dict, Sequence, Tuple
 
@@ -170,6 +171,26 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
     return (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
 
   return jax.tree_util.tree_map_with_path(merged, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+  """The model's params seen through trainable adapters: a training step's `params_view`.
+
+  A LoRA run trains the pytree `{"base": params, "adapters": adapters}`
+  (`trainable`); the model reads `View(alpha)(tree)`, i.e. `merge` with the
+  base behind `stop_gradient`, so its gradient is zero and never computed
+  as a matmul. Hashable, so it can be a static jit argument.
+  """
+  alpha: float
+
+  def __call__(self, tree: Params) -> Params:
+    return merge(jax.lax.stop_gradient(tree["base"]), tree["adapters"], self.alpha)
+
+
+def trainable(params: Params, adapters: Adapters) -> Params:
+  """`{"base": params, "adapters": adapters}`: what a LoRA run's state holds (`View`)."""
+  return {"base": params, "adapters": adapters}
 
 
 def num_params(adapters: Adapters) -> int:

@@ -87,6 +87,19 @@ def test_gradients_flow_to_the_adapters_only():
   assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
 
 
+def test_the_view_reads_the_merge_and_gives_the_base_no_gradient():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  adapters = trained_adapters(lora.init(params, 2, lora.ATTENTION, jax.random.PRNGKey(1)))
+  tree = lora.trainable(params, adapters)
+  view = lora.View(alpha=4.0)
+  chex.assert_trees_all_equal(view(tree), lora.merge(params, adapters, 4.0))
+  assert view == lora.View(alpha=4.0) and hash(view) == hash(lora.View(alpha=4.0))
+  x = jax.random.randint(jax.random.PRNGKey(2), (2, TINY.block_size), 0, TINY.vocab_size)
+  grads = jax.grad(lambda t: gpt.loss(view(t), x, x, TINY))(tree)
+  assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree.leaves(grads["base"]))
+  assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads["adapters"]))
+
+
 def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning():
   # GPT-2 124M's shapes, rank 8 on the attention and MLP matrices; shapes only
   # (jax.eval_shape), so nothing is allocated.
