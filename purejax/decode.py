@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from purejax.ops import attention
+from purejax.ops import kernels
 from purejax import gpt
 from purejax import nn
 
@@ -56,41 +57,63 @@ def _check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
                      f"init_kv_cache(config, batch).")
 
 
-def unstack_layers(params: Params) -> Params:
-  """`params` with `"blocks"` as a tuple of per-layer dicts instead of stacked arrays.
+def _layers(params: Params, n_layer: int) -> Tuple[Params, ...]:
+  """Each layer's params, sliced from the stacked `params["blocks"]` (static slices).
 
-  Decoding slices each layer's weights for every token; inside a loop XLA
-  copies those slices each time. Unstacking once, before the loop, removes
-  the copies (they were most of the time per token).
+  Decoding runs the layers as an unrolled loop. Sliced inside the decode
+  loop, XLA copies each layer's weights for every token (that was most of
+  the time per token), so `generate` slices once, before the loop.
   """
-  blocks = params["blocks"]
-  if isinstance(blocks, tuple):
-    return params
-  n_layer = jax.tree.leaves(blocks)[0].shape[0]
-  layers = tuple(jax.tree.map(lambda p, i=i: p[i], blocks) for i in range(n_layer))
-  return {**params, "blocks": layers}
+  return tuple(jax.tree.map(lambda p, i=i: p[i], params["blocks"]) for i in range(n_layer))
 
 
-def cached_self_attention(
-    params: Params, x: chex.Array, k_buf: chex.Array, v_buf: chex.Array,
-    pos: chex.Numeric, config: gpt.GPTConfig,
-) -> Tuple[chex.Array, chex.Array, chex.Array]:
-  """`gpt.causal_self_attention` of tokens at positions `pos, ...`, through one layer's cache.
+def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
+                   config: gpt.GPTConfig, forms: kernels.Forms) -> gpt.Attend:
+  """`gpt.Attend` for tokens at positions `pos, ...` through one layer's cache.
 
-  Their keys and values are written into the cache, and they attend to every
-  cached position up to their own.
-
-  Returns:
-    `([batch, time, embd], k_buf, v_buf)` with the new keys and values written.
+  Their keys and values are written into the cache, and they attend to
+  every cached position up to their own; it carries out the updated
+  `(k_buf, v_buf)`. At a static `pos == 0` (a prompt or a refill) the cache
+  before them is empty, so with the "cudnn" form they attend among
+  themselves through cuDNN, as in training. One-token steps read the cache
+  with XLA's products: a single query has no `[time, time]` scores to
+  avoid, and the work is one pass over the cache.
   """
-  b, t, _ = x.shape
   h, d = config.n_head, config.head_dim
-  q, k, v = (a.transpose(0, 2, 1, 3) for a in gpt.qkv_heads(params, x, config))  # [b, h, t, d]
-  k_buf, v_buf = (jax.lax.dynamic_update_slice(buf, new.reshape(b * h, t, d), (0, pos, 0))
-                  for buf, new in ((k_buf, k), (v_buf, v)))
-  y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), k_buf.reshape(b, h, -1, d),
-                                v_buf.reshape(b, h, -1, d), pos)
-  return gpt.merge_heads(params, y.transpose(0, 2, 1, 3), config), k_buf, v_buf
+  on_gpu = forms.attention in ("xla", "cudnn")
+  compute_dtype = config.matmul_dtype if on_gpu else None
+
+  def attend(q, k, v):
+    b, t = q.shape[:2]
+    k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, h, t, d]
+    bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * h, t, d), (0, pos, 0))
+            for buf, new in ((k_buf, k_new), (v_buf, v_new)))
+    if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0:
+      y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype)
+      return y, tuple(bufs)
+    q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
+    new_k_buf, new_v_buf = bufs
+    y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), new_k_buf.reshape(b, h, -1, d),
+                                  new_v_buf.reshape(b, h, -1, d), pos,
+                                  compute_dtype=compute_dtype)
+    return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
+
+  return attend
+
+
+def _forward_with_cache(layers, params, tokens, cache, pos, config, forms):
+  """`forward_with_cache` over per-layer params `layers` (`_layers`)."""
+  x = gpt.embed(params, tokens, pos)
+  # Decoding does little work per layer, so a plain Python loop over the
+  # layers (unrolled in the compiled program) beats a scan's overhead.
+  ks, vs = [], []
+  for layer, k_buf, v_buf in zip(layers, cache.k, cache.v):
+    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms,
+                                  attend=_cached_attend(k_buf, v_buf, pos, config, forms))
+    ks.append(k_buf)
+    vs.append(v_buf)
+  x = nn.layer_norm(params["ln_f"], x[:, -1])
+  return gpt.logits_of(params, x, config, forms), KVCache(tuple(ks), tuple(vs))
 
 
 def forward_with_cache(
@@ -99,15 +122,20 @@ def forward_with_cache(
     cache: KVCache,
     pos: chex.Numeric,
     config: gpt.GPTConfig,
+    *,
+    forms: Optional[kernels.Forms] = None,
 ) -> Tuple[chex.Array, KVCache]:
   """Runs `tokens` at positions `pos, pos+1, ...` against a KV cache.
 
+  Each layer is `gpt.block`, attending through the cache.
+
   Args:
-    params: model params (stacked, or per layer from `unstack_layers`).
+    params: model params (`gpt.init_params`).
     tokens: `[batch, time]` ids; `pos + time <= block_size`.
     cache: keys and values of positions `< pos` (later slots are ignored).
     pos: position of `tokens[:, 0]` (may be traced).
     config: model config.
+    forms: execution forms (default: `gpt.forms_for(params)`).
 
   Returns:
     `(logits of the last token [batch, vocab], cache updated with tokens)`.
@@ -115,22 +143,8 @@ def forward_with_cache(
   gpt.check_tokens(tokens, config)
   gpt.check_params(params, config)
   _check_cache(cache, config, tokens.shape[0])
-  positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], pos, tokens.shape[1])
-  x = nn.embed(params["wte"], tokens) + positions
-  # Decoding does little work per layer, so a plain Python loop over the
-  # layers (unrolled in the compiled program) beats a scan's overhead. The
-  # block is `gpt.block` without dropout, attending through the cache.
-  ks, vs = [], []
-  for layer, k_buf, v_buf in zip(unstack_layers(params)["blocks"], cache.k, cache.v):
-    attn_out, k_buf, v_buf = cached_self_attention(
-        layer["attn"], nn.layer_norm(layer["ln_1"], x), k_buf, v_buf, pos, config)
-    x = x + attn_out
-    x = x + gpt.mlp(layer["mlp"], nn.layer_norm(layer["ln_2"], x), config)
-    ks.append(k_buf)
-    vs.append(v_buf)
-  x = nn.layer_norm(params["ln_f"], x[:, -1])
-  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype)
-  return logits.astype(jnp.float32), KVCache(tuple(ks), tuple(vs))
+  return _forward_with_cache(_layers(params, config.n_layer), params, tokens, cache, pos,
+                             config, gpt.forms_for(params, forms))
 
 
 def sample_logits(
@@ -236,9 +250,7 @@ class DecodeState(NamedTuple):
   index: chex.Array
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("config", "max_new_tokens", "top_k", "valid_vocab"))
-def generate(
+def _generate(
     params: Params,
     prompt: chex.Array,
     config: gpt.GPTConfig,
@@ -248,6 +260,8 @@ def generate(
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
     valid_vocab: Optional[int] = None,
+    *,
+    forms: Optional[kernels.Forms] = None,
 ) -> chex.Array:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
@@ -266,6 +280,7 @@ def generate(
     top_p: optional nucleus filter.
     valid_vocab: ids from this one on are never sampled (the padding of a
       padded vocabulary); None: every id of the model's.
+    forms: execution forms (default: those of the platform `params` live on).
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
@@ -281,9 +296,10 @@ def generate(
     raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 1, "
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
   prompt = prompt.astype(jnp.int32)
-  params = unstack_layers(params)  # once, outside the decode loop
+  gpt.check_params(params, config)
+  layers = _layers(params, config.n_layer)  # once, outside the decode loop
   plan = sliding_window(p, max_new_tokens, config.block_size)
-  noise_ahead = config.forms().noise_ahead
+  feed = functools.partial(_forward_with_cache, layers, params, config=config, forms=forms)
 
   def noise(index):  # [batch, vocab] Gumbel noise of new token `index`
     return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
@@ -300,29 +316,27 @@ def generate(
     if token_noise is None:
       token_noise = noise(state.index)
     state, token = sample_and_write(state, token_noise)
-    logits, cache = forward_with_cache(params, token[:, None], state.cache, state.cache_len,
-                                       config)
+    logits, cache = feed(token[:, None], state.cache, state.cache_len)
     return state._replace(cache=cache, cache_len=state.cache_len + 1, logits=logits), None
 
   def slide(state: DecodeState) -> DecodeState:
     state, _ = sample_and_write(state, noise(state.index))
     recent = jax.lax.dynamic_slice(state.tokens, (0, p + state.index - plan.refill),
                                    (b, plan.refill))
-    logits, cache = forward_with_cache(params, recent, state.cache, 0, config)
+    logits, cache = feed(recent, state.cache, 0)
     return state._replace(cache=cache, cache_len=jnp.int32(plan.refill), logits=logits)
 
   def decodes(state: DecodeState, n: int) -> DecodeState:
     if n == 0:
       return state
-    if noise_ahead:
+    if forms.noise_ahead:
       # One batch of noise per scan: on XLA CPU a draw inside the loop runs
       # JAX's threefry as a rolled loop once per token (a third of the time).
       ahead = jax.vmap(noise)(state.index + jnp.arange(n))  # [n, batch, vocab]
       return jax.lax.scan(decode, state, ahead)[0]
     return jax.lax.scan(lambda s, _: decode(s), state, None, length=n)[0]
 
-  logits, cache = forward_with_cache(params, prompt[:, p - plan.window:],
-                                     init_kv_cache(config, b), 0, config)
+  logits, cache = feed(prompt[:, p - plan.window:], init_kv_cache(config, b), 0)
   tokens = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
   state = DecodeState(tokens, cache, jnp.int32(plan.window), logits, jnp.int32(0))
   state = decodes(state, plan.first)
@@ -332,3 +346,8 @@ def generate(
   if plan.tail:
     state = decodes(slide(state), plan.tail - 1)
   return state.tokens[0] if unbatched else state.tokens
+
+
+generate = kernels.jit_with_forms(
+    _generate, platform_args=("params",),
+    static_argnames=("config", "max_new_tokens", "top_k", "valid_vocab"))

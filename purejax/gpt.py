@@ -3,7 +3,8 @@
     config = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
     params = init_params(config, jax.random.PRNGKey(0))
     logits = forward(params, tokens, config)                   # [batch, time, vocab]
-    value = loss(params, tokens, targets, config, key=key, deterministic=False)
+    value = loss(params, tokens, targets, config, key=key, deterministic=False,
+                 forms=kernels.select("cpu", remat="full"))  # how it runs, not what
 
 The architecture is GPT-2's: learned token and position embeddings,
 pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final
@@ -14,15 +15,18 @@ leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
 compiles one block, not `n_layer` copies, so compile time barely grows with
 depth. Dropout keys are threaded explicitly, one per layer.
 
-Sampling with a KV cache is in `purejax/decode.py`, training steps in
-`purejax/training/steps.py`; the backend-dependent forms of attention, the
-mixed-precision matmul and the loss are chosen in `purejax/ops/kernels.py`.
+The config is the math alone. How it runs (attention form, remat, scan or
+unrolled layers, the mixed-precision matmul's backward, loss chunking) is a
+`kernels.Forms` passed as `forms=`; without one, the forms of the platform
+the params live on (`kernels.select`). Sampling with a KV cache, which runs
+the same `block` through a cache-aware attention, is in `purejax/decode.py`,
+training steps in `purejax/training/steps.py`.
 """
 
 import dataclasses
 import functools
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import chex
 import jax
@@ -36,13 +40,15 @@ from purejax import rng
 Params = Dict[str, Any]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-REMAT_POLICIES = ("auto",) + tuple(kernels.REMAT_POLICIES)
-ATTENTION_FORMS = ("auto",) + kernels.ATTENTION_FORMS
+# Execution options that older configs held; now in `kernels.Forms`, and
+# ignored where a saved config still names them.
+EXECUTION_FIELDS = ("remat", "attn_block", "attention", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-  """Model hyperparameters (hashable, so it can be a static jit argument).
+  """Model hyperparameters: the math, nothing about how it runs (hashable, so
+  it can be a static jit argument; the execution options are `kernels.Forms`).
 
   The defaults are GPT-2's architecture choices at a small size (`bias=True`,
   as GPT-2 has). `python -m purejax.train` trains nanoGPT's CPU recipe
@@ -59,19 +65,6 @@ class GPTConfig:
     param_dtype: dtype of the stored params ("float32").
     compute_dtype: dtype of the matmuls ("float32" or "bfloat16"); LayerNorm,
       softmax and the loss always run in float32.
-    remat: what each block keeps for the backward pass: "none" stores every
-      activation; "full" stores only the block's input and recomputes the
-      rest; "dots" stores the matmul outputs and recomputes the cheap
-      elementwise ops; "auto" takes the backend's measured best
-      (`kernels.select`: "dots" on CPU; on GPU "full" scanned, "none" unrolled).
-    attn_block: queries per block of the "blocked" attention form; only speed
-      depends on it.
-    attention: form of causal attention (`purejax/ops/attention.py`): "plain",
-      "blocked", "fused", or "auto" for the backend's (`kernels.select`).
-      All compute the same function.
-    scan_layers: run the blocks as one `lax.scan` (compile time flat in
-      depth); False unrolls them into a Python loop, which compiles
-      `n_layer` copies and can run faster on GPUs.
   """
   vocab_size: int = 65
   block_size: int = 64
@@ -82,13 +75,9 @@ class GPTConfig:
   bias: bool = True
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
-  remat: str = "auto"
-  attn_block: int = 64
-  attention: str = "auto"
-  scan_layers: bool = True
 
   def __post_init__(self):
-    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "attn_block"):
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
@@ -99,10 +88,6 @@ class GPTConfig:
           f"{math.gcd(self.n_embd, self.n_head)}).")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
-    if self.remat not in REMAT_POLICIES:
-      raise ValueError(f"remat={self.remat!r} is not one of {list(REMAT_POLICIES)}.")
-    if self.attention not in ATTENTION_FORMS:
-      raise ValueError(f"attention={self.attention!r} is not one of {list(ATTENTION_FORMS)}.")
     for name in ("param_dtype", "compute_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of "
@@ -117,18 +102,19 @@ class GPTConfig:
     """Operand dtype of the matmuls; None when they run in float32."""
     return None if self.compute_dtype == "float32" else _DTYPES[self.compute_dtype]
 
-  def forms(self) -> kernels.Forms:
-    """The backend's forms (`kernels.select`), read when a function is traced."""
-    return kernels.select(None, self.matmul_dtype)
+  @classmethod
+  def from_dict(cls, saved: Mapping[str, Any]) -> "GPTConfig":
+    """The config a checkpoint saved (`dataclasses.asdict`), older ones included.
 
-  def attention_form(self) -> str:
-    return self.forms().attention if self.attention == "auto" else self.attention
+    Configs saved before the execution options moved to `kernels.Forms` also
+    hold `EXECUTION_FIELDS`; they do not change the model, so they are left out.
+    """
+    return cls(**{k: v for k, v in saved.items() if k not in EXECUTION_FIELDS})
 
-  def remat_policy(self) -> str:
-    if self.remat != "auto":
-      return self.remat
-    forms = self.forms()
-    return forms.remat_scanned if self.scan_layers else forms.remat_unrolled
+
+def forms_for(params: Params, forms: Optional[kernels.Forms] = None) -> kernels.Forms:
+  """`forms`, or the forms of the platform `params` live on (`kernels.select`)."""
+  return forms or kernels.select(kernels.platform_of(params))
 
 
 # ----------------------------------------------------------------------------
@@ -190,55 +176,64 @@ def num_params(params: Params, *, non_embedding: bool = True) -> int:
 # ----------------------------------------------------------------------------
 # The model
 
+# `attend(q, k, v) -> (y, carry)`: attention of queries `q` over keys `k` and
+# values `v`, all `[batch, time, head, head_dim]`, with whatever it carries
+# out (decoding's updated KV cache; None in training).
+Attend = Callable[[chex.Array, chex.Array, chex.Array], Tuple[chex.Array, Any]]
 
-def qkv_heads(params: Params, x: chex.Array, config: GPTConfig
+
+def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms
               ) -> Tuple[chex.Array, chex.Array, chex.Array]:
   """Queries, keys and values of `x` `[batch, time, embd]`, each `[batch, time, head, head_dim]`."""
   b, t, _ = x.shape
-  qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype)  # [b, t, 3c]
+  qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype, forms=forms)  # [b, t, 3c]
   qkv = qkv.reshape(b, t, 3, config.n_head, config.head_dim)
   return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
 
-def merge_heads(params: Params, y: chex.Array, config: GPTConfig) -> chex.Array:
+def merge_heads(params: Params, y: chex.Array, config: GPTConfig, forms: kernels.Forms
+                ) -> chex.Array:
   """`[batch, time, head, head_dim]` attention outputs -> `[batch, time, embd]`, projected."""
   b, t = y.shape[:2]
   return nn.dense(params["proj"], y.reshape(b, t, config.n_embd),
-                  compute_dtype=config.matmul_dtype)
+                  compute_dtype=config.matmul_dtype, forms=forms)
 
 
-def causal_self_attention(
-    params: Params,
-    x: chex.Array,
-    config: GPTConfig,
-    *,
-    key: Optional[chex.PRNGKey],
-    deterministic: bool,
-) -> chex.Array:
-  """Multi-head causal self-attention: position t attends to positions <= t.
+def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex.PRNGKey],
+                  deterministic: bool) -> Attend:
+  """Causal self-attention over the block's own positions, in `forms.attention`."""
+  def attend(q, k, v):
+    y = attention.causal_attention(
+        q, k, v, form=forms.attention, block=forms.attn_block, dropout=config.dropout,
+        key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype)
+    return y, None
+  return attend
+
+
+def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
+                   attend: Attend) -> Tuple[chex.Array, Any]:
+  """Multi-head self-attention of `x` `[batch, time, embd]` through `attend`.
 
   Args:
     params: `{"qkv", "proj"}` dense params.
     x: `[batch, time, embd]`.
-    config: model config (`attention` picks the form; all are exact).
-    key: dropout key for the attention weights (unused if deterministic).
-    deterministic: disables dropout.
+    config: model config.
+    forms: execution forms (the dense layers' matmul).
+    attend: the attention proper (`causal_attend`, or decoding's through a
+      KV cache).
 
   Returns:
-    `[batch, time, embd]`.
+    `([batch, time, embd], what attend carries out)`.
   """
-  q, k, v = qkv_heads(params, x, config)
-  y = attention.causal_attention(
-      q, k, v, form=config.attention_form(), block=config.attn_block,
-      dropout=config.dropout, key=key, deterministic=deterministic,
-      compute_dtype=config.matmul_dtype)
-  return merge_heads(params, y, config)
+  q, k, v = qkv_heads(params, x, config, forms)
+  y, carry = attend(q, k, v)
+  return merge_heads(params, y, config, forms), carry
 
 
-def mlp(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
+def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) -> chex.Array:
   """Position-wise `proj(gelu(fc(x)))`: `[..., embd] -> [..., embd]`."""
-  hidden = nn.gelu(nn.dense(params["fc"], x, compute_dtype=config.matmul_dtype))
-  return nn.dense(params["proj"], hidden, compute_dtype=config.matmul_dtype)
+  dense = functools.partial(nn.dense, compute_dtype=config.matmul_dtype, forms=forms)
+  return dense(params["proj"], nn.gelu(dense(params["fc"], x)))
 
 
 def block(
@@ -246,16 +241,34 @@ def block(
     x: chex.Array,
     config: GPTConfig,
     *,
-    key: Optional[chex.PRNGKey],
-    deterministic: bool,
-) -> chex.Array:
-  """One pre-LayerNorm transformer block: `[batch, time, embd]` -> same."""
+    forms: kernels.Forms,
+    key: Optional[chex.PRNGKey] = None,
+    deterministic: bool = True,
+    attend: Optional[Attend] = None,
+) -> Tuple[chex.Array, Any]:
+  """One pre-LayerNorm transformer block: `[batch, time, embd]` -> same.
+
+  Args:
+    params: one layer's params (`init_block`).
+    x: `[batch, time, embd]`.
+    config: model config.
+    forms: execution forms.
+    key: dropout key (unused when deterministic).
+    deterministic: disables dropout.
+    attend: the attention (default: `causal_attend`, causal over `x`'s own
+      positions); decoding passes one that reads and writes a KV cache.
+
+  Returns:
+    `(block output [batch, time, embd], what attend carries out)`.
+  """
   keys = (None, None, None) if deterministic else jax.random.split(key, 3)
-  attn_out = causal_self_attention(params["attn"], nn.layer_norm(params["ln_1"], x), config,
-                                   key=keys[0], deterministic=deterministic)
+  if attend is None:
+    attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic)
+  attn_out, carry = self_attention(params["attn"], nn.layer_norm(params["ln_1"], x), config,
+                                   forms, attend)
   x = x + nn.dropout(keys[1], attn_out, config.dropout, deterministic=deterministic)
-  mlp_out = mlp(params["mlp"], nn.layer_norm(params["ln_2"], x), config)
-  return x + nn.dropout(keys[2], mlp_out, config.dropout, deterministic=deterministic)
+  mlp_out = mlp(params["mlp"], nn.layer_norm(params["ln_2"], x), config, forms)
+  return x + nn.dropout(keys[2], mlp_out, config.dropout, deterministic=deterministic), carry
 
 
 def _path_shapes(tree, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
@@ -275,23 +288,11 @@ def check_params(params: Params, config: GPTConfig) -> None:
   """Raises ValueError unless `params` have the shapes `config` describes.
 
   Params of another config would otherwise run silently (a scan simply runs
-  over however many layers are stacked) or fail deep inside XLA. Accepts
-  stacked blocks and the per-layer tuple of `decode.unstack_layers`. Only shapes
+  over however many layers are stacked) or fail deep inside XLA. Only shapes
   are checked, so it costs nothing inside a jit.
   """
   expected = _expected_param_shapes(config)
-  blocks = params.get("blocks") if isinstance(params, dict) else None
-  if isinstance(blocks, tuple):  # per-layer params: compare as if stacked
-    if len(blocks) != config.n_layer:
-      raise ValueError(f"params have {len(blocks)} layers but config.n_layer="
-                       f"{config.n_layer}; pass the GPTConfig the params were made with.")
-    layers = [_path_shapes(layer, "['blocks']") for layer in blocks]
-    actual = _path_shapes({k: v for k, v in params.items() if k != "blocks"})
-    actual.update({path: (len(blocks),) + shape for path, shape in layers[0].items()})
-    if any(layer != layers[0] for layer in layers):
-      raise ValueError("per-layer params differ in shape between layers.")
-  else:
-    actual = _path_shapes(params)
+  actual = _path_shapes(params)
   if actual.keys() != expected.keys():
     missing = sorted(expected.keys() - actual.keys())
     extra = sorted(actual.keys() - expected.keys())
@@ -318,17 +319,40 @@ def check_tokens(tokens: chex.Array, config: GPTConfig) -> None:
                      f"{config.block_size} tokens.")
 
 
-def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *,
+def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.Array:
+  """Token plus position embeddings of `tokens` `[batch, time]` at positions `start, ...`.
+
+  Returns:
+    `[batch, time, embd]`; `start` may be traced (decoding).
+  """
+  t = tokens.shape[1]
+  if isinstance(start, int):
+    positions = params["wpe"]["embedding"][start:start + t]
+  else:
+    positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], start, t)
+  return nn.embed(params["wte"], tokens) + positions
+
+
+def logits_of(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms
+              ) -> chex.Array:
+  """The tied output head over final hidden states `[..., embd]`: float32 `[..., vocab]`."""
+  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype,
+                               forms=forms)
+  return logits.astype(jnp.float32)
+
+
+def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kernels.Forms,
                key: Optional[chex.PRNGKey], deterministic: bool) -> chex.Array:
   """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop."""
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
 
   def layer(layer_params, h, layer_key):
-    return block(layer_params, h, config, key=layer_key, deterministic=deterministic)
+    return block(layer_params, h, config, forms=forms, key=layer_key,
+                 deterministic=deterministic)[0]
 
-  if config.remat_policy() != "none":
-    layer = jax.checkpoint(layer, policy=kernels.REMAT_POLICIES[config.remat_policy()])
-  if config.scan_layers:
+  if forms.remat != "none":
+    layer = jax.checkpoint(layer, policy=kernels.REMAT_POLICIES[forms.remat])
+  if forms.scan_layers:
     x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1]), None), x,
                         (params["blocks"], layer_keys))
     return x
@@ -338,18 +362,17 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *,
   return x
 
 
-def _hidden_states(params, tokens, config, key, deterministic) -> chex.Array:
+def _hidden_states(params, tokens, config, forms, key, deterministic) -> chex.Array:
   """The final LayerNorm's output `[batch, time, embd]`: what the head reads."""
   check_tokens(tokens, config)
   check_params(params, config)
-  t = tokens.shape[1]
   deterministic = deterministic or config.dropout == 0.0
   if not deterministic and key is None:
     raise ValueError("forward: pass key=... for dropout, or deterministic=True.")
   keys = (None, None) if deterministic else jax.random.split(key)
-  x = nn.embed(params["wte"], tokens) + params["wpe"]["embedding"][:t]  # [b, t, c]
+  x = embed(params, tokens)  # [b, t, c]
   x = nn.dropout(keys[0], x, config.dropout, deterministic=deterministic)
-  x = run_blocks(params, x, config, key=keys[1], deterministic=deterministic)
+  x = run_blocks(params, x, config, forms=forms, key=keys[1], deterministic=deterministic)
   return nn.layer_norm(params["ln_f"], x)
 
 
@@ -360,6 +383,7 @@ def forward(
     *,
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
+    forms: Optional[kernels.Forms] = None,
 ) -> chex.Array:
   """Next-token logits for every position.
 
@@ -369,15 +393,17 @@ def forward(
     config: model config.
     key: dropout key; required when `deterministic=False` and dropout > 0.
     deterministic: True for evaluation (no dropout; `key` is ignored).
+    forms: execution forms (default: `forms_for(params)`).
 
   Returns:
     `[batch, time, vocab_size]` float32 logits; position t depends only on
     tokens at positions <= t.
   """
-  x = _hidden_states(params, tokens, config, key, deterministic)
-  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype)
+  forms = forms_for(params, forms)
+  x = _hidden_states(params, tokens, config, forms, key, deterministic)
+  logits = logits_of(params, x, config, forms)
   chex.assert_shape(logits, (*tokens.shape, config.vocab_size))
-  return logits.astype(jnp.float32)
+  return logits
 
 
 def loss(
@@ -388,16 +414,18 @@ def loss(
     *,
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
+    forms: Optional[kernels.Forms] = None,
 ) -> chex.Array:
   """Mean next-token cross-entropy: tokens and targets `[batch, time]`.
 
   Equals `cross_entropy(forward(...), targets)`; for a large vocabulary the
-  head and loss run in chunks of rows (`kernels.tied_head_cross_entropy`),
-  so the whole float32 logits never exist at once.
+  head and loss may run in chunks of rows (`forms.loss_chunk_rows`,
+  `kernels.tied_head_cross_entropy`), so the whole float32 logits never
+  exist at once. `forms` as in `forward`.
   """
   chex.assert_equal_shape((tokens, targets))
-  x = _hidden_states(params, tokens, config, key, deterministic)
-  forms = config.forms()
+  forms = forms_for(params, forms)
+  x = _hidden_states(params, tokens, config, forms, key, deterministic)
   return kernels.tied_head_cross_entropy(
       x, params["wte"]["embedding"], targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms)

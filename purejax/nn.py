@@ -52,7 +52,8 @@ def init_dense(
   return params
 
 
-def dense(params: Params, x: chex.Array, *, compute_dtype=None) -> chex.Array:
+def dense(params: Params, x: chex.Array, *, compute_dtype=None,
+          forms: Optional[kernels.Forms] = None) -> chex.Array:
   """Applies `x @ w + b` over the last axis of `x`.
 
   Args:
@@ -61,11 +62,12 @@ def dense(params: Params, x: chex.Array, *, compute_dtype=None) -> chex.Array:
     compute_dtype: if given, the matmul's operands are cast to this dtype
       (e.g. bfloat16) and the result is float32 (see `kernels.matmul`); params stay
       in their own dtype (mixed precision).
+    forms: the backend forms of the matmul (default: see `kernels.matmul`).
 
   Returns:
     `[..., out_dim]`: float32 if `compute_dtype` is given, else x's dtype.
   """
-  y = kernels.matmul(x, params["w"], compute_dtype=compute_dtype)
+  y = kernels.matmul(x, params["w"], compute_dtype=compute_dtype, forms=forms)
   if "b" in params:
     y = y + params["b"].astype(y.dtype)
   return y
@@ -151,13 +153,14 @@ def embed(params: Params, ids: chex.Array) -> chex.Array:
   return jnp.take(params["embedding"], ids, axis=0)
 
 
-def embedding_logits(params: Params, x: chex.Array, *, compute_dtype=None) -> chex.Array:
+def embedding_logits(params: Params, x: chex.Array, *, compute_dtype=None,
+                     forms: Optional[kernels.Forms] = None) -> chex.Array:
   """Projects `[..., dim]` onto the embedding table: `[..., num_embeddings]`.
 
   This is the output head of a model with tied input/output embeddings.
-  `compute_dtype` as in `kernels.matmul`.
+  `compute_dtype` and `forms` as in `kernels.matmul`.
   """
-  return kernels.matmul(x, params["embedding"].T, compute_dtype=compute_dtype)
+  return kernels.matmul(x, params["embedding"].T, compute_dtype=compute_dtype, forms=forms)
 
 
 # ----------------------------------------------------------------------------

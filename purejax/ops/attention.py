@@ -6,21 +6,30 @@
 All forms compute the same function, `softmax(q k^T / sqrt(d) + causal mask) v`
 per head, and take plain arguments: nothing here knows a model config.
 
-* "plain": the masked softmax written as the math. The reference the others
-  are tested against.
+* "plain": the masked softmax written as the math, in float32. The reference
+  the others are tested against.
 * "blocked": queries in blocks of `block`; block i multiplies only the keys
   up to its own end, so most of the masked upper triangle is never computed
   (10/16 of the scores for 256 positions in blocks of 64). Each block's
   softmax spans all its keys, so it is exact. With a finite mask and a
   written-out softmax, it is the fastest form on XLA's CPU backend.
-* "fused": `jax.nn.dot_product_attention`, which is cuDNN's flash attention
-  on a GPU in bfloat16/float16 (XLA's own form elsewhere). It has no
-  attention dropout, so with dropout on, `causal_attention` runs "plain"
-  instead (and says so in its docstring, not at run time).
+* "xla": the plain form with its two products in `compute_dtype` (float32
+  accumulation, `kernels.batched_matmul`, also in the backward pass) and the
+  softmax and dropout in float32. It holds the whole `[batch, head, time,
+  time]` scores; it is the GPU's form where cuDNN's is not, e.g. with
+  attention dropout.
+* "cudnn": cuDNN's flash attention, asked for explicitly
+  (`jax.nn.dot_product_attention(..., implementation="cudnn")`): the scores
+  never exist in memory. It takes bfloat16/float16 operands, head sizes
+  that are multiples of 8 up to 128, and no dropout; anything else runs the
+  "xla" form, and says so once in the log (`cudnn_unsupported` gives the
+  reason). It lowers only for CUDA.
 """
 
+import functools
+import logging
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import chex
 import jax
@@ -64,6 +73,43 @@ def _finite_mask_attention(q, k, v, query_start, *, key, dropout, deterministic)
   return jnp.einsum("bhts,bhsd->bhtd", unnormalised, v) / total
 
 
+def cudnn_unsupported(shape: Tuple[int, ...], dtype, dropping: bool) -> Optional[str]:
+  """Why cuDNN's flash attention cannot run `[batch, time, heads, head_dim]` operands, or None.
+
+  The limits are those JAX checks before calling cuDNN
+  (`jax/_src/cudnn/fused_attention_stablehlo.py`), taken on every GPU
+  generation: head_dim a multiple of 8 and at most 128 (Hopper takes 256),
+  bfloat16 or float16 operands. `jax.nn.dot_product_attention` exposes no
+  dropout.
+  """
+  head_dim = shape[-1]
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"it needs bfloat16 or float16 operands, not {jnp.dtype(dtype).name}"
+  if head_dim % 8 or head_dim > 128:
+    return f"it needs a head size that is a multiple of 8 up to 128, not {head_dim}"
+  if dropping:
+    return "jax.nn.dot_product_attention has no attention dropout"
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+  logging.getLogger(__name__).warning(message)
+
+
+def _xla_attention(q, k, v, *, compute_dtype, key, dropout, deterministic):
+  """`[b, h, t, d]` causal attention with products in `compute_dtype`, softmax in float32."""
+  t = q.shape[2]
+  # Plain transposes in the backward pass: this is a GPU form.
+  matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype,
+                             forms=kernels.Forms())
+  scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, h, t, t] float32
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  weights = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1)
+  weights = nn.dropout(key, weights, dropout, deterministic=deterministic)
+  return matmul(weights, v)
+
+
 def causal_attention(
     q: chex.Array,
     k: chex.Array,
@@ -80,15 +126,15 @@ def causal_attention(
 
   Args:
     q, k, v: `[batch, time, heads, head_dim]` (unscaled queries).
-    form: "plain", "blocked" or "fused" (see the module docstring); "fused"
-      runs "plain" when dropout is on, since the fused kernels have none.
+    form: one of `kernels.ATTENTION_FORMS` (see the module docstring);
+      "cudnn" runs "xla" where cuDNN does not apply (`cudnn_unsupported`).
     block: queries per block of the "blocked" form.
     dropout: drop rate of the attention weights.
     key: dropout key (unused when deterministic).
     deterministic: disables dropout.
-    compute_dtype: operand dtype of the "fused" form (cuDNN needs bfloat16 or
-      float16); the other forms multiply in float32, since attention is a
-      small share of the FLOPs at the contexts they serve.
+    compute_dtype: operand dtype of the "xla" and "cudnn" forms' products
+      (None: q's dtype); "plain" and "blocked" multiply in float32, since
+      attention is a small share of the FLOPs at the contexts they serve.
 
   Returns:
     `[batch, time, heads, head_dim]`, in q's dtype.
@@ -98,15 +144,23 @@ def causal_attention(
   if form not in kernels.ATTENTION_FORMS:
     raise ValueError(f"attention form {form!r} is not one of {kernels.ATTENTION_FORMS}.")
   dropping = not deterministic and dropout > 0.0
-  if form == "fused" and not dropping:
-    dtype = q.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
-    y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                                     is_causal=True)
-    return y.astype(q.dtype)
+  dtype = q.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
+  if form == "cudnn":
+    reason = cudnn_unsupported(q.shape, dtype, dropping)
+    if reason is None:
+      y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
+                                       is_causal=True, implementation="cudnn")
+      return y.astype(q.dtype)
+    _say_once(f"attention: cuDNN's fused attention does not apply ({reason}); running "
+              f"the 'xla' form, which holds the [batch, head, time, time] scores.")
+    form = "xla"
   scale = 1.0 / math.sqrt(q.shape[-1])
   q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   drop = dict(dropout=dropout, deterministic=deterministic)
-  if form != "blocked":
+  if form == "xla":
+    y = _xla_attention(q, k, v, compute_dtype=compute_dtype, key=key, **drop)
+    return _bhtd(y).astype(q.dtype)
+  if form == "plain":
     return _bhtd(_masked_softmax_attention(q, k, v, 0, key=key, **drop))
   t = q.shape[2]
   blocks = []
@@ -119,7 +173,8 @@ def causal_attention(
 
 
 def attend_to_cache(
-    q: chex.Array, k: chex.Array, v: chex.Array, query_start: chex.Numeric
+    q: chex.Array, k: chex.Array, v: chex.Array, query_start: chex.Numeric,
+    *, compute_dtype=None,
 ) -> chex.Array:
   """Queries at positions `query_start, ...` over a cache of keys and values.
 
@@ -129,10 +184,19 @@ def attend_to_cache(
     k, v: `[batch, heads, cache_len, head_dim]`, key `s` at position `s`;
       slots past the queries' positions are masked out, whatever they hold.
     query_start: position of `q[:, :, 0]` (may be traced).
+    compute_dtype: operand dtype of the two products (float32 accumulation,
+      softmax in float32); None multiplies in float32.
 
   Returns:
-    `[batch, heads, time, head_dim]`.
+    `[batch, heads, time, head_dim]` float32.
   """
+  if compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
+    t, s = q.shape[2], k.shape[2]
+    matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype,
+                               forms=kernels.Forms())
+    scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, h, t, s]
+    causal = jnp.arange(s)[None, :] <= (query_start + jnp.arange(t))[:, None]
+    return matmul(jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1), v)
   if q.shape[2] == 1:
     # One query (a decoding step): here the plain softmax compiles to the
     # faster program (sampling ran ~8% slower with the finite-mask form).

@@ -1,12 +1,13 @@
 """The few operations whose best form depends on the backend, and the one place that chooses.
 
-    forms = select()                              # this backend's forms
-    y = matmul(x, w, compute_dtype=jnp.bfloat16)  # bf16 products, float32 out
+    forms = select("cpu", remat="full")           # the CPU's forms, one overridden
+    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)  # bf16 products, float32 out
     loss = tied_head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
 
 Model files call these and read as the math; which form runs is decided by
-`select(platform, compute_dtype)` alone, from measurements cited next to
-each choice. Every form has a plain reference form that the tests compare
+`select(platform, **overrides)` alone, from measurements cited next to
+each choice, and travels as one `Forms` value (the execution options: how a
+model runs, never what it computes). Every form has a plain reference form that the tests compare
 it with on CPU (values and gradients), so a fast form can never quietly
 compute something else. The attention forms live in `purejax/ops/attention.py`;
 `select` picks among them too.
@@ -14,45 +15,77 @@ compute something else. The attention forms live in `purejax/ops/attention.py`;
 
 import dataclasses
 import functools
-from typing import Optional
+import inspect
+from typing import Any, Callable, Optional, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
 
-ATTENTION_FORMS = ("plain", "blocked", "fused")
+ATTENTION_FORMS = ("plain", "blocked", "xla", "cudnn")
+MATMUL_BACKWARD_FORMS = ("plain", "row_major")
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+# Platform names as devices and `jax.default_backend()` spell them -> select's.
+_PLATFORMS = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Forms:
-  """Which form of each backend-dependent operation runs.
+  """How a model runs: every execution option that changes speed, not the math.
+
+  Hashable, so it is a static argument of the jitted entry points. A model's
+  config holds its math only; two runs with the same config and different
+  forms compute the same function (exactly, or to float rounding where a
+  form reorders sums), so a run may resume with other forms. `Forms()` is
+  the plain reference form of everything; `select` gives a platform's.
 
   Attributes:
     attention: causal attention in training and evaluation (`ATTENTION_FORMS`,
       see `purejax/ops/attention.py`).
+    attn_block: queries per block of the "blocked" attention form.
     matmul_backward: "row_major" writes the transposed operands of the
       low-precision gradient products out row-major and fences them with an
       optimisation barrier; "plain" uses ordinary transposes.
-    noise_ahead: sampling draws each scan's Gumbel noise in one batch before
-      the scan, instead of once per token inside it.
-    remat_scanned, remat_unrolled: remat policy (`REMAT_POLICIES`) of a block
-      when the layers run as a `lax.scan` or as an unrolled loop.
+    remat: what each block keeps for the backward pass (`REMAT_POLICIES`):
+      "none" stores every activation; "full" stores only the block's input
+      and recomputes the rest; "dots" stores the matmul outputs and
+      recomputes the cheap elementwise ops.
+    scan_layers: run the blocks as one `lax.scan` (compile time flat in
+      depth); False unrolls them, which compiles `n_layer` copies.
     loss_chunk_rows: the output head and cross-entropy run this many rows at
       a time when the logits would exceed `loss_chunk_min_logits` elements
       (None: never chunk).
+    loss_chunk_min_logits: see `loss_chunk_rows`.
+    noise_ahead: sampling draws each scan's Gumbel noise in one batch before
+      the scan, instead of once per token inside it.
   """
-  attention: str
-  matmul_backward: str
-  noise_ahead: bool
-  remat_scanned: str
-  remat_unrolled: str
+  attention: str = "plain"
+  attn_block: int = 64
+  matmul_backward: str = "plain"
+  remat: str = "none"
+  scan_layers: bool = True
   loss_chunk_rows: Optional[int] = None
   loss_chunk_min_logits: int = 1 << 26
+  noise_ahead: bool = False
+
+  def __post_init__(self):
+    for name, allowed in (("attention", ATTENTION_FORMS),
+                          ("matmul_backward", MATMUL_BACKWARD_FORMS),
+                          ("remat", tuple(REMAT_POLICIES))):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"Forms.{name}={getattr(self, name)!r} is not one of {allowed}.")
+    for name in ("attn_block", "loss_chunk_min_logits"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"Forms.{name} must be a positive integer, got "
+                         f"{getattr(self, name)!r}.")
+    if self.loss_chunk_rows is not None and (
+        not isinstance(self.loss_chunk_rows, int) or self.loss_chunk_rows < 1):
+      raise ValueError(f"Forms.loss_chunk_rows must be None or a positive integer, got "
+                       f"{self.loss_chunk_rows!r}.")
 
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
     """Rows per chunk of the head and loss for `rows` x `vocab` logits, or None."""
@@ -61,8 +94,15 @@ class Forms:
     return None
 
 
-def select(platform: Optional[str] = None, compute_dtype=None) -> Forms:
-  """The forms for `platform` ("cpu", "gpu", "tpu"; None: JAX's default backend).
+def select(platform: Optional[str] = None, **overrides) -> Forms:
+  """The forms for `platform`, with `overrides` for any of them.
+
+  Args:
+    platform: "cpu", "gpu" (or "cuda", "rocm") or "tpu"; None: JAX's default
+      backend. Entry points pass the platform their arrays live on
+      (`platform_of`).
+    **overrides: `Forms` fields to set; a value of None or "auto" keeps the
+      platform's choice (so command-line defaults can say "auto").
 
   CPU (XLA's CPU backend, measured on nanoGPT's CPU recipe; docs/performance.md):
   * attention in query blocks with a written-out softmax: blocks skip most of
@@ -76,9 +116,12 @@ def select(platform: Optional[str] = None, compute_dtype=None) -> Forms:
   * remat "dots": storing every activation in the scan's stacked buffers took
     55 ms/iter against 26 ms/iter for recomputing the elementwise work.
 
-  GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100):
-  * fused attention (`jax.nn.dot_product_attention`, cuDNN flash attention in
-    bf16): the whole step went from 92 to 45.6 ms/iter.
+  GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100; docs/performance.md):
+  * attention "cudnn": cuDNN's flash attention, asked for explicitly
+    (`jax.nn.dot_product_attention(..., implementation="cudnn")`); shapes,
+    dtypes or dropout it does not take run the "xla" form instead, with a
+    warning. With cuDNN the whole step took 45.6 ms/iter, against 92 with the
+    CPU forms and 96 with XLA's own attention.
   * plain transposes, no barrier: the CPU-only copies cost 43.5 vs 39.2 ms
     forward+backward with remat "full".
   * remat "full" when scanned (39.2 ms against 43.5 with "dots"), "none"
@@ -87,14 +130,75 @@ def select(platform: Optional[str] = None, compute_dtype=None) -> Forms:
     float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
   * noise drawn per token: no rolled-loop penalty there, and drawing ahead
     would hold `[tokens, batch, vocab]` noise in memory.
+  The TPU takes the GPU's forms except attention, "xla" (cuDNN is NVIDIA's).
   """
-  del compute_dtype  # no choice depends on it yet; kept so callers state it
-  platform = platform or jax.default_backend()
+  name = platform or jax.default_backend()
+  if name not in _PLATFORMS:
+    raise ValueError(f"platform={name!r} is not one of {sorted(_PLATFORMS)}.")
+  platform = _PLATFORMS[name]
+  fields = {f.name for f in dataclasses.fields(Forms)}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise ValueError(f"select: {unknown} are not Forms fields; choose among {sorted(fields)}.")
+  given = {k: v for k, v in overrides.items() if v is not None and v != "auto"}
   if platform == "cpu":
-    return Forms(attention="blocked", matmul_backward="row_major", noise_ahead=True,
-                 remat_scanned="dots", remat_unrolled="dots")
-  return Forms(attention="fused", matmul_backward="plain", noise_ahead=False,
-               remat_scanned="full", remat_unrolled="none", loss_chunk_rows=2048)
+    base = dict(attention="blocked", matmul_backward="row_major", noise_ahead=True,
+                remat_scanned="dots", remat_unrolled="dots")
+  else:
+    base = dict(attention="cudnn" if platform == "gpu" else "xla", matmul_backward="plain",
+                noise_ahead=False, remat_scanned="full", remat_unrolled="none",
+                loss_chunk_rows=2048)
+  scanned, unrolled = base.pop("remat_scanned"), base.pop("remat_unrolled")
+  base["remat"] = scanned if given.get("scan_layers", True) else unrolled
+  if given.get("attention") == "cudnn" and platform != "gpu":
+    raise ValueError(f"attention='cudnn' runs on NVIDIA GPUs only, not on {platform!r}; "
+                     f"choose among {ATTENTION_FORMS[:3]} there.")
+  return Forms(**{**base, **given})
+
+
+def platform_of(*trees: Any) -> str:
+  """The platform ("cpu", "gpu", "tpu") where the arrays or meshes of `trees` live.
+
+  Reads the first leaf that knows its devices: a `jax.Array` outside a trace,
+  a `jax.sharding.Mesh`, or anything with a `.mesh` (a sharding plan). Inside
+  a trace, arrays know no devices; with nothing else to go by this is JAX's
+  default backend.
+  """
+  for leaf in jax.tree.leaves(trees, is_leaf=lambda x: hasattr(x, "mesh")):
+    mesh = getattr(leaf, "mesh", leaf)
+    if isinstance(mesh, jax.sharding.Mesh):
+      return _PLATFORMS[mesh.devices.flat[0].platform]
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+      return _PLATFORMS[next(iter(leaf.devices())).platform]
+  return _PLATFORMS[jax.default_backend()]
+
+
+def jit_with_forms(fun: Callable, *, platform_args: Sequence[str],
+                   static_argnames: Sequence[str], **jit_kwargs) -> Callable:
+  """`jax.jit(fun)` whose `forms=None` becomes the forms of its arrays' platform.
+
+  `fun` takes a keyword `forms` (static). Called with none, the wrapper picks
+  `select(platform_of(...))` from the arguments named in `platform_args`
+  before tracing, so the program is built for where its inputs live, not for
+  whichever backend is JAX's default. `.lower` and `.trace` do the same.
+  """
+  jitted = jax.jit(fun, static_argnames=tuple(static_argnames) + ("forms",), **jit_kwargs)
+  signature = inspect.signature(fun)
+
+  def with_forms(args, kwargs):
+    if kwargs.get("forms") is None:
+      bound = signature.bind_partial(*args, **kwargs).arguments
+      kwargs = {**kwargs, "forms": select(platform_of(*(bound.get(name)
+                                                         for name in platform_args)))}
+    return kwargs
+
+  @functools.wraps(fun)
+  def call(*args, **kwargs):
+    return jitted(*args, **with_forms(args, kwargs))
+
+  call.lower = lambda *args, **kwargs: jitted.lower(*args, **with_forms(args, kwargs))
+  call.trace = lambda *args, **kwargs: jitted.trace(*args, **with_forms(args, kwargs))
+  return call
 
 
 # ----------------------------------------------------------------------------
@@ -119,15 +223,21 @@ def row_major_transpose(a: chex.Array) -> chex.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _low_precision_matmul(x, w, dtype, row_major):
-  """float32 `[n, k] @ [k, m]` computed from `dtype` operands, float32 output."""
+  """float32 `[..., n, k] @ [..., k, m]` computed from `dtype` operands, float32 output."""
   del row_major
-  return jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+  return _dot(x.astype(dtype), w.astype(dtype))
+
+
+def _dot(a, b):
+  """`a @ b` with float32 accumulation and output; `jnp.dot` for 2-D operands."""
+  product = jnp.dot if a.ndim == 2 else jnp.matmul
+  return product(a, b, preferred_element_type=jnp.float32)
 
 
 def _low_precision_matmul_fwd(x, w, dtype, row_major):
   del row_major
   xc, wc = x.astype(dtype), w.astype(dtype)
-  return jnp.dot(xc, wc, preferred_element_type=jnp.float32), (xc, wc)
+  return _dot(xc, wc), (xc, wc)
 
 
 def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
@@ -137,8 +247,8 @@ def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
   xc, wc = residuals
   gc = g.astype(dtype)
   transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
-  dx = jnp.dot(gc, transpose(wc), preferred_element_type=jnp.float32)
-  dw = jnp.dot(transpose(xc), gc, preferred_element_type=jnp.float32)
+  dx = _dot(gc, transpose(wc))
+  dw = _dot(transpose(xc), gc)
   if row_major:
     # Stops XLA CPU from folding a later transpose of a gradient (e.g. of the
     # tied head's `embedding.T`) into these dots: that would recreate a
@@ -164,7 +274,8 @@ def matmul(x: chex.Array, w: chex.Array, *, compute_dtype=None,
     x: `[..., in_dim]` float.
     w: `[in_dim, out_dim]` float.
     compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
-    forms: which backward form to use (default: `select()`).
+    forms: which backward form to use (default: the forms of the platform
+      `x` and `w` live on).
 
   Returns:
     `[..., out_dim]`: float32 when `compute_dtype` is given, else x's dtype.
@@ -178,10 +289,25 @@ def matmul(x: chex.Array, w: chex.Array, *, compute_dtype=None,
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     y = x2 @ w
   else:
-    row_major = (forms or select()).matmul_backward == "row_major"
+    row_major = (forms or select(platform_of(x, w))).matmul_backward == "row_major"
     y = _low_precision_matmul(x2.astype(jnp.float32), w.astype(jnp.float32),
                               jnp.dtype(compute_dtype), row_major)
   return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
+                   forms: Optional[Forms] = None) -> chex.Array:
+  """`a @ b` over matching leading axes: `[..., m, k] @ [..., k, n] -> [..., m, n]`.
+
+  As `matmul`, with mixed precision in the product and both gradient
+  products when `compute_dtype` is given (float32 output).
+  """
+  chex.assert_rank(b, a.ndim)
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
+    return a @ b
+  row_major = (forms or select(platform_of(a, b))).matmul_backward == "row_major"
+  return _low_precision_matmul(a.astype(jnp.float32), b.astype(jnp.float32),
+                               jnp.dtype(compute_dtype), row_major)
 
 
 # ----------------------------------------------------------------------------
@@ -231,7 +357,7 @@ def tied_head_cross_entropy(
     compute_dtype: as in `matmul`.
     chunk_rows: rows per chunk, or None for the plain form. Chunks run only
       when they divide the rows and there are at least two.
-    forms: forms for the matmul (default: `select()`).
+    forms: forms for the matmul (default: see `matmul`).
 
   Returns:
     Scalar mean loss.

@@ -11,7 +11,6 @@ Both run as one `lax.scan` inside a `jit`, with their batches drawn on the
 device (`batches.sample_batch`), so there is no host round-trip per step.
 """
 
-import functools
 from typing import Any, NamedTuple, Optional, Tuple
 
 import chex
@@ -21,6 +20,7 @@ import optax
 
 from purejax.data import batches
 from purejax import gpt
+from purejax.ops import kernels
 from purejax.training import parallel
 from purejax import rng
 
@@ -39,12 +39,12 @@ class StepMetrics(NamedTuple):
 
 
 def _update(params, opt_state, batch, dropout_key, *, config, optimizer, grad_accum_steps,
-            plan):
+            plan, forms):
   """One optimisation step on `batch` = (inputs, targets) `[batch, block]`."""
   def microbatch_loss(params, xy, index):
     x, y = xy
     return gpt.loss(params, x, y, config, key=jax.random.fold_in(dropout_key, index),
-                    deterministic=False)
+                    deterministic=False, forms=forms)
 
   value, grads = parallel.accumulate_gradients(
       microbatch_loss, params, batch, grad_accum_steps, plan=plan)
@@ -53,11 +53,7 @@ def _update(params, opt_state, batch, dropout_key, *, config, optimizer, grad_ac
       value, optax.tree.norm(grads))
 
 
-@functools.partial(
-    jax.jit, static_argnames=("config", "optimizer", "batch_size", "num_steps",
-                              "grad_accum_steps", "plan"),
-    donate_argnums=(0, 1))
-def train_steps(
+def _train_steps(
     params: Params,
     opt_state: optax.OptState,
     tokens: chex.Array,
@@ -70,6 +66,7 @@ def train_steps(
     num_steps: int,
     grad_accum_steps: int = 1,
     plan: Optional[parallel.ShardingPlan] = None,
+    forms: Optional[kernels.Forms] = None,
 ) -> Tuple[Params, Any, StepMetrics]:
   """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
 
@@ -97,6 +94,8 @@ def train_steps(
     plan: how the step is spread over devices (`parallel.ShardingPlan`);
       None on one device. Wrap the call in a `jax.jit` with the plan's in/out
       shardings, as `purejax.train` does, to keep the state's layout.
+    forms: execution forms (`kernels.select`); None: those of the platform
+      the plan's mesh, or else `params`, lives on.
 
   Returns:
     `(params, opt_state, StepMetrics)` with `[num_steps]` entries.
@@ -114,7 +113,7 @@ def train_steps(
       batch = batches.sample_batch(batch_key, tokens, config.block_size, batch_size)
     params, opt_state, metrics = _update(
         *carry, batch, dropout_key, config=config, optimizer=optimizer,
-        grad_accum_steps=grad_accum_steps, plan=plan)
+        grad_accum_steps=grad_accum_steps, plan=plan, forms=forms)
     return (params, opt_state), metrics
 
   steps = step + jnp.arange(num_steps)
@@ -123,9 +122,14 @@ def train_steps(
   return params, opt_state, metrics
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("config", "batch_size", "num_batches", "plan"))
-def evaluate(
+train_steps = kernels.jit_with_forms(
+    _train_steps, platform_args=("plan", "params"),
+    static_argnames=("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps",
+                     "plan"),
+    donate_argnums=(0, 1))
+
+
+def _evaluate(
     params: Params,
     tokens: chex.Array,
     key: chex.PRNGKey,
@@ -134,6 +138,7 @@ def evaluate(
     batch_size: int,
     num_batches: int,
     plan: Optional[parallel.ShardingPlan] = None,
+    forms: Optional[kernels.Forms] = None,
 ) -> chex.Array:
   """Mean loss over `num_batches` batches of `tokens` (no dropout).
 
@@ -141,7 +146,8 @@ def evaluate(
   drawn with `key` (pass the same `key` at every evaluation so the batches
   are fixed and the numbers compare across steps), or `[num_batches,
   batch_size, block_size + 1]` windows read by the host. `plan` splits each
-  batch across devices, as in `train_steps`.
+  batch across devices, and `forms` chooses how the model runs, as in
+  `train_steps`.
   """
   from_host = tokens.ndim == 3
   if from_host:
@@ -155,8 +161,13 @@ def evaluate(
       x, y = batches.sample_batch(k, tokens, config.block_size, batch_size)
     if plan is not None:
       x, y = parallel.constrain((x, y), plan.batch)
-    return total + gpt.loss(params, x, y, config), None
+    return total + gpt.loss(params, x, y, config, forms=forms), None
 
   xs = (jax.random.split(key, num_batches), tokens if from_host else None)
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
   return total / num_batches
+
+
+evaluate = kernels.jit_with_forms(
+    _evaluate, platform_args=("plan", "params"),
+    static_argnames=("config", "batch_size", "num_batches", "plan"))

@@ -1,0 +1,124 @@
+"""Did a code change alter the compiled CPU programs? Dumps and compares optimised HLO.
+
+    python -m bench.hlo_ab --dump_to=/tmp/before      # on the old code
+    python -m bench.hlo_ab --dump_to=/tmp/after       # on the new code
+    python -m bench.hlo_ab --compare=/tmp/before,/tmp/after
+
+Dumps the optimised HLO (`jax.jit(f).lower(...).compile().as_text()`) of
+the train step of bench cases a and b (`bench/run.py`: nanoGPT's CPU recipe
+4L/128 T=64 batch 12, and 6L/384 T=256 batch 16) in float32 and bfloat16,
+and of `decode.generate` (case c: 1000 tokens from a one-token prompt), each
+normalised: instruction and computation names stripped, metadata dropped,
+lines sorted. Identical files mean identical programs up to naming.
+"""
+
+import dataclasses
+import collections
+import pathlib
+import re
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+from purejax import decode
+from purejax import gpt
+from purejax.training import optim
+from purejax.training import steps as steps_lib
+
+_DUMP_TO = flags.DEFINE_string("dump_to", None, "Folder to write the normalised HLO files into.")
+_COMPARE = flags.DEFINE_list("compare", None, "Two folders written by --dump_to: compare them.")
+
+_NAME = re.compile(r"%[\w.\-]+")
+_METADATA = re.compile(r",?\s*metadata=\{[^}]*\}")
+# The source-location tables (FileNames, FunctionNames, FileLocations,
+# StackFrames) name Python files and functions, not operations.
+_SOURCE_TABLE = re.compile(
+    r'^(FileNames|FunctionNames|FileLocations|StackFrames|(\d+|_) ".*"|'
+    r'(\d+|_) \{(file_name_id|file_location_id)=.*\})$')
+# bench/run.py's cases a and b: (config, batch, steps per call in a full run).
+_CASES = {
+    "a": (gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128), 12, 10),
+    "b": (gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384), 16, 2),
+}
+
+
+def normalise(hlo_text: str) -> str:
+  """Optimised HLO with names, metadata and source locations stripped, lines sorted.
+
+  Idempotent, so files it wrote can be normalised again by a newer version.
+  """
+  lines = []
+  for line in hlo_text.splitlines():
+    if _SOURCE_TABLE.match(line.strip()):
+      continue
+    if line.startswith("HloModule "):
+      line = re.sub(r"^HloModule [\w.\-]+", "HloModule _", line)
+    line = _METADATA.sub("", line)
+    line = _NAME.sub("%_", line)
+    line = re.sub(r"^(\s*)(ENTRY )?[\w.\-]+ (\(|\{)", r"\1\2_ \3", line)
+    lines.append(line.rstrip())
+  return "\n".join(sorted(lines)) + "\n"
+
+
+def train_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
+  """The train step of `bench/run.py`'s purejax arm, one device."""
+  key = jax.random.PRNGKey(0)
+  data = jax.random.randint(key, (200_000,), 0, config.vocab_size)
+  params = gpt.init_params(config, key)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(
+      learning_rate=1e-3, warmup_iters=10, decay_iters=1000, min_lr=1e-4, beta2=0.99,
+      weight_decay=0.1, grad_clip=1.0))
+  static = dict(config=config, optimizer=optimizer, batch_size=batch_size,
+                num_steps=num_steps)
+  lowered = steps_lib.train_steps.lower(params, optimizer.init(params), data, key, 0, **static)
+  return lowered.compile().as_text()
+
+
+def generate_hlo(config: gpt.GPTConfig, new_tokens: int = 1000) -> str:
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  prompt = jnp.zeros((1,), jnp.int32)
+  lowered = decode.generate.lower(params, prompt, config, jax.random.PRNGKey(0), new_tokens,
+                                  top_k=200)
+  return lowered.compile().as_text()
+
+
+def programs():
+  """{name: optimised HLO text} of every compared program."""
+  out = {}
+  for case, (config, batch_size, num_steps) in _CASES.items():
+    for dtype, name in (("float32", "fp32"), ("bfloat16", "bf16")):
+      out[f"train_{case}_{name}"] = train_hlo(
+          dataclasses.replace(config, compute_dtype=dtype), batch_size, num_steps)
+  out["generate_c"] = generate_hlo(_CASES["a"][0])
+  return out
+
+
+def compare(before: pathlib.Path, after: pathlib.Path) -> None:
+  print("| program | lines before | lines after | lines differing |")
+  print("| --- | ---: | ---: | ---: |")
+  for path in sorted(before.glob("*.hlo")):
+    old = normalise(path.read_text()).splitlines()
+    new = normalise((after / path.name).read_text()).splitlines()
+    # Lines are sorted, so compare them as multisets: removed plus added.
+    changed = sum(((collections.Counter(old) - collections.Counter(new)) +
+                   (collections.Counter(new) - collections.Counter(old))).values())
+    print(f"| {path.stem} | {len(old)} | {len(new)} | {changed} |")
+
+
+def main(argv):
+  del argv
+  if _COMPARE.value:
+    before, after = map(pathlib.Path, _COMPARE.value)
+    compare(before, after)
+    return
+  out = pathlib.Path(_DUMP_TO.value or "hlo_ab")
+  out.mkdir(parents=True, exist_ok=True)
+  for name, text in programs().items():
+    (out / f"{name}.hlo").write_text(normalise(text))
+    print(f"wrote {out / name}.hlo")
+
+
+if __name__ == "__main__":
+  app.run(main)
