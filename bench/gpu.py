@@ -74,6 +74,8 @@ from purejax.data import datasets as data_lib
 from purejax import decode
 from purejax.training import flops
 from purejax import gpt
+from purejax.ops import attention
+from purejax.ops import kernels
 from purejax.training import loop
 from purejax.training import optim
 from purejax.training import parallel
@@ -391,8 +393,8 @@ def free_memory(torch_too: bool, drop_compiled: bool = False) -> None:
 
 
 def purejax_train_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.OptimizerConfig,
-                      steps: int, info: dict, data=None, feed: Optional["HostFeed"] = None
-                      ) -> Callable[[], float]:
+                      steps: int, info: dict, data=None, feed: Optional["HostFeed"] = None,
+                      forms: Optional[kernels.Forms] = None) -> Callable[[], float]:
   """`steps_lib.train_steps` of `steps` steps per call; returns fn() -> seconds per step.
 
   Batches are random windows of `data` (default: random token ids), drawn on
@@ -407,9 +409,10 @@ def purejax_train_arm(config: gpt.GPTConfig, batch: int, opt_config: optim.Optim
   params = gpt.init_params(config, key)
   optimizer = optim.make_optimizer(opt_config)
   state = {"params": params, "opt": optimizer.init(params), "step": 0}
+  forms = forms or kernels.select(kernels.platform_of(params))
   train_steps = functools.partial(steps_lib.train_steps, config=config, optimizer=optimizer,
-                                  batch_size=batch, num_steps=steps)
-  info["forms"] = {"attention": attention_run(config), "remat": config.remat_policy()}
+                                  batch_size=batch, num_steps=steps, forms=forms)
+  info["forms"] = {"attention": attention_run(config, forms), "remat": forms.remat}
 
   def run():
     start = time.perf_counter()
@@ -559,8 +562,8 @@ def job_h_train(job: Job) -> None:
       ref: with_memory(ref, lambda i: purejax_train_arm(
           config, batch, GPT2_OPTIMIZER, s.steps_per_call, i), False),
       unrolled: with_memory(unrolled, lambda i: purejax_train_arm(
-          dataclasses.replace(config, scan_layers=False), batch, GPT2_OPTIMIZER,
-          s.steps_per_call, i), False),
+          config, batch, GPT2_OPTIMIZER, s.steps_per_call, i,
+          forms=kernels.select(scan_layers=False)), False),
       twin: with_memory(twin, lambda i: torch_train_arm(
           job, config, batch, GPT2_OPTIMIZER, s.steps_per_call, i), True),
   })
@@ -786,7 +789,8 @@ def job_h_max_batch(job: Job, arm: str) -> None:
   """
   s = job.sizes
   torch_arm = arm == "torch"
-  config = dataclasses.replace(s.gpt2, scan_layers=arm != "purejax_unrolled")
+  config = s.gpt2
+  forms = kernels.select(scan_layers=arm != "purejax_unrolled")
   candidates = list(s.batch_candidates)
   job.result["config"] = {"model": dataclasses.asdict(config), "arm": arm,
                           "candidates": candidates}
@@ -800,7 +804,8 @@ def job_h_max_batch(job: Job, arm: str) -> None:
       if torch_arm:
         run = torch_train_arm(job, config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
       else:
-        run = purejax_train_arm(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
+        run = purejax_train_arm(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
+                                forms=forms)
       times = [run() for _ in range(s.probe_rounds)]
       row = {"median": float(np.median(times)), "min": min(times), "max": max(times),
              "unit": "s/iter", "n": len(times)}
@@ -1146,10 +1151,13 @@ def job_i_speed(job: Job) -> None:
   alternate(job, arms, s.speed_rounds, publish)
 
 
-def attention_run(config: gpt.GPTConfig) -> str:
-  """The attention form a training step of `config` runs on this backend."""
-  form = config.attention_form()
-  return "plain" if form == "fused" and config.dropout > 0 else form
+def attention_run(config: gpt.GPTConfig, forms: kernels.Forms) -> str:
+  """The attention form a training step of `config` runs under `forms`."""
+  if forms.attention == "cudnn" and attention.cudnn_unsupported(
+      (1, config.block_size, config.n_head, config.head_dim),
+      config.matmul_dtype or jnp.float32, config.dropout > 0):
+    return "xla"
+  return forms.attention
 
 
 # ----------------------------------------------------------------------------

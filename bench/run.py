@@ -31,6 +31,7 @@ import optax
 from purejax import decode
 from purejax import gpt
 from purejax import mlp
+from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import steps as steps_lib
@@ -312,9 +313,15 @@ def tutorial_style_arm(sizes, batch, optimizer):
 # Compile time vs depth: scan over layers vs an unrolled Python loop
 
 
+def scanned_loss(params, tokens, targets, config):
+  """gpt.loss with the layers in a scan and no remat."""
+  return gpt.loss(params, tokens, targets, config, forms=kernels.select(remat="none"))
+
+
 def unrolled_loss(params, tokens, targets, config):
-  """The same model as gpt.loss with the layers unrolled into a Python loop."""
-  return gpt.loss(params, tokens, targets, dataclasses.replace(config, scan_layers=False))
+  """The same model with the layers unrolled into a Python loop, no remat."""
+  return gpt.loss(params, tokens, targets, config,
+                  forms=kernels.select(scan_layers=False, remat="none"))
 
 
 def compile_seconds(config, loss_fn):
@@ -336,8 +343,8 @@ def compile_case(depths):
   compile_seconds(dataclasses.replace(SMALL, n_layer=1), gpt.loss)  # warm up the compiler
   rows = {}
   for n in depths:
-    config = dataclasses.replace(SMALL, n_layer=n, remat="none")
-    rows[f"n_layer={n}"] = {"scan_s": compile_seconds(config, gpt.loss),
+    config = dataclasses.replace(SMALL, n_layer=n)
+    rows[f"n_layer={n}"] = {"scan_s": compile_seconds(config, scanned_loss),
                             "unrolled_s": compile_seconds(config, unrolled_loss)}
   first, last = rows[f"n_layer={depths[0]}"], rows[f"n_layer={depths[-1]}"]
   growth = {"scan": last["scan_s"] / first["scan_s"],
@@ -457,7 +464,7 @@ def flops_case(train_result, config, config_name, n):
     peaks[name], by_shape[name] = matmul_peak(dtype, shapes)
   rows = {}
   for arm, dtype in (("purejax fp32", "float32"), ("purejax bf16", "bfloat16")):
-    flops = train_step_flops(dataclasses.replace(config, compute_dtype=dtype, remat="none"))
+    flops = train_step_flops(dataclasses.replace(config, compute_dtype=dtype))
     seconds = train_result["rows"][arm]["median"]
     achieved = flops / seconds / 1e9
     rows[arm] = {"gflop_per_step": flops / 1e9, "gflop_per_s": achieved,

@@ -11,7 +11,8 @@ Models are params pytrees (nested dicts of arrays) plus pure functions:
 
 The layers, bottom to top (each imports only from those below it):
 
-    ops/        backend-dependent forms: matmul, attention, the large-vocabulary loss
+    ops/        execution forms (`Forms`, chosen per platform by `select`): matmul,
+                attention, the large-vocabulary loss
     rng, nn     key helpers; layers as init_<layer> + a pure apply
     gpt, mlp    the models; decode: sampling with a KV cache; lora: low-rank
                 adapters over any model's params (below training and weights,
@@ -39,6 +40,8 @@ from purejax.data.tokenizers import CharTokenizer
 from purejax.decode import KVCache
 from purejax.decode import generate
 from purejax.gpt import GPTConfig
+from purejax.ops.kernels import Forms
+from purejax.ops.kernels import select as select_forms
 from purejax.training.loop import GPTTrainConfig
 from purejax.training.loop import MLPTrainConfig
 from purejax.training.loop import evaluate_gpt
@@ -57,8 +60,8 @@ from purejax.weights import from_pretrained
 __all__ = [
     # modules and layers
     "data", "decode", "gpt", "lora", "mlp", "nn", "ops", "rng", "training", "weights",
-    # models and sampling
-    "GPTConfig", "KVCache", "generate",
+    # models, how they run, and sampling
+    "Forms", "GPTConfig", "KVCache", "generate", "select_forms",
     # data
     "CharTokenizer", "Corpus", "load_corpus", "sample_batch",
     # training

@@ -84,7 +84,7 @@ class GPTConfig:
     if self.n_embd % self.n_head:
       raise ValueError(
           f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose "
-          f"n_head among the divisors of n_embd (e.g. --n_head="
+          f"n_head among the divisors of n_embd (e.g. n_head="
           f"{math.gcd(self.n_embd, self.n_head)}).")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")

@@ -12,6 +12,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from purejax import _forms_flags
 from purejax.training import checkpoint
 from purejax import weights
 from purejax import decode
@@ -36,6 +37,7 @@ _TOP_K = flags.DEFINE_integer("top_k", 200, "Keep the k most likely tokens (0: a
 _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1].",
                             lower_bound=0.0, upper_bound=1.0)
 _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
+_forms_flags.define_forms_flags()
 
 
 def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None):
@@ -70,6 +72,7 @@ def main(argv):
         start = f.read()
     if not start:
       raise ValueError("--start must not be empty.")
+    forms = _forms_flags.forms_from_flags()
     prompt = jnp.asarray(tokenizer.encode(start))
     if prompt.size == 0:
       raise ValueError("--start encodes to no tokens; give a longer prompt.")
@@ -79,7 +82,7 @@ def main(argv):
   out = decode.generate(params, prompts, config, jax.random.PRNGKey(_SEED.value),
                         max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
                         top_k=_TOP_K.value or None, top_p=_TOP_P.value,
-                        valid_vocab=tokenizer.vocab_size)
+                        valid_vocab=tokenizer.vocab_size, forms=forms)
   for row in out:
     print(tokenizer.decode(row))
     print("---------------")

@@ -22,6 +22,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from purejax import _forms_flags
 from purejax.training import checkpoint
 from purejax import weights
 from purejax.data import corpus as corpus_lib
@@ -105,14 +106,7 @@ def define_gpt_flags() -> None:
                     "(nanoGPT's train.py default: off; GPT-2 has them).")
   flags.DEFINE_enum("dtype", model.compute_dtype, ["float32", "bfloat16"],
                     "Matmul dtype; params stay float32.")
-  flags.DEFINE_enum("remat", model.remat, list(gpt.REMAT_POLICIES),
-                    "What each block keeps for the backward pass (see GPTConfig).")
-  flags.DEFINE_enum("attention", model.attention, list(gpt.ATTENTION_FORMS),
-                    "Form of causal attention; all exact (see GPTConfig).")
-  flags.DEFINE_integer("attn_block", model.attn_block,
-                       "Queries per block of the 'blocked' attention; speed only.")
-  flags.DEFINE_bool("scan_layers", model.scan_layers,
-                    "Run the blocks as one lax.scan (False: an unrolled loop).")
+  _forms_flags.define_forms_flags()
   flags.DEFINE_integer("max_iters", train.max_iters, "Training steps.")
   flags.DEFINE_integer("eval_interval", train.eval_interval, "Steps between evaluations.")
   flags.DEFINE_integer("eval_iters", train.eval_iters, "Batches per evaluation.")
@@ -209,15 +203,13 @@ ARCHITECTURE_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
 
 def gpt_config(vocab_size: int, base: Optional[gpt.GPTConfig] = None) -> gpt.GPTConfig:
-  """The model flags as a config; with `base` (pretrained), only the speed and dropout flags."""
-  speed = dict(dropout=FLAGS.dropout, compute_dtype=FLAGS.dtype, remat=FLAGS.remat,
-               attn_block=FLAGS.attn_block, attention=FLAGS.attention,
-               scan_layers=FLAGS.scan_layers)
+  """The model flags as a config; with `base` (pretrained), only the dtype and dropout flags."""
+  tunable = dict(dropout=FLAGS.dropout, compute_dtype=FLAGS.dtype)
   if base is not None:
-    return dataclasses.replace(base, **speed)
+    return dataclasses.replace(base, **tunable)
   return gpt.GPTConfig(vocab_size=vocab_size, block_size=FLAGS.block_size,
                        n_layer=FLAGS.n_layer, n_head=FLAGS.n_head, n_embd=FLAGS.n_embd,
-                       bias=FLAGS.bias, **speed)
+                       bias=FLAGS.bias, **tunable)
 
 
 def gpt_train_config() -> loop.GPTTrainConfig:
@@ -273,8 +265,9 @@ def pretrained(source: str, best: bool = False):
 def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
   train = gpt_train_config()
   runs.require_positive(block_size=FLAGS.block_size)
+  forms = _forms_flags.forms_from_flags()  # fails on bad forms flags before loading data
   if FLAGS.eval_only:
-    return eval_gpt(run, train, devices)
+    return eval_gpt(run, train, devices, forms)
   init_params, init_from = None, FLAGS.init_from
   if init_from:
     init_params, config, tokenizer = pretrained(init_from)
@@ -285,11 +278,11 @@ def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
   if not init_from:
     config = gpt_config(text.vocab_size)
   return loop.train_gpt(config, text, train, optimizer_config(), run, devices,
-                        init_params=init_params, init_from=init_from)
+                        init_params=init_params, init_from=init_from, forms=forms)
 
 
 def eval_gpt(run: runs.RunConfig, train: loop.GPTTrainConfig,
-             devices: parallel.ParallelConfig) -> dict:
+             devices: parallel.ParallelConfig, forms) -> dict:
   """`--eval_only`: the loss of the newest (or best) checkpoint, or of --init_from's model."""
   best = FLAGS.eval_checkpoint == "best"
   if checkpoint.list_checkpoints(run.out_dir) or best:
@@ -302,7 +295,8 @@ def eval_gpt(run: runs.RunConfig, train: loop.GPTTrainConfig,
   params, config, tokenizer = pretrained(source, best=best)
   text = load_corpus(tokenizer)
   runs.log(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
-  return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices)}
+  return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices,
+                                                forms=forms)}
 
 
 def train_mlp(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:

@@ -11,6 +11,7 @@ from absl.testing import parameterized
 
 from purejax import decode
 from purejax import gpt
+from purejax.ops import kernels
 from test_gpt import TINY, random_tokens, sharpened_params
 
 
@@ -97,7 +98,7 @@ class GenerateTest(parameterized.TestCase):
     prompt = jnp.zeros((1, 2), jnp.int32)
     with pytest.raises(ValueError, match="top_k=0"):
       decode.generate(params, prompt, TINY, jax.random.PRNGKey(0), 3, top_k=0)
-    with pytest.raises(ValueError, match="layers"):
+    with pytest.raises(ValueError, match="n_layer=1"):
       decode.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
                    jax.random.PRNGKey(0), 3)
 
@@ -111,6 +112,23 @@ class GenerateTest(parameterized.TestCase):
     for t in range(TINY.block_size):
       logits, cache = step(params, tokens[:, t:t + 1], cache, t, config=TINY)
       chex.assert_trees_all_close(logits, full[:, t], atol=1e-5)
+
+  def test_forward_with_cache_runs_the_gpu_forms(self):
+    # The GPU's forms read the cache with bfloat16 products. (With "cudnn",
+    # which cannot run on a CPU, the prompt's program is checked in
+    # test_gpu_lowering.py.)
+    config = dataclasses.replace(TINY, compute_dtype="bfloat16")
+    params = sharpened_params(config)
+    tokens = random_tokens(jax.random.PRNGKey(5), (2, config.block_size))
+    forms = kernels.select("gpu", attention="xla")
+    full = gpt.forward(params, tokens, config, forms=forms)
+    logits, cache = decode.forward_with_cache(params, tokens[:, :5],
+                                              decode.init_kv_cache(config, 2), 0, config,
+                                              forms=forms)
+    chex.assert_trees_all_close(logits, full[:, 4], atol=5e-2)
+    logits, _ = decode.forward_with_cache(params, tokens[:, 5:6], cache, jnp.int32(5),
+                                          config, forms=forms)
+    chex.assert_trees_all_close(logits, full[:, 5], atol=5e-2)
 
   def test_forward_with_cache_rejects_a_cache_of_another_batch(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))

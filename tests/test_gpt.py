@@ -1,6 +1,7 @@
 """gpt: shapes, causality, param checks, dropout keys, remat and gradients."""
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -10,8 +11,8 @@ import pytest
 from absl.testing import parameterized
 from jax import test_util as jtu
 
-from purejax import decode
 from purejax import gpt
+from purejax.ops import kernels
 
 TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
@@ -90,7 +91,6 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     with pytest.raises(ValueError, match=message):
       jax.jit(lambda p: gpt.loss(p, tokens, tokens, other))(params)
     gpt.check_params(params, TINY)  # the matching config passes
-    gpt.check_params(decode.unstack_layers(params), TINY)  # so do per-layer params
 
   def test_causality(self):
     params = sharpened_params(TINY)
@@ -115,7 +115,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     x = params["wte"]["embedding"][tokens] + params["wpe"]["embedding"][:8]
     for i in range(TINY.n_layer):
       layer = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-      x = gpt.block(layer, x, TINY, key=None, deterministic=True)
+      x, _ = gpt.block(layer, x, TINY, forms=kernels.Forms())
     x = gpt.nn.layer_norm(params["ln_f"], x)
     unrolled = x @ params["wte"]["embedding"].T
     chex.assert_trees_all_close(gpt.forward(params, tokens, TINY), unrolled,
@@ -126,11 +126,10 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
   def test_remat_gives_the_same_loss_and_gradients(self, policy):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 9))
-    grad = lambda cfg: jax.value_and_grad(gpt.loss)(params, tokens[:, :-1],
-                                                    tokens[:, 1:], cfg)
-    chex.assert_trees_all_close(grad(dataclasses.replace(TINY, remat="none")),
-                                grad(dataclasses.replace(TINY, remat=policy)),
-                                rtol=1e-5, atol=1e-6)
+    grad = lambda remat: jax.value_and_grad(functools.partial(
+        gpt.loss, forms=kernels.select("cpu", remat=remat)))(
+            params, tokens[:, :-1], tokens[:, 1:], TINY)
+    chex.assert_trees_all_close(grad("none"), grad(policy), rtol=1e-5, atol=1e-6)
 
   @parameterized.parameters((1, 8), (3, 8), (3, 7), (5, 8))
   @pytest.mark.slow
@@ -139,14 +138,14 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     # and causality must not change.
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, time + 1))
-    grad = lambda cfg: jax.value_and_grad(gpt.loss)(params, tokens[:, :-1],
-                                                    tokens[:, 1:], cfg)
-    blocked = dataclasses.replace(TINY, attn_block=attn_block)
-    chex.assert_trees_all_close(grad(TINY), grad(blocked), rtol=1e-5, atol=1e-6)
+    grad = lambda forms: jax.value_and_grad(functools.partial(gpt.loss, forms=forms))(
+        params, tokens[:, :-1], tokens[:, 1:], TINY)
+    blocked = kernels.select("cpu", attention="blocked", attn_block=attn_block)
+    chex.assert_trees_all_close(grad(kernels.Forms()), grad(blocked), rtol=1e-5, atol=1e-6)
     changed = tokens.at[:, 4:].set((tokens[:, 4:] + 1) % TINY.vocab_size)
-    chex.assert_trees_all_close(gpt.forward(params, tokens[:, :-1], blocked)[:, :4],
-                                gpt.forward(params, changed[:, :-1], blocked)[:, :4],
-                                atol=1e-6)
+    chex.assert_trees_all_close(
+        gpt.forward(params, tokens[:, :-1], TINY, forms=blocked)[:, :4],
+        gpt.forward(params, changed[:, :-1], TINY, forms=blocked)[:, :4], atol=1e-6)
 
   @pytest.mark.slow
   def test_dropout_keys(self):
@@ -181,14 +180,20 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     assert logits.dtype == jnp.float32
     chex.assert_trees_all_close(logits, gpt.forward(params, tokens, TINY), atol=5e-2)
 
+  def test_saved_configs_with_execution_options_still_load(self):
+    # Configs saved when they also held how the model ran.
+    saved = {**dataclasses.asdict(TINY), "remat": "full", "attn_block": 32,
+             "attention": "fused", "scan_layers": False}
+    assert gpt.GPTConfig.from_dict(saved) == TINY
+    with pytest.raises(TypeError, match="n_kv_head"):  # an unknown field is no such option
+      gpt.GPTConfig.from_dict({**saved, "n_kv_head": 2})
+
   @parameterized.parameters(
       (dict(n_embd=30, n_head=4), "not divisible by n_head"),
       (dict(dropout=1.0), r"\[0, 1\)"),
       (dict(dropout=-0.1), r"\[0, 1\)"),
       (dict(block_size=0), "block_size must be a positive"),
       (dict(compute_dtype="int8"), "compute_dtype"),
-      (dict(remat="yes"), "remat"),
-      (dict(attn_block=0), "attn_block must be a positive"),
   )
   def test_bad_config_is_a_clear_error(self, changes, message):
     with pytest.raises(ValueError, match=message):

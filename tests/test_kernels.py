@@ -1,11 +1,13 @@
 """kernels and attention: every backend's form computes what the plain form computes.
 
 CI has only a CPU, so the GPU forms are checked here through the same
-functions: `jax.nn.dot_product_attention` runs XLA's implementation on a CPU,
-and the plain-transpose matmul backward and the chunked loss are plain JAX.
+functions: the "xla" attention form, the plain-transpose matmul backward and
+the chunked loss are plain JAX. cuDNN's attention cannot run on a CPU; its
+program is checked in `test_gpu_lowering.py`.
 """
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -42,11 +44,37 @@ class SelectTest(parameterized.TestCase):
 
   def test_each_backend_gets_its_measured_forms(self):
     assert CPU_FORMS.attention == "blocked" and CPU_FORMS.matmul_backward == "row_major"
-    assert CPU_FORMS.noise_ahead and CPU_FORMS.remat_scanned == "dots"
-    assert GPU_FORMS.attention == "fused" and GPU_FORMS.matmul_backward == "plain"
-    assert not GPU_FORMS.noise_ahead
-    assert (GPU_FORMS.remat_scanned, GPU_FORMS.remat_unrolled) == ("full", "none")
+    assert CPU_FORMS.noise_ahead and CPU_FORMS.remat == "dots"
+    assert GPU_FORMS.attention == "cudnn" and GPU_FORMS.matmul_backward == "plain"
+    assert not GPU_FORMS.noise_ahead and GPU_FORMS.remat == "full"
+    assert kernels.select("cuda") == GPU_FORMS
+    assert kernels.select("tpu").attention == "xla"  # cuDNN is NVIDIA's
     assert kernels.select() == CPU_FORMS  # these tests run on a CPU
+
+  def test_overrides_replace_one_form_and_auto_keeps_the_platforms(self):
+    forms = kernels.select("cpu", remat="full", attention="auto", attn_block=None)
+    assert forms == dataclasses.replace(CPU_FORMS, remat="full")
+    # Unrolled layers take their own remat default, unless one is given.
+    assert kernels.select("gpu", scan_layers=False).remat == "none"
+    assert kernels.select("gpu", scan_layers=False, remat="dots").remat == "dots"
+    assert kernels.select("gpu", loss_chunk_rows=0).loss_chunk_rows is None
+    assert hash(forms) == hash(dataclasses.replace(CPU_FORMS, remat="full"))  # static arg
+
+  @parameterized.parameters(
+      (dict(remat="yes"), "Forms.remat"),
+      (dict(attn_block=0), "Forms.attn_block must be a positive"),
+      (dict(attention="flash"), "Forms.attention"),
+      (dict(atention="plain"), "not Forms fields"),
+      (dict(attention="cudnn"), "NVIDIA GPUs only"),
+  )
+  def test_bad_overrides_are_a_clear_error(self, overrides, message):
+    with pytest.raises(ValueError, match=message):
+      kernels.select("cpu", **overrides)
+
+  def test_platform_of_reads_where_arrays_and_meshes_live(self):
+    assert kernels.platform_of({"w": jnp.ones(3)}) == "cpu"
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    assert kernels.platform_of(None, mesh) == "cpu"
 
   def test_loss_chunks_only_large_logits(self):
     assert CPU_FORMS.loss_chunk(12 * 1024, 50304) is None
@@ -59,7 +87,7 @@ slow = pytest.mark.slow
 
 # 12 positions: blocks of 2 (six), 5 (the last one partial), 12 (one), 64 (> time).
 @pytest.mark.parametrize("form, block", [
-    ("blocked", 5), ("fused", 12),
+    ("blocked", 5), ("xla", 12),
     pytest.param("blocked", 2, marks=slow), pytest.param("blocked", 12, marks=slow),
     pytest.param("blocked", 64, marks=slow)])
 def test_attention_forms_equal_plain_values_and_gradients(form, block):
@@ -88,19 +116,49 @@ class AttentionTest(parameterized.TestCase):
       np.testing.assert_allclose(y[0, :, h], weights @ np.asarray(v[0, :, h]), rtol=1e-5,
                                  atol=1e-6)
 
-  def test_fused_in_bfloat16_is_close_and_keeps_the_input_dtype(self):
+  def test_xla_form_in_bfloat16_is_close_and_keeps_the_input_dtype(self):
     q, k, v = qkv(2)
-    y = attention.causal_attention(q, k, v, form="fused", compute_dtype=jnp.bfloat16)
+    y = attention.causal_attention(q, k, v, form="xla", compute_dtype=jnp.bfloat16)
     assert y.dtype == jnp.float32
     chex.assert_trees_all_close(y, attention.causal_attention(q, k, v), atol=3e-2)
 
-  def test_fused_with_dropout_runs_the_plain_form(self):
+  def test_xla_form_drops_out_as_the_plain_form_does(self):
+    # The GPU's form with attention dropout: the same weights dropped with
+    # the same key, in float32 exactly the plain form, in bfloat16 close to it.
     q, k, v = qkv(3)
     key = jax.random.PRNGKey(4)
-    run = lambda form: attention.causal_attention(q, k, v, form=form, dropout=0.5, key=key,
-                                                  deterministic=False)
-    chex.assert_trees_all_equal(run("fused"), run("plain"))
-    assert not np.allclose(run("plain"), attention.causal_attention(q, k, v))
+    cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+
+    def value_and_grads(form, dtype=None):
+      f = lambda q, k, v: jnp.sum(cotangent * attention.causal_attention(
+          q, k, v, form=form, dropout=0.5, key=key, deterministic=False,
+          compute_dtype=dtype))
+      return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+
+    plain = value_and_grads("plain")
+    chex.assert_trees_all_close(value_and_grads("xla"), plain, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(value_and_grads("xla", jnp.bfloat16), plain,
+                                rtol=5e-2, atol=1e-1)
+    assert not np.allclose(plain[0], jax.value_and_grad(
+        lambda q: jnp.sum(cotangent * attention.causal_attention(q, k, v)))(q)[0])
+
+  def test_cudnn_form_runs_xla_where_cudnn_does_not_apply_and_says_why(self):
+    q, k, v = qkv(3)
+    assert "float32" in attention.cudnn_unsupported(q.shape, jnp.float32, False)
+    assert "head size" in attention.cudnn_unsupported((2, 12, 3, 12), jnp.bfloat16, False)
+    assert "dropout" in attention.cudnn_unsupported(q.shape, jnp.bfloat16, True)
+    assert attention.cudnn_unsupported((12, 1024, 12, 64), jnp.bfloat16, False) is None
+    key = jax.random.PRNGKey(4)
+    run = lambda form: attention.causal_attention(
+        q, k, v, form=form, dropout=0.5, key=key, deterministic=False,
+        compute_dtype=jnp.bfloat16)
+    attention._say_once.cache_clear()  # other tests may have said it already
+    with self.assertLogs("purejax.ops.attention", "WARNING") as logs:
+      chex.assert_trees_all_equal(run("cudnn"), run("xla"))
+      run("cudnn")
+    assert len(logs.output) == 1  # said once, not per call
+    assert "(jax.nn.dot_product_attention has no attention dropout); running the 'xla'" \
+        in logs.output[0]
 
   def test_unknown_form_is_a_clear_error(self):
     with pytest.raises(ValueError, match="not one of"):
@@ -180,12 +238,13 @@ class TiedHeadLossTest(parameterized.TestCase):
 TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
 
-def loss_and_grads(config, params, tokens):
-  return jax.value_and_grad(gpt.loss)(params, tokens[:, :-1], tokens[:, 1:], config)
+def loss_and_grads(config, params, tokens, forms=None):
+  return jax.value_and_grad(functools.partial(gpt.loss, forms=forms))(
+      params, tokens[:, :-1], tokens[:, 1:], config)
 
 
 @pytest.mark.parametrize("changes", [
-    dict(attention="fused"), dict(scan_layers=False, remat="none"),
+    dict(attention="xla"), dict(scan_layers=False, remat="none"),
     pytest.param(dict(attention="plain"), marks=slow),
     pytest.param(dict(scan_layers=False), marks=slow),
     pytest.param(dict(remat="full"), marks=slow)])
@@ -193,7 +252,7 @@ def test_model_forms_give_the_same_loss_and_gradients(changes):
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)
   chex.assert_trees_all_close(
-      loss_and_grads(dataclasses.replace(TINY, **changes), params, tokens),
+      loss_and_grads(TINY, params, tokens, kernels.select("cpu", **changes)),
       loss_and_grads(TINY, params, tokens), rtol=1e-5, atol=1e-6)
 
 

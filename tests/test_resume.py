@@ -153,8 +153,9 @@ def test_resume_with_other_flags_is_refused(tmp_path, data_flags):
 
 
 def test_checkpoint_from_before_a_new_config_field_resumes(tmp_path, data_flags):
-  # Checkpoints saved before GPTConfig.attn_block existed lack it in their
-  # config; they were trained with its default and must still resume.
+  # A checkpoint's config may lack a field added since (it was trained with
+  # the field's default) or hold execution options that configs held before
+  # they moved to kernels.Forms; both still resume.
   out_dir = tmp_path / "run"
   decay = "--lr_decay_iters=30"  # the schedule must not change with --max_iters
   code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", decay, write_delay=0))
@@ -163,7 +164,9 @@ def test_checkpoint_from_before_a_new_config_field_resumes(tmp_path, data_flags)
   with np.load(path) as npz:
     payload = {name: npz[name] for name in npz.files}
   manifest = json.loads(payload[MANIFEST].tobytes().decode())
-  del manifest["meta"]["config"]["attn_block"]
+  del manifest["meta"]["config"]["param_dtype"]
+  manifest["meta"]["config"].update(remat="auto", attn_block=32, attention="auto",
+                                    scan_layers=True)
   payload[MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
   with open(path, "wb") as f:
     np.savez(f, **payload)
@@ -172,8 +175,45 @@ def test_checkpoint_from_before_a_new_config_field_resumes(tmp_path, data_flags)
   assert code == 0, err[-2000:]
   assert "resumed from" in out
   code, _, err = finish(start(out_dir, data_flags, "--max_iters=30", decay, "--resume",
-                              "--attn_block=32", write_delay=0))
-  assert code == 1 and "attn_block" in err  # a non-default value still has to match
+                              "--dtype=bfloat16", write_delay=0))
+  assert code == 1 and "compute_dtype" in err  # the model's math still has to match
+
+
+def resumed_with(out_dir, data_flags, forms_flags, *extra):
+  """A run to step 60 that changes its forms at step 30."""
+  schedule = "--lr_decay_iters=60"  # as the 60-step runs resolve it
+  code, _, err = finish(start(out_dir, data_flags, "--max_iters=30", schedule, *extra,
+                              write_delay=0))
+  assert code == 0, err[-2000:]
+  code, out, err = finish(start(out_dir, data_flags, "--resume", *forms_flags, *extra,
+                                write_delay=0))
+  assert code == 0, err[-2000:]
+  assert "resumed from" in out
+  return final_arrays(out_dir)
+
+
+def test_resume_with_unrolled_layers_is_bit_identical(tmp_path, data_flags, uninterrupted):
+  # Forms are how the model runs, not what it computes: not part of the run's
+  # identity. Unrolling the scanned layers changes no float operation.
+  assert_bit_identical(resumed_with(tmp_path / "run", data_flags, ["--scan_layers=false"]),
+                       uninterrupted)
+
+
+def test_resume_with_other_remat_and_attention_continues_the_run(tmp_path, data_flags):
+  # Another remat policy and attention form reorder float32 sums, so the
+  # run continues to within rounding (30 AdamW steps: 1e-6). Without
+  # dropout: the blocked form draws its attention masks per query block.
+  no_dropout = "--dropout=0"
+  whole = tmp_path / "whole"
+  code, _, err = finish(start(whole, data_flags, no_dropout, write_delay=0))
+  assert code == 0, err[-2000:]
+  resumed = resumed_with(tmp_path / "run", data_flags, ["--remat=full", "--attention=plain"],
+                         no_dropout)
+  reference = final_arrays(whole)
+  assert sorted(resumed) == sorted(reference)
+  for name in reference:
+    np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
 
 
 def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):

@@ -87,6 +87,16 @@ class Forms:
       raise ValueError(f"Forms.loss_chunk_rows must be None or a positive integer, got "
                        f"{self.loss_chunk_rows!r}.")
 
+  def describe(self) -> str:
+    """One short line for a run's log."""
+    attention = (f"blocked/{self.attn_block}" if self.attention == "blocked"
+                 else self.attention)
+    chunks = f"{self.loss_chunk_rows} rows" if self.loss_chunk_rows else "off"
+    return (f"attention {attention}, remat {self.remat}, "
+            f"{'scanned' if self.scan_layers else 'unrolled'} layers, "
+            f"matmul backward {self.matmul_backward}, loss chunks {chunks}, "
+            f"noise {'ahead' if self.noise_ahead else 'per token'}")
+
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
     """Rows per chunk of the head and loss for `rows` x `vocab` logits, or None."""
     if self.loss_chunk_rows and rows * vocab >= self.loss_chunk_min_logits:
@@ -102,7 +112,8 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
       backend. Entry points pass the platform their arrays live on
       (`platform_of`).
     **overrides: `Forms` fields to set; a value of None or "auto" keeps the
-      platform's choice (so command-line defaults can say "auto").
+      platform's choice (so command-line defaults can say "auto"), and
+      `loss_chunk_rows=0` turns chunking off.
 
   CPU (XLA's CPU backend, measured on nanoGPT's CPU recipe; docs/performance.md):
   * attention in query blocks with a written-out softmax: blocks skip most of
@@ -141,6 +152,8 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
   if unknown:
     raise ValueError(f"select: {unknown} are not Forms fields; choose among {sorted(fields)}.")
   given = {k: v for k, v in overrides.items() if v is not None and v != "auto"}
+  if given.get("loss_chunk_rows") == 0:
+    given["loss_chunk_rows"] = None
   if platform == "cpu":
     base = dict(attention="blocked", matmul_backward="row_major", noise_ahead=True,
                 remat_scanned="dots", remat_unrolled="dots")

@@ -25,6 +25,7 @@ from purejax import decode
 from purejax.training import flops
 from purejax import gpt
 from purejax import mlp
+from purejax.ops import kernels
 from purejax.training import monitor
 from purejax.training import optim
 from purejax.training import parallel
@@ -119,11 +120,11 @@ def _feed(text, config, train, plan, *, start_step, steps_per_call, end_step=Non
       steps_per_call=steps_per_call)
 
 
-def _evaluate(params, eval_key, feed, config, train, plan) -> Dict[str, float]:
+def _evaluate(params, eval_key, feed, config, train, plan, forms) -> Dict[str, float]:
   """Mean loss of `train.eval_iters` batches of each split, the same batches every time."""
   return {name: float(steps.evaluate(params, tokens, eval_key, config=config,
                                      batch_size=train.batch_size,
-                                     num_batches=train.eval_iters, plan=plan))
+                                     num_batches=train.eval_iters, plan=plan, forms=forms))
           for name, tokens in feed.eval.items()}
 
 
@@ -149,6 +150,7 @@ def train_gpt(
     *,
     init_params: Optional[gpt.Params] = None,
     init_from: Optional[str] = None,
+    forms: Optional[kernels.Forms] = None,
 ) -> Dict[str, Any]:
   """Trains a GPT on a token corpus; returns the final evaluation and timing.
 
@@ -168,6 +170,9 @@ def train_gpt(
     devices: how the step is spread over devices and hosts.
     init_params: start from these params (fine-tuning) instead of a random init.
     init_from: where `init_params` came from, recorded in the checkpoints.
+    forms: how the model runs (`kernels.select`); None: the forms of the
+      devices' platform. Not part of the run's identity: a run may resume
+      with other forms.
 
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
@@ -187,9 +192,11 @@ def train_gpt(
               "keys": {"train": keys["train"], "eval": keys["eval"]}}
   plan = parallel.make_plan(devices, train.batch_size)
   runs.log(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
+  forms = forms or kernels.select(kernels.platform_of(plan))
+  runs.log(f"forms: {forms.describe()}")
   state, step, saved = runs.start_or_resume(
       run, template, meta, saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
-      ignored={"optimizer": ("decay_iters",)},
+      ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
       digest_extra=[devices.fsdp, devices.grad_accum_steps])
   if step and opt_config.decay_iters is None:
     resolved = dataclasses.replace(resolved, decay_iters=saved["optimizer"]["decay_iters"])
@@ -211,7 +218,7 @@ def train_gpt(
 
   train_steps = parallel.sharded_step(
       steps.train_steps, plan, shardings, config=config, optimizer=optimizer,
-      batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps)
+      batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps, forms=forms)
   feed = _feed(text, config, train, plan, start_step=step, steps_per_call=chunk_length)
   n_params = gpt.num_params(params)
   runs.log(f"model: {n_params / 1e6:.2f}M params (without position embeddings), {config}")
@@ -231,7 +238,8 @@ def train_gpt(
 
   def evaluate(step):
     nonlocal best
-    losses = _evaluate(state["params"], state["keys"]["eval"], feed, config, train, plan)
+    losses = _evaluate(state["params"], state["keys"]["eval"], feed, config, train, plan,
+                       forms)
     runs.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
              f"val loss {losses['val_loss']:.4f}")
     mon.log_eval(step, **losses)  # also syncs the metrics to disk
@@ -296,7 +304,7 @@ def train_gpt(
     plot_losses(run.out_dir)
   if train.sample_tokens > 0:
     sample = sample_text(state["params"], text.tokenizer, config, keys["sample"],
-                         train.sample_tokens)
+                         train.sample_tokens, forms=forms)
     runs.log("---- sample ----\n" + sample)
   return metrics
 
@@ -311,9 +319,12 @@ def plot_losses(out_dir: str) -> None:
 
 
 def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
-                 train: GPTTrainConfig, devices: ParallelConfig = ParallelConfig()
-                 ) -> Dict[str, float]:
-  """Train and val loss of `params` on `train.eval_iters` batches of each split (no training)."""
+                 train: GPTTrainConfig, devices: ParallelConfig = ParallelConfig(),
+                 *, forms: Optional[kernels.Forms] = None) -> Dict[str, float]:
+  """Train and val loss of `params` on `train.eval_iters` batches of each split (no training).
+
+  `forms` as in `train_gpt`.
+  """
   _check_fits(config, text, train.batch_size)
   gpt.check_params(params, config)
   keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
@@ -322,21 +333,24 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                end_step=0)
   try:
     return _evaluate(parallel.put(params, plan.replicated), keys["eval"], feed, config,
-                     train, plan)
+                     train, plan, forms or kernels.select(kernels.platform_of(plan)))
   finally:
     feed.close()
 
 
 def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,
-                prompt: str = "\n") -> str:
-  """A sample of `num_tokens` after `prompt`, decoded (on process 0; '' elsewhere)."""
+                prompt: str = "\n", *, forms: Optional[kernels.Forms] = None) -> str:
+  """A sample of `num_tokens` after `prompt`, decoded (on process 0; '' elsewhere).
+
+  `forms`: how the model runs (default: those of the device it samples on).
+  """
   # Whole params on one local device: sampling is one sequence, not worth a mesh.
   params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
   if not parallel.is_main_process():
     return ""
   out = decode.generate(params, jnp.asarray(tokenizer.encode(prompt)), config, key,
                         max_new_tokens=num_tokens, temperature=0.8, top_k=200,
-                        valid_vocab=tokenizer.vocab_size)
+                        valid_vocab=tokenizer.vocab_size, forms=forms)
   return tokenizer.decode(out)
 
 

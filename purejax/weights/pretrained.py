@@ -54,7 +54,7 @@ def from_purejax(out_dir: str, *, best: bool = False
     raise ConversionError(f"{out_dir} holds a {meta.get('model')!r} model, not a GPT; point "
                           f"at a GPT run.")
   try:
-    config = gpt.GPTConfig(**meta["config"])
+    config = gpt.GPTConfig.from_dict(meta["config"])
   except (TypeError, ValueError, KeyError) as e:
     raise ConversionError(f"{out_dir}: the checkpoint's config does not fit this purejax "
                           f"version ({e}).") from e

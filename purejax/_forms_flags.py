@@ -1,0 +1,79 @@
+"""The execution-option flags that `purejax.train` and `purejax.sample` share.
+
+Every field of `kernels.Forms` is a flag defaulting to "auto": the choice
+`kernels.select` makes for the platform the run is on. They change how the
+model runs, never what it computes, so a run may resume with other values.
+"""
+
+from typing import Any, Dict
+
+from absl import flags
+import jax
+
+from purejax.ops import kernels
+
+FLAGS = flags.FLAGS
+_AUTO = "auto"
+
+
+def define_forms_flags() -> None:
+  """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
+  --loss_chunk_rows and --noise_ahead."""
+  flags.DEFINE_enum("attention", _AUTO, [_AUTO, *kernels.ATTENTION_FORMS],
+                    "Form of causal attention (all compute the same function; 'cudnn' "
+                    "needs an NVIDIA GPU).")
+  flags.DEFINE_string("attn_block", _AUTO,
+                      "Queries per block of the 'blocked' attention (a positive integer).")
+  flags.DEFINE_enum("remat", _AUTO, [_AUTO, *kernels.REMAT_POLICIES],
+                    "What each block keeps for the backward pass: none (everything), "
+                    "full (only its input), dots (the matmul outputs).")
+  flags.DEFINE_enum("scan_layers", _AUTO, [_AUTO, "true", "false"],
+                    "Run the blocks as one lax.scan (false: an unrolled loop).",
+                    case_sensitive=False)
+  flags.DEFINE_enum("matmul_backward", _AUTO, [_AUTO, *kernels.MATMUL_BACKWARD_FORMS],
+                    "Form of the low-precision matmul's gradient products.")
+  flags.DEFINE_string("loss_chunk_rows", _AUTO,
+                      "Rows per chunk of the output head and loss when the logits are "
+                      "large (0: never chunk).")
+  flags.DEFINE_enum("noise_ahead", _AUTO, [_AUTO, "true", "false"],
+                    "Sampling draws its Gumbel noise before each decode loop.",
+                    case_sensitive=False)
+
+
+def _positive_int(name: str, allow_zero: bool = False) -> Any:
+  value = FLAGS[name].value
+  if value == _AUTO:
+    return None
+  try:
+    number = int(value)
+  except ValueError:
+    number = -1
+  if number < (0 if allow_zero else 1):
+    least = "a non-negative" if allow_zero else "a positive"
+    raise ValueError(f"--{name} must be 'auto' or {least} integer, got {value!r}.")
+  return number
+
+
+def _bool(name: str) -> Any:
+  value = FLAGS[name].value.lower()
+  return None if value == _AUTO else value == "true"
+
+
+def forms_overrides() -> Dict[str, Any]:
+  """The forms flags as `kernels.select` overrides (None: the platform's choice)."""
+  overrides = dict(attention=FLAGS.attention, attn_block=_positive_int("attn_block"),
+                   remat=FLAGS.remat, scan_layers=_bool("scan_layers"),
+                   matmul_backward=FLAGS.matmul_backward,
+                   loss_chunk_rows=_positive_int("loss_chunk_rows", allow_zero=True),
+                   noise_ahead=_bool("noise_ahead"))
+  return {k: v for k, v in overrides.items() if v not in (None, _AUTO)}
+
+
+def forms_from_flags() -> kernels.Forms:
+  """The forms for JAX's devices, with the flags' overrides."""
+  platform = jax.devices()[0].platform
+  overrides = forms_overrides()
+  if overrides.get("attention") == "cudnn" and kernels.select(platform).attention != "cudnn":
+    raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
+                     f"Choose --attention=auto.")
+  return kernels.select(platform, **overrides)
