@@ -13,7 +13,6 @@ markdown table is printed.
 
 import dataclasses
 import datetime
-import functools
 import json
 import os
 import pathlib
@@ -28,60 +27,47 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bench import harness
+from bench.harness import alternate
+from bench.harness import summarise
 from purejax import decode
 from purejax import gpt
 from purejax import mlp
 from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import parallel
-from purejax.training import steps as steps_lib
 
-_QUICK = flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
-_CASES = flags.DEFINE_list("cases", ",".join(sorted(ALL_CASES)), "Cases to run.")
-_CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", min(2, os.cpu_count() or 1),
-    "CPU devices for the data-parallel arms of cases a and b, as `purejax.train "
-    "--cpu_devices` makes them (1: leave those arms out).")
-_OUT = flags.DEFINE_string(
-    "out", None, "Results file (default bench/results/<date>.json, or <date>-2.json, ... "
-    "when that exists).")
-_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data dir (case d).")
-_TFDS_MANUAL_DIR = flags.DEFINE_string(
-    "tfds_manual_dir", None, "MNIST's original files, for case d's TFDS-pipeline arm offline.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_bool("quick", False, "Few rounds and small sizes: a smoke run.")
+  flags.DEFINE_list("cases", ",".join(sorted(ALL_CASES)), "Cases to run.")
+  flags.DEFINE_integer(
+      "cpu_devices", min(2, os.cpu_count() or 1),
+      "CPU devices for the data-parallel arms of cases a and b, as `purejax.train "
+      "--cpu_devices` makes them (1: leave those arms out).")
+  flags.DEFINE_string(
+      "out", None, "Results file (default bench/results/<date>.json, or <date>-2.json, ... "
+      "when that exists).")
+  flags.DEFINE_string("tfds_data_dir", None, "TFDS data dir (case d).")
+  flags.DEFINE_string("tfds_manual_dir", None,
+                      "MNIST's original files, for case d's TFDS-pipeline arm offline.")
+
 
 SMALL = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 HEAVY = gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
 # Batch size of each bench size, keyed by its context length.
 BATCH_BY_BLOCK = {SMALL.block_size: 12, HEAVY.block_size: 16}
+# Both frameworks' optimizer (the twin at the constant peak rate).
+OPTIMIZER = optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=10, decay_iters=1000,
+                                  min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
 
 
 def batch_of(config):
   return BATCH_BY_BLOCK[config.block_size]
-RESULTS_DIR = pathlib.Path(__file__).parent / "results"
-
-
-def alternate(arms, rounds):
-  """Runs `arms` ({name: fn() -> seconds}) round-robin; returns {name: [seconds]}."""
-  times = {name: [] for name in arms}
-  for _ in range(rounds):
-    for name, fn in arms.items():
-      times[name].append(fn())
-  return times
-
-
-def summarise(times, reference, unit="s"):
-  """Medians per arm and per-round ratios arm/reference."""
-  rows = {}
-  for name, ts in times.items():
-    row = {"median": float(np.median(ts)), "min": float(min(ts)), "max": float(max(ts)),
-           "unit": unit, "n": len(ts)}
-    if name != reference:
-      ratios = np.array(ts) / np.array(times[reference])
-      row.update(ratio=float(np.median(ratios)), ratio_min=float(ratios.min()),
-                 ratio_max=float(ratios.max()))
-    rows[name] = row
-  return rows
 
 
 # ----------------------------------------------------------------------------
@@ -90,65 +76,13 @@ def summarise(times, reference, unit="s"):
 
 def purejax_train_arm(config, steps, num_devices=1):
   """One device, or data parallel over `num_devices` as `purejax.train` runs it."""
-  key = jax.random.PRNGKey(0)
-  data = jax.random.randint(key, (200_000,), 0, config.vocab_size)
-  params = gpt.init_params(config, key)
-  optimizer = optim.make_optimizer(optim.OptimizerConfig(
-      learning_rate=1e-3, warmup_iters=10, decay_iters=1000, min_lr=1e-4, beta2=0.99,
-      weight_decay=0.1, grad_clip=1.0))
-  state = {"params": params, "opt": optimizer.init(params), "step": 0}
-  static = dict(config=config, optimizer=optimizer, batch_size=batch_of(config),
-                num_steps=steps)
-  if num_devices == 1:
-    train_steps = functools.partial(steps_lib.train_steps, **static)
-  else:
-    plan = parallel.ShardingPlan(parallel.make_mesh(num_devices))
-    shardings = plan.state(state["params"]), plan.state(state["opt"])
-    train_steps = parallel.jit_train_step(steps_lib.train_steps, plan, *shardings, **static)
-    state["params"], state["opt"] = parallel.put((state["params"], state["opt"]), shardings)
-    data, key = parallel.put((data, key), plan.replicated)
-
-  def run():
-    start = time.perf_counter()
-    state["params"], state["opt"], metrics = train_steps(
-        state["params"], state["opt"], data, key, state["step"])
-    metrics.loss.block_until_ready()
-    state["step"] += steps
-    return (time.perf_counter() - start) / steps
-
-  run()  # compile
-  return run
+  return harness.purejax_train_arm(config, OPTIMIZER, batch_of(config), steps,
+                                   num_devices=num_devices)
 
 
 def torch_train_arm(config, steps, compile_model=False):
-  import torch  # pylint: disable=g-import-not-at-top
-  from bench import torch_gpt  # pylint: disable=g-import-not-at-top
-  torch.manual_seed(0)
-  model = torch_gpt.TorchGPT(config)
-  optimizer = torch_gpt.make_optimizer(model, 1e-3, 0.1, (0.9, 0.99))
-  step_model = torch.compile(model) if compile_model else model
-  data = torch.randint(0, config.vocab_size, (200_000,))
-  t, b = config.block_size, batch_of(config)
-
-  def one_step():
-    ix = torch.randint(len(data) - t, (b,))
-    x = torch.stack([data[i:i + t] for i in ix])
-    y = torch.stack([data[i + 1:i + 1 + t] for i in ix])
-    _, loss = step_model(x, y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    return loss.item()
-
-  def run():
-    start = time.perf_counter()
-    for _ in range(steps):
-      one_step()
-    return (time.perf_counter() - start) / steps
-
-  run()  # warm up (and compile)
-  return run
+  return harness.torch_train_arm(config, OPTIMIZER, batch_of(config), steps,
+                                 compile_model=compile_model)
 
 
 def _key_of(arm):
@@ -156,15 +90,15 @@ def _key_of(arm):
   return arm.removeprefix("purejax ").replace(",", "").replace(" ", "_").lower()
 
 
-def train_case(config, rounds, steps, with_compile):
+def train_case(config, rounds, steps, with_compile, cpu_devices=1):
   arms = {"purejax fp32": purejax_train_arm(config, steps),
           "purejax bf16": purejax_train_arm(dataclasses.replace(config,
                                                                 compute_dtype="bfloat16"), steps),
           "torch eager fp32": torch_train_arm(config, steps)}
-  if _CPU_DEVICES.value > 1 and jax.default_backend() == "cpu":  # a GPU run has no such arms
+  if cpu_devices > 1 and jax.default_backend() == "cpu":  # a GPU run has no such arms
     for dtype, name in (("float32", "fp32"), ("bfloat16", "bf16")):
-      arms[f"purejax {name}, {_CPU_DEVICES.value} CPU devices"] = purejax_train_arm(
-          dataclasses.replace(config, compute_dtype=dtype), steps, _CPU_DEVICES.value)
+      arms[f"purejax {name}, {cpu_devices} CPU devices"] = purejax_train_arm(
+          dataclasses.replace(config, compute_dtype=dtype), steps, cpu_devices)
   notes = {}
   if with_compile:
     try:
@@ -175,7 +109,7 @@ def train_case(config, rounds, steps, with_compile):
   return {"rows": summarise(times, "purejax fp32", "s/iter"),
           # Each other purejax arm against torch eager, as the fp32 rows are.
           "extra": {_key_of(arm) + "_vs_torch_eager": summarise(
-              {arm: times[arm], "torch eager fp32": times["torch eager fp32"]}, arm)
+              {arm: times[arm], "torch eager fp32": times["torch eager fp32"]}, arm, "s")
                     for arm in times if arm.startswith("purejax ") and arm != "purejax fp32"},
           "notes": notes}
 
@@ -216,7 +150,7 @@ def sample_case(rounds, new_tokens):
 # MNIST epoch: purejax scan epoch, torch loop, the seed's tf.data + Python loop
 
 
-def mnist_case(rounds):
+def mnist_case(rounds, tfds_data_dir=None, tfds_manual_dir=None):
   import torch  # pylint: disable=g-import-not-at-top
   from bench import torch_mlp  # pylint: disable=g-import-not-at-top
   sizes, batch = [784, 512, 512, 10], 128
@@ -267,7 +201,7 @@ def mnist_case(rounds):
   arms = {"purejax scan epoch": ours, "torch twin": theirs,
           "seed style, in-memory tf.data + Python loop": seed_style}
   notes = {}
-  tutorial = tutorial_style_arm(sizes, batch, optimizer)
+  tutorial = tutorial_style_arm(sizes, batch, optimizer, tfds_data_dir, tfds_manual_dir)
   if isinstance(tutorial, str):
     notes["seed style, TFDS pipeline"] = tutorial
   else:
@@ -278,17 +212,17 @@ def mnist_case(rounds):
   return {"rows": summarise(times, "purejax scan epoch", "s/epoch"), "notes": notes}
 
 
-def tutorial_style_arm(sizes, batch, optimizer):
+def tutorial_style_arm(sizes, batch, optimizer, data_dir, manual_dir):
   """JAX's TFDS MNIST tutorial's epoch: stream `tfds.load(...).batch(128)`,
   reshape each batch on the host and call a jitted `update` per batch.
 
   Returns the arm, or a string saying why it could not run.
   """
-  from purejax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from purejax.data import datasets  # pylint: disable=g-import-not-at-top
   try:
-    data_lib.load_tfds_splits("mnist", ("test",), data_dir=_TFDS_DATA_DIR.value,
-                              manual_dir=_TFDS_MANUAL_DIR.value)  # prepares if needed
-  except data_lib.DataUnavailableError as e:
+    datasets.load_tfds_splits("mnist", ("test",), data_dir=data_dir,
+                              manual_dir=manual_dir)  # prepares if needed
+  except datasets.DataUnavailableError as e:
     return f"skipped: {e}"
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   key = jax.random.PRNGKey(0)
@@ -298,7 +232,7 @@ def tutorial_style_arm(sizes, batch, optimizer):
   def run():
     start = time.perf_counter()
     ds = tfds.load("mnist", split="train", as_supervised=True,
-                   data_dir=_TFDS_DATA_DIR.value).batch(batch).prefetch(1)
+                   data_dir=data_dir).batch(batch).prefetch(1)
     for x, y in tfds.as_numpy(ds):
       x = np.reshape(x, (len(x), -1)).astype(np.float32)
       state["params"], state["opt"], loss = mlp.update(
@@ -481,50 +415,41 @@ def flops_case(train_result, config, config_name, n):
 
 
 def markdown(results):
-  lines = ["| case | arm | median | min-max | peer/purejax (min-max) |",
-           "| --- | --- | --- | --- | --- |"]
-  for case, result in results.items():
-    for arm, row in result.get("rows", {}).items():
-      if "median" in row:
-        ratio = (f"{row['ratio']:.2f}x ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
-                 if "ratio" in row else "reference")
-        lines.append(f"| {case} | {arm} | {row['median']:.4g} {row['unit']} | "
-                     f"{row['min']:.4g}-{row['max']:.4g} | {ratio} |")
-      else:
-        lines.append(f"| {case} | {arm} | {json.dumps(row)} | | |")
-  return "\n".join(lines)
-
-
-def unused_results_path(stem: str) -> pathlib.Path:
-  """`results/<stem>.json`, or `<stem>-2.json`, ... : an earlier run is never overwritten."""
-  out, n = RESULTS_DIR / f"{stem}.json", 1
-  while out.exists():
-    n += 1
-    out = RESULTS_DIR / f"{stem}-{n}.json"
-  return out
+  def median(row):
+    if "median" in row:
+      return f"{row['median']:.4g} {row['unit']}"
+    return json.dumps(row)
+  return harness.markdown(results, [
+      ("median", median),
+      ("min-max", lambda row: f"{row['min']:.4g}-{row['max']:.4g}" if "median" in row else ""),
+      ("peer/purejax (min-max)",
+       lambda row: harness.ratio_text(row, "reference") if "median" in row else "")])
 
 
 def main(_):
-  quick, cases = _QUICK.value, set(_CASES.value)
-  if _CPU_DEVICES.value > 1:
+  quick, cases, cpu_devices = FLAGS.quick, set(FLAGS.cases), FLAGS.cpu_devices
+  if cpu_devices > 1:
     # Before anything starts JAX's backends. The one-device arms run on the
     # first device, as in a one-device process.
-    parallel.set_cpu_devices(_CPU_DEVICES.value)
+    parallel.set_cpu_devices(cpu_devices)
   results = {}
   started = time.time()
   if "a" in cases:
     results["a: GPT train, 4L/4H/128 T=64 B=12"] = train_case(
-        SMALL, rounds=3 if quick else 9, steps=5 if quick else 10, with_compile=not quick)
+        SMALL, rounds=3 if quick else 9, steps=5 if quick else 10, with_compile=not quick,
+        cpu_devices=cpu_devices)
   if "b" in cases or "g" in cases:
     heavy = train_case(HEAVY, rounds=1 if quick else 5, steps=1 if quick else 2,
-                       with_compile=not quick)
+                       with_compile=not quick, cpu_devices=cpu_devices)
     if "b" in cases:
       results["b: GPT train, 6L/6H/384 T=256 B=16"] = heavy
   if "c" in cases:
     results["c: sample 1000 tokens"] = sample_case(rounds=3 if quick else 7,
                                                    new_tokens=200 if quick else 1000)
   if "d" in cases:
-    results["d: MNIST epoch, batch 128"] = mnist_case(rounds=2 if quick else 7)
+    results["d: MNIST epoch, batch 128"] = mnist_case(
+        rounds=2 if quick else 7, tfds_data_dir=FLAGS.tfds_data_dir,
+        tfds_manual_dir=FLAGS.tfds_manual_dir)
   if "e" in cases:
     results["e: compile time vs depth"] = compile_case((2, 4) if quick else (2, 4, 8, 12))
   if "f" in cases:
@@ -534,7 +459,7 @@ def main(_):
                                                         1024 if quick else 4096)
   meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
           "quick": quick, "jax": jax.__version__, "seconds": time.time() - started,
-          "machine": f"{jax.devices()[0].device_kind}, {__import__('os').cpu_count()} cpus"}
+          "machine": f"{jax.devices()[0].device_kind}, {os.cpu_count()} cpus"}
   try:
     import torch  # pylint: disable=g-import-not-at-top
     meta["torch"] = torch.__version__
@@ -544,10 +469,9 @@ def main(_):
   stem = datetime.date.today().isoformat()
   if cases != ALL_CASES:
     stem += "-" + "".join(sorted(cases))
-  out = pathlib.Path(_OUT.value) if _OUT.value else unused_results_path(
-      stem + ("-quick" if quick else ""))
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+  out = pathlib.Path(FLAGS.out) if FLAGS.out else harness.unused_results_path(
+      harness.RESULTS_DIR, stem + ("-quick" if quick else ""))
+  harness.write_results(out, {"meta": meta, "results": results})
   table = markdown(results)
   print(table)
   if not quick and cases == ALL_CASES:
@@ -565,4 +489,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

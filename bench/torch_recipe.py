@@ -3,13 +3,13 @@
     python -m bench.torch_recipe --seeds=0,1,2
 
 Same data (purejax.data.datasets's Tiny Shakespeare, nanoGPT's 90/10 split), same
-model (bench/torch_gpt.py, bias off as in nanoGPT's train.py), same schedule
-(linear warmup, cosine to min_lr), AdamW (decay on rank >= 2), clip 1.0,
+model (bench/torch_gpt.py, bias off as in nanoGPT's train.py), the library's
+schedule (`harness.lr_table`: linear warmup, cosine to min_lr), AdamW (decay
+on rank >= 2), clip 1.0,
 2000 iterations, then the loss over 200 random val batches, as nanoGPT's
 estimate_loss computes it. Prints one val loss per seed and the median.
 """
 
-import math
 import time
 
 from absl import app
@@ -17,21 +17,22 @@ from absl import flags
 import numpy as np
 import torch
 
+from bench import harness
 from bench import torch_gpt
 from purejax.data import corpus
 from purejax import gpt
+from purejax.training import optim
 
 _SEEDS = flags.DEFINE_list("seeds", "0,1,2", "Seeds to train.")
 _ITERS = flags.DEFINE_integer("max_iters", 2000, "Training iterations.")
 
-LR, MIN_LR, WARMUP, BETAS, WD, CLIP, BATCH, EVAL_ITERS = 1e-3, 1e-4, 100, (0.9, 0.99), 0.1, 1.0, 12, 200
+BATCH, EVAL_ITERS = 12, 200
 
 
-def lr_at(it, max_iters):
-  if it < WARMUP:
-    return LR * (it + 1) / (WARMUP + 1)
-  ratio = min((it - WARMUP) / (max_iters - WARMUP), 1.0)
-  return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+def optimizer_config(max_iters: int) -> optim.OptimizerConfig:
+  """nanoGPT's CPU recipe: lr 1e-3 to 1e-4 over the run after 100 warmup steps."""
+  return optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=100, decay_iters=max_iters,
+                               min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
 
 
 def batch(data, block, generator):
@@ -46,18 +47,21 @@ def train(seed, text, max_iters):
   torch.manual_seed(seed)
   generator = torch.Generator().manual_seed(seed)
   model = torch_gpt.TorchGPT(config)
-  optimizer = torch_gpt.make_optimizer(model, LR, WD, BETAS)
+  opt = optimizer_config(max_iters)
+  lrs = harness.lr_table(opt, max_iters)
+  optimizer = torch_gpt.make_optimizer(model, opt.learning_rate, opt.weight_decay,
+                                       (opt.beta1, opt.beta2))
   train_data = torch.from_numpy(text.train.astype(np.int64))
   val_data = torch.from_numpy(text.val.astype(np.int64))
   start = time.perf_counter()
   for it in range(max_iters):
     for group in optimizer.param_groups:
-      group["lr"] = lr_at(it, max_iters)
+      group["lr"] = lrs[it]
     x, y = batch(train_data, config.block_size, generator)
     _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
     optimizer.step()
   ms = 1000 * (time.perf_counter() - start) / max_iters
   model.eval()

@@ -1,140 +1,206 @@
-"""bench/gpu.py's pieces that decide what runs; the GPU itself is not needed."""
+"""The benches' harness (bench/harness.py, bench/jobs.py) and bench/gpu.py's pieces; no GPU needed."""
 
+import importlib
+import math
 import pathlib
 
 from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bench import gpu
-
-CANDIDATES = [12, 16, 24, 32, 48, 64, 96, 128, 192]
-
-
-def run_search(fits_up_to, start):
-  tried = []
-
-  def attempt(batch):
-    tried.append(batch)
-    return batch <= fits_up_to
-
-  gpu.search_largest(CANDIDATES, attempt, lambda first, rest: start, lambda: False)
-  return tried
+from bench import harness
+from bench import jobs
+from purejax import gpt
+from purejax.data import datasets
+from purejax.training import optim
 
 
-@pytest.mark.parametrize("start,expected", [
-    (3, [12, 16, 64, 96, 128]),   # predicted 64: fits, so up until one fails
-    (6, [12, 16, 192, 128, 96]),  # predicted 192: too big, so down until one fits
-    (None, [12, 16, 24, 32, 48, 64, 96, 128]),  # no prediction: one by one
-])
-def test_search_finds_the_largest_fitting_batch(start, expected):
-  tried = run_search(fits_up_to=100, start=start)
-  assert tried == expected
-  assert max(b for b in tried if b <= 100) == 96
+def test_alternate_runs_the_arms_in_turn_and_reports_every_round():
+  order, rounds_seen = [], []
+  arms = {name: (lambda name=name: order.append(name) or len(order)) for name in "ab"}
+  times = harness.alternate(arms, 3, after_round=lambda t: rounds_seen.append(len(t["b"])))
+  assert order == ["a", "b", "a", "b", "a", "b"]
+  assert times == {"a": [1, 3, 5], "b": [2, 4, 6]}
+  assert rounds_seen == [1, 2, 3]
 
 
-def test_search_stops_when_the_first_batch_fails_or_the_budget_is_spent():
-  assert run_search(fits_up_to=8, start=3) == [12]
-  tried = []
-  gpu.search_largest(CANDIDATES, lambda b: tried.append(b) or True, lambda f, r: 0,
-                     lambda: True)
-  assert tried == [12, 16]
+def test_alternate_drops_a_failing_arm_and_stops_when_out_of_time():
+  errors, calls = {}, []
+
+  def broken():
+    raise ValueError("no")
+
+  times = harness.alternate({"ok": lambda: calls.append(1) or 1.0, "broken": broken}, 5,
+                            min_rounds=2, out_of_time=lambda: True,
+                            on_error=lambda name, e: errors.setdefault(name, str(e)))
+  assert times == {"ok": [1.0, 1.0], "broken": []}  # out of time: only min_rounds
+  assert errors == {"broken": "no"}
+  with pytest.raises(ValueError):  # without on_error the error propagates
+    harness.alternate({"broken": broken}, 1)
 
 
-def test_predicted_start_from_two_peaks():
-  gib = 2**30
-  # 1 GiB fixed + 0.5 GiB per sequence, 80 GiB limit: 0.9 * 80 GiB fits 142.
-  records = [{"peak_bytes": gib + 12 * gib // 2}, {"peak_bytes": gib + 16 * gib // 2,
-                                                   "limit_bytes": 80 * gib}]
-  rest = CANDIDATES[2:]
-  assert rest[gpu.predicted_start(records, [12, 16], rest)] == 128
-  assert gpu.predicted_start([{}, {}], [12, 16], rest) is None  # no memory stats (CPU)
-
-
-def test_select_jobs():
-  assert gpu.select_jobs(["j"]) == ["j.sample"]
-  assert gpu.select_jobs(["h.max_batch", "h.train"]) == [
-      "h.train", "h.max_batch.purejax", "h.max_batch.torch", "h.max_batch.purejax_unrolled"]
-  assert len(gpu.select_jobs(["h", "i", "j"])) == len(gpu.JOBS)
-  assert gpu.select_jobs(["h.feed"]) == ["h.feed"]
-  assert gpu.select_jobs(["h"])[:2] == ["h.train", "h.feed"]
-  with pytest.raises(app.UsageError, match="unknown"):
-    gpu.select_jobs(["k"])
-
-
-def test_host_feed_reads_the_token_file_one_call_ahead(tmp_path):
-  path = tmp_path / "train.bin"
-  gpu.write_token_file(path, 5000, vocab=300, chunk=1024)
-  tokens = np.memmap(path, dtype=np.uint16, mode="r")
-  assert tokens.shape == (5000,) and tokens.max() < 300 and len(np.unique(tokens)) > 200
-  feed = gpu.HostFeed(tokens, block_size=16, batch_size=4, seed=0, steps_per_call=3)
-  try:
-    for step in (0, 3, 9):  # 9: not the call read ahead, so read now
-      windows = feed.windows(step)
-      assert windows.shape == (3, 4, 17) and windows.dtype == np.int32
-      for k in range(3):
-        np.testing.assert_array_equal(
-            windows[k], gpu.batches.sample_windows(tokens, 16, 4, 0, step + k))
-    assert len(feed.waits) == 3
-  finally:
-    feed.close()
-  # 0, 3, 6 (read ahead, unused), 9, and 12 unless close() cancelled it before it started
-  assert len(feed.reads) in (4, 5)
-
-
-def test_consecutive_calls_keeps_the_timed_calls_waits():
-  class Feed:
-    waits = []
-  calls = iter([9.0, 1.0, 3.0, 9.0, 2.0, 2.0])
-
-  def run():
-    Feed.waits.append(len(Feed.waits))
-    return next(calls)
-
-  waits = []
-  timed = gpu.consecutive_calls(run, 2, Feed, waits)
-  assert timed() == 2.0 and timed() == 2.0
-  assert waits == [1, 2, 4, 5]  # not the untimed first call of each round
-
-
-def test_summarise_pairs_rounds_with_the_reference():
-  rows = gpu.summarise({"ours": [1.0, 2.0, 1.0], "twin": [2.0, 3.0]}, {"twin": "ours"}, "s/iter")
-  assert rows["ours"]["median"] == 1.0 and "ratio" not in rows["ours"]
+def test_summarise_medians_and_per_round_ratios():
+  rows = harness.summarise({"ours": [1.0, 2.0, 1.0], "twin": [2.0, 3.0]}, {"twin": "ours"},
+                           "s/iter")
+  assert rows["ours"] == {"median": 1.0, "min": 1.0, "max": 2.0, "unit": "s/iter", "n": 3}
   np.testing.assert_allclose(rows["twin"]["ratio"], 1.75)  # median of 2/1 and 3/2
-  assert rows["twin"]["vs"] == "ours"
+  assert rows["twin"]["vs"] == "ours" and rows["twin"]["ratio_max"] == 2.0
+  # One reference for every arm; an arm without times is left out.
+  rows = harness.summarise({"ref": [2.0, 4.0], "x": [4.0, 4.0], "empty": []}, "ref", "s")
+  assert rows["x"]["ratio"] == 1.5 and "ratio" not in rows["ref"] and "empty" not in rows
 
 
-def test_results_are_never_overwritten(tmp_path):
-  first = gpu.unused_results_path(tmp_path, "2026-01-01-gpu-hij")
-  first.write_text("{}")
-  second = gpu.unused_results_path(tmp_path, "2026-01-01-gpu-hij")
+def test_results_files_are_never_overwritten(tmp_path):
+  first = harness.unused_results_path(tmp_path, "2026-01-01-gpu-hij")
+  assert first == tmp_path / "2026-01-01-gpu-hij.json"
+  harness.write_results(first, {"meta": {}, "results": {}})
+  second = harness.unused_results_path(tmp_path, "2026-01-01-gpu-hij")
   assert second.name == "2026-01-01-gpu-hij-2.json"
-  gpu.update_job(second, "j.sample", {"status": "done", "rows": {}})
-  assert gpu.read_results(second)["results"]["j.sample"]["status"] == "done"
+  job = jobs.Job("j.sample", second, deadline=0.0, title="sampling")
+  job.result["rows"] = {"purejax": {"median": 1.0}}
+  job.save()
+  assert harness.read_results(second)["results"]["j.sample"]["rows"]["purejax"]["median"] == 1.0
+  assert harness.read_results(tmp_path / "missing.json") == {"meta": {}, "results": {}}
+  assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, then renamed
 
 
-def test_markdown_takes_partial_and_failed_jobs():
+def test_markdown_lines_per_arm_and_notes():
+  table = harness.markdown(
+      {"a": {"rows": {"ours": {"median": 1.0}, "twin": {"median": 2.0, "ratio": 2.0,
+                                                       "ratio_min": 1.5, "ratio_max": 3.0}}},
+       "b": {"rows": {}, "note": "crashed"}},
+      [("median", lambda row: f"{row['median']:.1f}"),
+       ("ratio", lambda row: harness.ratio_text(row, "reference"))],
+      notes=lambda result: [result["note"]] if "note" in result else [])
+  assert table.splitlines() == [
+      "| case | arm | median | ratio |", "| --- | --- | --- | --- |",
+      "| a | ours | 1.0 | reference |", "| a | twin | 2.0 | 2.00x (1.50-3.00) |",
+      "| b |  |  | crashed |"]
+
+
+def test_gpu_markdown_takes_partial_and_failed_jobs():
   table = gpu.markdown({
       "h.train": {"rows": {"purejax": {"median": 0.05, "min": 0.04, "max": 0.06,
                                        "unit": "s/iter", "tokens_per_s": 2.4e5, "mfu": 0.4,
-                                       "peak_bytes": 2**31}}},
+                                       "peak_bytes": 2**31, "program_peak_bytes": 2**30,
+                                       "cudnn_attention_calls": 3}}},
       "h.medium": {"status": "crashed", "errors": {"process": "exit code 1"}},
       "i.purejax_recipe": {"rows": {"purejax": {"median": 0.01, "min": None, "max": None,
                                                 "unit": "s/iter", "best_val_loss": 1.47}}},
   })
-  assert "50.00 ms/iter (40.00-60.00)" in table and "40.0%" in table and "| 2.0 |" in table
+  assert "50.00 ms/iter (40.00-60.00)" in table and "40.0%" in table
+  assert "| 2.0 | 1.00 | 3 |" in table  # peak GiB, program peak GiB, cuDNN attention calls
   assert "status crashed" in table and "best val 1.4700" in table
-  feed = gpu.markdown({"h.feed": {"host_vs_device": 1.01, "feed_costs_nothing": True, "rows": {
-      "host": {"median": 0.1, "min": 0.1, "max": 0.1, "unit": "s/iter",
-               "read_ms_median": 3.5}}}})
-  assert "read 3.50 ms/call" in feed and "host/device 1.010: the feed costs nothing" in feed
+
+
+def lowered_cudnn_attention(monkeypatch):
+  """A train step's attention lowered for CUDA on this (CPU) host, as StableHLO text."""
+  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
+  # JAX asks the installed cuDNN for its version while tracing; a CPU host has none.
+  monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 91000)
+  q = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16)
+
+  def loss(q, k, v):
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    return out.astype(jnp.float32).sum()
+
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
+      lowering_platforms=("cuda",)).as_text()
+
+
+def test_cudnn_attention_calls_counts_forward_and_backward(monkeypatch):
+  try:
+    text = lowered_cudnn_attention(monkeypatch)
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.skip(f"this JAX cannot lower cuDNN attention for CUDA on a CPU host: {e}")
+  assert harness.cudnn_attention_calls(text) == {"__cudnn$fmhaSoftmax": 1,
+                                                 "__cudnn$fmhaSoftmaxBackward": 1}
+  # The optimised HLO of a compiled program names its calls this way.
+  hlo = ('%c = (bf16[2,4,128,64]) custom-call(%q, %k, %v), '
+         'custom_call_target="__cudnn$fmhaSoftmax", backend_config={}')
+  assert harness.cudnn_attention_calls(hlo) == {"__cudnn$fmhaSoftmax": 1}
+  assert harness.cudnn_attention_calls(jax.jit(jnp.sin).lower(1.0).as_text()) == {}
+
+
+def test_program_stats_reads_the_compiled_programs_memory():
+  x = jnp.ones((256, 256), jnp.float32)
+  stats = harness.program_stats(jax.jit(lambda a: (a @ a).sum()).lower(x).compile())
+  assert stats["cudnn_attention_calls"] == 0 and stats["cudnn_attention_targets"] == {}
+  assert stats["program_peak_bytes"] >= x.nbytes  # at least its argument
+
+
+@pytest.mark.slow  # compiles a train step: ~10 s on a loaded 2-core machine
+def test_purejax_train_arm_records_what_ran():
+  config = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+  info = {}
+  arm = harness.purejax_train_arm(config, gpu.GPT2_OPTIMIZER, batch_size=2, steps=1,
+                                  data=jnp.arange(100) % 32, info=info)
+  assert arm() > 0 and math.isfinite(info["last_loss"])
+  assert info["cudnn_attention_calls"] == 0  # CPU forms
+  assert info["program_peak_bytes"] > 0 and info["forms"]["attention"]
+
+
+def test_lr_table_is_the_librarys_schedule():
+  config = optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=10, decay_iters=100,
+                                 min_lr=1e-4)
+  table = harness.lr_table(config, 120)
+  schedule = optim.make_schedule(config)
+  np.testing.assert_allclose(table, [float(schedule(i)) for i in range(120)], rtol=1e-6)
+  # nanoGPT's get_lr: warmup from lr/(warmup+1), cosine down to min_lr, then held.
+  np.testing.assert_allclose(table[0], 1e-3 / 11, rtol=1e-6)
+  np.testing.assert_allclose(table[10], 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(table[55], 1e-4 + 0.5 * 9e-4, rtol=1e-5)
+  np.testing.assert_allclose(table[100:], 1e-4, rtol=1e-6)
+
+
+def test_search_largest_bisects_the_candidates():
+  candidates = [12, 16, 24, 32, 48, 64, 96, 128, 192]
+  tried = []
+
+  def attempt(fits_up_to):
+    return lambda batch: tried.append(batch) or batch <= fits_up_to
+
+  assert gpu.search_largest(candidates, attempt(100), lambda: False) == 96
+  assert tried == [12, 48, 96, 128]
+  tried.clear()
+  assert gpu.search_largest(candidates, attempt(8), lambda: False) is None and tried == [12]
+  tried.clear()
+  assert gpu.search_largest(candidates, attempt(1000), lambda: True) == 12 and tried == [12]
+
+
+def test_select_jobs():
+  assert jobs.select(["j"], list(gpu.JOBS)) == ["j.sample"]
+  assert jobs.select(["h.max_batch", "h.train"], list(gpu.JOBS)) == [
+      "h.train", "h.max_batch.purejax", "h.max_batch.torch", "h.max_batch.purejax_unrolled"]
+  assert jobs.select(["h", "i", "j"], list(gpu.JOBS)) == list(gpu.JOBS)
+  with pytest.raises(app.UsageError, match="unknown"):
+    jobs.select(["k"], list(gpu.JOBS))
+
+
+def test_token_file_and_consecutive_calls(tmp_path):
+  path = tmp_path / "train.bin"
+  gpu.write_token_file(path, 5000, vocab=300)
+  tokens = np.memmap(path, dtype=np.uint16, mode="r")
+  assert tokens.shape == (5000,) and tokens.max() < 300 and len(np.unique(tokens)) > 200
+  calls, marks = iter([9.0, 9.0, 1.0, 3.0]), []
+  arm = gpu.consecutive_calls(lambda: next(calls), untimed=2, timed=2, timing=marks.append)
+  assert arm() == 2.0 and marks == [True, False]  # the mean of the timed calls only
 
 
 def test_shakespeare_is_split_as_nanogpt_splits_it():
   text = gpu.shakespeare()
-  raw = (pathlib.Path(gpu.data_lib.EMBEDDED_SHAKESPEARE_DIR) / "input.txt").read_text()
-  chars = sorted(set(raw))
-  assert text.tokenizer.chars == "".join(chars) and text.vocab_size == 65
+  raw = (pathlib.Path(datasets.EMBEDDED_SHAKESPEARE_DIR) / "input.txt").read_text()
+  assert text.tokenizer.chars == "".join(sorted(set(raw))) and text.vocab_size == 65
   n = int(len(raw) * 0.9)
   assert len(text.train) == n and len(text.val) == len(raw) - n
   assert text.tokenizer.decode(text.val[:50]) == raw[n:n + 50]
+
+
+def test_the_benches_import_together_and_define_no_flags_on_import():
+  for module in ("bench.run", "bench.gpu", "bench.harness", "bench.jobs"):
+    importlib.import_module(module)
+  assert "cases" not in flags.FLAGS and "time_budget_s" not in flags.FLAGS

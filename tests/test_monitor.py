@@ -363,7 +363,15 @@ def device(kind, platform="gpu"):
     ("NVIDIA H100 80GB HBM3", "float16", 989e12),
     # fp32 matmuls: JAX's default precision runs them on TF32 tensor cores.
     ("NVIDIA H100 80GB HBM3", "float32", 494.5e12),
-    ("NVIDIA H200", "bfloat16", 989e12),
+    ("NVIDIA H200", "bfloat16", 989e12),  # SXM
+    ("NVIDIA H200 NVL", "bfloat16", 835.5e12),  # the PCIe card: lower clocks and power
+    ("NVIDIA H200 NVL", "float32", 417.5e12),
+    ("NVIDIA B200", "bfloat16", 2.25e15),
+    ("NVIDIA B200", "float32", 1.1e15),
+    ("NVIDIA GB200", "bfloat16", 2.5e15),  # not the HGX B200's figure
+    ("NVIDIA L40S", "bfloat16", 362.05e12),
+    ("NVIDIA L40S", "float32", 183e12),
+    ("NVIDIA L40", "bfloat16", None),  # not an L40S, and not in the table
     ("NVIDIA H100 PCIe", "bfloat16", 756e12),
     ("NVIDIA A100-SXM4-80GB", "float32", 156e12),
     ("NVIDIA A100 80GB PCIe", "bfloat16", 312e12),

@@ -61,14 +61,23 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: Optional[float]
 # Dense (no sparsity) peak FLOP/s of one JAX device, from the vendors' data
 # sheets, by device kind: `(pattern of device.device_kind, 16-bit peak,
 # TF32 peak, FP32 peak)`. First match wins, so narrower patterns come first.
+# NVIDIA's sheets give the tensor-core figures with 2:4 sparsity; dense is half.
+# Sources: H200 SXM and NVL, nvidia.com/en-us/data-center/h200 (NVL: 1,671
+# TFLOP/s bf16 and 835 TF32 sparse, 60 FP32); B200 and GB200, the per-GPU table
+# of nvidia.com/en-us/data-center/gb200-nvl72 (HGX B200: 4.5 PFLOP/s bf16 and
+# 2.2 TF32 sparse, 75 TFLOP/s FP32; GB200: 5, 2.5 and 80); L40S, NVIDIA's L40S
+# datasheet (362.05 bf16, 183 TF32, 91.6 FP32 dense).
 # On TPU v2/v3 a JAX device is one core (half a chip); from v4 on it is a chip.
 # TPUs have no TF32 or fp32 matrix unit: fp32 matmuls run as bf16 passes.
 _GPU_PEAKS = (
     (r"H100.*PCIe", 756e12, 378e12, 51.2e12),
     (r"H100 NVL", 835e12, 417.5e12, 60e12),
+    (r"H200 NVL", 835.5e12, 417.5e12, 60e12),
     (r"\b(H100|H800|GH200|H200)\b", 989e12, 494.5e12, 67e12),  # SXM; H200: same chip
+    (r"\bGB200\b", 2.5e15, 1.25e15, 80e12),
+    (r"\bB200\b", 2.25e15, 1.1e15, 75e12),
     (r"\bA100\b", 312e12, 156e12, 19.5e12),
-    (r"\bL40S\b", 362e12, 183e12, 91.6e12),
+    (r"\bL40S\b", 362.05e12, 183e12, 91.6e12),
     (r"\bL4\b", 121e12, 60e12, 30.3e12),
 )
 _TPU_BF16_PEAKS = (
