@@ -120,20 +120,6 @@ def make_sizes(gpu: bool, quick: bool) -> Sizes:
           SHAKESPEARE_GPU, block_size=64, n_layer=2, n_head=2, n_embd=64))
 
 
-JOBS = {
-    "h.train": "h: GPT-2 124M train step, batch 12",
-    "h.feed": "h: the memory-mapped loader feeds the GPT-2 124M step without slowing it",
-    "h.medium": "h: GPT-2 medium train step, batch 8 (purejax)",
-    "h.max_batch.purejax": "h: largest batch, purejax (scan)",
-    "h.max_batch.torch": "h: largest batch, torch twin",
-    "h.max_batch.purejax_unrolled": "h: largest batch, purejax (scan_layers=False)",
-    "i.purejax_recipe": "i: Shakespeare GPU recipe, purejax (loop.train_gpt)",
-    "i.torch_recipe": "i: Shakespeare GPU recipe, torch twin",
-    "i.speed": "i: Shakespeare GPU recipe, ms/iter, dropout 0.2 and 0",
-    "j.sample": "j: sample 1000 tokens, batch 1, KV cache",
-}
-
-
 # ----------------------------------------------------------------------------
 # A job in its process
 
@@ -143,7 +129,7 @@ class Job(jobs.Job):
 
   def __init__(self, name: str, path: pathlib.Path, deadline: float, quick: bool,
                torch_compile: str = "auto"):
-    super().__init__(name, path, deadline, JOBS.get(name, name))
+    super().__init__(name, path, deadline, TITLES.get(name, name))
     self.gpu = jax.default_backend() != "cpu"
     self.peak_flops = flops.device_peak_flops(jax.devices()[0], "bfloat16")
     self.compile_torch = {"yes": True, "no": False, "auto": self.gpu}[torch_compile]
@@ -604,10 +590,26 @@ def job_j_sample(job: Job) -> None:
 # Running the jobs
 
 
-JOB_FUNCTIONS = {"env": jobs.environment, "h.train": job_h_train, "h.feed": job_h_feed,
-                 "h.medium": job_h_medium, "i.purejax_recipe": job_i_purejax_recipe,
-                 "i.torch_recipe": job_i_torch_recipe, "i.speed": job_i_speed,
-                 "j.sample": job_j_sample}
+# Each job: its title and what runs it in its process.
+JOBS = {
+    "h.train": ("h: GPT-2 124M train step, batch 12", job_h_train),
+    "h.feed": ("h: the memory-mapped loader feeds the GPT-2 124M step without slowing it",
+               job_h_feed),
+    "h.medium": ("h: GPT-2 medium train step, batch 8 (purejax)", job_h_medium),
+    "h.max_batch.purejax": ("h: largest batch, purejax (scan)",
+                            functools.partial(job_h_max_batch, arm="purejax")),
+    "h.max_batch.torch": ("h: largest batch, torch twin",
+                          functools.partial(job_h_max_batch, arm="torch")),
+    "h.max_batch.purejax_unrolled": ("h: largest batch, purejax (scan_layers=False)",
+                                     functools.partial(job_h_max_batch,
+                                                       arm="purejax_unrolled")),
+    "i.purejax_recipe": ("i: Shakespeare GPU recipe, purejax (loop.train_gpt)",
+                         job_i_purejax_recipe),
+    "i.torch_recipe": ("i: Shakespeare GPU recipe, torch twin", job_i_torch_recipe),
+    "i.speed": ("i: Shakespeare GPU recipe, ms/iter, dropout 0.2 and 0", job_i_speed),
+    "j.sample": ("j: sample 1000 tokens, batch 1, KV cache", job_j_sample),
+}
+TITLES = {name: title for name, (title, _) in JOBS.items()}
 
 
 def main(argv):
@@ -615,10 +617,9 @@ def main(argv):
   if FLAGS.worker:  # a job's process
     job = Job(FLAGS.worker, pathlib.Path(FLAGS.results), FLAGS.deadline, FLAGS.quick,
               FLAGS.torch_compile)
-    jobs.run(job, functools.partial(job_h_max_batch, arm=job.name.split(".")[-1])
-             if job.name.startswith("h.max_batch.") else JOB_FUNCTIONS[job.name])
+    jobs.run(job, jobs.environment if job.name == "env" else JOBS[job.name][1])
     return
-  jobs.main("bench.gpu", jobs.select(FLAGS.cases, list(JOBS)), JOBS, markdown,
+  jobs.main("bench.gpu", jobs.select(FLAGS.cases, list(JOBS)), TITLES, markdown,
             [f"--quick={FLAGS.quick}", f"--torch_compile={FLAGS.torch_compile}"])
 
 

@@ -20,6 +20,7 @@ import gc
 from importlib import metadata
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -230,11 +231,12 @@ def environment(job: Job) -> None:
     if torch.cuda.is_available():
       job.result.update(torch_device_name=torch.cuda.get_device_name(),
                         cudnn=torch.backends.cudnn.version())
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                          "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
-    job.result["nvidia_smi"] = smi.stdout.strip()
-  except Exception as e:  # pylint: disable=broad-except  # no torch or no nvidia-smi
-    job.result["errors"]["torch or nvidia-smi"] = harness.describe(e)
+  except ImportError as e:
+    job.result["errors"]["torch"] = harness.describe(e)
+  if shutil.which("nvidia-smi"):
+    job.result["nvidia_smi"] = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=60).stdout.strip()
 
 
 def main(module: str, names: Sequence[str], titles: Dict[str, str],
@@ -259,6 +261,7 @@ def main(module: str, names: Sequence[str], titles: Dict[str, str],
   path = (pathlib.Path(FLAGS.out) if FLAGS.out else harness.unused_results_path(
       pathlib.Path(FLAGS.out_dir), stem + ("-quick" if FLAGS.quick else "")))
   log = path.with_suffix(".log")
+  path.parent.mkdir(parents=True, exist_ok=True)
   log.write_text(env_output)
   device = env.get("torch_device_name") or env.get("device_kind")
   harness.write_results(path, {"meta": {
