@@ -24,6 +24,11 @@ slow = pytest.mark.slow
                  marks=slow),
     pytest.param(["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "min_lr must be in", marks=slow),
     pytest.param(["--cpu_devices=0"], "--cpu_devices must be >= 1", marks=slow),
+    pytest.param(["--attention=cudnn"], "--attention=cudnn needs an NVIDIA GPU", marks=slow),
+    pytest.param(["--attn_block=0"], "--attn_block must be 'auto' or a positive integer",
+                 marks=slow),
+    pytest.param(["--loss_chunk_rows=many"], "--loss_chunk_rows must be 'auto' or a "
+                 "non-negative integer", marks=slow),
 ])
 def test_bad_flag_values(args, message):
   process = run_module("purejax.train", *args, timeout=300)

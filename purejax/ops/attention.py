@@ -23,7 +23,8 @@ per head, and take plain arguments: nothing here knows a model config.
   never exist in memory. It takes bfloat16/float16 operands, head sizes
   that are multiples of 8 up to 128, and no dropout; anything else runs the
   "xla" form, and says so once in the log (`cudnn_unsupported` gives the
-  reason). It lowers only for CUDA.
+  reason). It lowers only for CUDA; `tests/test_gpu_lowering.py` reads the
+  program it builds (no GPU timing of it is recorded).
 """
 
 import functools
