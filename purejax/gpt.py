@@ -8,7 +8,12 @@
 
 The architecture is GPT-2's: learned token and position embeddings,
 pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final
-LayerNorm and an output head tied to the token embedding.
+LayerNorm and an output head tied to the token embedding. The Llama family
+(Llama, Mistral, Qwen2, SmolLM) is the same model with other options, one
+small function each: RMSNorm (`nn.rms_norm`), rotary positions (`nn.rope`),
+a SwiGLU MLP (`nn.swiglu`), fewer key/value heads than query heads
+(grouped-query attention), an untied output head, and no biases or Qwen2's
+query/key/value biases. `ARCHITECTURES` names the option sets.
 
 The `n_layer` blocks share one structure, so their params are stacked on a
 leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
@@ -43,6 +48,9 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 # Execution options that older configs held; now in `kernels.Forms`, and
 # ignored where a saved config still names them.
 EXECUTION_FIELDS = ("remat", "attn_block", "attention", "scan_layers")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+MLPS = ("gelu", "swiglu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,28 @@ class GPTConfig:
     n_head: attention heads; must divide `n_embd`.
     n_embd: model width.
     dropout: drop rate in [0, 1) for embeddings, attention and residuals.
-    bias: whether dense layers and LayerNorms have biases.
+    bias: whether dense layers and LayerNorms have biases (RMSNorm has none).
+    norm: "layernorm" (GPT-2) or "rmsnorm" (Llama), before each sublayer and
+      at the end.
+    norm_eps: added to the variance (or mean square) in every norm.
+    position: "learned" (a `[block_size, n_embd]` table added to the token
+      embeddings, GPT-2) or "rope" (queries and keys rotated by position,
+      `nn.rope`; no table).
+    rope_theta: RoPE's base wavelength.
+    rope_scaling: None, or how RoPE's frequencies are stretched
+      (`nn.RopeScaling`; a Hugging Face `rope_scaling` dict is accepted).
+    mlp: "gelu" (`proj(gelu(fc(x)))`, GPT-2) or "swiglu"
+      (`proj(silu(gate(x)) * up(x))`, Llama; gate and up are one matmul).
+    mlp_hidden: the MLP's hidden width; None: 4 * n_embd for "gelu", and for
+      "swiglu" 8/3 * n_embd rounded up to a multiple of 8, which keeps the
+      parameter count of the 4x GELU MLP (as the Llama paper does).
+    n_kv_head: key/value heads, dividing `n_head` (grouped-query attention:
+      each serves `n_head // n_kv_head` query heads; 1 is multi-query);
+      None: `n_head`.
+    tie_embeddings: the output head is the token embedding (GPT-2); False
+      gives it its own `[n_embd, vocab_size]` weights (`params["lm_head"]`).
+    qkv_bias: biases on the query/key/value projection even when `bias` is
+      False (Qwen2).
     param_dtype: dtype of the stored params ("float32").
     compute_dtype: dtype of the matmuls ("float32" or "bfloat16"); LayerNorm,
       softmax and the loss always run in float32.
@@ -73,6 +102,16 @@ class GPTConfig:
   n_embd: int = 128
   dropout: float = 0.0
   bias: bool = True
+  norm: str = "layernorm"
+  norm_eps: float = 1e-5
+  position: str = "learned"
+  rope_theta: float = 10000.0
+  rope_scaling: Optional[nn.RopeScaling] = None
+  mlp: str = "gelu"
+  mlp_hidden: Optional[int] = None
+  n_kv_head: Optional[int] = None
+  tie_embeddings: bool = True
+  qkv_bias: bool = False
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
 
@@ -88,14 +127,55 @@ class GPTConfig:
           f"{math.gcd(self.n_embd, self.n_head)}).")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+    self._check_architecture()
     for name in ("param_dtype", "compute_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of "
                          f"{sorted(_DTYPES)}.")
 
+  def _check_architecture(self) -> None:
+    for name, allowed in (("norm", NORMS), ("position", POSITIONS), ("mlp", MLPS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of "
+                         f"{list(allowed)}.")
+    if not self.norm_eps > 0:
+      raise ValueError(f"GPTConfig.norm_eps must be positive, got {self.norm_eps}.")
+    if not self.rope_theta > 0:
+      raise ValueError(f"GPTConfig.rope_theta must be positive, got {self.rope_theta}.")
+    if isinstance(self.rope_scaling, dict):  # as Hugging Face and saved configs hold it
+      object.__setattr__(self, "rope_scaling", nn.RopeScaling.from_dict(self.rope_scaling))
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling, nn.RopeScaling):
+      raise ValueError(f"GPTConfig.rope_scaling must be None, an nn.RopeScaling or a dict, "
+                       f"got {self.rope_scaling!r}.")
+    if self.position == "rope" and self.head_dim % 2:
+      raise ValueError(f"position='rope' needs an even head size, but n_embd={self.n_embd} "
+                       f"/ n_head={self.n_head} = {self.head_dim}; change n_head.")
+    for name in ("mlp_hidden", "n_kv_head"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"GPTConfig.{name} must be None or a positive integer, got "
+                         f"{value!r}.")
+    if self.n_head % self.kv_heads:
+      raise ValueError(f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}; "
+                       f"each key/value head serves a whole group of query heads.")
+
   @property
   def head_dim(self) -> int:
     return self.n_embd // self.n_head
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads (`n_kv_head`, or `n_head` when that is None)."""
+    return self.n_kv_head or self.n_head
+
+  @property
+  def mlp_width(self) -> int:
+    """The MLP's hidden width (see `mlp_hidden`)."""
+    if self.mlp_hidden is not None:
+      return self.mlp_hidden
+    if self.mlp == "swiglu":
+      return -(-(8 * self.n_embd) // (3 * 8)) * 8
+    return 4 * self.n_embd
 
   @property
   def matmul_dtype(self):
@@ -117,8 +197,26 @@ def forms_for(params: Params, forms: Optional[kernels.Forms] = None) -> kernels.
   return forms or kernels.select(kernels.platform_of(params))
 
 
+# The architectures by name: GPTConfig options (`GPTConfig(**ARCHITECTURES[name], ...)`).
+# "llama" is the Llama block at the size it is given: RMSNorm, rotary
+# positions, SwiGLU, no biases; its head stays tied, as in SmolLM and Llama
+# 3.2's small models, so at a small vocabulary it has the GPT's parameter count.
+ARCHITECTURES: Dict[str, Dict[str, Any]] = {
+    "gpt2": {},
+    "llama": dict(norm="rmsnorm", norm_eps=1e-5, position="rope", mlp="swiglu", bias=False),
+}
+
+
 # ----------------------------------------------------------------------------
 # Initialisation
+
+
+def init_norm(config: GPTConfig) -> Params:
+  """Params of one of the model's norms (`config.norm`)."""
+  dtype = _DTYPES[config.param_dtype]
+  if config.norm == "rmsnorm":
+    return nn.init_rms_norm(config.n_embd, dtype=dtype)
+  return nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype)
 
 
 def init_block(key: chex.PRNGKey, config: GPTConfig) -> Params:
@@ -132,16 +230,19 @@ def init_block(key: chex.PRNGKey, config: GPTConfig) -> Params:
   keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
   resid_scale = 0.02 / math.sqrt(2 * config.n_layer)
   dense = functools.partial(nn.init_dense, bias=config.bias, dtype=dtype)
+  qkv_width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+  fc_width = config.mlp_width * (2 if config.mlp == "swiglu" else 1)  # swiglu: gate, up
   return {
-      "ln_1": nn.init_layer_norm(c, bias=config.bias, dtype=dtype),
+      "ln_1": init_norm(config),
       "attn": {
-          "qkv": dense(keys["qkv"], c, 3 * c, scale=0.02),
+          "qkv": nn.init_dense(keys["qkv"], c, qkv_width, scale=0.02, dtype=dtype,
+                               bias=config.bias or config.qkv_bias),
           "proj": dense(keys["attn_proj"], c, c, scale=resid_scale),
       },
-      "ln_2": nn.init_layer_norm(c, bias=config.bias, dtype=dtype),
+      "ln_2": init_norm(config),
       "mlp": {
-          "fc": dense(keys["fc"], c, 4 * c, scale=0.02),
-          "proj": dense(keys["mlp_proj"], 4 * c, c, scale=resid_scale),
+          "fc": dense(keys["fc"], c, fc_width, scale=0.02),
+          "proj": dense(keys["mlp_proj"], config.mlp_width, c, scale=resid_scale),
       },
   }
 
@@ -152,23 +253,31 @@ def init_params(config: GPTConfig, key: chex.PRNGKey) -> Params:
   Returns:
     `{"wte": {"embedding": [vocab, embd]}, "wpe": {"embedding": [block, embd]},
       "blocks": <init_block tree, each leaf with a leading [n_layer] axis>,
-      "ln_f": {...}}`. The output head reuses `wte` (tied embeddings).
+      "ln_f": {...}}`. The output head reuses `wte` (tied embeddings); with
+    `tie_embeddings=False` it is `"lm_head": {"w": [embd, vocab]}`. With
+    `position="rope"` there is no `"wpe"`.
   """
   keys = rng.split_named(key, ("wte", "wpe", "blocks"))
   dtype = _DTYPES[config.param_dtype]
   block_keys = rng.layer_keys(keys["blocks"], config.n_layer)
-  return {
+  params = {
       "wte": nn.init_embedding(keys["wte"], config.vocab_size, config.n_embd, dtype=dtype),
       "wpe": nn.init_embedding(keys["wpe"], config.block_size, config.n_embd, dtype=dtype),
       "blocks": jax.vmap(lambda k: init_block(k, config))(block_keys),
-      "ln_f": nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype),
+      "ln_f": init_norm(config),
   }
+  if config.position != "learned":
+    del params["wpe"]
+  if not config.tie_embeddings:
+    params["lm_head"] = nn.init_dense(jax.random.fold_in(keys["wte"], 1), config.n_embd,
+                                      config.vocab_size, bias=False, dtype=dtype)
+  return params
 
 
 def num_params(params: Params, *, non_embedding: bool = True) -> int:
   """Parameter count; like nanoGPT, leaves out position embeddings by default."""
   total = sum(x.size for x in jax.tree.leaves(params))
-  if non_embedding:
+  if non_embedding and "wpe" in params:
     total -= params["wpe"]["embedding"].size
   return total
 
@@ -176,19 +285,37 @@ def num_params(params: Params, *, non_embedding: bool = True) -> int:
 # ----------------------------------------------------------------------------
 # The model
 
-# `attend(q, k, v) -> (y, carry)`: attention of queries `q` over keys `k` and
-# values `v`, all `[batch, time, head, head_dim]`, with whatever it carries
-# out (decoding's updated KV cache; None in training).
+# `attend(q, k, v) -> (y, carry)`: attention of queries `q` `[batch, time,
+# n_head, head_dim]` over keys `k` and values `v` `[batch, time, kv_heads,
+# head_dim]`, with whatever it carries out (decoding's updated KV cache; None
+# in training).
 Attend = Callable[[chex.Array, chex.Array, chex.Array], Tuple[chex.Array, Any]]
 
 
-def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms
-              ) -> Tuple[chex.Array, chex.Array, chex.Array]:
-  """Queries, keys and values of `x` `[batch, time, embd]`, each `[batch, time, head, head_dim]`."""
+def norm(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
+  """The model's norm (`config.norm`) over the last axis of `x`."""
+  if config.norm == "rmsnorm":
+    return nn.rms_norm(params, x, eps=config.norm_eps)
+  return nn.layer_norm(params, x, eps=config.norm_eps)
+
+
+def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
+              start: chex.Numeric = 0) -> Tuple[chex.Array, chex.Array, chex.Array]:
+  """Queries `[batch, time, n_head, head_dim]`, keys and values `[batch, time, kv_heads, head_dim]`.
+
+  With `position="rope"`, queries and keys are rotated by their positions
+  `start, start + 1, ...` (`start` may be traced).
+  """
   b, t, _ = x.shape
-  qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype, forms=forms)  # [b, t, 3c]
-  qkv = qkv.reshape(b, t, 3, config.n_head, config.head_dim)
-  return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  h, kv, d = config.n_head, config.kv_heads, config.head_dim
+  qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype, forms=forms)
+  q, k, v = jnp.split(qkv, (h * d, (h + kv) * d), axis=-1)  # [b, t, (h | kv) d]
+  q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
+  if config.position == "rope":
+    positions = start + jnp.arange(t)
+    frequencies = nn.rope_frequencies(d, config.rope_theta, config.rope_scaling)
+    q, k = nn.rope(q, positions, frequencies), nn.rope(k, positions, frequencies)
+  return q, k, v
 
 
 def merge_heads(params: Params, y: chex.Array, config: GPTConfig, forms: kernels.Forms
@@ -211,7 +338,7 @@ def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex
 
 
 def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
-                   attend: Attend) -> Tuple[chex.Array, Any]:
+                   attend: Attend, start: chex.Numeric = 0) -> Tuple[chex.Array, Any]:
   """Multi-head self-attention of `x` `[batch, time, embd]` through `attend`.
 
   Args:
@@ -221,19 +348,21 @@ def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kern
     forms: execution forms (the dense layers' matmul).
     attend: the attention proper (`causal_attend`, or decoding's through a
       KV cache).
+    start: position of `x[:, 0]` (RoPE's; may be traced).
 
   Returns:
     `([batch, time, embd], what attend carries out)`.
   """
-  q, k, v = qkv_heads(params, x, config, forms)
+  q, k, v = qkv_heads(params, x, config, forms, start)
   y, carry = attend(q, k, v)
   return merge_heads(params, y, config, forms), carry
 
 
 def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) -> chex.Array:
-  """Position-wise `proj(gelu(fc(x)))`: `[..., embd] -> [..., embd]`."""
+  """Position-wise `proj(act(fc(x)))`: `[..., embd] -> [..., embd]`; act is GELU or SwiGLU."""
   dense = functools.partial(nn.dense, compute_dtype=config.matmul_dtype, forms=forms)
-  return dense(params["proj"], nn.gelu(dense(params["fc"], x)))
+  activation = nn.swiglu if config.mlp == "swiglu" else nn.gelu
+  return dense(params["proj"], activation(dense(params["fc"], x)))
 
 
 def block(
@@ -245,8 +374,9 @@ def block(
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
     attend: Optional[Attend] = None,
+    start: chex.Numeric = 0,
 ) -> Tuple[chex.Array, Any]:
-  """One pre-LayerNorm transformer block: `[batch, time, embd]` -> same.
+  """One pre-norm transformer block: `[batch, time, embd]` -> same.
 
   Args:
     params: one layer's params (`init_block`).
@@ -257,6 +387,7 @@ def block(
     deterministic: disables dropout.
     attend: the attention (default: `causal_attend`, causal over `x`'s own
       positions); decoding passes one that reads and writes a KV cache.
+    start: position of `x[:, 0]`, for RoPE (decoding's cache position).
 
   Returns:
     `(block output [batch, time, embd], what attend carries out)`.
@@ -264,10 +395,10 @@ def block(
   keys = (None, None, None) if deterministic else jax.random.split(key, 3)
   if attend is None:
     attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic)
-  attn_out, carry = self_attention(params["attn"], nn.layer_norm(params["ln_1"], x), config,
-                                   forms, attend)
+  attn_out, carry = self_attention(params["attn"], norm(params["ln_1"], x, config), config,
+                                   forms, attend, start)
   x = x + nn.dropout(keys[1], attn_out, config.dropout, deterministic=deterministic)
-  mlp_out = mlp(params["mlp"], nn.layer_norm(params["ln_2"], x), config, forms)
+  mlp_out = mlp(params["mlp"], norm(params["ln_2"], x, config), config, forms)
   return x + nn.dropout(keys[2], mlp_out, config.dropout, deterministic=deterministic), carry
 
 
@@ -297,7 +428,8 @@ def check_params(params: Params, config: GPTConfig) -> None:
     missing = sorted(expected.keys() - actual.keys())
     extra = sorted(actual.keys() - expected.keys())
     raise ValueError(
-        f"params do not match the config (bias={config.bias}): missing {missing[:4]}, "
+        f"params do not match the config (bias={config.bias}, norm={config.norm}, "
+        f"position={config.position}, tie_embeddings={config.tie_embeddings}): missing {missing[:4]}, "
         f"unexpected {extra[:4]}; pass the GPTConfig the params were made with "
         f"(train.py saves it in each checkpoint's metadata).")
   for path, shape in expected.items():
@@ -322,9 +454,14 @@ def check_tokens(tokens: chex.Array, config: GPTConfig) -> None:
 def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.Array:
   """Token plus position embeddings of `tokens` `[batch, time]` at positions `start, ...`.
 
+  A RoPE model has no position table (`"wpe"`): its positions enter in the
+  attention (`qkv_heads`).
+
   Returns:
     `[batch, time, embd]`; `start` may be traced (decoding).
   """
+  if "wpe" not in params:
+    return nn.embed(params["wte"], tokens)
   t = tokens.shape[1]
   if isinstance(start, int):
     positions = params["wpe"]["embedding"][start:start + t]
@@ -335,10 +472,17 @@ def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.A
 
 def logits_of(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms
               ) -> chex.Array:
-  """The tied output head over final hidden states `[..., embd]`: float32 `[..., vocab]`."""
-  logits = nn.embedding_logits(params["wte"], x, compute_dtype=config.matmul_dtype,
-                               forms=forms)
+  """The output head over final hidden states `[..., embd]`: float32 `[..., vocab]`."""
+  logits = nn.embedding_logits({"embedding": head_table(params)}, x,
+                               compute_dtype=config.matmul_dtype, forms=forms)
   return logits.astype(jnp.float32)
+
+
+def head_table(params: Params) -> chex.Array:
+  """The output head as a `[vocab, embd]` table: the token embedding, or the untied head."""
+  if "lm_head" in params:
+    return params["lm_head"]["w"].T
+  return params["wte"]["embedding"]
 
 
 def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kernels.Forms,
@@ -363,7 +507,7 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
 
 
 def _hidden_states(params, tokens, config, forms, key, deterministic) -> chex.Array:
-  """The final LayerNorm's output `[batch, time, embd]`: what the head reads."""
+  """The final norm's output `[batch, time, embd]`: what the head reads."""
   check_tokens(tokens, config)
   check_params(params, config)
   deterministic = deterministic or config.dropout == 0.0
@@ -373,7 +517,7 @@ def _hidden_states(params, tokens, config, forms, key, deterministic) -> chex.Ar
   x = embed(params, tokens)  # [b, t, c]
   x = nn.dropout(keys[0], x, config.dropout, deterministic=deterministic)
   x = run_blocks(params, x, config, forms=forms, key=keys[1], deterministic=deterministic)
-  return nn.layer_norm(params["ln_f"], x)
+  return norm(params["ln_f"], x, config)
 
 
 def forward(
@@ -427,5 +571,5 @@ def loss(
   forms = forms_for(params, forms)
   x = _hidden_states(params, tokens, config, forms, key, deterministic)
   return kernels.tied_head_cross_entropy(
-      x, params["wte"]["embedding"], targets, compute_dtype=config.matmul_dtype,
+      x, head_table(params), targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms)

@@ -44,17 +44,17 @@ def _bhtd(x: chex.Array) -> chex.Array:
   return x.transpose(0, 2, 1, 3)  # [b, t, h, d] <-> [b, h, t, d]
 
 
-def _masked_softmax_attention(q, k, v, query_start, *, key, dropout, deterministic):
-  """`[b, h, t, d]` queries at positions `query_start + i` over keys `[b, h, s, d]`."""
-  t, s = q.shape[2], k.shape[2]
+def _masked_softmax_attention(q, k, v, positions, *, key, dropout, deterministic):
+  """`[b, h, t, d]` queries at `positions` `[t]` over keys `[b, h, s, d]` at `0, 1, ...`."""
+  s = k.shape[2]
   scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
-  causal = jnp.arange(s)[None, :] <= (query_start + jnp.arange(t))[:, None]  # [t, s]
+  causal = jnp.arange(s)[None, :] <= positions[:, None]  # [t, s]
   weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
   weights = nn.dropout(key, weights, dropout, deterministic=deterministic)
   return jnp.einsum("bhts,bhsd->bhtd", weights, v)
 
 
-def _finite_mask_attention(q, k, v, query_start, *, key, dropout, deterministic):
+def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic):
   """As `_masked_softmax_attention`, in the form XLA CPU runs fastest.
 
   A finite "minus infinity" and a written-out softmax: `jax.nn.softmax` over
@@ -62,9 +62,9 @@ def _finite_mask_attention(q, k, v, query_start, *, key, dropout, deterministic)
   at least itself, so no row is all masked. Dropout acts on the unnormalised
   weights, which is the same as on the normalised ones.
   """
-  t, s = q.shape[2], k.shape[2]
+  s = k.shape[2]
   scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
-  causal = jnp.arange(s)[None, :] <= (query_start + jnp.arange(t))[:, None]  # [t, s]
+  causal = jnp.arange(s)[None, :] <= positions[:, None]  # [t, s]
   scores = jnp.where(causal, scores, -1e30)
   unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
   total = unnormalised.sum(-1, keepdims=True)  # [b, h, t, 1]
@@ -111,6 +111,11 @@ def _xla_attention(q, k, v, *, compute_dtype, key, dropout, deterministic):
   return matmul(weights, v)
 
 
+def repeat_kv(x: chex.Array, heads: int) -> chex.Array:
+  """`[batch, time, kv_heads, head_dim]` with each head repeated to `heads` heads in all."""
+  return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
+
+
 def causal_attention(
     q: chex.Array,
     k: chex.Array,
@@ -125,8 +130,14 @@ def causal_attention(
 ) -> chex.Array:
   """Causal self-attention: position t attends to positions <= t.
 
+  Grouped-query attention: `k` and `v` may have fewer heads than `q`, a
+  divisor of them; query head `i` then reads key/value head
+  `i // (heads // kv_heads)` (Hugging Face's `repeat_kv` order). cuDNN reads
+  the grouped heads as they are; the other forms repeat them.
+
   Args:
-    q, k, v: `[batch, time, heads, head_dim]` (unscaled queries).
+    q: `[batch, time, heads, head_dim]` unscaled queries.
+    k, v: `[batch, time, kv_heads, head_dim]`.
     form: one of `kernels.ATTENTION_FORMS` (see the module docstring);
       "cudnn" runs "xla" where cuDNN does not apply (`cudnn_unsupported`).
     block: queries per block of the "blocked" form.
@@ -141,9 +152,12 @@ def causal_attention(
     `[batch, time, heads, head_dim]`, in q's dtype.
   """
   chex.assert_rank((q, k, v), 4)
-  chex.assert_equal_shape((q, k, v))
+  chex.assert_equal_shape((k, v))
+  chex.assert_equal_shape_prefix((q, k), 2)
   if form not in kernels.ATTENTION_FORMS:
     raise ValueError(f"attention form {form!r} is not one of {kernels.ATTENTION_FORMS}.")
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f"{k.shape[2]} key/value heads do not divide {q.shape[2]} query heads.")
   dropping = not deterministic and dropout > 0.0
   dtype = q.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
   if form == "cudnn":
@@ -155,6 +169,7 @@ def causal_attention(
     _say_once(f"attention: cuDNN's fused attention does not apply ({reason}); running "
               f"the 'xla' form, which holds the [batch, head, time, time] scores.")
     form = "xla"
+  k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
   scale = 1.0 / math.sqrt(q.shape[-1])
   q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   drop = dict(dropout=dropout, deterministic=deterministic)
@@ -162,14 +177,15 @@ def causal_attention(
     y = _xla_attention(q, k, v, compute_dtype=compute_dtype, key=key, **drop)
     return _bhtd(y).astype(q.dtype)
   if form == "plain":
-    return _bhtd(_masked_softmax_attention(q, k, v, 0, key=key, **drop))
+    return _bhtd(_masked_softmax_attention(q, k, v, jnp.arange(q.shape[2]), key=key, **drop))
   t = q.shape[2]
   blocks = []
   for i, start in enumerate(range(0, t, block)):
     stop = min(start + block, t)
     block_key = jax.random.fold_in(key, i) if dropping else None
     blocks.append(_finite_mask_attention(q[:, :, start:stop], k[:, :, :stop],
-                                         v[:, :, :stop], start, key=block_key, **drop))
+                                         v[:, :, :stop], jnp.arange(start, stop),
+                                         key=block_key, **drop))
   return _bhtd(jnp.concatenate(blocks, axis=2))
 
 
@@ -179,10 +195,14 @@ def attend_to_cache(
 ) -> chex.Array:
   """Queries at positions `query_start, ...` over a cache of keys and values.
 
+  A cache of fewer key/value heads than query heads (grouped-query
+  attention) is read as it is: each key/value head's group of query heads
+  becomes more rows of one product, so the cache is never repeated.
+
   Args:
     q: `[batch, heads, time, head_dim]` queries, already scaled by
       `1/sqrt(head_dim)`.
-    k, v: `[batch, heads, cache_len, head_dim]`, key `s` at position `s`;
+    k, v: `[batch, kv_heads, cache_len, head_dim]`, key `s` at position `s`;
       slots past the queries' positions are masked out, whatever they hold.
     query_start: position of `q[:, :, 0]` (may be traced).
     compute_dtype: operand dtype of the two products (float32 accumulation,
@@ -191,17 +211,26 @@ def attend_to_cache(
   Returns:
     `[batch, heads, time, head_dim]` float32.
   """
+  b, h, t, d = q.shape
+  kv = k.shape[1]
+  positions = query_start + jnp.arange(t)
+  if kv != h:  # query heads i*g .. i*g+g-1 read key/value head i
+    q = q.reshape(b, kv, (h // kv) * t, d)
+    positions = jnp.tile(positions, h // kv)
   if compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
-    t, s = q.shape[2], k.shape[2]
     matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype,
                                forms=kernels.Forms())
-    scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, h, t, s]
-    causal = jnp.arange(s)[None, :] <= (query_start + jnp.arange(t))[:, None]
-    return matmul(jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1), v)
-  if q.shape[2] == 1:
+    scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, kv, rows, s]
+    causal = jnp.arange(k.shape[2])[None, :] <= positions[:, None]
+    y = matmul(jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1), v)
+  elif t == 1:
     # One query (a decoding step): here the plain softmax compiles to the
     # faster program (sampling ran ~8% slower with the finite-mask form).
-    return _masked_softmax_attention(q, k, v, query_start, key=None, dropout=0.0,
-                                     deterministic=True)
+    y = _masked_softmax_attention(q, k, v, positions, key=None, dropout=0.0,
+                                  deterministic=True)
+  else:
+    y = _finite_mask_attention(q, k, v, positions, key=None, dropout=0.0,
+                               deterministic=True)
+  return y.reshape(b, h, t, d)
   return _finite_mask_attention(q, k, v, query_start, key=None, dropout=0.0,
                                 deterministic=True)

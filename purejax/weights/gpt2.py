@@ -212,6 +212,7 @@ def state_from_params(
     `{name: float32 contiguous numpy array}`.
   """
   gpt.check_params(params, config)
+  check_architecture(config)
   params = to_numpy(params)
   full = _expected_shapes(dataclasses.replace(config, bias=True))
   state = {}
@@ -232,6 +233,24 @@ def state_from_params(
       value = _get(params, ("blocks",) + path)[i]
       state[key] = value.T if (transposed and linear) else value
   return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in state.items()}
+
+
+def is_gpt2(config: gpt.GPTConfig) -> bool:
+  """Whether `config` has GPT-2's architecture (what GPT-2's formats can hold)."""
+  return (config.norm, config.position, config.mlp, config.mlp_width, config.kv_heads,
+          config.tie_embeddings, config.qkv_bias, config.norm_eps) == (
+              "layernorm", "learned", "gelu", 4 * config.n_embd, config.n_head, True, False,
+              _LAYER_NORM_EPS)
+
+
+def check_architecture(config: gpt.GPTConfig) -> None:
+  """Raises ConversionError unless `config` is GPT-2's architecture (`is_gpt2`)."""
+  if not is_gpt2(config):
+    raise ConversionError(
+        f"this model is not GPT-2's architecture (norm={config.norm}, position="
+        f"{config.position}, mlp={config.mlp}, n_kv_head={config.kv_heads}, tie_embeddings="
+        f"{config.tie_embeddings}); GPT-2's formats (nanoGPT, GPT2LMHeadModel) cannot hold "
+        f"it: write a Hugging Face folder (hf:DIR) of a Llama-family model instead.")
 
 
 def to_numpy(params: Params) -> Params:
@@ -272,7 +291,8 @@ def config_from_hf(
     architectures = ", ".join(hf_config.get("architectures") or []) or "no architectures"
     raise ConversionError(
         f"{source} describes a {model_type!r} model ({architectures}); only GPT-2 "
-        f"checkpoints (model_type 'gpt2') convert to purejax's GPT.")
+        f"(model_type 'gpt2') and the Llama family (llama, mistral, qwen2) convert to "
+        f"purejax's GPT.")
   get = lambda key, default: hf_config.get(key, default)  # GPT2Config's defaults
   n_embd = get("n_embd", 768)
   unsupported = []

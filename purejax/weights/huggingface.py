@@ -1,15 +1,19 @@
-"""Hugging Face GPT-2 folders in and out: `config.json` beside `model.safetensors`.
+"""Hugging Face model folders in and out: `config.json` beside `model.safetensors`.
 
     params, config, tok_spec = huggingface.from_huggingface("path/to/gpt2")  # or "gpt2"
     logits = gpt.forward(params, tokens, config)   # [..., config.vocab_size]
     huggingface.to_huggingface(params, config, "gpt2-hf", valid_vocab=tok_spec["vocab_size"])
 
-A name in `GPT2_NAMES` is looked up in the Hugging Face cache only: purejax
-never downloads. Weights are read with safetensors' numpy API, sharded ones
-too; a legacy `pytorch_model.bin` needs torch (`purejax.weights.torch_files`). The
-folder written loads with `transformers.GPT2LMHeadModel.from_pretrained` and
-appears whole or not at all. Tensor names, shapes and the config's fields
-map onto purejax's as `purejax.weights.gpt2` says.
+Two architectures convert: GPT-2 (`GPT2LMHeadModel`, mapped by
+`purejax.weights.gpt2`) and the Llama family (`LlamaForCausalLM`,
+`MistralForCausalLM`, `Qwen2ForCausalLM`, mapped by `purejax.weights.llama`),
+told apart by `model_type` in `config.json`. A name (`gpt2`, or a Hub id
+such as `HuggingFaceTB/SmolLM-135M`) is looked up in the Hugging Face cache
+only: purejax never downloads. Weights are read with safetensors' numpy API,
+sharded ones too, in float32 or bfloat16; a legacy `pytorch_model.bin` needs
+torch (`purejax.weights.torch_files`). A Llama-family folder's
+`tokenizer.json` becomes the model's tokenizer. The folder written loads with
+transformers' `from_pretrained` and appears whole or not at all.
 """
 
 import json
@@ -25,6 +29,8 @@ import numpy as np
 from purejax import _files
 from purejax import gpt
 from purejax.weights import gpt2
+from purejax.weights import llama
+from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.weights import torch_files
 from purejax.weights.errors import ConversionError
@@ -39,8 +45,15 @@ GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 # Reading
 
 
+def is_hub_name(name: str) -> bool:
+  """Whether `name` reads as a Hub id (`gpt2`, `owner/model`) rather than a local path."""
+  parts = name.split("/")
+  return (name in GPT2_NAMES or len(parts) == 2 and all(parts)
+          and not name.startswith((".", "~")) and not pathlib.Path(name).exists())
+
+
 def _hf_folder(path_or_name: str) -> pathlib.Path:
-  """The local folder of `path_or_name`: a path, or a GPT-2 name in the HF cache."""
+  """The local folder of `path_or_name`: a path, or a Hub id in the HF cache."""
   path = pathlib.Path(path_or_name).expanduser()
   if path.is_dir():
     return path
@@ -48,19 +61,19 @@ def _hf_folder(path_or_name: str) -> pathlib.Path:
     raise ConversionError(f"{path_or_name} is a file; pass the folder holding config.json "
                           f"and model.safetensors.")
   short = path_or_name.rstrip("/").removeprefix("openai-community/")
-  if short not in GPT2_NAMES:
+  if not is_hub_name(short):
     raise ConversionError(
-        f"{path_or_name} is neither a folder nor one of {', '.join(GPT2_NAMES)}; pass the "
-        f"folder holding config.json and model.safetensors.")
-  fix = (f"download config.json and model.safetensors of openai-community/{short} "
-         f"(e.g. `hf download openai-community/{short} config.json model.safetensors "
-         f"--local-dir {short}`) and pass the folder's path.")
+        f"{path_or_name} is neither a folder nor one of {', '.join(GPT2_NAMES)} or a Hub "
+        f"id OWNER/MODEL; pass the folder holding config.json and model.safetensors.")
+  repo = f"openai-community/{short}" if short in GPT2_NAMES else short
+  fix = (f"download config.json and the weights of {repo} (e.g. `hf download {repo} "
+         f"--local-dir {short.split('/')[-1]}`) and pass the folder's path.")
   try:
     import huggingface_hub  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise ConversionError(f"{short} is not a folder here and huggingface_hub is not "
                           f"installed to look in its cache; {fix}") from None
-  for repo_id in (f"openai-community/{short}", short):
+  for repo_id in dict.fromkeys((repo, short)):
     try:
       folder = pathlib.Path(huggingface_hub.snapshot_download(repo_id, local_files_only=True))
     except Exception:  # pylint: disable=broad-except  # not cached: try the next id
@@ -137,32 +150,45 @@ def _tokenizer_spec_for_vocab(vocab: int) -> TokenizerSpec:
   return tokenizers.ids_spec(vocab)
 
 
+def _from_llama_family(folder: pathlib.Path, hf_config: Dict[str, Any]
+                       ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  config = llama.config_from_hf(hf_config, str(folder / "config.json"))
+  params = llama.params_from_state(_read_hf_weights(folder), config,
+                                   source=f"{folder} (weights)")
+  spec = tokenizer_json.spec_of_folder(str(folder)) or tokenizers.ids_spec(config.vocab_size)
+  return params, config, spec
+
+
 def from_huggingface(
     path_or_name: str, *, pad_vocab_multiple: int = gpt2.VOCAB_MULTIPLE,
 ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
-  """Imports a Hugging Face GPT-2 model (`GPT2LMHeadModel` / `GPT2Model`).
+  """Imports a Hugging Face GPT-2 (`GPT2LMHeadModel`) or Llama-family model.
 
   Args:
     path_or_name: a folder with `config.json` and `model.safetensors` (or
       shards with `model.safetensors.index.json`, or `pytorch_model.bin`,
-      which needs torch), or one of `GPT2_NAMES`, looked up in the Hugging
-      Face cache only (never downloaded).
-    pad_vocab_multiple: pad the vocabulary with zero rows up to a multiple
-      of this (1: no padding).
+      which needs torch), or a Hub id (`gpt2`, `OWNER/MODEL`), looked up in
+      the Hugging Face cache only (never downloaded).
+    pad_vocab_multiple: GPT-2 only: pad the vocabulary with zero rows up to
+      a multiple of this (1: no padding).
 
   Returns:
     `(params, config, tokenizer_spec)`: float32 numpy params,
-    `config.vocab_size` the padded table size, and the tokenizer's spec
-    whose `"vocab_size"` is the number of real ids (GPT-2's tokenizer for
-    a 50257-id vocabulary, else an "ids" spec).
+    `config.vocab_size` the (padded) table size, and the tokenizer's spec
+    whose `"vocab_size"` is the number of real ids: GPT-2's tokenizer for a
+    50257-id GPT-2, the folder's `tokenizer.json` for the Llama family,
+    else an "ids" spec.
 
   Raises:
     ConversionError: not found, another architecture, unsupported options,
       damaged files, or weights that do not fit the config.
   """
   folder = _hf_folder(path_or_name)
-  config, vocab = gpt2.config_from_hf(_read_json(folder / "config.json"),
-                                              str(folder / "config.json"), pad_vocab_multiple)
+  hf_config = _read_json(folder / "config.json")
+  if hf_config.get("model_type") in llama.MODEL_TYPES:
+    return _from_llama_family(folder, hf_config)
+  config, vocab = gpt2.config_from_hf(hf_config, str(folder / "config.json"),
+                                      pad_vocab_multiple)
   state = gpt2.strip_prefixes(_read_hf_weights(folder), ("transformer.",))
   source = f"{folder} (weights)"
   wte = state.get("wte.weight")
@@ -217,6 +243,41 @@ def _publish_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
     shutil.rmtree(old)
 
 
+def _shards(tensors: Dict[str, np.ndarray], max_shard_bytes: int):
+  """`tensors` cut, in order, into dicts of at most `max_shard_bytes` (one tensor at least)."""
+  shards, size = [{}], 0
+  for name, value in tensors.items():
+    if shards[-1] and size + value.nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = value
+    size += value.nbytes
+  return shards
+
+
+def _write_weights(tensors: Dict[str, np.ndarray], folder: pathlib.Path,
+                   max_shard_bytes: int) -> None:
+  """`model.safetensors`, or shards and `model.safetensors.index.json` as transformers writes."""
+  safetensors = _import_safetensors()
+  shards = _shards(tensors, max_shard_bytes)
+  # transformers refuses safetensors files without a "format" in the metadata.
+  if len(shards) == 1:
+    safetensors.numpy.save_file(tensors, str(folder / "model.safetensors"),
+                                metadata={"format": "pt"})
+    return
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    safetensors.numpy.save_file(shard, str(folder / name), metadata={"format": "pt"})
+    weight_map.update({tensor: name for tensor in shard})
+  index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
+           "weight_map": weight_map}
+  (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
 def to_huggingface(
     params: Params,
     config: gpt.GPTConfig,
@@ -224,14 +285,19 @@ def to_huggingface(
     valid_vocab: Optional[int] = None,
     *,
     overwrite: bool = False,
+    dtype: str = "float32",
+    max_shard_bytes: int = 5 << 30,
+    tokenizer_spec: Optional[TokenizerSpec] = None,
 ) -> pathlib.Path:
-  """Writes a folder that `transformers.GPT2LMHeadModel.from_pretrained` loads.
+  """Writes a folder that transformers' `from_pretrained` loads.
 
-  The folder holds `config.json` and `model.safetensors`. The head is tied,
-  so only `transformer.wte.weight` is written (safetensors refuses shared
+  GPT-2's architecture becomes a `GPT2LMHeadModel`: the head is tied, so
+  only `transformer.wte.weight` is written (safetensors refuses shared
   tensors, and transformers re-ties `lm_head` on load, as its own
-  `save_pretrained` expects). Params without biases get zero biases (GPT-2
-  always has them; the function is the same).
+  `save_pretrained` expects), and params without biases get zero biases
+  (GPT-2 always has them; the function is the same). The Llama family
+  becomes a `LlamaForCausalLM`, or a `Qwen2ForCausalLM` with qkv-only biases
+  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it.
 
   The folder is written under a temporary name beside `out_dir` and renamed
   into place when complete: a crash leaves no half-written `out_dir`.
@@ -240,31 +306,52 @@ def to_huggingface(
     params: purejax GPT params.
     config: their config.
     out_dir: the folder to create.
-    valid_vocab: real vocabulary size; the padding rows past it are dropped.
+    valid_vocab: GPT-2: real vocabulary size; the padding rows past it are
+      dropped. The Llama family keeps every row.
     overwrite: replace an existing non-empty `out_dir`.
+    dtype: of the written weights, "float32" or "bfloat16".
+    max_shard_bytes: larger weights are split into shards of at most this
+      size, with `model.safetensors.index.json`.
+    tokenizer_spec: the model's tokenizer; a `tokenizer.json` one is copied
+      into the folder (when the file recorded in the spec is still there).
 
   Returns:
     The folder's path.
 
   Raises:
-    ConversionError: bad `valid_vocab`, or `out_dir` exists and not `overwrite`.
+    ConversionError: bad `valid_vocab` or `dtype`, an architecture Hugging
+      Face has no class for, or `out_dir` exists and not `overwrite`.
   """
   check_target(out_dir, overwrite)
-  vocab = _check_valid_vocab(valid_vocab, config)
-  state = gpt2.state_from_params(params, config, transposed=False, vocab_rows=vocab,
-                                         zero_biases=True)
-  tensors = {f"transformer.{name}": value for name, value in state.items()}
+  if dtype not in _DTYPES:
+    raise ConversionError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}.")
+  if gpt2.is_gpt2(config):
+    vocab = _check_valid_vocab(valid_vocab, config)
+    state = gpt2.state_from_params(params, config, transposed=False, vocab_rows=vocab,
+                                   zero_biases=True)
+    tensors = {f"transformer.{name}": value.astype(_DTYPES[dtype])
+               for name, value in state.items()}
+    hf_config = dict(gpt2.hf_config_dict(config, vocab), torch_dtype=dtype)
+  else:
+    hf_config = llama.hf_config_dict(config, dtype)
+    tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
+  tokenizer_file = None
+  if tokenizer_spec and tokenizer_spec.get("type") == "tokenizer.json":
+    try:  # the model's own file, checked by its hash; a moved one is left out
+      tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
+    except tokenizers.TokenizerError:
+      pass
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
   try:
-    # transformers refuses safetensors files without a "format" in the metadata.
-    _import_safetensors().numpy.save_file(tensors, str(tmp / "model.safetensors"),
-                                metadata={"format": "pt"})
+    _write_weights(tensors, tmp, max_shard_bytes)
     with open(tmp / "config.json", "w", encoding="utf-8") as f:
-      json.dump(gpt2.hf_config_dict(config, vocab), f, indent=2)
-    for name in ("model.safetensors", "config.json"):
-      _files.fsync(tmp / name)
+      json.dump(hf_config, f, indent=2)
+    if tokenizer_file:
+      shutil.copyfile(tokenizer_file, tmp / tokenizer_json.FILE_NAME)
+    for path in tmp.iterdir():
+      _files.fsync(path)
     _publish_dir(tmp, out)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)

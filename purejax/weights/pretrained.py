@@ -74,10 +74,11 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
   """Params, config and tokenizer spec of a pretrained GPT, whatever its format.
 
   Args:
-    source: `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` (Hugging Face's
-      cache); `KIND:PATH` with KIND hf, nanogpt or purejax; or a path: a folder
-      with `config.json` (Hugging Face), a folder of purejax checkpoints, or a
-      nanoGPT `.pt` file.
+    source: `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` or a Hub id
+      `OWNER/MODEL` of a Llama-family model (Hugging Face's cache); `KIND:PATH`
+      with KIND hf, nanogpt or purejax; or a path: a folder with `config.json`
+      (Hugging Face: GPT-2, Llama, Mistral, Qwen2), a folder of purejax
+      checkpoints, or a nanoGPT `.pt` file.
     trust_pickle: load `.pt` files with arbitrary pickled objects.
 
   Raises:
@@ -87,7 +88,7 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
   if not (sep and kind in _SOURCES):
     kind, path = None, source
     local = pathlib.Path(source).expanduser()
-    if source in huggingface.GPT2_NAMES or (local / "config.json").is_file():
+    if (local / "config.json").is_file() or huggingface.is_hub_name(source):
       kind = "hf"
     elif local.is_dir() and checkpoint.list_checkpoints(str(local)):
       kind = "purejax"
@@ -95,8 +96,9 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
       kind = "nanogpt"
     if kind is None:
       raise ConversionError(
-          f"--init_from={source}: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hugging Face "
-          f"folder (config.json), a purejax run directory (ckpt_*.npz) or a nanoGPT .pt file.")
+          f"--init_from={source}: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
+          f"OWNER/MODEL, a Hugging Face folder (config.json), a purejax run directory "
+          f"(ckpt_*.npz) or a nanoGPT .pt file.")
   if kind == "hf":
     return huggingface.from_huggingface(path)
   if kind == "nanogpt":
@@ -164,7 +166,7 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
   valid = int(spec.get("vocab_size", config.vocab_size))
   if dst_kind == "hf":
     written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
-                                         overwrite=overwrite)
+                                         overwrite=overwrite, tokenizer_spec=spec)
   elif dst_kind == "nanogpt":
     written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, overwrite=overwrite)
   else:

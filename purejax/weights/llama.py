@@ -1,0 +1,277 @@
+"""Hugging Face Llama-family state dicts and config.json <-> purejax's GPT params and `GPTConfig`.
+
+    config = llama.config_from_hf(hf_config, source="config.json")
+    params = llama.params_from_state(state, config, source=path)
+    state = llama.state_from_params(params, config)     # Hugging Face's names, [out, in]
+    hf_config = llama.hf_config_dict(config)             # LlamaForCausalLM or Qwen2ForCausalLM
+
+`LlamaForCausalLM`, `MistralForCausalLM` and `Qwen2ForCausalLM` are purejax's
+GPT with the Llama options (`gpt.ARCHITECTURES`): RMSNorm, rotary positions,
+SwiGLU, grouped-query attention, a tied or untied head, and for Qwen2 biases
+on the query/key/value projections. Their tensors map onto purejax's params
+as follows (Hugging Face's `nn.Linear` weights are `[out, in]`, purejax's
+`[in, out]`):
+
+    model.embed_tokens.weight                  wte.embedding
+    model.layers.{i}.input_layernorm.weight    blocks.ln_1.scale[i]
+    ...self_attn.{q,k,v}_proj.{weight,bias}    blocks.attn.qkv.{w,b}[i]  (q, k, v side by side)
+    ...self_attn.o_proj.weight                 blocks.attn.proj.w[i]
+    ...post_attention_layernorm.weight         blocks.ln_2.scale[i]
+    ...mlp.{gate,up}_proj.weight               blocks.mlp.fc.w[i]        (gate, up side by side)
+    ...mlp.down_proj.weight                    blocks.mlp.proj.w[i]
+    model.norm.weight                          ln_f.scale
+    lm_head.weight                             lm_head.w  (untied heads only)
+
+Mistral's sliding-window attention is exact for contexts up to the window,
+so `block_size` is the smaller of `max_position_embeddings` and
+`sliding_window`. The vocabulary is not padded (these vocabularies already
+are multiples of 64, or close).
+"""
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from purejax import gpt
+from purejax import nn
+from purejax.weights.errors import ConversionError
+
+Params = Dict[str, Any]
+
+# model_type in config.json -> the class that reads it in transformers.
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM"}
+
+
+# ----------------------------------------------------------------------------
+# config.json
+
+
+def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gpt.GPTConfig:
+  """The `GPTConfig` of a Llama, Mistral or Qwen2 `config.json`.
+
+  Raises:
+    ConversionError: another architecture, or an option purejax does not
+      have (named, as its config.json field).
+  """
+  model_type = hf_config.get("model_type")
+  if model_type not in MODEL_TYPES:
+    raise ConversionError(f"{source} describes a {model_type!r} model; the Llama family "
+                          f"converts from model_type {', '.join(MODEL_TYPES)}.")
+  get = hf_config.get
+  hidden, heads = get("hidden_size", 4096), get("num_attention_heads", 32)
+  unsupported = []
+  if get("hidden_act", "silu") != "silu":
+    unsupported.append(f"hidden_act={get('hidden_act')!r} (purejax's SwiGLU uses silu)")
+  if get("head_dim") not in (None, hidden // heads):
+    unsupported.append(f"head_dim={get('head_dim')} (purejax's is hidden_size / "
+                       f"num_attention_heads = {hidden // heads})")
+  if get("partial_rotary_factor", 1.0) != 1.0:
+    unsupported.append(f"partial_rotary_factor={get('partial_rotary_factor')}")
+  if model_type == "qwen2" and get("use_sliding_window", False):
+    unsupported.append("use_sliding_window=true")
+  bias = bool(get("attention_bias", False))
+  if bias != bool(get("mlp_bias", False)):
+    unsupported.append(f"attention_bias={bias} with mlp_bias={get('mlp_bias', False)} "
+                       f"(purejax's bias option covers both)")
+  # Newer config.json files keep theta and scaling in one "rope_parameters" dict.
+  rope = dict(get("rope_parameters") or {})
+  theta = get("rope_theta", rope.get("rope_theta", 10000.0))
+  scaling = get("rope_scaling") or rope or None
+  try:
+    scaling = nn.RopeScaling.from_dict(scaling) if scaling else None
+  except ValueError as e:
+    unsupported.append(str(e).rstrip("."))
+  if unsupported:
+    raise ConversionError(f"{source}: purejax's GPT does not support "
+                          f"{'; '.join(unsupported)}.")
+  block_size = get("max_position_embeddings", 2048)
+  if model_type == "mistral" and get("sliding_window") is not None:
+    block_size = min(block_size, get("sliding_window"))
+  try:
+    return gpt.GPTConfig(
+        vocab_size=get("vocab_size", 32000), block_size=block_size,
+        n_layer=get("num_hidden_layers", 32), n_head=heads, n_embd=hidden, dropout=0.0,
+        bias=bias, qkv_bias=model_type == "qwen2", norm="rmsnorm",
+        norm_eps=get("rms_norm_eps", 1e-6), position="rope", rope_theta=float(theta),
+        rope_scaling=scaling, mlp="swiglu", mlp_hidden=get("intermediate_size", 11008),
+        n_kv_head=get("num_key_value_heads") or heads,
+        tie_embeddings=bool(get("tie_word_embeddings", False)))
+  except (ValueError, TypeError) as e:
+    raise ConversionError(f"{source}: {e}") from e
+
+
+def is_family(config: gpt.GPTConfig) -> bool:
+  """Whether `config` is a Llama-family model (what `hf_config_dict` can describe)."""
+  return (config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
+
+
+def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, Any]:
+  """A `config.json` for `config`: Qwen2's with qkv-only biases, else Llama's.
+
+  Raises:
+    ConversionError: `config` is not a Llama-family model (`is_family`).
+  """
+  if not is_family(config):
+    raise ConversionError(
+        f"this model (norm={config.norm}, position={config.position}, mlp={config.mlp}) is "
+        f"neither GPT-2's architecture nor the Llama family's (rmsnorm, rope, swiglu); "
+        f"Hugging Face has no class for it.")
+  qwen2 = config.qkv_bias and not config.bias
+  out = {
+      "architectures": [MODEL_TYPES["qwen2" if qwen2 else "llama"]],
+      "model_type": "qwen2" if qwen2 else "llama",
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.n_embd,
+      "intermediate_size": config.mlp_width,
+      "num_hidden_layers": config.n_layer,
+      "num_attention_heads": config.n_head,
+      "num_key_value_heads": config.kv_heads,
+      "head_dim": config.head_dim,
+      "max_position_embeddings": config.block_size,
+      "rms_norm_eps": config.norm_eps,
+      "rope_theta": config.rope_theta,
+      "rope_scaling": (None if config.rope_scaling is None else
+                       {**vars(config.rope_scaling)}),
+      "hidden_act": "silu",
+      "tie_word_embeddings": config.tie_embeddings,
+      "attention_dropout": config.dropout,
+      "initializer_range": 0.02,
+      "torch_dtype": dtype,
+  }
+  if qwen2:
+    out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer)
+  else:
+    out.update(attention_bias=config.bias, mlp_bias=config.bias)
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Tensors
+
+
+def _layer_names(config: gpt.GPTConfig) -> Dict[str, Tuple[int, ...]]:
+  """`{name after "model.layers.{i}.": [out, in] shape}` of one layer."""
+  c, d, f = config.n_embd, config.head_dim, config.mlp_width
+  h, kv = config.n_head, config.kv_heads
+  names = {
+      "input_layernorm.weight": (c,), "post_attention_layernorm.weight": (c,),
+      "self_attn.q_proj.weight": (h * d, c), "self_attn.k_proj.weight": (kv * d, c),
+      "self_attn.v_proj.weight": (kv * d, c), "self_attn.o_proj.weight": (c, h * d),
+      "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c),
+      "mlp.down_proj.weight": (c, f),
+  }
+  if config.bias or config.qkv_bias:
+    names.update({"self_attn.q_proj.bias": (h * d,), "self_attn.k_proj.bias": (kv * d,),
+                  "self_attn.v_proj.bias": (kv * d,)})
+  if config.bias:
+    names.update({"self_attn.o_proj.bias": (c,), "mlp.gate_proj.bias": (f,),
+                  "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (c,)})
+  return names
+
+
+def _expected(config: gpt.GPTConfig) -> Dict[str, Tuple[int, ...]]:
+  shapes = {"model.embed_tokens.weight": (config.vocab_size, config.n_embd),
+            "model.norm.weight": (config.n_embd,)}
+  if not config.tie_embeddings:
+    shapes["lm_head.weight"] = (config.vocab_size, config.n_embd)
+  for i in range(config.n_layer):
+    shapes.update({f"model.layers.{i}.{name}": shape
+                   for name, shape in _layer_names(config).items()})
+  return shapes
+
+
+def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
+                      source: str) -> Params:
+  """float32 numpy params in `gpt.init_params`' layout from a Hugging Face state dict.
+
+  Args:
+    state: `{name: array}` with Hugging Face's names (any float dtype).
+    config: from `config_from_hf`.
+    source: the files, for error messages.
+
+  Raises:
+    ConversionError: missing, unexpected or misshapen tensors.
+  """
+  # Older checkpoints store RoPE's frequencies; they follow from the config.
+  state = {name: value for name, value in state.items()
+           if not name.endswith("rotary_emb.inv_freq")}
+  expected = _expected(config)
+  if config.tie_embeddings:
+    state.pop("lm_head.weight", None)  # some tied checkpoints store the shared table twice
+  missing = sorted(set(expected) - set(state))
+  extra = sorted(set(state) - set(expected))
+  if missing or extra:
+    raise ConversionError(
+        f"{source} does not hold the tensors config.json describes (n_layer="
+        f"{config.n_layer}, bias={config.bias}, tie_word_embeddings={config.tie_embeddings})"
+        f": missing {missing[:3]}, unexpected {extra[:3]}.")
+  arrays = {}
+  for name, want in expected.items():
+    value = np.asarray(state[name], dtype=np.float32)
+    if value.shape != want:
+      raise ConversionError(f"{source}: {name} has shape {tuple(value.shape)}, but "
+                            f"config.json needs {want}; the weights and config.json do not "
+                            f"belong together.")
+    arrays[name] = value
+
+  def layers(name):  # [n_layer, ...] in purejax's [in, out] layout
+    stacked = np.stack([arrays[f"model.layers.{i}.{name}"] for i in range(config.n_layer)])
+    return np.swapaxes(stacked, 1, 2) if stacked.ndim == 3 else stacked
+
+  def dense(*names, bias=True):
+    out = {"w": np.concatenate([layers(f"{n}.weight") for n in names], axis=-1)}
+    if bias:
+      out["b"] = np.concatenate([layers(f"{n}.bias") for n in names], axis=-1)
+    return out
+
+  attn = "self_attn."
+  params = {
+      "wte": {"embedding": arrays["model.embed_tokens.weight"]},
+      "blocks": {
+          "ln_1": {"scale": layers("input_layernorm.weight")},
+          "attn": {"qkv": dense(attn + "q_proj", attn + "k_proj", attn + "v_proj",
+                                bias=config.bias or config.qkv_bias),
+                   "proj": dense(attn + "o_proj", bias=config.bias)},
+          "ln_2": {"scale": layers("post_attention_layernorm.weight")},
+          "mlp": {"fc": dense("mlp.gate_proj", "mlp.up_proj", bias=config.bias),
+                  "proj": dense("mlp.down_proj", bias=config.bias)},
+      },
+      "ln_f": {"scale": arrays["model.norm.weight"]},
+  }
+  if not config.tie_embeddings:
+    params["lm_head"] = {"w": np.ascontiguousarray(arrays["lm_head.weight"].T)}
+  gpt.check_params(params, config)
+  return params
+
+
+def state_from_params(params: Params, config: gpt.GPTConfig,
+                      dtype: Optional[Any] = np.float32) -> Dict[str, np.ndarray]:
+  """Hugging Face's state dict (`[out, in]` weights) of Llama-family params, in `dtype`."""
+  gpt.check_params(params, config)
+  hf_config_dict(config)  # refuses configs outside the family
+  h, kv, d, f = config.n_head, config.kv_heads, config.head_dim, config.mlp_width
+  blocks = params["blocks"]
+  # (purejax dense layer, the Hugging Face projections side by side in it, where they split)
+  fused = ((("attn", "qkv"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            (h * d, (h + kv) * d)),
+           (("attn", "proj"), ("self_attn.o_proj",), ()),
+           (("mlp", "fc"), ("mlp.gate_proj", "mlp.up_proj"), (f,)),
+           (("mlp", "proj"), ("mlp.down_proj",), ()))
+  state = {"model.embed_tokens.weight": params["wte"]["embedding"],
+           "model.norm.weight": params["ln_f"]["scale"]}
+  if not config.tie_embeddings:
+    state["lm_head.weight"] = np.asarray(params["lm_head"]["w"]).T
+  for i in range(config.n_layer):
+    prefix = f"model.layers.{i}."
+    state[prefix + "input_layernorm.weight"] = blocks["ln_1"]["scale"][i]
+    state[prefix + "post_attention_layernorm.weight"] = blocks["ln_2"]["scale"][i]
+    for (sublayer, dense), names, cuts in fused:
+      layer = blocks[sublayer][dense]
+      for leaf, suffix in (("w", "weight"), ("b", "bias")):
+        if leaf in layer:
+          pieces = np.split(np.asarray(layer[leaf][i]), cuts, axis=-1)
+          for name, piece in zip(names, pieces):
+            state[f"{prefix}{name}.{suffix}"] = piece.T if leaf == "w" else piece
+  return {name: np.ascontiguousarray(np.asarray(value, np.float32).astype(dtype))
+          for name, value in state.items()}
