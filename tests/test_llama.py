@@ -1,0 +1,210 @@
+"""The Llama family (Llama, Mistral, Qwen2) against transformers, on tiny random models.
+
+Each model is built offline from a config, its weights moved off their init,
+and saved with `save_pretrained`; purejax imports the folder and must compute
+the same function: logits within 1e-4 in float32, the same greedy tokens as
+`generate` through the KV cache, and an export that transformers reloads
+with equal logits. The cases cover grouped-query attention with fewer
+key/value heads than heads, multi-query attention, tied and untied heads,
+Qwen2's query/key/value biases, Llama 3's RoPE scaling and Mistral's sliding
+window. transformers and torch are test/bench extras.
+"""
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from purejax import decode
+from purejax import gpt
+from purejax.weights import huggingface
+from purejax.weights import llama
+from purejax.weights import nanogpt
+from purejax.weights import pretrained
+from purejax.weights.errors import ConversionError
+
+EXTRAS = "pip install -r bench/requirements.txt"
+VOCAB = 97
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+
+# name -> (transformers class, config fields); the first two are the fast tier's.
+MODELS = {
+    "llama_gqa_untied": ("Llama", dict(num_attention_heads=4, num_key_value_heads=2,
+                                       tie_word_embeddings=False, rope_scaling=LLAMA3_SCALING,
+                                       rope_theta=5000.0)),
+    "qwen2_qkv_bias": ("Qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
+                                     tie_word_embeddings=True, rms_norm_eps=1e-6)),
+    "llama_mqa_tied": ("Llama", dict(num_attention_heads=4, num_key_value_heads=1,
+                                     tie_word_embeddings=True)),
+    "mistral_window": ("Mistral", dict(num_attention_heads=4, num_key_value_heads=2,
+                                       tie_word_embeddings=False, sliding_window=16)),
+}
+FAST = ("llama_gqa_untied", "qwen2_qkv_bias")
+CASES = [pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in MODELS]
+
+
+def need(module: str):
+  return pytest.importorskip(module, reason=f"{module} is a test/bench extra: {EXTRAS}")
+
+
+def build(name: str, folder, **overrides):
+  """A random tiny model of family `name`, saved in `folder`; returns the torch model."""
+  torch = need("torch")
+  transformers = need("transformers")
+  family, fields = MODELS[name]
+  config = getattr(transformers, f"{family}Config")(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+      max_position_embeddings=32, **{**fields, **overrides})
+  torch.manual_seed(0)
+  model = getattr(transformers, f"{family}ForCausalLM")(config)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  model.eval()
+  model.save_pretrained(folder)
+  return model
+
+
+@pytest.fixture(scope="module", params=CASES)
+def hf_model(request, tmp_path_factory):
+  folder = tmp_path_factory.mktemp(request.param)
+  return request.param, build(request.param, folder), folder
+
+
+def hf_logits(model, ids):
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.no_grad():
+    return model(torch.from_numpy(np.asarray(ids))).logits.numpy()
+
+
+def ids(batch=2, length=14, seed=0):
+  return np.random.default_rng(seed).integers(0, VOCAB, (batch, length))
+
+
+def test_logits_equal_transformers(hf_model):
+  name, model, folder = hf_model
+  params, config, spec = huggingface.from_huggingface(str(folder))
+  assert (config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
+  assert config.kv_heads == model.config.num_key_value_heads < config.n_head
+  assert config.tie_embeddings == ("lm_head" not in params)
+  assert config.qkv_bias == (name == "qwen2_qkv_bias") == ("b" in params["blocks"]["attn"]["qkv"])
+  assert spec == {"type": "ids", "name": "ids", "vocab_size": VOCAB}  # no tokenizer.json
+  tokens = ids()
+  got = np.asarray(gpt.forward(params, jnp.asarray(tokens), config))
+  np.testing.assert_allclose(got, hf_logits(model, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_kv_cache_tokens_equal_generate(hf_model):
+  import torch  # pylint: disable=g-import-not-at-top
+  _, model, folder = hf_model
+  params, config, _ = huggingface.from_huggingface(str(folder))
+  prompt = ids(batch=2, length=5, seed=3)
+  ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
+                         max_new_tokens=10, temperature=0.0)
+  with torch.no_grad():
+    theirs = model.generate(torch.from_numpy(prompt), do_sample=False, max_new_tokens=10,
+                            min_new_tokens=10, pad_token_id=0)
+  np.testing.assert_array_equal(np.asarray(ours), theirs.numpy())
+
+
+def test_export_reloads_in_transformers_with_equal_logits(hf_model, tmp_path):
+  transformers = need("transformers")
+  name, model, folder = hf_model
+  params, config, spec = huggingface.from_huggingface(str(folder))
+  out = huggingface.to_huggingface(params, config, str(tmp_path / "export"),
+                                   tokenizer_spec=spec)
+  written = json.loads((out / "config.json").read_text())
+  assert written["model_type"] == ("qwen2" if name == "qwen2_qkv_bias" else "llama")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  tokens = ids(seed=7)
+  np.testing.assert_allclose(hf_logits(reloaded, tokens), hf_logits(model, tokens),
+                             atol=1e-6, rtol=1e-6)
+  again, config_again, _ = huggingface.from_huggingface(str(out))
+  assert config_again == config
+  chex.assert_trees_all_equal(again, params)
+
+
+def test_bf16_and_sharded_folders_import(tmp_path):
+  torch = need("torch")
+  model = build("llama_gqa_untied", tmp_path / "fp32")
+  model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16", max_shard_size="20KB")
+  assert (tmp_path / "bf16" / "model.safetensors.index.json").is_file()
+  params, config, _ = huggingface.from_huggingface(str(tmp_path / "bf16"))
+  reference, _, _ = huggingface.from_huggingface(str(tmp_path / "fp32"))
+  rounded = jax.tree.map(lambda p: np.asarray(p, jnp.bfloat16).astype(np.float32), reference)
+  chex.assert_trees_all_equal(params, rounded)  # bf16 values, read exactly, held as float32
+  out = huggingface.to_huggingface(params, config, str(tmp_path / "out"), dtype="bfloat16",
+                                   max_shard_bytes=20_000)
+  assert len(list(out.glob("model-*-of-*.safetensors"))) > 1
+  chex.assert_trees_all_equal(huggingface.from_huggingface(str(out))[0], params)
+
+
+def test_a_hub_id_is_read_from_the_cache_only(tmp_path, monkeypatch):
+  hub = need("huggingface_hub")
+  cache = tmp_path / "hub"
+  snapshot = cache / "models--tiny--llama" / "snapshots" / ("0" * 40)
+  build("llama_mqa_tied", snapshot)
+  (cache / "models--tiny--llama" / "refs").mkdir()
+  (cache / "models--tiny--llama" / "refs" / "main").write_text("0" * 40)
+  monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(cache))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  params, config, _ = pretrained.from_pretrained("tiny/llama")
+  assert config.kv_heads == 1 and params["wte"]["embedding"].shape == (VOCAB, 32)
+  with pytest.raises(ConversionError, match="not in the Hugging Face cache, and purejax "
+                     "does not download"):
+    pretrained.from_pretrained("tiny/absent")
+
+
+def test_top_p_keeps_what_transformers_top_p_warper_keeps():
+  torch = need("torch")
+  transformers = need("transformers")
+  vocab = 50
+  logits = np.random.default_rng(0).normal(size=(6, vocab)).astype(np.float32) * 3
+  for top_p in (0.1, 0.5, 0.9, 0.99):
+    warper = transformers.TopPLogitsWarper(top_p)
+    theirs = np.isfinite(warper(None, torch.from_numpy(logits)).numpy())  # [rows, vocab]
+    # Token j survives the filter iff noise that favours only j draws j.
+    ours = np.zeros_like(theirs)
+    for row in range(len(logits)):
+      noise = jnp.eye(vocab) * 1e6
+      drawn = decode.sample_logits(None, jnp.tile(jnp.asarray(logits[row]), (vocab, 1)),
+                                   temperature=1.0, top_p=top_p, gumbel=noise)
+      ours[row] = np.asarray(drawn) == np.arange(vocab)
+    np.testing.assert_array_equal(ours, theirs, err_msg=f"top_p={top_p}")
+
+
+def test_unsupported_options_are_one_line_errors_naming_the_field(tmp_path):
+  build("llama_gqa_untied", tmp_path)
+  path = tmp_path / "config.json"
+  original = json.loads(path.read_text())
+  for changes, message in [
+      ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+       "rope_scaling.rope_type='yarn' is not supported"),
+      ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+      ({"head_dim": 16}, "head_dim=16"),
+      ({"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
+      ({"num_key_value_heads": 3}, "n_kv_head=3 does not divide n_head=4"),
+      ({"num_hidden_layers": 3}, "missing ['model.layers.2."),
+  ]:
+    path.write_text(json.dumps({**original, **changes}))
+    with pytest.raises(ConversionError) as e:
+      huggingface.from_huggingface(str(tmp_path))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_gpt2_formats_refuse_the_family(tmp_path):
+  config = gpt.GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16,
+                         **gpt.ARCHITECTURES["llama"])
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  with pytest.raises(ConversionError, match="not GPT-2's architecture"):
+    nanogpt.to_nanogpt(params, config, str(tmp_path / "ckpt.pt"))
+  assert llama.is_family(config)
+  odd = gpt.GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16,
+                      norm="rmsnorm")
+  with pytest.raises(ConversionError, match="Hugging Face has no class for it"):
+    huggingface.to_huggingface(gpt.init_params(odd, jax.random.PRNGKey(0)), odd,
+                               str(tmp_path / "odd"))
