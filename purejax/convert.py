@@ -2,6 +2,7 @@
 
     python -m purejax.convert --from=hf:gpt2 --to=nanogpt:ckpt.pt
     python -m purejax.convert --from=purejax:out-gpt --to=hf:gpt2-finetuned
+    python -m purejax.convert --from=purejax:out-llama --to=hf:llama-finetuned --dtype=bfloat16
 
 The library behind it is `purejax.weights` (`from_pretrained`, `convert`, one
 module per format).
@@ -26,12 +27,15 @@ def _define_flags() -> Dict[str, Any]:
   """
   return {
       "from": flags.DEFINE_string(
-          "from", None, "Source: hf:PATH_OR_NAME (a folder, or gpt2[-medium|-large|-xl] "
-          "from the Hugging Face cache), nanogpt:CKPT.pt, or purejax:OUT_DIR."),
+          "from", None, "Source: hf:PATH_OR_NAME (a folder of GPT-2, Llama, Mistral or "
+          "Qwen2, or a Hub id such as gpt2 or OWNER/MODEL from the Hugging Face cache), "
+          "nanogpt:CKPT.pt, or purejax:OUT_DIR."),
       "to": flags.DEFINE_string("to", None,
                                 "Target: hf:DIR, nanogpt:FILE.pt, or purejax:OUT_DIR."),
       "meta": flags.DEFINE_string("meta", None, "nanoGPT meta.pkl of a character model "
                                   "(default: beside the checkpoint)."),
+      "dtype": flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                                 "Dtype of the weights an hf: target gets."),
       "overwrite": flags.DEFINE_bool("overwrite", False,
                                      "Replace an existing hf:DIR or nanogpt:FILE."),
       "trust_pickle": flags.DEFINE_bool(
@@ -53,7 +57,8 @@ def main(argv):
     for flag in ("from", "to"):  # name the flag in the error, before any work
       pretrained.parse_location(values[flag], "--" + flag)
     print(pretrained.convert(values["from"], values["to"], meta=values["meta"],
-                  overwrite=values["overwrite"], trust_pickle=values["trust_pickle"]))
+                  overwrite=values["overwrite"], trust_pickle=values["trust_pickle"],
+                  dtype=values["dtype"]))
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
     sys.exit("error: " + " ".join(str(e).split()))
 

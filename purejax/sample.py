@@ -21,12 +21,13 @@ from purejax.data import tokenizers
 _OUT_DIR = flags.DEFINE_string("out_dir", "out-gpt", "Run directory of a trained model.")
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None, "Sample from pretrained weights instead of --out_dir: gpt2, "
-    "gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face folder, a nanoGPT ckpt.pt, or a "
-    "purejax run directory.")
+    "gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2) "
+    "or Hub id OWNER/MODEL in its cache, a nanoGPT ckpt.pt, or a purejax run directory.")
 _BEST = flags.DEFINE_bool("best", False, "Use --out_dir's best checkpoint (ckpt_best.npz).")
 _TOKENIZER_FILE = flags.DEFINE_string(
     "tokenizer_file", None, "A local copy of GPT-2's encoding (vocab.bpe + encoder.json "
-    "folder, or a .tiktoken file), for models with GPT-2's tokenizer offline.")
+    "folder, or a .tiktoken file), for models with GPT-2's tokenizer offline; or where the "
+    "model's tokenizer.json is now.")
 _START = flags.DEFINE_string("start", "\n", "Prompt; 'FILE:path' reads it from a file.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Independent samples.", lower_bound=1)
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.",

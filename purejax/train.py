@@ -97,6 +97,11 @@ def define_gpt_flags() -> None:
   model, train = loop.SHAKESPEARE_CHAR, loop.GPTTrainConfig()
   define_optimizer_flags(loop.GPT_OPTIMIZER)
   flags.DEFINE_integer("batch_size", train.batch_size, "Sequences per step.")
+  flags.DEFINE_enum("arch", "gpt2", list(gpt.ARCHITECTURES),
+                    "The block: gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, "
+                    "RoPE, SwiGLU, no biases); see gpt.ARCHITECTURES.")
+  flags.DEFINE_integer("n_kv_head", None, "Key/value heads, dividing --n_head (grouped-"
+                       "query attention; 1: multi-query). Default: --n_head.")
   flags.DEFINE_integer("n_layer", model.n_layer, "Transformer blocks.")
   flags.DEFINE_integer("n_head", model.n_head, "Attention heads.")
   flags.DEFINE_integer("n_embd", model.n_embd, "Model width.")
@@ -136,11 +141,13 @@ def define_gpt_flags() -> None:
                     "Tokenizer (default: the data's own: characters for text, meta.pkl "
                     "or GPT-2 BPE for .bin folders, the model's with --init_from).")
   flags.DEFINE_string("tokenizer_file", None, "A local copy of GPT-2's encoding: a folder "
-                      "with vocab.bpe and encoder.json, or a .tiktoken file.")
+                      "with vocab.bpe and encoder.json, or a .tiktoken file; or where an "
+                      "--init_from model's tokenizer.json is now.")
   flags.DEFINE_string("cache_dir", None, "Where tokenized text is cached (default: "
                       "$PUREJAX_CACHE_DIR or ~/.cache/purejax).")
   flags.DEFINE_string("init_from", None, "Start from pretrained weights: gpt2, gpt2-medium, "
-                      "gpt2-large, gpt2-xl, a Hugging Face folder, a nanoGPT ckpt.pt, or a "
+                      "gpt2-large, gpt2-xl, a Hugging Face folder (GPT-2, Llama, Mistral, "
+                      "Qwen2) or Hub id OWNER/MODEL in its cache, a nanoGPT ckpt.pt, or a "
                       "purejax run directory. The model flags then come from it.")
 
 
@@ -199,7 +206,7 @@ def parallel_config() -> parallel.ParallelConfig:
 
 
 # Flags that define the architecture: with --init_from it comes from the weights.
-ARCHITECTURE_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
+ARCHITECTURE_FLAGS = ("arch", "n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "bias")
 
 
 def gpt_config(vocab_size: int, base: Optional[gpt.GPTConfig] = None) -> gpt.GPTConfig:
@@ -207,9 +214,12 @@ def gpt_config(vocab_size: int, base: Optional[gpt.GPTConfig] = None) -> gpt.GPT
   tunable = dict(dropout=FLAGS.dropout, compute_dtype=FLAGS.dtype)
   if base is not None:
     return dataclasses.replace(base, **tunable)
+  arch = dict(gpt.ARCHITECTURES[FLAGS.arch])
+  if FLAGS["bias"].present or "bias" not in arch:
+    arch["bias"] = FLAGS.bias
   return gpt.GPTConfig(vocab_size=vocab_size, block_size=FLAGS.block_size,
                        n_layer=FLAGS.n_layer, n_head=FLAGS.n_head, n_embd=FLAGS.n_embd,
-                       bias=FLAGS.bias, **tunable)
+                       n_kv_head=FLAGS.n_kv_head, **arch, **tunable)
 
 
 def gpt_train_config() -> loop.GPTTrainConfig:
@@ -233,9 +243,11 @@ def gpt_train_config() -> loop.GPTTrainConfig:
 
 def load_corpus(tokenizer) -> corpus_lib.Corpus:
   """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+  # A model's own tokenizer was already built (with --tokenizer_file, if given).
+  tokenizer_file = FLAGS.tokenizer_file if isinstance(tokenizer, (str, type(None))) else None
   return parallel.main_process_first(
       lambda: corpus_lib.load_corpus(
-          FLAGS.dataset, tokenizer=tokenizer, tokenizer_file=FLAGS.tokenizer_file,
+          FLAGS.dataset, tokenizer=tokenizer, tokenizer_file=tokenizer_file,
           cache_dir=FLAGS.cache_dir, tfds_data_dir=FLAGS.tfds_data_dir,
           tfds_manual_dir=FLAGS.tfds_manual_dir),
       errors=(ValueError, data_lib.DataUnavailableError))
@@ -243,12 +255,19 @@ def load_corpus(tokenizer) -> corpus_lib.Corpus:
 
 def pretrained(source: str, best: bool = False):
   """`(params, config, tokenizer)` of `source` (see `weights.from_pretrained`)."""
-  given = [name for name in ARCHITECTURE_FLAGS if FLAGS[name].present]
+  given = [name for name in ARCHITECTURE_FLAGS
+             if FLAGS[name].present and name != "block_size"]
   if given:
     raise ValueError(f"--{given[0]} has no effect on weights from {source}: the "
                      f"architecture comes from the weights; drop --{given[0]}.")
   params, config, spec = (weights.from_purejax(source, best=best) if best else
                           weights.from_pretrained(source))
+  if FLAGS["block_size"].present:  # a shorter context: RoPE models have no position table
+    if config.position != "rope" or FLAGS.block_size > config.block_size:
+      raise ValueError(f"--block_size={FLAGS.block_size}: {source} takes contexts up to "
+                       f"{config.block_size}, and only a RoPE model's can be shortened; "
+                       f"drop --block_size.")
+    config = dataclasses.replace(config, block_size=FLAGS.block_size)
   if spec.get("type") == "ids":  # weights without a tokenizer: the user names one
     if FLAGS.tokenizer is None:
       raise ValueError(f"{source} records no tokenizer, only {spec['vocab_size']} token "

@@ -152,8 +152,12 @@ def parse_location(value: Optional[str], what: str) -> Tuple[str, str]:
 
 
 def convert(source: str, target: str, *, meta: Optional[str] = None,
-            overwrite: bool = False, trust_pickle: bool = False) -> str:
-  """Converts `source` to `target` (both `KIND:PATH`); returns a one-line summary."""
+            overwrite: bool = False, trust_pickle: bool = False,
+            dtype: str = "float32") -> str:
+  """Converts `source` to `target` (both `KIND:PATH`); returns a one-line summary.
+
+  `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's weights.
+  """
   src_kind, src = parse_location(source, "source")
   dst_kind, dst = parse_location(target, "target")
   _check_target(dst_kind, dst, overwrite)  # before a load that may take minutes
@@ -166,7 +170,8 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
   valid = int(spec.get("vocab_size", config.vocab_size))
   if dst_kind == "hf":
     written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
-                                         overwrite=overwrite, tokenizer_spec=spec)
+                                         overwrite=overwrite, tokenizer_spec=spec,
+                                         dtype=dtype)
   elif dst_kind == "nanogpt":
     written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, overwrite=overwrite)
   else:

@@ -1,0 +1,140 @@
+r"""The Llama-style block against GPT-2's on the Tiny Shakespeare character recipe.
+
+    python -m bench.arch_compare                       # 3 seeds x 2 arms, 2000 steps each
+    python -m bench.arch_compare --seeds=0 --max_iters=20 --time_rounds=2   # a smoke run
+
+Both arms are nanoGPT's CPU recipe (4 layers, 4 heads, width 128, context
+64, batch 12, its optimizer and schedule), trained through `python -m
+purejax.train` as a user would; they differ only in `--arch`: GPT-2's block
+(LayerNorm, learned positions, GELU MLP) or the Llama block (RMSNorm, RoPE,
+SwiGLU at 8/3 the width, so the parameter counts match within 1 %). For
+each arm it reports the median final val loss over the seeds, and the step
+time of both in one process: the arms' jitted training calls alternate, so
+both see the same machine load, and the ratio is of their medians. A
+markdown table goes to stdout and everything to `--out` as JSON. Run it on a
+quiet machine; every run trains in a subprocess of its own.
+"""
+
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+from absl import app
+from absl import flags
+
+ARMS = ("gpt2", "llama")
+
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each arm's training runs.")
+_MAX_ITERS = flags.DEFINE_integer("max_iters", 2000, "Training steps per run.")
+_EVAL_ITERS = flags.DEFINE_integer("eval_iters", 200, "Batches of the final evaluation.")
+_TIME_ROUNDS = flags.DEFINE_integer("time_rounds", 30, "Alternating timed calls per arm.")
+_STEPS_PER_CALL = flags.DEFINE_integer("steps_per_call", 10, "Steps per timed call.")
+_OUT = flags.DEFINE_string("out", "bench/results/arch_compare.json", "Results file (JSON).")
+
+
+def train_run(arch: str, seed: int, out_dir: str) -> float:
+  """Final val loss of one `purejax.train` run of `arch`."""
+  cmd = [sys.executable, "-m", "purejax.train", f"--arch={arch}", f"--seed={seed}",
+         f"--out_dir={out_dir}", f"--max_iters={_MAX_ITERS.value}",
+         f"--eval_interval={_MAX_ITERS.value}", f"--eval_iters={_EVAL_ITERS.value}",
+         "--sample_tokens=0", "--progress=false"]
+  done = subprocess.run(cmd, capture_output=True, text=True,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=False)
+  final = re.search(r"^final (\{.*\})$", done.stdout + done.stderr, re.M)
+  if done.returncode or not final:
+    raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): "
+                       f"{(done.stderr or done.stdout)[-500:]}")
+  return float(json.loads(final.group(1))["val_loss"])
+
+
+def step_times() -> Dict[str, List[float]]:
+  """Milliseconds per step of each arm, timed in alternation in this process."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from purejax import gpt  # pylint: disable=import-outside-toplevel
+  from purejax.training import loop, optim, steps  # pylint: disable=import-outside-toplevel
+
+  optimizer = optim.make_optimizer(loop.GPT_OPTIMIZER)
+  data = jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65)
+  state, times = {}, {arm: [] for arm in ARMS}
+  for arm in ARMS:
+    config = dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
+    params = gpt.init_params(config, jax.random.PRNGKey(0))
+    state[arm] = [config, params, optimizer.init(params)]
+
+  def call(arm: str, step: int) -> float:
+    config, params, opt_state = state[arm]
+    start = time.perf_counter()
+    params, opt_state, metrics = steps.train_steps(
+        params, opt_state, data, jax.random.PRNGKey(1), step, config=config,
+        optimizer=optimizer, batch_size=12, num_steps=_STEPS_PER_CALL.value)
+    jax.block_until_ready(metrics)
+    state[arm][1:] = [params, opt_state]
+    return (time.perf_counter() - start) * 1e3 / _STEPS_PER_CALL.value
+
+  for arm in ARMS:  # compile and warm up
+    call(arm, 0)
+    call(arm, 1)
+  for i in range(_TIME_ROUNDS.value):
+    for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
+      times[arm].append(call(arm, 2 + i))
+  return times
+
+
+def param_counts() -> Dict[str, int]:
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from purejax import gpt  # pylint: disable=import-outside-toplevel
+  from purejax.training import loop  # pylint: disable=import-outside-toplevel
+  counts = {}
+  for arm in ARMS:
+    config = dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
+    shapes = jax.eval_shape(lambda k, c=config: gpt.init_params(c, k), jax.random.PRNGKey(0))
+    counts[arm] = sum(x.size for x in jax.tree.leaves(shapes))
+  return counts
+
+
+def main(argv):
+  del argv
+  seeds = [int(s) for s in _SEEDS.value]
+  losses = {arm: [] for arm in ARMS}
+  with tempfile.TemporaryDirectory() as scratch:
+    for seed in seeds:
+      for arm in ARMS:
+        losses[arm].append(train_run(arch=arm, seed=seed,
+                                     out_dir=os.path.join(scratch, f"{arm}-{seed}")))
+        print(f"{arm} seed {seed}: val loss {losses[arm][-1]:.4f}", flush=True)
+  times = step_times()
+  counts = param_counts()
+  medians = {arm: statistics.median(times[arm]) for arm in ARMS}
+  rows = ["| block | params (all) | val loss, median of seeds | val losses | ms/step (median) |",
+          "| --- | --- | --- | --- | --- |"]
+  for arm in ARMS:
+    rows.append(f"| {arm} | {counts[arm]:,} | **{statistics.median(losses[arm]):.4f}** | "
+                f"{', '.join(f'{x:.4f}' for x in losses[arm])} | {medians[arm]:.2f} |")
+  ratio = medians["llama"] / medians["gpt2"]
+  print("\n".join(rows))
+  print(f"\nstep time llama / gpt2: **{ratio:.3f}x** (medians of {_TIME_ROUNDS.value} "
+        f"alternating calls of {_STEPS_PER_CALL.value} steps; seeds {seeds}, "
+        f"{_MAX_ITERS.value} steps)")
+  import jax  # pylint: disable=import-outside-toplevel
+  result = {"command": " ".join(["python -m bench.arch_compare"] + sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(),
+            "seeds": seeds, "max_iters": _MAX_ITERS.value, "params": counts,
+            "val_loss": losses, "ms_per_step": times, "step_time_ratio": ratio}
+  out = pathlib.Path(_OUT.value)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(result, indent=2))
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

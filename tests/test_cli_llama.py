@@ -1,0 +1,81 @@
+"""The Llama family from the command line: --arch from scratch, a Llama folder fine-tuned.
+
+Each test runs `python -m purejax.train`, `sample` or `convert` in a
+subprocess on a tiny model and a corpus the test writes itself.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_module
+from test_cli_runs import SHORT, TINY, final, one_line_error
+from test_tokenizer_json import train_tokenizer_json
+from purejax.data import datasets
+
+pytestmark = pytest.mark.slow
+
+SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("text") / "plays.txt"
+  path.write_text(SHAKESPEARE[:40_000])
+  return path
+
+
+def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
+  args = [*TINY, "--arch=llama", "--n_kv_head=1", f"--dataset={text_file}",
+          "--lr_decay_iters=20", "--eval_interval=10", "--log_interval=5",
+          "--steps_per_call=5", "--learning_rate=1e-2"]
+  straight = final(run_module("purejax.train", *args, "--max_iters=20",
+                              f"--out_dir={tmp_path / 'a'}"))
+  final(run_module("purejax.train", *args, "--max_iters=10", f"--out_dir={tmp_path / 'b'}"))
+  resumed = final(run_module("purejax.train", *args, "--max_iters=20", "--resume",
+                             f"--out_dir={tmp_path / 'b'}"))
+  assert resumed["val_loss"] == straight["val_loss"] < 3.5, (straight, resumed)
+  sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'a'}", "--start=ROMEO:",
+                      "--max_new_tokens=30", "--top_p=0.9")
+  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
+  one_line_error(run_module("purejax.train", *TINY, "--arch=llama", "--n_kv_head=3",
+                            f"--dataset={text_file}", f"--out_dir={tmp_path / 'c'}"),
+                 "n_kv_head=3 does not divide n_head=2")
+
+
+def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file):
+  torch = pytest.importorskip("torch", reason="pip install -r bench/requirements.txt")
+  transformers = pytest.importorskip("transformers",
+                                     reason="pip install -r bench/requirements.txt")
+  folder = tmp_path / "tiny-llama"
+  train_tokenizer_json(folder, SHAKESPEARE[:20_000], vocab_size=300)
+  torch.manual_seed(0)
+  transformers.LlamaForCausalLM(transformers.LlamaConfig(
+      vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+      tie_word_embeddings=False)).save_pretrained(folder)
+  one_line_error(run_module("purejax.train", f"--init_from={folder}", "--tokenizer=char",
+                            f"--out_dir={tmp_path / 'x'}"), "--tokenizer=char does not fit")
+  args = [f"--dataset={text_file}", "--batch_size=8", "--eval_iters=4", "--block_size=32",
+          "--sample_tokens=10", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT]
+  before = final(run_module("purejax.train", f"--init_from={folder}", "--eval_only", *args,
+                            f"--out_dir={tmp_path / 'eval'}"))
+  tuned = final(run_module("purejax.train", f"--init_from={folder}", *args,
+                           f"--out_dir={tmp_path / 'tuned'}"))
+  assert tuned["val_loss"] < before["val_loss"] - 0.5, (before, tuned)
+  exported = tmp_path / "exported"
+  converted = run_module("purejax.convert", f"--from=purejax:{tmp_path / 'tuned'}",
+                         f"--to=hf:{exported}", "--dtype=bfloat16")
+  assert converted.returncode == 0, converted.stderr[-2000:]
+  assert (exported / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+  config = json.loads((exported / "config.json").read_text())
+  assert (config["model_type"], config["num_key_value_heads"]) == ("llama", 2)
+  model = transformers.AutoModelForCausalLM.from_pretrained(exported)
+  assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+  assert not np.array_equal(model.lm_head.weight.float().detach().numpy(),
+                            transformers.AutoModelForCausalLM.from_pretrained(folder)
+                            .lm_head.weight.detach().numpy())  # fine-tuned weights
+  sample = run_module("purejax.sample", f"--init_from={exported}", "--start=ROMEO:",
+                      "--max_new_tokens=10")
+  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
