@@ -28,6 +28,7 @@ from typing import Dict, List
 
 from absl import app
 from absl import flags
+from absl import logging
 
 ARMS = ("gpt2", "llama")
 
@@ -61,7 +62,8 @@ def step_times() -> Dict[str, List[float]]:
   from purejax import gpt  # pylint: disable=import-outside-toplevel
   from purejax.training import loop, optim, steps  # pylint: disable=import-outside-toplevel
 
-  optimizer = optim.make_optimizer(loop.GPT_OPTIMIZER)
+  optimizer = optim.make_optimizer(
+      dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=_MAX_ITERS.value))
   data = jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65)
   state, times = {}, {arm: [] for arm in ARMS}
   for arm in ARMS:
@@ -103,6 +105,7 @@ def param_counts() -> Dict[str, int]:
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # JAX's backend probing at INFO
   seeds = [int(s) for s in _SEEDS.value]
   losses = {arm: [] for arm in ARMS}
   with tempfile.TemporaryDirectory() as scratch:
