@@ -10,6 +10,7 @@ Qwen2's query/key/value biases, Llama 3's RoPE scaling and Mistral's sliding
 window. transformers and torch are test/bench extras.
 """
 
+import dataclasses
 import json
 
 import chex
@@ -199,12 +200,62 @@ def test_unsupported_options_are_one_line_errors_naming_the_field(tmp_path):
 def test_gpt2_formats_refuse_the_family(tmp_path):
   config = gpt.GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16,
                          **gpt.ARCHITECTURES["llama"])
-  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  params = jax.eval_shape(lambda k: gpt.init_params(config, k), jax.random.PRNGKey(0))  # shapes suffice
   with pytest.raises(ConversionError, match="not GPT-2's architecture"):
     nanogpt.to_nanogpt(params, config, str(tmp_path / "ckpt.pt"))
   assert llama.is_family(config)
   odd = gpt.GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16,
                       norm="rmsnorm")
   with pytest.raises(ConversionError, match="Hugging Face has no class for it"):
-    huggingface.to_huggingface(gpt.init_params(odd, jax.random.PRNGKey(0)), odd,
-                               str(tmp_path / "odd"))
+    huggingface.to_huggingface(jax.eval_shape(lambda k: gpt.init_params(odd, k), jax.random.PRNGKey(0)),
+                               odd, str(tmp_path / "odd"))
+
+
+def tiny_family_config(**changes) -> gpt.GPTConfig:
+  return gpt.GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32,
+                       **{**gpt.ARCHITECTURES["llama"], "n_kv_head": 2, **changes})
+
+
+def test_grouped_heads_in_every_attention_form_equal_repeated_heads():
+  from purejax.ops import attention, kernels  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(2, 12, 4, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(2, 12, 2, 8)), jnp.float32) for _ in range(2))
+  want = attention.causal_attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2),
+                                    form="plain")
+  for form in kernels.ATTENTION_FORMS:
+    got = jax.jit(lambda q, k, v, form=form: attention.causal_attention(
+        q, k, v, form=form, block=5))(q, k, v)
+    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5, custom_message=form)
+  with pytest.raises(ValueError, match="3 key/value heads do not divide 4 query heads"):
+    attention.causal_attention(q, q[:, :, :3], q[:, :, :3])
+
+
+def test_a_family_config_survives_a_checkpoints_json():
+  config = tiny_family_config(rope_scaling=LLAMA3_SCALING, tie_embeddings=False,
+                              qkv_bias=True, mlp_hidden=40)
+  saved = json.loads(json.dumps(dataclasses.asdict(config)))
+  assert gpt.GPTConfig(**saved) == config and hash(gpt.GPTConfig(**saved)) == hash(config)
+  assert isinstance(gpt.GPTConfig(**saved).rope_scaling, type(config.rope_scaling))
+  with pytest.raises(ValueError, match="rope_scaling.rope_type='dynamic' is not supported"):
+    tiny_family_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+  with pytest.raises(ValueError, match="GPTConfig.norm='batchnorm' is not one of"):
+    tiny_family_config(norm="batchnorm")
+
+
+def test_family_params_shapes_and_training_gradients():
+  config = tiny_family_config(tie_embeddings=False)
+  assert config.mlp_width == 88  # 8/3 * 32 rounded up to a multiple of 8
+  params = jax.jit(gpt.init_params, static_argnums=0)(config, jax.random.PRNGKey(0))
+  assert "wpe" not in params and params["lm_head"]["w"].shape == (32, VOCAB)
+  assert params["blocks"]["attn"]["qkv"]["w"].shape == (2, 32, (4 + 2 * 2) * 8)
+  assert params["blocks"]["mlp"]["fc"]["w"].shape == (2, 32, 2 * 88)
+  assert set(params["blocks"]["ln_1"]) == {"scale"}  # RMSNorm: no bias
+  tokens = jnp.asarray(ids(length=16))
+  grads = jax.jit(jax.grad(gpt.loss), static_argnums=3)(params, tokens[:, :-1], tokens[:, 1:],
+                                                         config)
+  assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+  bf16 = dataclasses.replace(config, compute_dtype="bfloat16")
+  forward = jax.jit(gpt.forward, static_argnums=2)
+  chex.assert_trees_all_close(forward(params, tokens, bf16), forward(params, tokens, config),
+                              atol=0.05)
