@@ -417,12 +417,13 @@ def edit_config(folder: pathlib.Path, **changes):
   path.write_text(json.dumps(cfg))
 
 
-LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "hidden_size": 32, "num_hidden_layers": 2, "rms_norm_eps": 1e-6}
+# An architecture that does not convert (the Llama family does: tests/test_llama.py).
+MIXTRAL_CONFIG = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                  "hidden_size": 32, "num_hidden_layers": 2, "rms_norm_eps": 1e-6}
 
 
 @pytest.mark.parametrize("changes, message", [
-    (LLAMA_CONFIG, "does not hold the tensors config.json describes"),  # GPT-2's tensors
+    (MIXTRAL_CONFIG, "describes a 'mixtral' model (MixtralForCausalLM); only GPT-2"),
     ({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]},
      "describes a 'gpt_neox' model (GPTNeoXForCausalLM)"),
     ({"activation_function": "relu"}, "activation_function='relu'"),
@@ -520,9 +521,9 @@ def test_cli_converts_and_fails_with_one_line(tmp_path, hf_folder):
   assert ok.stdout.startswith("wrote hf:")
   assert_trees_equal(huggingface.from_huggingface(str(tmp_path / "copy"))[0],
                      huggingface.from_huggingface(str(hf_folder))[0])
-  edit_config(hf_folder, **LLAMA_CONFIG)
+  edit_config(hf_folder, **MIXTRAL_CONFIG)
   for args, message in [
-      ([f"--from=hf:{hf_folder}", f"--to=hf:{tmp_path / 'x'}"], "describes a 'llama' model"),
+      ([f"--from=hf:{hf_folder}", f"--to=hf:{tmp_path / 'x'}"], "describes a 'mixtral' model"),
       (["--from=onnx:model", f"--to=hf:{tmp_path / 'x'}"], "--from=onnx:model must be KIND:PATH"),
       ([f"--from=hf:{tmp_path / 'copy'}", f"--to=hf:{tmp_path / 'copy'}"], "--overwrite"),
   ]:
