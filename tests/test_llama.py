@@ -259,3 +259,17 @@ def test_family_params_shapes_and_training_gradients():
   forward = jax.jit(gpt.forward, static_argnums=2)
   chex.assert_trees_all_close(forward(params, tokens, bf16), forward(params, tokens, config),
                               atol=0.05)
+
+
+def test_lora_adapts_the_family_blocks():
+  from purejax import lora  # pylint: disable=g-import-not-at-top
+  config = tiny_family_config(tie_embeddings=False)
+  params = jax.jit(gpt.init_params, static_argnums=0)(config, jax.random.PRNGKey(0))
+  adapters = lora.init(params, rank=2, targets=lora.ATTENTION_AND_MLP, key=jax.random.PRNGKey(1))
+  assert set(adapters) == {"blocks.attn.qkv.w", "blocks.attn.proj.w", "blocks.mlp.fc.w",
+                           "blocks.mlp.proj.w"}  # not the head, embeddings or norms
+  tokens = jnp.asarray(ids(length=16))
+  loss = jax.jit(lambda a: gpt.loss(lora.merge(params, a, alpha=4.0), tokens[:, :-1],
+                                    tokens[:, 1:], config))
+  grads = jax.grad(loss)(adapters)
+  assert float(jnp.abs(grads["blocks.mlp.fc.w"]["b"]).max()) > 0
