@@ -11,6 +11,7 @@ import pytest
 
 from conftest import run_module
 from test_cli_runs import SHORT, TINY, final, one_line_error
+from test_scale_out import TINY_GPT, assert_same_run, train
 from test_tokenizer_json import train_tokenizer_json
 from purejax.data import datasets
 
@@ -42,6 +43,13 @@ def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
   one_line_error(run_module("purejax.train", *TINY, "--arch=llama", "--n_kv_head=3",
                             f"--dataset={text_file}", f"--out_dir={tmp_path / 'c'}"),
                  "n_kv_head=3 does not divide n_head=2")
+
+
+def test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one(tmp_path, text_file):
+  flags = [*TINY_GPT, "--arch=llama", "--n_kv_head=2", f"--dataset={text_file}"]
+  train(tmp_path / "one", *flags)
+  train(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
+  assert_same_run(tmp_path / "four", tmp_path / "one")
 
 
 def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file):
