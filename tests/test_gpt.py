@@ -185,8 +185,8 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     saved = {**dataclasses.asdict(TINY), "remat": "full", "attn_block": 32,
              "attention": "fused", "scan_layers": False}
     assert gpt.GPTConfig.from_dict(saved) == TINY
-    with pytest.raises(TypeError, match="n_kv_head"):  # an unknown field is no such option
-      gpt.GPTConfig.from_dict({**saved, "n_kv_head": 2})
+    with pytest.raises(TypeError, match="n_experts"):  # an unknown field is no such option
+      gpt.GPTConfig.from_dict({**saved, "n_experts": 2})
 
   @parameterized.parameters(
       (dict(n_embd=30, n_head=4), "not divisible by n_head"),
