@@ -11,6 +11,7 @@ window. transformers and torch are test/bench extras.
 """
 
 import dataclasses
+import functools
 import json
 
 import chex
@@ -26,6 +27,8 @@ from purejax.weights import llama
 from purejax.weights import nanogpt
 from purejax.weights import pretrained
 from purejax.weights.errors import ConversionError
+import test_gpu_lowering as gpu_lowering
+from test_gpu_lowering import cudnn_version  # pylint: disable=unused-import  # a fixture
 
 EXTRAS = "pip install -r bench/requirements.txt"
 VOCAB = 97
@@ -273,3 +276,33 @@ def test_lora_adapts_the_family_blocks():
                                     tokens[:, 1:], config))
   grads = jax.grad(loss)(adapters)
   assert float(jnp.abs(grads["blocks.mlp.fc.w"]["b"]).max()) > 0
+
+
+def test_gpu_program_runs_grouped_heads_through_cudnn(cudnn_version):
+  """SmolLM-135M's shape (9 heads, 3 key/value heads) lowered for CUDA: cuDNN reads the groups."""
+  del cudnn_version
+  from purejax.ops import kernels  # pylint: disable=g-import-not-at-top
+  config = gpt.GPTConfig(vocab_size=49152, block_size=1024, n_layer=30, n_head=9, n_embd=576,
+                         n_kv_head=3, mlp_hidden=1536, compute_dtype="bfloat16",
+                         **gpt.ARCHITECTURES["llama"])
+  hlo = gpu_lowering.train_step_hlo(kernels.select("gpu"), config=config, batch=4)
+  calls = gpu_lowering.custom_calls(hlo)
+  assert calls[gpu_lowering.CUDNN_FORWARD] >= 1 and calls[gpu_lowering.CUDNN_BACKWARD] == 1
+  assert gpu_lowering.square_faces(hlo, config.block_size) == 0  # no [.., T, T] scores
+  # cuDNN's operands: 9 query heads, 3 key/value heads (never repeated to 9).
+  grouped = "(tensor<4x1024x9x64xbf16>, tensor<4x1024x3x64xbf16>, tensor<4x1024x3x64xbf16>)"
+  assert any(gpu_lowering.CUDNN_FORWARD + "(" in line and grouped in line
+             for line in hlo.splitlines())
+
+
+@pytest.mark.parametrize("compute_dtype", [None, jnp.bfloat16])
+@pytest.mark.parametrize("time", [1, 3])
+def test_a_grouped_cache_reads_as_the_repeated_one(compute_dtype, time):
+  from purejax.ops import attention  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.normal(size=(2, 6, time, 8)), jnp.float32)  # 6 heads
+  k, v = (jnp.asarray(rng.normal(size=(2, 2, 10, 8)), jnp.float32) for _ in range(2))
+  attend = jax.jit(functools.partial(attention.attend_to_cache, compute_dtype=compute_dtype))
+  got = attend(q, k, v, 4)
+  want = attend(q, jnp.repeat(k, 3, axis=1), jnp.repeat(v, 3, axis=1), 4)
+  chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)
