@@ -334,7 +334,7 @@ def job_h_max_batch(job: Job, arm: str) -> None:
       add_speed(row, batch * config.block_size, flops_per_token(config), job.peak_flops)
       tries[str(batch)] = {"fits": True, **row, **info}
     except Exception as e:  # pylint: disable=broad-except
-      error = harness.describe(e)
+      error = jobs.describe(e)
       tries[str(batch)] = {"fits": False, "oom": is_oom(error), "error": error}
       print(f"[{job.name}] batch {batch}: {traceback.format_exc()}", flush=True)
     jobs.free_memory(torch_too=arm == "torch", drop_compiled=True)

@@ -25,7 +25,6 @@ import os
 import pathlib
 import re
 import time
-import traceback
 import types
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -122,16 +121,6 @@ def summarise(times: Mapping[str, Sequence[float]],
                  ratio_max=float(ratios.max()))
     rows[name] = row
   return rows
-
-
-def describe(e: BaseException) -> str:
-  """An exception in a line, with where it was raised (for a results file)."""
-  frames = traceback.extract_tb(e.__traceback__)
-  where = f" (at {pathlib.Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-  message = str(e).strip().replace("\n", " | ")
-  if len(message) > 800:
-    message = message[:500] + " ... " + message[-300:]
-  return f"{type(e).__name__}: {message}{where}"
 
 
 # ----------------------------------------------------------------------------

@@ -27,8 +27,13 @@ from purejax import gpt
 from purejax.training import optim
 from purejax.training import steps as steps_lib
 
-_DUMP_TO = flags.DEFINE_string("dump_to", None, "Folder to write the normalised HLO files into.")
-_COMPARE = flags.DEFINE_list("compare", None, "Two folders written by --dump_to: compare them.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_string("dump_to", None, "Folder to write the normalised HLO files into.")
+  flags.DEFINE_list("compare", None, "Two folders written by --dump_to: compare them.")
 
 _NAME = re.compile(r"%[\w.\-]+")
 _METADATA = re.compile(r",?\s*metadata=\{[^}]*\}")
@@ -109,11 +114,11 @@ def compare(before: pathlib.Path, after: pathlib.Path) -> None:
 
 def main(argv):
   del argv
-  if _COMPARE.value:
-    before, after = map(pathlib.Path, _COMPARE.value)
+  if FLAGS.compare:
+    before, after = map(pathlib.Path, FLAGS.compare)
     compare(before, after)
     return
-  out = pathlib.Path(_DUMP_TO.value or "hlo_ab")
+  out = pathlib.Path(FLAGS.dump_to or "hlo_ab")
   out.mkdir(parents=True, exist_ok=True)
   for name, text in programs().items():
     (out / f"{name}.hlo").write_text(normalise(text))
@@ -121,4 +126,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -65,6 +65,16 @@ def select(cases: Sequence[str], names: Sequence[str]) -> List[str]:
   return [job for job in names if any(named(job, c) for c in cases)]
 
 
+def describe(e: BaseException) -> str:
+  """An exception in a line, with where it was raised (for a results file)."""
+  frames = traceback.extract_tb(e.__traceback__)
+  where = f" (at {pathlib.Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+  message = str(e).strip().replace("\n", " | ")
+  if len(message) > 800:
+    message = message[:500] + " ... " + message[-300:]
+  return f"{type(e).__name__}: {message}{where}"
+
+
 class Job:
   """One job in its process: its deadline and its entry in the results file."""
 
@@ -83,7 +93,7 @@ class Job:
     return time.time() > self.deadline
 
   def error(self, where: str, e: BaseException) -> None:
-    self.result["errors"][where] = harness.describe(e)
+    self.result["errors"][where] = describe(e)
     print(f"[{self.name}] {where}: {traceback.format_exc()}", flush=True)
     self.save()
 
@@ -232,7 +242,7 @@ def environment(job: Job) -> None:
       job.result.update(torch_device_name=torch.cuda.get_device_name(),
                         cudnn=torch.backends.cudnn.version())
   except ImportError as e:
-    job.result["errors"]["torch"] = harness.describe(e)
+    job.result["errors"]["torch"] = describe(e)
   if shutil.which("nvidia-smi"):
     job.result["nvidia_smi"] = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],

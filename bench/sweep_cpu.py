@@ -22,6 +22,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from bench import harness
 from purejax import gpt
 from purejax.data import corpus
 from purejax.training import loop
@@ -29,27 +30,32 @@ from purejax.training import optim
 from purejax.training import steps
 from purejax.training import sweep
 
-_RUNS = flags.DEFINE_integer("runs", 4, "Runs in the sweep.")
-_ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed rounds (each times both arms once).")
-_STEPS = flags.DEFINE_integer("steps_per_call", 10, "Steps per jitted call (the CLI's default).")
-_QUICK = flags.DEFINE_bool("quick", False, "A tiny model and 2 rounds: a smoke run.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_integer("runs", 4, "Runs in the sweep.")
+  flags.DEFINE_integer("rounds", 7, "Timed rounds (each times both arms once).")
+  flags.DEFINE_integer("steps_per_call", 10, "Steps per jitted call (the CLI's default).")
+  flags.DEFINE_bool("quick", False, "A tiny model and 2 rounds: a smoke run.")
 
 
 def main(argv):
   del argv
   config, batch_size = loop.SHAKESPEARE_CHAR, 12
-  rounds = _ROUNDS.value
-  if _QUICK.value:
+  rounds = FLAGS.rounds
+  if FLAGS.quick:
     config, rounds = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2,
                                    n_embd=16, bias=False), 2
   text = corpus.load_corpus("tiny_shakespeare")
   ids = jax.numpy.asarray(np.asarray(text.train, np.int32))
   base = dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=2000)
   runs = sweep.expand(base, seed=0, grid={"learning_rate": tuple(
-      1e-3 * (1 + i) / _RUNS.value for i in range(_RUNS.value))})
+      1e-3 * (1 + i) / FLAGS.runs for i in range(FLAGS.runs))})
   runs = [r._replace(seed=i) for i, r in enumerate(runs)]
   make = sweep.RunOptimizer(base)
-  n = _STEPS.value
+  n = FLAGS.steps_per_call
 
   def fresh_state():
     params = [gpt.init_params(config, jax.random.PRNGKey(r.seed)) for r in runs]
@@ -60,39 +66,41 @@ def main(argv):
   keys = [jax.random.PRNGKey(100 + r.seed) for r in runs]
   stacked = [sweep.stack(params), sweep.stack(states)]
   stacked_keys, hyper = sweep.stack(keys), sweep.hyperparams(runs)
-  step = [0]
+  vmapped_step, sequential_step = [0], [0]
 
   def vmapped():
-    p, s, m = sweep.train_steps(*stacked, ids, stacked_keys, step[0], hyper, config=config,
-                                make_optimizer=make, batch_size=batch_size, num_steps=n)
+    start = time.perf_counter()
+    p, s, m = sweep.train_steps(*stacked, ids, stacked_keys, vmapped_step[0], hyper,
+                                config=config, make_optimizer=make, batch_size=batch_size,
+                                num_steps=n)
     m.loss.block_until_ready()
     stacked[:] = [p, s]
+    vmapped_step[0] += n
+    return (time.perf_counter() - start) / n
 
   def sequential():
+    start = time.perf_counter()
     for i, (p, s, opt) in enumerate(solo):
-      p, s, m = steps.train_steps(p, s, ids, keys[i], step[0], config=config, optimizer=opt,
-                                  batch_size=batch_size, num_steps=n)
+      p, s, m = steps.train_steps(p, s, ids, keys[i], sequential_step[0], config=config,
+                                  optimizer=opt, batch_size=batch_size, num_steps=n)
       m.loss.block_until_ready()
       solo[i] = (p, s, opt)
+    sequential_step[0] += n
+    return (time.perf_counter() - start) / n
 
   arms = {"vmapped": vmapped, "sequential": sequential}
   for fn in arms.values():  # compile
     fn()
-  times = {name: [] for name in arms}
-  for _ in range(rounds):
-    step[0] += n
-    for name, fn in arms.items():
-      start = time.perf_counter()
-      fn()
-      times[name].append((time.perf_counter() - start) / n * 1000)
-  ratios = np.array(times["sequential"]) / np.array(times["vmapped"])
+  rows = harness.summarise(harness.alternate(arms, rounds), "vmapped", "s/step")
+  ratio = rows["sequential"]
   result = {"runs": len(runs), "model": str(config), "batch_size": batch_size,
             "steps_per_call": n, "rounds": rounds, "device": jax.devices()[0].device_kind,
-            **{f"{name}_ms_per_step": float(np.median(t)) for name, t in times.items()},
-            "ratio_sequential_over_vmapped": float(np.median(ratios)),
-            "ratio_min": float(ratios.min()), "ratio_max": float(ratios.max())}
+            **{f"{name}_ms_per_step": 1000 * row["median"] for name, row in rows.items()},
+            "ratio_sequential_over_vmapped": ratio["ratio"],
+            "ratio_min": ratio["ratio_min"], "ratio_max": ratio["ratio_max"]}
   print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

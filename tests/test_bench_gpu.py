@@ -201,6 +201,8 @@ def test_shakespeare_is_split_as_nanogpt_splits_it():
 
 
 def test_the_benches_import_together_and_define_no_flags_on_import():
-  for module in ("bench.run", "bench.gpu", "bench.harness", "bench.jobs"):
+  for module in ("bench.run", "bench.gpu", "bench.harness", "bench.jobs", "bench.sweep_cpu",
+                 "bench.hlo_ab"):
     importlib.import_module(module)
-  assert "cases" not in flags.FLAGS and "time_budget_s" not in flags.FLAGS
+  for name in ("cases", "quick", "time_budget_s", "runs", "dump_to"):
+    assert name not in flags.FLAGS
