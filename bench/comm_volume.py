@@ -39,17 +39,12 @@ from purejax.training import optim  # noqa: E402
 from purejax.training import parallel  # noqa: E402
 from purejax.training import steps  # noqa: E402
 
-_DEVICES = flags.DEFINE_integer("devices", 4, "CPU devices to partition over.")
+FLAGS = flags.FLAGS
 
-SIZES = {
-    # name: (config, global batch)
-    "recipe 4L/128 T64": (gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4,
-                                        n_head=4, n_embd=128, bias=False), 12),
-    "heavy 6L/384 T256": (gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6,
-                                        n_head=6, n_embd=384, bias=False), 16),
-}
-PLANS = [("replicated", False, 1), ("replicated, 4 microbatches", False, 4),
-         ("FSDP", True, 1), ("FSDP, 4 microbatches", True, 4)]
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_integer("devices", 4, "CPU devices to partition over.")
 
 
 def step_collectives(config, batch_size, plan, grad_accum_steps):
@@ -69,17 +64,17 @@ def step_collectives(config, batch_size, plan, grad_accum_steps):
 
 def main(argv):
   del argv
-  if jax.device_count() != _DEVICES.value:
+  if jax.device_count() != FLAGS.devices:
     raise app.UsageError(f"JAX sees {jax.device_count()} devices; XLA_FLAGS was set "
                          f"before this script: unset it or make it match --devices.")
   mesh = parallel.make_mesh()
-  print(f"Per device, per optimisation step, on {_DEVICES.value} CPU devices "
+  print(f"Per device, per optimisation step, on {FLAGS.devices} CPU devices "
         f"(MB = 1e6 bytes):\n")
   print("| size | plan | params MB | all-reduce MB | all-gather MB | other MB | "
         "total / params |")
   print("|---|---|---:|---:|---:|---:|---:|")
   for name, (config, batch) in SIZES.items():
-    batch = max(batch, _DEVICES.value * 4) // (_DEVICES.value * 4) * (_DEVICES.value * 4)
+    batch = max(batch, FLAGS.devices * 4) // (FLAGS.devices * 4) * (FLAGS.devices * 4)
     for label, fsdp, accum in PLANS:
       volume, param_bytes = step_collectives(
           config, batch, parallel.ShardingPlan(mesh, fsdp), accum)
@@ -92,4 +87,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -17,9 +17,14 @@ import optax
 
 from purejax import mlp
 
-_OPTIMIZER = flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adamw"], "Optimizer.")
-_EPOCHS = flags.DEFINE_integer("epochs", 10, "Epochs to time (the first is dropped).")
-_BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adamw"], "Optimizer.")
+  flags.DEFINE_integer("epochs", 10, "Epochs to time (the first is dropped).")
+  flags.DEFINE_integer("batch_size", 128, "Batch size.")
 
 
 def epoch_times(optimizer_name: str, epochs: int, batch_size: int):
@@ -41,12 +46,13 @@ def epoch_times(optimizer_name: str, epochs: int, batch_size: int):
 
 
 def main(_):
-  times = epoch_times(_OPTIMIZER.value, _EPOCHS.value, _BATCH.value)
+  times = epoch_times(FLAGS.optimizer, FLAGS.epochs, FLAGS.batch_size)
   steady = times[1:]
-  print(f"purejax MLP, {_OPTIMIZER.value}, batch {_BATCH.value}: median "
+  print(f"purejax MLP, {FLAGS.optimizer}, batch {FLAGS.batch_size}: median "
         f"{np.median(steady):.3f} s/epoch over epochs 2-{len(times)} "
         f"(min {min(steady):.3f}, max {max(steady):.3f}); epoch 1 {times[0]:.3f} s")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -22,7 +22,6 @@ existing tokens). Results go to `bench/results/<date>-tokenize.json`.
 import base64
 import collections
 import datetime
-import json
 import os
 import pathlib
 import random
@@ -35,21 +34,23 @@ from absl import flags
 import numpy as np
 import regex
 
+from bench import harness
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
 
-_MB = flags.DEFINE_integer("mb", 100, "Megabytes of text to tokenize.", lower_bound=1)
-_TOKENIZER_FILE = flags.DEFINE_string(
-    "tokenizer_file", None, "GPT-2's vocab.bpe + encoder.json folder or a .tiktoken file "
-    "(default: tiktoken's cache).")
-_THREADS = flags.DEFINE_integer("num_threads", os.cpu_count() or 1,
-                                "Threads of the parallel arm.", lower_bound=1)
-_OUT = flags.DEFINE_string("out", None, "Results file (default bench/results/"
-                           "<date>-tokenize.json, or -2, -3, ... when that exists).")
+FLAGS = flags.FLAGS
 
-RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_integer("mb", 100, "Megabytes of text to tokenize.", lower_bound=1)
+  flags.DEFINE_string("tokenizer_file", None, "GPT-2's vocab.bpe + encoder.json folder or a "
+                      ".tiktoken file (default: tiktoken's cache).")
+  flags.DEFINE_integer("num_threads", os.cpu_count() or 1, "Threads of the parallel arm.",
+                       lower_bound=1)
+  flags.DEFINE_string("out", None, "Results file (default bench/results/"
+                      "<date>-tokenize.json, or -2, -3, ... when that exists).")
 
 def make_corpus(path: pathlib.Path, size_bytes: int, seed: int = 0) -> int:
   """Writes Tiny Shakespeare's lines, each pass in a new random order, up to `size_bytes`."""
@@ -90,20 +91,11 @@ def timed(fn):
   return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def results_path() -> pathlib.Path:
-  stem, n = f"{datetime.date.today().isoformat()}-tokenize", 1
-  out = RESULTS_DIR / f"{stem}.json"
-  while out.exists():
-    n += 1
-    out = RESULTS_DIR / f"{stem}-{n}.json"
-  return out
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    tok = tokenizers.gpt2_tokenizer(_TOKENIZER_FILE.value)
+    tok = tokenizers.gpt2_tokenizer(FLAGS.tokenizer_file)
     source = tok.encoding_file or "tiktoken's cache"
     encoding = f"GPT-2's own (fingerprint {tok.fingerprint[:12]}, from {source})"
   except tokenizers.TokenizerError as e:
@@ -111,7 +103,7 @@ def main(argv):
     tok = None
   with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
     corpus = pathlib.Path(tmp) / "corpus.txt"
-    size = make_corpus(corpus, _MB.value * 1_000_000)
+    size = make_corpus(corpus, FLAGS.mb * 1_000_000)
     if tok is None:
       tok = stand_in_tokenizer(corpus.read_text(encoding="utf-8")[:5_000_000])
       encoding = ("STAND-IN, not GPT-2's: GPT-2's regex and 50,256 word-prefix BPE ranks "
@@ -119,8 +111,8 @@ def main(argv):
     arms = {}
     ids = {}
     for name, fn in [
-        (f"encode_file, {_THREADS.value} threads",
-         lambda: tokenize_files.encode_file(tok, str(corpus), num_threads=_THREADS.value)),
+        (f"encode_file, {FLAGS.num_threads} threads",
+         lambda: tokenize_files.encode_file(tok, str(corpus), num_threads=FLAGS.num_threads)),
         ("encode_file, 1 thread", lambda: tokenize_files.encode_file(tok, str(corpus),
                                                                      num_threads=1)),
         ("one encode() of the whole text",
@@ -140,13 +132,14 @@ def main(argv):
           "encoding": encoding, "identical_ids": same,
           "tiktoken": __import__("tiktoken").__version__,
           "note": "one run per arm on a shared machine"}
-  out = pathlib.Path(_OUT.value) if _OUT.value else results_path()
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"meta": meta, "results": arms}, indent=2) + "\n")
+  out = pathlib.Path(FLAGS.out) if FLAGS.out else harness.unused_results_path(
+      harness.RESULTS_DIR, f"{datetime.date.today().isoformat()}-tokenize")
+  harness.write_results(out, {"meta": meta, "results": arms})
   print(f"wrote {out}")
   if not same:
     sys.exit("error: encode_file's ids differ from encoding the whole text.")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -10,6 +10,7 @@ on rank >= 2), clip 1.0,
 estimate_loss computes it. Prints one val loss per seed and the median.
 """
 
+import dataclasses
 import time
 
 from absl import app
@@ -21,18 +22,23 @@ from bench import harness
 from bench import torch_gpt
 from purejax.data import corpus
 from purejax import gpt
+from purejax.training import loop
 from purejax.training import optim
 
-_SEEDS = flags.DEFINE_list("seeds", "0,1,2", "Seeds to train.")
-_ITERS = flags.DEFINE_integer("max_iters", 2000, "Training iterations.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_list("seeds", "0,1,2", "Seeds to train.")
+  flags.DEFINE_integer("max_iters", 2000, "Training iterations.")
 
 BATCH, EVAL_ITERS = 12, 200
 
 
 def optimizer_config(max_iters: int) -> optim.OptimizerConfig:
-  """nanoGPT's CPU recipe: lr 1e-3 to 1e-4 over the run after 100 warmup steps."""
-  return optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=100, decay_iters=max_iters,
-                               min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
+  """`purejax.train`'s recipe optimizer, its cosine ending at the run's last step."""
+  return dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=max_iters)
 
 
 def batch(data, block, generator):
@@ -74,13 +80,14 @@ def train(seed, text, max_iters):
 def main(_):
   text = corpus.load_corpus("tiny_shakespeare")
   results = []
-  for seed in [int(s) for s in _SEEDS.value]:
-    val, ms = train(seed, text, _ITERS.value)
+  for seed in [int(s) for s in FLAGS.seeds]:
+    val, ms = train(seed, text, FLAGS.max_iters)
     results.append(val)
-    print(f"torch twin seed {seed}: val loss {val:.4f} at iter {_ITERS.value} ({ms:.1f} ms/iter)",
+    print(f"torch twin seed {seed}: val loss {val:.4f} at iter {FLAGS.max_iters} ({ms:.1f} ms/iter)",
           flush=True)
-  print(f"median val loss {np.median(results):.4f} over seeds {_SEEDS.value}")
+  print(f"median val loss {np.median(results):.4f} over seeds {FLAGS.seeds}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
