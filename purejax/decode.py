@@ -84,8 +84,9 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
   avoid, and the work is one pass over the cache.
   """
   kv, d = config.kv_heads, config.head_dim
-  on_gpu = forms.attention in ("xla", "cudnn")
-  compute_dtype = config.matmul_dtype if on_gpu else None
+  # The GPU's forms multiply in the compute dtype; the CPU's in float32.
+  low_precision = forms.attention in ("xla", "cudnn")
+  compute_dtype = config.matmul_dtype if low_precision else None
 
   def attend(q, k, v):
     b, t = q.shape[:2]

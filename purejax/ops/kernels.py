@@ -7,10 +7,12 @@
 Model files call these and read as the math; which form runs is decided by
 `select(platform, **overrides)` alone, from measurements cited next to
 each choice, and travels as one `Forms` value (the execution options: how a
-model runs, never what it computes). Every form has a plain reference form that the tests compare
-it with on CPU (values and gradients), so a fast form can never quietly
-compute something else. The attention forms live in `purejax/ops/attention.py`;
-`select` picks among them too.
+model runs, never what it computes). Every form has a plain reference form
+that the tests compare it with on CPU (values and gradients), so a fast form
+can never quietly compute something else; cuDNN's attention, which runs only
+on NVIDIA GPUs, is checked by lowering its program for CUDA instead
+(`tests/test_gpu_lowering.py`). The attention forms live in
+`purejax/ops/attention.py`; `select` picks among them too.
 """
 
 import dataclasses
@@ -40,8 +42,11 @@ class Forms:
   Hashable, so it is a static argument of the jitted entry points. A model's
   config holds its math only; two runs with the same config and different
   forms compute the same function (exactly, or to float rounding where a
-  form reorders sums), so a run may resume with other forms. `Forms()` is
-  the plain reference form of everything; `select` gives a platform's.
+  form reorders sums), so a run may resume with other forms. One caveat:
+  with attention dropout, the "blocked" form draws its masks per query
+  block, so switching to or from it continues with other (equally
+  distributed) masks. `Forms()` is the plain reference form of everything;
+  `select` gives a platform's.
 
   Attributes:
     attention: causal attention in training and evaluation (`ATTENTION_FORMS`,
@@ -208,6 +213,8 @@ def jit_with_forms(fun: Callable, *, platform_args: Sequence[str],
   @functools.wraps(fun)
   def call(*args, **kwargs):
     return jitted(*args, **with_forms(args, kwargs))
+
+  call.__name__ = call.__qualname__ = fun.__name__.lstrip("_")
 
   call.lower = lambda *args, **kwargs: jitted.lower(*args, **with_forms(args, kwargs))
   call.trace = lambda *args, **kwargs: jitted.trace(*args, **with_forms(args, kwargs))
