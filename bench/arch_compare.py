@@ -9,8 +9,9 @@ purejax.train` as a user would; they differ only in `--arch`: GPT-2's block
 (LayerNorm, learned positions, GELU MLP) or the Llama block (RMSNorm, RoPE,
 SwiGLU at 8/3 the width, so the parameter counts match within 1 %). For
 each arm it reports the median final val loss over the seeds, and the step
-time of both in one process: the arms' jitted training calls alternate, so
-both see the same machine load, and the ratio is of their medians. A
+time of both in one process: the arms' jitted training calls alternate
+(`bench.harness`), so both see the same machine load, and the ratio is the
+median of the per-round ratios llama/gpt2. A
 markdown table goes to stdout and everything to `--out` as JSON. Run it on a
 quiet machine; every run trains in a subprocess of its own.
 """
@@ -30,21 +31,27 @@ from absl import app
 from absl import flags
 from absl import logging
 
-ARMS = ("gpt2", "llama")
+from bench import harness
 
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each arm's training runs.")
-_MAX_ITERS = flags.DEFINE_integer("max_iters", 2000, "Training steps per run.")
-_EVAL_ITERS = flags.DEFINE_integer("eval_iters", 200, "Batches of the final evaluation.")
-_TIME_ROUNDS = flags.DEFINE_integer("time_rounds", 30, "Alternating timed calls per arm.")
-_STEPS_PER_CALL = flags.DEFINE_integer("steps_per_call", 10, "Steps per timed call.")
-_OUT = flags.DEFINE_string("out", "bench/results/arch_compare.json", "Results file (JSON).")
+ARMS = ("gpt2", "llama")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each arm's training runs.")
+  flags.DEFINE_integer("max_iters", 2000, "Training steps per run.")
+  flags.DEFINE_integer("eval_iters", 200, "Batches of the final evaluation.")
+  flags.DEFINE_integer("time_rounds", 30, "Alternating timed calls per arm.")
+  flags.DEFINE_integer("steps_per_call", 10, "Steps per timed call.")
+  flags.DEFINE_string("out", "bench/results/arch_compare.json", "Results file (JSON).")
 
 
 def train_run(arch: str, seed: int, out_dir: str) -> float:
   """Final val loss of one `purejax.train` run of `arch`."""
   cmd = [sys.executable, "-m", "purejax.train", f"--arch={arch}", f"--seed={seed}",
-         f"--out_dir={out_dir}", f"--max_iters={_MAX_ITERS.value}",
-         f"--eval_interval={_MAX_ITERS.value}", f"--eval_iters={_EVAL_ITERS.value}",
+         f"--out_dir={out_dir}", f"--max_iters={FLAGS.max_iters}",
+         f"--eval_interval={FLAGS.max_iters}", f"--eval_iters={FLAGS.eval_iters}",
          "--sample_tokens=0", "--progress=false"]
   done = subprocess.run(cmd, capture_output=True, text=True,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=False)
@@ -56,38 +63,36 @@ def train_run(arch: str, seed: int, out_dir: str) -> float:
 
 
 def step_times() -> Dict[str, List[float]]:
-  """Milliseconds per step of each arm, timed in alternation in this process."""
+  """Seconds per step of each arm, timed in alternation in this process."""
   import jax  # pylint: disable=import-outside-toplevel
   import dataclasses  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
   from purejax.training import loop, optim, steps  # pylint: disable=import-outside-toplevel
 
   optimizer = optim.make_optimizer(
-      dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=_MAX_ITERS.value))
+      dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=FLAGS.max_iters))
   data = jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65)
-  state, times = {}, {arm: [] for arm in ARMS}
+  state = {}
   for arm in ARMS:
     config = dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
     params = gpt.init_params(config, jax.random.PRNGKey(0))
-    state[arm] = [config, params, optimizer.init(params)]
+    state[arm] = [config, params, optimizer.init(params), 0]
 
-  def call(arm: str, step: int) -> float:
-    config, params, opt_state = state[arm]
+  def call(arm: str) -> float:
+    config, params, opt_state, step = state[arm]
     start = time.perf_counter()
     params, opt_state, metrics = steps.train_steps(
         params, opt_state, data, jax.random.PRNGKey(1), step, config=config,
-        optimizer=optimizer, batch_size=12, num_steps=_STEPS_PER_CALL.value)
+        optimizer=optimizer, batch_size=12, num_steps=FLAGS.steps_per_call)
     jax.block_until_ready(metrics)
-    state[arm][1:] = [params, opt_state]
-    return (time.perf_counter() - start) * 1e3 / _STEPS_PER_CALL.value
+    state[arm][1:] = [params, opt_state, step + FLAGS.steps_per_call]
+    return (time.perf_counter() - start) / FLAGS.steps_per_call
 
   for arm in ARMS:  # compile and warm up
-    call(arm, 0)
-    call(arm, 1)
-  for i in range(_TIME_ROUNDS.value):
-    for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
-      times[arm].append(call(arm, 2 + i))
-  return times
+    call(arm)
+    call(arm)
+  return harness.alternate({arm: lambda arm=arm: call(arm) for arm in ARMS},
+                           FLAGS.time_rounds)
 
 
 def param_counts() -> Dict[str, int]:
@@ -106,7 +111,7 @@ def param_counts() -> Dict[str, int]:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # JAX's backend probing at INFO
-  seeds = [int(s) for s in _SEEDS.value]
+  seeds = [int(s) for s in FLAGS.seeds]
   losses = {arm: [] for arm in ARMS}
   with tempfile.TemporaryDirectory() as scratch:
     for seed in seeds:
@@ -116,28 +121,29 @@ def main(argv):
         print(f"{arm} seed {seed}: val loss {losses[arm][-1]:.4f}", flush=True)
   times = step_times()
   counts = param_counts()
-  medians = {arm: statistics.median(times[arm]) for arm in ARMS}
+  summary = harness.summarise(times, "gpt2", "s/step")
+  medians = {arm: 1e3 * summary[arm]["median"] for arm in ARMS}
   rows = ["| block | params (all) | val loss, median of seeds | val losses | ms/step (median) |",
           "| --- | --- | --- | --- | --- |"]
   for arm in ARMS:
     rows.append(f"| {arm} | {counts[arm]:,} | **{statistics.median(losses[arm]):.4f}** | "
                 f"{', '.join(f'{x:.4f}' for x in losses[arm])} | {medians[arm]:.2f} |")
-  ratio = medians["llama"] / medians["gpt2"]
+  ratio = summary["llama"]["ratio"]
   print("\n".join(rows))
-  print(f"\nstep time llama / gpt2: **{ratio:.3f}x** (medians of {_TIME_ROUNDS.value} "
-        f"alternating calls of {_STEPS_PER_CALL.value} steps; seeds {seeds}, "
-        f"{_MAX_ITERS.value} steps)")
+  print(f"\nstep time llama / gpt2: **{ratio:.3f}x** (median of the per-round ratios over "
+        f"{FLAGS.time_rounds} alternating calls of {FLAGS.steps_per_call} steps; seeds "
+        f"{seeds}, {FLAGS.max_iters} steps)")
   import jax  # pylint: disable=import-outside-toplevel
   result = {"command": " ".join(["python -m bench.arch_compare"] + sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(),
-            "seeds": seeds, "max_iters": _MAX_ITERS.value, "params": counts,
-            "val_loss": losses, "ms_per_step": times, "step_time_ratio": ratio}
-  out = pathlib.Path(_OUT.value)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2))
+            "seeds": seeds, "max_iters": FLAGS.max_iters, "params": counts,
+            "val_loss": losses, "step_times": summary, "step_time_ratio": ratio}
+  out = pathlib.Path(FLAGS.out)
+  harness.write_results(out, result)
   print(f"wrote {out}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -3,22 +3,14 @@
     python -m bench.gpu --cases=h.train,h.medium --time_budget_s=420 --out_dir=$OUT
     python -m bench.gpu --quick --cases=h,i,j    # smoke run; on a CPU, with tiny models
 
-Each case is made of jobs, and `--cases` takes cases or jobs: h, the GPT-2
-124M train step (`h.train`: purejax scanned and unrolled against the twin
-under `torch.compile`; `h.feed`: device-drawn batches against windows read
-from a memory-mapped token file; `h.medium`: GPT-2 medium at batch 8;
-`h.max_batch.*`: each arm's largest batch); i, nanoGPT's Tiny Shakespeare GPU
-recipe (`i.purejax_recipe`, `i.torch_recipe`: whole runs; `i.speed`: dropout
-0.2 and 0 alternated); j, sampling through a KV cache (`j.sample`).
-
-Every job runs in a process of its own, which this process schedules, so one
-job's GPU memory, crash or hang cannot touch the next. Within a job the arms
-alternate (`bench.harness`); each purejax arm records its compiled program's
-cuDNN attention calls and planned peak memory next to ms/iter and MFU. The
-results file (`<out_dir>/<date>-gpu-<cases>.json`, never overwritten) is
-rewritten after every round, so a killed run keeps what it measured; the
-jobs' output goes to the `.log` beside it. Once `--time_budget_s` is spent
-no round or job starts; a job still running `--job_grace_s` later is killed.
+`--cases` takes cases or jobs (`JOBS`): h, the GPT-2 124M train step (scanned
+and unrolled against `torch.compile`; a memory-mapped feed; GPT-2 medium; the
+largest batches); i, nanoGPT's Tiny Shakespeare GPU recipe (whole runs, and
+dropout 0.2 against 0); j, sampling through a KV cache. Each job runs in a
+process of its own (`bench.jobs`), its arms alternating (`bench.harness`);
+each purejax arm records its compiled program's cuDNN attention calls and
+planned peak memory next to ms/iter and MFU. Results go to
+`<out_dir>/<date>-gpu-<cases>.json`, rewritten after every round.
 """
 
 import dataclasses
