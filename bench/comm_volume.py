@@ -37,7 +37,10 @@ from bench import hlo as hlo_lib  # noqa: E402
 from purejax import gpt  # noqa: E402
 from purejax.training import optim  # noqa: E402
 from purejax.training import parallel  # noqa: E402
+from purejax.data import batches  # noqa: E402
+from purejax.training import state as state_lib  # noqa: E402
 from purejax.training import steps  # noqa: E402
+from purejax.training.state import TrainState  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -51,13 +54,13 @@ def step_collectives(config, batch_size, plan, grad_accum_steps):
   optimizer = optim.make_optimizer(optim.OptimizerConfig())
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   opt_state = jax.eval_shape(optimizer.init, params)
+  state = TrainState(params, opt_state, {"train": jax.ShapeDtypeStruct((2,), np.uint32)})
   step = parallel.jit_train_step(
-      steps.train_steps, plan, plan.state(params), plan.state(opt_state), config=config,
+      steps.train_steps, plan, state_lib.shardings(state, plan), config=config,
       optimizer=optimizer, batch_size=batch_size, num_steps=1,
       grad_accum_steps=grad_accum_steps)
-  data = jax.ShapeDtypeStruct((100_000,), np.int32)
-  key = jax.ShapeDtypeStruct((2,), np.uint32)
-  hlo = step.lower(params, opt_state, data, key, 0).compile().as_text()
+  data = batches.DeviceTokens(jax.ShapeDtypeStruct((100_000,), np.int32))
+  hlo = step.lower(state, data, 0).compile().as_text()
   param_bytes = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
   return hlo_lib.collective_bytes(hlo), int(param_bytes)
 

@@ -33,11 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from purejax import gpt
+from purejax.data import batches
 from purejax.ops import attention
 from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import steps as steps_lib
+from purejax.training import state as state_lib
+from purejax.training.state import TrainState
 
 RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 DATA_TOKENS = 200_000  # random token ids a train arm draws its batches from
@@ -289,7 +292,7 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
     data = jax.random.randint(key, (DATA_TOKENS,), 0, config.vocab_size)
   params = gpt.init_params(config, key)
   optimizer = optim.make_optimizer(opt_config)
-  state = {"params": params, "opt": optimizer.init(params), "step": 0}
+  state = {"train": TrainState(params, optimizer.init(params), {"train": key}), "step": 0}
   forms = forms or kernels.select(kernels.platform_of(params))
   static = dict(config=config, optimizer=optimizer, batch_size=batch_size, num_steps=steps,
                 forms=forms)
@@ -297,21 +300,20 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
     train_steps, kwargs = steps_lib.train_steps, static
   else:
     plan = parallel.ShardingPlan(parallel.make_mesh(num_devices))
-    shardings = plan.state(state["params"]), plan.state(state["opt"])
-    train_steps, kwargs = parallel.jit_train_step(steps_lib.train_steps, plan, *shardings,
+    state["train"], shardings = state_lib.shard(state["train"], plan)
+    train_steps, kwargs = parallel.jit_train_step(steps_lib.train_steps, plan, shardings,
                                                   **static), {}
-    state["params"], state["opt"] = parallel.put((state["params"], state["opt"]), shardings)
     if data is not None:
-      data, key = parallel.put((data, key), plan.replicated)
-  next_tokens = (lambda: data) if windows is None else (lambda: jax.device_put(windows()))
+      data = parallel.put(data, plan.replicated)
+  next_tokens = ((lambda: batches.DeviceTokens(data)) if windows is None else
+                 (lambda: batches.HostWindows(jax.device_put(windows()))))
   info["forms"] = {"attention": attention_form(config, forms), "remat": forms.remat,
                    "scan_layers": forms.scan_layers}
 
   def run(tokens=None):
     start = time.perf_counter()
     tokens = next_tokens() if tokens is None else tokens
-    state["params"], state["opt"], metrics = train_steps(
-        state["params"], state["opt"], tokens, key, state["step"], **kwargs)
+    state["train"], metrics = train_steps(state["train"], tokens, state["step"], **kwargs)
     losses = np.asarray(metrics.loss)  # waits for the steps
     seconds = time.perf_counter() - start
     state["step"] += steps
@@ -322,8 +324,7 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
 
   first = next_tokens()
   # Compiled here, then found in jit's cache by the first call.
-  info.update(program_stats(train_steps.lower(state["params"], state["opt"], first, key, 0,
-                                              **kwargs).compile()))
+  info.update(program_stats(train_steps.lower(state["train"], first, 0, **kwargs).compile()))
   run(first)
   info.update(device_memory())
   return lambda: run()

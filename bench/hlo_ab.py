@@ -24,8 +24,10 @@ import jax.numpy as jnp
 
 from purejax import decode
 from purejax import gpt
+from purejax.data import batches
 from purejax.training import optim
 from purejax.training import steps as steps_lib
+from purejax.training.state import TrainState
 
 FLAGS = flags.FLAGS
 
@@ -77,7 +79,8 @@ def train_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
       weight_decay=0.1, grad_clip=1.0))
   static = dict(config=config, optimizer=optimizer, batch_size=batch_size,
                 num_steps=num_steps)
-  lowered = steps_lib.train_steps.lower(params, optimizer.init(params), data, key, 0, **static)
+  state = TrainState(params, optimizer.init(params), {"train": key})
+  lowered = steps_lib.train_steps.lower(state, batches.DeviceTokens(data), 0, **static)
   return lowered.compile().as_text()
 
 

@@ -16,6 +16,8 @@ import numpy as np
 import optax
 
 from purejax import mlp
+from purejax.training import steps
+from purejax.training.state import TrainState
 
 FLAGS = flags.FLAGS
 
@@ -33,13 +35,12 @@ def epoch_times(optimizer_name: str, epochs: int, batch_size: int):
   labels = jax.random.randint(key, (60_000,), 0, 10)
   params = mlp.init_network_params([784, 512, 512, 10], key)
   optimizer = optax.sgd(0.01) if optimizer_name == "sgd" else optax.adamw(1e-3)
-  opt_state = optimizer.init(params)
+  state = TrainState(params, optimizer.init(params), {"data": key})
   times = []
   for epoch in range(epochs):
     start = time.perf_counter()
-    params, opt_state, loss = mlp.train_epoch(
-        params, opt_state, images, labels, jax.random.fold_in(key, epoch),
-        optimizer=optimizer, batch_size=batch_size)
+    state, loss = steps.train_epoch(state, images, labels, epoch, optimizer=optimizer,
+                                    batch_size=batch_size)
     loss.block_until_ready()
     times.append(time.perf_counter() - start)
   return times

@@ -36,6 +36,8 @@ from purejax import mlp
 from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import parallel
+from purejax.training import steps as steps_lib
+from purejax.training.state import TrainState
 
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
 FLAGS = flags.FLAGS
@@ -160,16 +162,15 @@ def mnist_case(rounds, tfds_data_dir=None, tfds_manual_dir=None):
   key = jax.random.PRNGKey(0)
   optimizer = optax.sgd(0.01)
 
-  state = {"params": mlp.init_network_params(sizes, key)}
-  state["opt"] = optimizer.init(state["params"])
+  params = mlp.init_network_params(sizes, key)
+  state = {"train": TrainState(params, optimizer.init(params), {"data": key})}
   x_dev, y_dev = jnp.asarray(images), jnp.asarray(labels)
   epoch = iter(range(10_000))
 
   def ours():
     start = time.perf_counter()
-    state["params"], state["opt"], loss = mlp.train_epoch(
-        state["params"], state["opt"], x_dev, y_dev, jax.random.fold_in(key, next(epoch)),
-        optimizer=optimizer, batch_size=batch)
+    state["train"], loss = steps_lib.train_epoch(
+        state["train"], x_dev, y_dev, next(epoch), optimizer=optimizer, batch_size=batch)
     loss.block_until_ready()
     return time.perf_counter() - start
 

@@ -43,10 +43,10 @@ from purejax.gpt import GPTConfig
 from purejax.ops.kernels import Forms
 from purejax.ops.kernels import select as select_forms
 from purejax.training.loop import GPTTrainConfig
-from purejax.training.loop import MLPTrainConfig
+from purejax.training.mlp_loop import MLPTrainConfig
 from purejax.training.loop import evaluate_gpt
 from purejax.training.loop import train_gpt
-from purejax.training.loop import train_mlp
+from purejax.training.mlp_loop import train_mlp
 from purejax.training.optim import OptimizerConfig
 from purejax.training.optim import make_optimizer
 from purejax.training.parallel import ParallelConfig
@@ -54,6 +54,7 @@ from purejax.training.runs import RunConfig
 from purejax.training.steps import StepMetrics
 from purejax.training.steps import evaluate
 from purejax.training.steps import train_steps
+from purejax.training.state import TrainState
 from purejax.weights import convert
 from purejax.weights import from_pretrained
 
@@ -66,7 +67,8 @@ __all__ = [
     "CharTokenizer", "Corpus", "load_corpus", "sample_batch",
     # training
     "GPTTrainConfig", "MLPTrainConfig", "OptimizerConfig", "ParallelConfig", "RunConfig",
-    "StepMetrics", "evaluate", "evaluate_gpt", "make_optimizer", "train_gpt", "train_mlp",
+    "StepMetrics", "TrainState", "evaluate", "evaluate_gpt", "make_optimizer", "train_gpt",
+    "train_mlp",
     "train_steps",
     # weights
     "convert", "from_pretrained",

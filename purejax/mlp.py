@@ -2,17 +2,15 @@
 
     params = init_network_params([784, 512, 512, 10], jax.random.PRNGKey(0))
     logits = batched_predict(params, images)          # [batch, 10]
-    params, opt_state, loss = train_epoch(params, opt_state, images, labels,
-                                          key, optimizer=opt, batch_size=128)
+    params, opt_state, loss = update(params, opt_state, images, labels, optimizer=opt)
 
 `predict` is written for one example and batched with `jax.vmap`. A whole
-epoch is one jitted call: the dataset stays on the device and `lax.scan` runs
-the updates over batches of a permutation drawn from an explicit key, so there
-is no Python loop of small dispatches.
+epoch as one jitted `lax.scan` of steps, across devices, is the training
+layer's (`purejax.training.steps.train_epoch`).
 """
 
 import functools
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import chex
 import jax
@@ -20,7 +18,6 @@ import jax.numpy as jnp
 import optax
 
 from purejax import nn
-from purejax.training import parallel
 
 Params = Dict[str, Dict[str, chex.Array]]
 
@@ -122,72 +119,9 @@ def update(
   Returns:
     `(new_params, new_opt_state, loss_before_the_step)`.
   """
-  return _step(params, opt_state, images, labels, optimizer)
-
-
-def _step(params, opt_state, images, labels, optimizer, grad_accum_steps=1, plan=None):
-  value, grads = parallel.accumulate_gradients(
-      lambda p, xy, _: loss(p, *xy), params, (images, labels), grad_accum_steps,
-      plan=plan)
+  value, grads = jax.value_and_grad(loss)(params, images, labels)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, value
-
-
-@functools.partial(
-    jax.jit, static_argnames=("optimizer", "batch_size", "grad_accum_steps", "plan"),
-    donate_argnums=(0, 1))
-def train_epoch(
-    params: Params,
-    opt_state: optax.OptState,
-    images: chex.Array,
-    labels: chex.Array,
-    key: chex.PRNGKey,
-    *,
-    optimizer: optax.GradientTransformation,
-    batch_size: int,
-    grad_accum_steps: int = 1,
-    plan: Optional[parallel.ShardingPlan] = None,
-) -> Tuple[Params, optax.OptState, chex.Array]:
-  """One pass over a shuffled dataset, as a `lax.scan` of `update` steps.
-
-  The dataset is permuted with `key` and cut into `len(images) // batch_size`
-  full batches; the remainder (fewer than `batch_size` examples, a different
-  one each epoch) is left out so every step has the same shape.
-
-  Args:
-    params: current params (donated).
-    opt_state: current optimizer state (donated).
-    images: the whole training set `[num_examples, in_dim]`, on the device.
-    labels: `[num_examples]` integers.
-    key: PRNG key for this epoch's permutation.
-    optimizer: any optax `GradientTransformation`.
-    batch_size: examples per step (the global batch).
-    grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
-      must divide `batch_size`.
-    plan: how the step is spread over devices (`parallel.ShardingPlan`);
-      None on one device.
-
-  Returns:
-    `(params, opt_state, mean_loss)` where `mean_loss` averages the loss of
-    every step of the epoch (each measured before its step).
-  """
-  num_examples = images.shape[0]
-  chex.assert_shape(labels, (num_examples,))
-  num_batches = num_examples // batch_size
-  if num_batches < 1:
-    raise ValueError(
-        f"batch_size {batch_size} exceeds the {num_examples} training examples.")
-  perm = jax.random.permutation(key, num_examples)[: num_batches * batch_size]
-  batches = perm.reshape(num_batches, batch_size)  # [num_batches, batch]
-
-  def body(carry, batch_index):
-    p, s = carry
-    p, s, value = _step(p, s, images[batch_index], labels[batch_index], optimizer,
-                        grad_accum_steps, plan)
-    return (p, s), value
-
-  (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), batches)
-  return params, opt_state, jnp.mean(losses)
 
 
 @functools.partial(jax.jit, static_argnames="batch_size")

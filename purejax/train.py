@@ -5,9 +5,9 @@ r"""Trains a purejax model from the command line.
     python -m purejax.train --model=mlp --help    # the MLP's flags
 
 This file only parses flags: it turns them into the library's configs and
-calls `loop.train_gpt` or `loop.train_mlp`. Each model defines its own flags,
+calls `loop.train_gpt` or `mlp_loop.train_mlp`. Each model defines its own flags,
 with defaults taken from the library's recipes (`loop.SHAKESPEARE_CHAR`,
-`loop.GPT_OPTIMIZER`, `loop.GPTTrainConfig`, and the MLP's), so `--help`
+`loop.GPT_OPTIMIZER`, `loop.GPTTrainConfig`, and `mlp_loop`'s), so `--help`
 lists only the chosen model's flags and every default lives in one place.
 Bad values stop the run at once with a one-line message naming the flag.
 """
@@ -29,9 +29,12 @@ from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
 from purejax import gpt
 from purejax.training import loop
+from purejax.training import mlp_loop
+from purejax.training import nonfinite
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import runs
+from purejax.training import signals
 from purejax.data import tokenizers
 
 FLAGS = flags.FLAGS
@@ -153,8 +156,8 @@ def define_gpt_flags() -> None:
 
 def define_mlp_flags() -> None:
   """The MNIST MLP's flags, defaulting to its default recipe."""
-  train = loop.MLPTrainConfig()
-  define_optimizer_flags(loop.MLP_OPTIMIZER)
+  train = mlp_loop.MLPTrainConfig()
+  define_optimizer_flags(mlp_loop.MLP_OPTIMIZER)
   flags.DEFINE_integer("batch_size", train.batch_size, "Examples per step.")
   flags.DEFINE_list("layer_sizes", ",".join(map(str, train.layer_sizes)), "Layer widths.")
   flags.DEFINE_float("init_scale", train.init_scale, "Std of the initial params.")
@@ -268,9 +271,9 @@ def pretrained(source: str, best: bool = False):
                        f"{config.block_size}, and only a RoPE model's can be shortened; "
                        f"drop --block_size.")
     config = dataclasses.replace(config, block_size=FLAGS.block_size)
-  if spec.get("type") == "ids":  # weights without a tokenizer: the user names one
+  if spec.kind == "ids":  # weights without a tokenizer: the user names one
     if FLAGS.tokenizer is None:
-      raise ValueError(f"{source} records no tokenizer, only {spec['vocab_size']} token "
+      raise ValueError(f"{source} records no tokenizer, only {spec.vocab_size} token "
                        f"ids; pass --tokenizer=char or --tokenizer=gpt2.")
     tokenizer = FLAGS.tokenizer
   else:
@@ -313,7 +316,7 @@ def eval_gpt(run: runs.RunConfig, train: loop.GPTTrainConfig,
                      f"pass --init_from=MODEL to evaluate pretrained weights.")
   params, config, tokenizer = pretrained(source, best=best)
   text = load_corpus(tokenizer)
-  runs.log(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
+  runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
   return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices,
                                                 forms=forms)}
 
@@ -323,7 +326,7 @@ def train_mlp(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
     sizes = tuple(int(s) for s in FLAGS.layer_sizes)
   except ValueError:
     raise ValueError(f"--layer_sizes must be integers, got {FLAGS.layer_sizes}.") from None
-  train = loop.MLPTrainConfig(layer_sizes=sizes, init_scale=FLAGS.init_scale,
+  train = mlp_loop.MLPTrainConfig(layer_sizes=sizes, init_scale=FLAGS.init_scale,
                               batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
                               checkpoint_every=FLAGS.checkpoint_every, seed=FLAGS.seed)
   mnist = parallel.main_process_first(
@@ -331,9 +334,9 @@ def train_mlp(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
                                   pixels=FLAGS.mnist_pixels),
       errors=(ValueError, data_lib.DataUnavailableError))
   steps_per_epoch = len(mnist.train_labels) // train.batch_size
-  return loop.train_mlp(mnist, train, optimizer_config(train.epochs * steps_per_epoch), run,
-                        devices, meta_config={"mnist_pixels": FLAGS.mnist_pixels},
-                        progress_bar=FLAGS.progress)
+  return mlp_loop.train_mlp(mnist, train, optimizer_config(train.epochs * steps_per_epoch),
+                            run, devices, meta_config={"mnist_pixels": FLAGS.mnist_pixels},
+                            progress_bar=FLAGS.progress)
 
 
 def main(argv):
@@ -346,7 +349,6 @@ def main(argv):
         or os.environ.get("JAX_COORDINATOR_ADDRESS")):
       parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                       FLAGS.process_id)
-    runs.catch_stop_signals()  # after jax.distributed, which takes SIGTERM for itself
     if not FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # TFDS's and JAX's INFO lines
     optimizer_config(total_steps=1)  # fail on bad optimizer flags before loading data
@@ -354,15 +356,15 @@ def main(argv):
     runs.check_out_dir(run.out_dir)
     train = train_mlp if FLAGS.model == "mlp" else train_gpt
     metrics = train(run, parallel_config())
-  except runs.Interrupted as e:
-    runs.log(f"stopped by {e}; the checkpoint above holds the run (resume with --resume)")
+  except signals.Interrupted as e:
+    runs.print_line(f"stopped by {e}; the checkpoint above holds the run (resume with --resume)")
     sys.exit(128 + e.signum)
-  except runs.NonFiniteLoss as e:
+  except nonfinite.NonFiniteLoss as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(EXIT_NONFINITE)
   except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
     sys.exit("error: " + " ".join(str(e).split()))
-  runs.log("final " + json.dumps(metrics))
+  runs.print_line("final " + json.dumps(metrics))
 
 
 if __name__ == "__main__":

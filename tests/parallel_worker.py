@@ -20,7 +20,9 @@ import optax
 from bench import hlo
 from purejax import gpt
 from purejax import mlp
+from purejax.data import batches
 from purejax.training import parallel
+from purejax.training import state as state_lib
 from purejax.training import steps
 
 GPT_CONFIG = dict(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=True)
@@ -39,35 +41,37 @@ def main(options):
     params = gpt.init_params(config, key)
     data = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (4096,), 0, 65))
     step_fn, static = steps.train_steps, dict(config=config, num_steps=num_steps)
-    data_args = (data, jax.random.PRNGKey(2), 0)
+    keys = {"train": jax.random.PRNGKey(2)}
+    data_args = (batches.DeviceTokens(data), 0)
   else:
     params = mlp.init_network_params([32, 64, 64, 10], key, scale=0.1)
     images = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (batch_size * num_steps, 32)))
     labels = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (batch_size * num_steps,), 0, 10))
-    # mlp.train_epoch returns the epoch's mean loss; one step per call gives
+    # steps.train_epoch returns the epoch's mean loss; one step per call gives
     # every step's loss.
-    step_fn, static = mlp.train_epoch, {}
+    step_fn, static = steps.train_epoch, {}
+    keys = {"data": jax.random.PRNGKey(3)}
 
-  opt_state = optimizer.init(params)
-  params_sh, opt_sh = plan.state(params), plan.state(opt_state)
-  params, opt_state = parallel.put(params, params_sh), parallel.put(opt_state, opt_sh)
-  jitted = parallel.jit_train_step(step_fn, plan, params_sh, opt_sh, optimizer=optimizer,
+  state, shardings = state_lib.shard(
+      state_lib.TrainState(params, optimizer.init(params), keys), plan)
+  jitted = parallel.jit_train_step(step_fn, plan, shardings, optimizer=optimizer,
                                    batch_size=batch_size, grad_accum_steps=accum, **static)
   if model == "gpt":
     data_args = parallel.put(data_args, plan.replicated)
-    hlo_text = jitted.lower(params, opt_state, *data_args).compile().as_text()
-    params, opt_state, metrics = jitted(params, opt_state, *data_args)
+    hlo_text = jitted.lower(state, *data_args).compile().as_text()
+    state, metrics = jitted(state, *data_args)
     losses = np.asarray(metrics.loss).tolist()
   else:
     losses = []
     images, labels = parallel.put((images, labels), plan.replicated)
     for i in range(num_steps):
       rows = slice(i * batch_size, (i + 1) * batch_size)
-      args = (images[rows], labels[rows], jax.random.PRNGKey(i))
+      args = (images[rows], labels[rows], i)
       if i == 0:
-        hlo_text = jitted.lower(params, opt_state, *args).compile().as_text()
-      params, opt_state, loss = jitted(params, opt_state, *args)
+        hlo_text = jitted.lower(state, *args).compile().as_text()
+      state, loss = jitted(state, *args)
       losses.append(float(loss))
+  params = state.params
   held = parallel.bytes_per_device(params)
   steps_compiled = num_steps if model == "gpt" else 1  # per call: 20 steps, or 1
   print(json.dumps({

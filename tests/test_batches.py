@@ -40,8 +40,8 @@ def test_prefetcher_yields_what_direct_calls_give():
   with batches.BatchPrefetcher(tokens, 8, 4, seed=7, start_step=10,
                                steps_per_call=3) as prefetcher:
     items = [next(prefetcher) for _ in range(4)]
-  for i, item in enumerate(items):
-    assert item.shape == (3, 4, 9)
+  for i, (first, item) in enumerate(items):
+    assert first == 10 + 3 * i and item.shape == (3, 4, 9)
     for k in range(3):
       np.testing.assert_array_equal(item[k],
                                     batches.sample_windows(tokens, 8, 4, 7, 10 + 3 * i + k))
@@ -55,8 +55,8 @@ def test_prefetcher_follows_the_loops_calls_and_stops_at_the_end():
   with batches.BatchPrefetcher(tokens, 8, 4, seed=7, start_step=12, steps_per_call=length,
                                end_step=24) as prefetcher:
     items = list(prefetcher)
-  assert [len(item) for item in items] == [3, 5, 4]  # 12-14, 15-19, 20-23
-  np.testing.assert_array_equal(items[1][0], batches.sample_windows(tokens, 8, 4, 7, 15))
+  assert [(first, len(item)) for first, item in items] == [(12, 3), (15, 5), (20, 4)]
+  np.testing.assert_array_equal(items[1][1][0], batches.sample_windows(tokens, 8, 4, 7, 15))
 
 
 def test_prefetcher_raises_the_samplers_error_and_closes_unread():
@@ -64,3 +64,18 @@ def test_prefetcher_raises_the_samplers_error_and_closes_unread():
     next(batches.BatchPrefetcher(np.arange(5), 8, 2, seed=0, start_step=0))
   unread = batches.BatchPrefetcher(np.arange(100), 8, 2, seed=0, start_step=0)
   unread.close()  # returns although the queue is full and nothing was read
+
+
+def test_host_feed_hands_out_the_calls_it_read_and_refuses_others():
+  tokens = np.arange(500, dtype=np.uint16)
+  feed = batches.host_feed(tokens, tokens, lambda x: x, block_size=8, batch_size=4,
+                           eval_batches=2, seed=1, start_step=0, end_step=10,
+                           steps_per_call=lambda step: 5)
+  try:
+    first = feed.train(0, 5)
+    assert isinstance(first, batches.HostWindows) and first.windows.shape == (5, 4, 9)
+    assert feed.eval["val_loss"].windows.shape == (2, 4, 9)
+    with pytest.raises(ValueError, match="read steps 5..9 ahead, but the loop asked for 5..7"):
+      feed.train(5, 3)
+  finally:
+    feed.close()

@@ -112,7 +112,7 @@ def test_to_huggingface_round_trip_through_transformers(hf_model, tmp_path):
   model, folder = hf_model
   params, config, spec = huggingface.from_huggingface(str(folder))
   out = huggingface.to_huggingface(params, config, str(tmp_path / "export"),
-                                   valid_vocab=spec["vocab_size"])
+                                   valid_vocab=spec.vocab_size)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp dirs left
   assert json.loads((out / "config.json").read_text())["vocab_size"] == 101
   tensors = load_file(str(out / "model.safetensors"))
@@ -133,10 +133,10 @@ def test_greedy_generate_matches_transformers(hf_model):
   model, folder = hf_model
   # The table is padded to 128 rows; the padding (logits 0) is never sampled.
   params, config, spec = huggingface.from_huggingface(str(folder))
-  assert config.vocab_size == 128 and spec["vocab_size"] == 101
+  assert config.vocab_size == 128 and spec.vocab_size == 101
   prompt = np.array([[5, 17, 3, 99, 42]])
   ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
-                         max_new_tokens=11, temperature=0.0, valid_vocab=spec["vocab_size"])
+                         max_new_tokens=11, temperature=0.0, valid_vocab=spec.vocab_size)
   with torch.no_grad():
     theirs = model.generate(torch.from_numpy(prompt), do_sample=False, max_new_tokens=11,
                             min_new_tokens=11, pad_token_id=0)
@@ -275,7 +275,7 @@ def test_nanogpt_round_trip(tmp_path, bias):
   padded = dataclasses.replace(config, vocab_size=128)
   path = nanogpt.to_nanogpt(random_params(padded), padded, str(tmp_path / "p.pt"),
                             tokenizer_spec=tokenizers.ids_spec(101))
-  assert nanogpt.from_nanogpt(str(path))[2]["vocab_size"] == 101
+  assert nanogpt.from_nanogpt(str(path))[2].vocab_size == 101
 
 
 def test_from_nanogpt_reads_a_training_checkpoint(tmp_path):
@@ -361,7 +361,7 @@ def test_gpt2_vocabulary_is_padded_and_unpadded(tmp_path):
   assert hf_config["vocab_size"] == 50257 and hf_config["eos_token_id"] == 50256
   again, config2, spec = huggingface.from_huggingface(str(out))
   assert config2 == config
-  assert spec == tokenizers.gpt2_spec() and spec["vocab_size"] == 50257
+  assert spec == tokenizers.gpt2_spec() and spec.vocab_size == 50257
   wte = again["wte"]["embedding"]
   np.testing.assert_array_equal(wte[:50257], params["wte"]["embedding"][:50257])
   assert not wte[50257:].any()
@@ -505,7 +505,7 @@ def test_purejax_checkpoint_to_huggingface_and_back(tmp_path):
   summary = weights.convert(f"purejax:{tmp_path / 'run'}", f"hf:{tmp_path / 'hf'}")
   assert "101 ids of 101" in summary and "tokenizer char" in summary
   back, config, spec = huggingface.from_huggingface(str(tmp_path / "hf"), pad_vocab_multiple=1)
-  assert config == CONFIG and spec["vocab_size"] == 101
+  assert config == CONFIG and spec.vocab_size == 101
   assert_trees_equal(back, params)
   # HF -> purejax: a checkpoint purejax.sample's loader reads.
   weights.convert(f"hf:{tmp_path / 'hf'}", f"purejax:{tmp_path / 'imported'}")

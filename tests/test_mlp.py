@@ -9,6 +9,8 @@ import pytest
 from jax import test_util as jtu
 
 from purejax import mlp
+from purejax.training import steps
+from purejax.training.state import TrainState
 
 SIZES = [16, 32, 32, 4]
 
@@ -94,12 +96,10 @@ class MlpTest(chex.TestCase):
       params = mlp.init_network_params(SIZES, key)
       x, y = synthetic_task(jax.random.fold_in(key, 7))
       opt = optax.adam(1e-2)
-      state = opt.init(params)
+      state = TrainState(params, opt.init(params), {"data": key})
       for epoch in range(3):
-        params, state, _ = mlp.train_epoch(params, state, x, y,
-                                           jax.random.fold_in(key, epoch),
-                                           optimizer=opt, batch_size=64)
-      return params
+        state, _ = steps.train_epoch(state, x, y, epoch, optimizer=opt, batch_size=64)
+      return state.params
 
     chex.assert_trees_all_equal(run(0), run(0))
     with pytest.raises(AssertionError):
@@ -110,29 +110,29 @@ class MlpTest(chex.TestCase):
     params = mlp.init_network_params(SIZES, key, scale=0.1)
     x, y = synthetic_task(key)
     opt = optax.adam(1e-2)
-    state = opt.init(params)
+    state = TrainState(params, opt.init(params), {"data": key})
     losses = []
     for epoch in range(10):
-      params, state, loss = mlp.train_epoch(params, state, x, y,
-                                            jax.random.fold_in(key, epoch),
-                                            optimizer=opt, batch_size=32)
+      state, loss = steps.train_epoch(state, x, y, epoch, optimizer=opt, batch_size=32)
       losses.append(float(loss))
     assert losses[-1] < 0.3 * losses[0], losses
-    assert float(mlp.evaluate_accuracy(params, x, y, batch_size=100)) > 0.9
+    assert float(mlp.evaluate_accuracy(state.params, x, y, batch_size=100)) > 0.9
 
   def test_train_epoch_equals_python_loop_of_updates(self):
     key = jax.random.PRNGKey(0)
     params = mlp.init_network_params(SIZES, key, scale=0.1)
     x, y = synthetic_task(key, n=100)
     opt = optax.sgd(0.1)
-    # The epoch drops the remainder: 100 // 32 = 3 batches of the permutation.
-    perm = np.asarray(jax.random.permutation(key, 100))[:96].reshape(3, 32)
+    # Epoch 0 is shuffled with fold_in(data key, 1) and drops the remainder:
+    # 100 // 32 = 3 batches of the permutation.
+    perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 1), 100))
     looped, state = jax.tree.map(jnp.copy, params), opt.init(params)
-    for idx in perm:
+    for idx in perm[:96].reshape(3, 32):
       looped, state, _ = mlp.update(looped, state, x[idx], y[idx], optimizer=opt)
-    scanned, _, _ = mlp.train_epoch(jax.tree.map(jnp.copy, params), opt.init(params),
-                                    x, y, key, optimizer=opt, batch_size=32)
-    chex.assert_trees_all_close(scanned, looped, rtol=1e-5, atol=1e-6)
+    scanned, _ = steps.train_epoch(
+        TrainState(jax.tree.map(jnp.copy, params), opt.init(params), {"data": key}),
+        x, y, 0, optimizer=opt, batch_size=32)
+    chex.assert_trees_all_close(scanned.params, looped, rtol=1e-5, atol=1e-6)
 
   def test_evaluate_accuracy_handles_partial_chunks(self):
     params = mlp.init_network_params(SIZES, jax.random.PRNGKey(0), scale=0.5)
@@ -146,6 +146,7 @@ class MlpTest(chex.TestCase):
     with pytest.raises(ValueError, match="--layer_sizes=784"):
       mlp.check_input_size(params, 784)
     with pytest.raises(ValueError, match="exceeds"):
-      mlp.train_epoch(params, optax.sgd(0.1).init(params), jnp.ones((10, 100)),
-                      jnp.zeros((10,), jnp.int32), jax.random.PRNGKey(0),
-                      optimizer=optax.sgd(0.1), batch_size=64)
+      steps.train_epoch(
+          TrainState(params, optax.sgd(0.1).init(params), {"data": jax.random.PRNGKey(0)}),
+          jnp.ones((10, 100)), jnp.zeros((10,), jnp.int32), 0, optimizer=optax.sgd(0.1),
+          batch_size=64)

@@ -8,21 +8,28 @@ import optax
 import pytest
 
 from purejax.training import checkpoint
+from purejax.training import nonfinite
 from purejax.training import optim
 from purejax.training import runs
+from purejax.training import signals
+from purejax.training.state import TrainState
 
 
 def test_nonfinite_message_names_the_last_good_checkpoint():
-  with pytest.raises(runs.NonFiniteLoss, match=r"loss is inf at step 12.*ckpt_000000010.npz, "
+  with pytest.raises(nonfinite.NonFiniteLoss,
+                     match=r"loss is inf at step 12.*ckpt_000000010.npz, "
                      r"is intact: resume from it with --resume"):
-    runs.check_finite(np.array([1.0, 2.0, np.inf]), 10, "out/ckpt_000000010.npz")
-  runs.check_finite(np.array([1.0, 2.0]), 10, None)  # finite: no error
+    nonfinite.check_finite(np.array([1.0, 2.0, np.inf]), 10, "out/ckpt_000000010.npz")
+  nonfinite.check_finite(np.array([1.0, 2.0]), 10, None)  # finite: no error
   # Skipping only warns.
-  runs.check_finite(np.array([np.nan]), 10, None, skip=True)
+  warnings = []
+  nonfinite.check_finite(np.array([np.nan]), 10, None, skip=True, log=warnings.append)
+  assert warnings == ["warning: loss is nan at step 10; skipping non-finite updates "
+                      "(--skip_nonfinite)"]
 
 
 def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
-  optimizer = runs.skip_nonfinite_updates(
+  optimizer = nonfinite.skip_nonfinite_updates(
       optim.make_optimizer(optim.OptimizerConfig(learning_rate=0.1, decay_iters=10)))
   params = {"w": jnp.ones((2, 2))}
   state = optimizer.init(params)
@@ -33,13 +40,13 @@ def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
 
 
 def test_start_or_resume_refuses_to_overwrite_and_checks_identity(tmp_path):
-  template = {"params": {"w": jnp.zeros((2,))}}
+  template = TrainState({"w": jnp.zeros((2,))}, (), {"train": jnp.zeros((2,), jnp.uint32)})
   meta = {"model": "m", "config": {"width": 2, "added_later": 0}, "seed": 0}
   fresh = runs.RunConfig(out_dir=str(tmp_path))
   state, step, saved = runs.start_or_resume(fresh, template, meta)
   assert step == 0 and saved == {} and state is template
   old_meta = {"model": "m", "config": {"width": 2}, "seed": 0}  # before a field existed
-  runs.save_checkpoint(fresh, 5, {"params": {"w": jnp.ones((2,))}}, old_meta)
+  runs.save_checkpoint(fresh, 5, template._replace(params={"w": jnp.ones((2,))}), old_meta)
   with pytest.raises(ValueError, match="pass --resume"):
     runs.start_or_resume(fresh, template, meta)
   resume = runs.RunConfig(out_dir=str(tmp_path), resume=True)
@@ -47,24 +54,36 @@ def test_start_or_resume_refuses_to_overwrite_and_checks_identity(tmp_path):
     runs.start_or_resume(resume, template, meta)  # the saved config lacks the new field
   state, step, saved = runs.start_or_resume(
       resume, template, meta, saved_defaults={"config": {"added_later": 0}})
-  assert step == 5 and float(state["params"]["w"][0]) == 1.0
+  assert step == 5 and float(state.params["w"][0]) == 1.0
   with pytest.raises(checkpoint.CheckpointError, match="seed"):
     runs.start_or_resume(resume, template, {**meta, "seed": 1},
                          saved_defaults={"config": {"added_later": 0}})
 
 
-def test_a_signal_is_noted_until_the_loop_asks():
-  runs.catch_stop_signals()
-  try:
-    assert not runs.stop_requested()
+def test_a_signal_is_noted_until_the_loop_asks_and_handlers_are_restored():
+  before = signal.getsignal(signal.SIGTERM)
+  with signals.StopSignals() as stop_signals:
+    assert not stop_signals.stop_requested()
     signal.raise_signal(signal.SIGTERM)  # noted, not fatal
-    assert runs.stop_requested()
-    with pytest.raises(runs.Interrupted) as e:
-      runs.raise_if_stopped(True)
+    assert stop_signals.stop_requested()
+    with pytest.raises(signals.Interrupted) as e:
+      stop_signals.raise_if(True)
     assert e.value.signum == signal.SIGTERM
-  finally:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_checkpoints_of_earlier_versions_restore_into_a_train_state(tmp_path):
+  # Before TrainState, the MLP's state was {"params", "opt_state", "data_key"}.
+  params, key = {"w": jnp.arange(3.0)}, jnp.array([0, 7], jnp.uint32)
+  meta = {"model": "mlp", "seed": 0}
+  checkpoint.save(str(tmp_path), 4, {"params": params, "opt_state": (), "data_key": key},
+                  meta)
+  template = TrainState({"w": jnp.zeros(3)}, (), {"data": jnp.zeros(2, jnp.uint32)})
+  state, step, _ = runs.start_or_resume(runs.RunConfig(str(tmp_path), resume=True),
+                                        template, meta, identity=("model",))
+  assert step == 4 and isinstance(state, TrainState)
+  np.testing.assert_array_equal(state.params["w"], [0.0, 1.0, 2.0])
+  np.testing.assert_array_equal(state.keys["data"], [0, 7])
 
 
 @pytest.mark.parametrize("step, intervals, last, boundary", [

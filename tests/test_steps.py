@@ -14,6 +14,7 @@ from purejax.data import batches
 from purejax import gpt
 from purejax.training import optim
 from purejax.training import steps
+from purejax.training.state import TrainState
 from test_gpt import TINY, random_tokens
 
 
@@ -30,12 +31,13 @@ class TrainStepsTest(parameterized.TestCase):
 
     def run(chunks):
       params = gpt.init_params(config, jax.random.PRNGKey(0))
-      state, step = opt.init(params), 0
+      # The state is donated, its keys too: each run gets its own copy.
+      state, step = TrainState(params, opt.init(params), {"train": jnp.copy(key)}), 0
       for n in chunks:
-        params, state, _ = steps.train_steps(params, state, data, key, step, config=config,
-                                           optimizer=opt, batch_size=4, num_steps=n)
+        state, _ = steps.train_steps(state, batches.DeviceTokens(data), step, config=config,
+                                     optimizer=opt, batch_size=4, num_steps=n)
         step += n
-      return params
+      return state.params
 
     chex.assert_trees_all_equal(run([6]), run([2, 4]))
 
@@ -44,15 +46,14 @@ class TrainStepsTest(parameterized.TestCase):
     data = jnp.tile(jnp.arange(TINY.vocab_size, dtype=jnp.int32), 50)
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     opt = optax.adam(1e-2)
-    state = opt.init(params)
-    params, state, metrics = steps.train_steps(params, state, data, jax.random.PRNGKey(1), 0,
-                                               config=TINY, optimizer=opt, batch_size=8,
-                                               num_steps=60)
+    state = TrainState(params, opt.init(params), {"train": jax.random.PRNGKey(1)})
+    state, metrics = steps.train_steps(state, batches.DeviceTokens(data), 0, config=TINY,
+                                       optimizer=opt, batch_size=8, num_steps=60)
     losses = metrics.loss
     assert float(losses[0]) > 2.0
     assert float(losses[-1]) < 0.5
-    val = steps.evaluate(params, data, jax.random.PRNGKey(2), config=TINY, batch_size=8,
-                         num_batches=4)
+    val = steps.evaluate(state.params, batches.DeviceTokens(data), jax.random.PRNGKey(2),
+                         config=TINY, batch_size=8, num_batches=4)
     assert float(val) < 0.5
 
   def test_weight_decay_only_on_matrices(self):
@@ -77,12 +78,23 @@ class TrainStepsTest(parameterized.TestCase):
       return jnp.concatenate([x, y[:, -1:]], axis=1)
 
     windows = jnp.stack([device_window(s) for s in range(5, 11)])  # [6, 4, block + 1]
-    run = lambda tokens: steps.train_steps(
-        gpt.init_params(TINY, jax.random.PRNGKey(0)), opt.init(
-            gpt.init_params(TINY, jax.random.PRNGKey(0))), tokens, key, 5, config=TINY,
-        optimizer=opt, batch_size=4, num_steps=6)
-    chex.assert_trees_all_close(run(windows), run(data), rtol=1e-6, atol=1e-7)
+
+    def run(tokens):
+      params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+      return steps.train_steps(TrainState(params, opt.init(params), {"train": jnp.copy(key)}),
+                               tokens,
+                               5, config=TINY, optimizer=opt, batch_size=4, num_steps=6)
+
+    chex.assert_trees_all_close(run(batches.HostWindows(windows)),
+                                run(batches.DeviceTokens(data)), rtol=1e-6, atol=1e-7)
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     chex.assert_trees_all_close(
-        steps.evaluate(params, windows, key, config=TINY, batch_size=4, num_batches=6),
+        steps.evaluate(params, batches.HostWindows(windows), key, config=TINY, batch_size=4,
+                       num_batches=6),
         np.mean([gpt.loss(params, w[:, :-1], w[:, 1:], TINY) for w in windows]), rtol=1e-6)
+
+  def test_bare_arrays_are_refused_with_the_types_to_use(self):
+    params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match="DeviceTokens or batches.HostWindows"):
+      steps.evaluate(params, jnp.zeros((100,), jnp.int32), jax.random.PRNGKey(0),
+                     config=TINY, batch_size=2, num_batches=1)

@@ -5,6 +5,7 @@ Shakespeare (the format Llama-family folders ship), so nothing is
 downloaded.
 """
 
+import dataclasses
 import json
 import pathlib
 
@@ -15,6 +16,7 @@ from purejax.data import corpus
 from purejax.data import datasets
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
 
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 
@@ -57,14 +59,16 @@ def test_encodes_as_the_tokenizers_library_and_decodes_back(model_folder):
 
 def test_spec_rebuilds_the_same_tokenizer_and_finds_a_moved_file(model_folder, tmp_path):
   tok = tokenizer_json.load(str(model_folder / "tokenizer.json"))
-  spec = json.loads(json.dumps(tok.spec()))  # what a checkpoint stores
-  assert spec["type"] == "tokenizer.json" and spec["vocab_size"] == 300
+  record = json.loads(json.dumps(tok.spec().to_dict()))  # what a checkpoint stores
+  assert record["type"] == "tokenizer.json" and record["vocab_size"] == 300
+  spec = TokenizerSpec.from_dict(record)
+  assert spec == tok.spec()
   rebuilt = tokenizers.from_spec(spec)
   assert rebuilt.encode("To be, or not to be").tolist() == tok.encode("To be, or not to be").tolist()
   moved = tmp_path / "moved" / "tokenizer.json"
   moved.parent.mkdir()
   moved.write_bytes((model_folder / "tokenizer.json").read_bytes())
-  spec["encoding_file"] = str(tmp_path / "gone" / "tokenizer.json")
+  spec = dataclasses.replace(spec, encoding_file=str(tmp_path / "gone" / "tokenizer.json"))
   with pytest.raises(tokenizers.TokenizerError, match="is missing.*--tokenizer_file"):
     tokenizers.from_spec(spec)
   assert tokenizers.from_spec(spec, encoding_file=str(moved)).fingerprint == tok.fingerprint

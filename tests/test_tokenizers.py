@@ -21,6 +21,7 @@ from purejax.data import bpe_files
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
 
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 
@@ -130,8 +131,10 @@ def test_char_encode_unsorted_vocabulary_and_empty_text():
 
 def test_char_spec_round_trip():
   tok = tokenizers.CharTokenizer.from_text(SHAKESPEARE)
-  spec = json.loads(json.dumps(tok.spec()))
-  assert spec["vocab_size"] == 65
+  record = json.loads(json.dumps(tok.spec().to_dict()))  # as a checkpoint stores it
+  assert record == {"type": "char", "name": "char", "vocab_size": 65, "chars": tok.chars}
+  spec = TokenizerSpec.from_dict(record)
+  assert spec == tok.spec() and spec.vocab_size == 65
   assert tokenizers.from_spec(spec) == tok
 
 
@@ -164,8 +167,8 @@ def test_bpe_both_file_formats_give_the_same_encoding(tmp_path, tiny):
 
 
 def test_bpe_spec_round_trip(tmp_path, tiny, tiny_file):
-  spec = json.loads(json.dumps(tiny.spec()))
-  assert spec["type"] == "bpe" and spec["vocab_size"] == tiny.vocab_size
+  spec = TokenizerSpec.from_dict(json.loads(json.dumps(tiny.spec().to_dict())))
+  assert spec == tiny.spec() and spec.kind == "bpe" and spec.vocab_size == tiny.vocab_size
   again = tokenizers.from_spec(spec)
   assert again == tiny
   np.testing.assert_array_equal(again.encode("the thing"), tiny.encode("the thing"))
@@ -226,7 +229,11 @@ def test_from_spec_rejects_models_without_a_tokenizer_and_junk():
   with pytest.raises(tokenizers.TokenizerError, match="records no tokenizer, only 101 ids"):
     tokenizers.from_spec(tokenizers.ids_spec(101))
   with pytest.raises(tokenizers.TokenizerError, match="not a tokenizer spec"):
-    tokenizers.from_spec({"kind": "char"})
+    TokenizerSpec.from_dict({"kind": "char"})
+  with pytest.raises(tokenizers.TokenizerError, match="not a tokenizer spec"):
+    TokenizerSpec.from_dict({"type": "char", "vocab_size": 3})  # no chars
+  with pytest.raises(tokenizers.TokenizerError, match="needs fingerprint, pat_str"):
+    TokenizerSpec("bpe", "mine", 300)
 
 
 # ----------------------------------------------------------------------------
@@ -303,7 +310,9 @@ def test_real_gpt2_encoding_if_cached():
   assert tok.vocab_size == 50257 and tok.eot_id == 50256
   # nanoGPT's shakespeare/prepare.py: 301,966 train + 36,059 val tokens.
   assert len(tok.encode(SHAKESPEARE)) == 338025
-  assert tokenizers.from_spec(json.loads(json.dumps(tokenizers.gpt2_spec()))) == tok
+  record = json.loads(json.dumps(tokenizers.gpt2_spec().to_dict()))
+  assert record["special_tokens"] == {"<|endoftext|>": 50256}
+  assert tokenizers.from_spec(TokenizerSpec.from_dict(record)) == tok
 
 
 # ----------------------------------------------------------------------------

@@ -9,6 +9,9 @@ Larger ones are memory-mapped: the host reads each call's windows in a
 background thread while the device runs the previous call (`BatchPrefetcher`,
 `host_feed`). Both are functions of `(seed or key, step)`, so a resumed run
 draws what the first run drew.
+
+What a step is given says which of the two it is: `DeviceTokens` (the ids,
+from which the step draws) or `HostWindows` (the windows themselves).
 """
 
 import queue
@@ -18,6 +21,29 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
 import chex
 import jax
 import numpy as np
+
+
+class DeviceTokens(NamedTuple):
+  """A token stream on the device, from which each step draws its own windows.
+
+  Attributes:
+    ids: `[num_tokens]` int32 ids, `num_tokens > block_size`.
+  """
+  ids: chex.Array
+
+
+class HostWindows(NamedTuple):
+  """Windows the host read, one batch per step (`sample_windows`, stacked).
+
+  Attributes:
+    windows: `[num_batches, batch_size, block_size + 1]` ids; a window's
+      first `block_size` tokens are the inputs, its last `block_size` the
+      targets.
+  """
+  windows: chex.Array
+
+
+Tokens = Union[DeviceTokens, HostWindows]
 
 
 def sample_batch(
@@ -69,7 +95,8 @@ def sample_windows(tokens: np.ndarray, block_size: int, batch_size: int, seed: i
 class BatchPrefetcher:
   """Prepares the next call's windows in a background thread.
 
-  Each item is `[n, batch_size, block_size + 1]` int32, stacking
+  Each item is `(first_step, windows)`: `windows` is
+  `[n, batch_size, block_size + 1]` int32, stacking
   `sample_windows(tokens, block_size, batch_size, seed, s)` for the steps
   `s` of one device call, in order from `start_step`; so a run resumed at
   `start_step` sees the batches of the first. At most two items wait in the
@@ -112,8 +139,8 @@ class BatchPrefetcher:
     try:
       while end is None or step < end:
         n = length(step) if end is None else min(length(step), end - step)
-        if not self._put(np.stack([sample_windows(*self._args, s)
-                                   for s in range(step, step + n)])):
+        if not self._put((step, np.stack([sample_windows(*self._args, s)
+                                          for s in range(step, step + n)]))):
           return
         step += n
       self._put(StopIteration())
@@ -123,7 +150,7 @@ class BatchPrefetcher:
   def __iter__(self) -> "BatchPrefetcher":
     return self
 
-  def __next__(self) -> np.ndarray:
+  def __next__(self) -> Tuple[int, np.ndarray]:
     if self._stop.is_set():
       raise StopIteration
     item = self._queue.get()
@@ -158,8 +185,8 @@ class Feed(NamedTuple):
     on_device: whether batches are drawn on the device.
     close: stops any background reading.
   """
-  train: Callable[[int, int], chex.Array]
-  eval: Dict[str, chex.Array]
+  train: Callable[[int, int], Tokens]
+  eval: Dict[str, Tokens]
   on_device: bool
   close: Callable[[], None]
 
@@ -167,8 +194,31 @@ class Feed(NamedTuple):
 def device_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable) -> Feed:
   """Both splits on every device (`put`), where each step draws its own batch."""
   train_ids, val_ids = put((np.asarray(train_ids, np.int32), np.asarray(val_ids, np.int32)))
-  return Feed(lambda step, num_steps: train_ids,
-              {"train_loss": train_ids, "val_loss": val_ids}, True, lambda: None)
+  train, val = DeviceTokens(train_ids), DeviceTokens(val_ids)
+  return Feed(lambda step, num_steps: train, {"train_loss": train, "val_loss": val}, True,
+              lambda: None)
+
+
+class _ReadAhead:
+  """The training windows of a host feed, handed out in the order they were read."""
+
+  def __init__(self, prefetcher: BatchPrefetcher, put: Callable):
+    self._prefetcher, self._put = prefetcher, put
+
+  def __call__(self, step: int, num_steps: int) -> HostWindows:
+    """The windows of steps `step .. step + num_steps - 1`.
+
+    Raises:
+      ValueError: the loop asked for other steps than the next ones read
+        (the feed's `steps_per_call` must give the loop's call lengths).
+    """
+    first, windows = next(self._prefetcher)
+    if (first, len(windows)) != (step, num_steps):
+      raise ValueError(
+          f"the host read steps {first}..{first + len(windows) - 1} ahead, but the loop "
+          f"asked for {step}..{step + num_steps - 1}; pass host_feed the loop's own "
+          f"steps_per_call.")
+    return HostWindows(self._put(windows))
 
 
 def host_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable, *, block_size: int,
@@ -178,20 +228,13 @@ def host_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable, *, bloc
 
   Training windows follow `(2 * seed, step)`; the evaluation's are fixed,
   `eval_batches` of them per split from `(2 * seed + 1, i)`, read once.
-  `steps_per_call(step)` is the length of the loop's call starting at `step`.
+  `steps_per_call(step)` is the length of the loop's call starting at `step`;
+  the loop must ask for exactly those calls, in order.
   """
   ahead = BatchPrefetcher(train_ids, block_size, batch_size, 2 * seed, start_step,
                           steps_per_call, end_step)
-  expected = [start_step]
-
-  def train(step, num_steps):
-    assert step == expected[0], f"the loop asked for step {step}, not {expected[0]}"
-    windows = next(ahead)
-    assert len(windows) == num_steps, (len(windows), num_steps)
-    expected[0] = step + num_steps
-    return put(windows)
-
-  evals = {name: put(np.stack([sample_windows(ids, block_size, batch_size, 2 * seed + 1, i)
-                               for i in range(eval_batches)]))
+  evals = {name: HostWindows(put(np.stack([
+      sample_windows(ids, block_size, batch_size, 2 * seed + 1, i)
+      for i in range(eval_batches)])))
            for name, ids in (("train_loss", train_ids), ("val_loss", val_ids))}
-  return Feed(train, evals, False, ahead.close)
+  return Feed(_ReadAhead(ahead, put), evals, False, ahead.close)

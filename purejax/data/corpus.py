@@ -31,6 +31,7 @@ from purejax import _files
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
 
 SHAKESPEARE = "tiny_shakespeare"
 TRAIN_FRACTION = 0.9  # nanoGPT's split of a single text
@@ -254,10 +255,11 @@ def _read_cache(tokens_path: pathlib.Path, meta_path: pathlib.Path):
     dtype, n_train, n_val = np.dtype(meta["dtype"]), meta["train_tokens"], meta["val_tokens"]
     if tokens_path.stat().st_size != (n_train + n_val) * dtype.itemsize:
       return None
-  except (OSError, ValueError, KeyError, TypeError):
+    TokenizerSpec.from_dict(meta["tokenizer"])
+  except (OSError, ValueError, KeyError, TypeError, tokenizers.TokenizerError):
     return None
   ids = np.memmap(tokens_path, dtype=dtype, mode="r", shape=(n_train + n_val,))
-  return meta["tokenizer"], ids[:n_train], ids[n_train:]
+  return TokenizerSpec.from_dict(meta["tokenizer"]), ids[:n_train], ids[n_train:]
 
 
 def _encode(tok, pieces: List[Piece], progress: Optional[bool]) -> np.ndarray:
@@ -292,7 +294,7 @@ def _text_corpus(source: _TextSource, tok, cache_dir: pathlib.Path,
   # An explicit tokenizer is known by its spec (not where its file was read);
   # "char" by its rule, the characters being a function of the text.
   tok_key = ({"type": "char", "from": "text"} if tok is None else
-             {k: v for k, v in tok.spec().items() if k != "encoding_file"})
+             {k: v for k, v in tok.spec().to_dict().items() if k != "encoding_file"})
   tokens_path, meta_path = _cache_paths(cache_dir, source, tok_key)
   cached = _read_cache(tokens_path, meta_path)
   if cached is None:
@@ -303,7 +305,7 @@ def _text_corpus(source: _TextSource, tok, cache_dir: pathlib.Path,
                         f"--cache_dir=DIR or set PUREJAX_CACHE_DIR.") from None
     built, train, val = _tokenize(source, tok, cache_dir, progress)
     dtype = token_dtype(built.vocab_size)
-    meta = {"format": _CACHE_FORMAT, "source": source.label, "tokenizer": built.spec(),
+    meta = {"format": _CACHE_FORMAT, "source": source.label, "tokenizer": built.spec().to_dict(),
             "dtype": dtype.name, "train_tokens": len(train), "val_tokens": len(val)}
     # The sidecar goes last: it marks the ids complete.
     _files.atomic_write_bytes(tokens_path, np.concatenate([train, val]).astype(dtype).tobytes())

@@ -17,11 +17,12 @@ are not applied.
 import dataclasses
 import hashlib
 import pathlib
-from typing import Any, ClassVar, Dict, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 
 from purejax.data.errors import TokenizerError
+from purejax.data.tokenizer_spec import TokenizerSpec
 
 FILE_NAME = "tokenizer.json"
 
@@ -85,9 +86,9 @@ class JSONTokenizer:
           f"of the model's padded vocabulary?); mask ids >= {self.vocab_size} when sampling.")
     return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
-  def spec(self) -> Dict[str, Any]:
-    return {"type": "tokenizer.json", "name": self.name, "vocab_size": self.vocab_size,
-            "fingerprint": self.fingerprint, "encoding_file": self.encoding_file}
+  def spec(self) -> TokenizerSpec:
+    return TokenizerSpec("tokenizer.json", self.name, self.vocab_size,
+                         fingerprint=self.fingerprint, encoding_file=self.encoding_file)
 
 
 def load(path: str) -> JSONTokenizer:
@@ -107,21 +108,21 @@ def load(path: str) -> JSONTokenizer:
   return JSONTokenizer(tokenizer, str(file.absolute()), fingerprint(file))
 
 
-def spec_of_folder(folder: str) -> Optional[Dict[str, Any]]:
+def spec_of_folder(folder: str) -> Optional[TokenizerSpec]:
   """The spec of `folder/tokenizer.json` if there is one (read and checked), else None."""
   if not (pathlib.Path(folder).expanduser() / FILE_NAME).is_file():
     return None
   return load(folder).spec()
 
 
-def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> JSONTokenizer:
+def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> JSONTokenizer:
   """Rebuilds the tokenizer of `spec`, from `encoding_file` if given (a moved file).
 
   Raises:
     TokenizerError: the file is missing, or holds another tokenizer than the
       one the spec records.
   """
-  source = encoding_file or spec.get("encoding_file")
+  source = encoding_file or spec.encoding_file
   if not source:
     raise TokenizerError("the tokenizer.json is recorded without a path; pass "
                          "--tokenizer_file=PATH of the model's tokenizer.json.")
@@ -130,9 +131,9 @@ def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> J
   except TokenizerError as e:
     raise TokenizerError(f"{e} (the model's tokenizer; pass --tokenizer_file=PATH if it "
                          f"moved)") from e
-  if tok.fingerprint != spec.get("fingerprint"):
+  if tok.fingerprint != spec.fingerprint:
     raise TokenizerError(
         f"{tok.encoding_file} is another tokenizer than the model was made with (sha256 "
-        f"{tok.fingerprint[:12]}, expected {str(spec.get('fingerprint'))[:12]}); pass "
+        f"{tok.fingerprint[:12]}, expected {str(spec.fingerprint)[:12]}); pass "
         f"--tokenizer_file=PATH of the original tokenizer.json.")
   return tok

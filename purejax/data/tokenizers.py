@@ -3,7 +3,8 @@
     tok = get_tokenizer("gpt2")                   # GPT-2's byte-level BPE (tiktoken)
     ids = tok.encode("Hello world")               # np.ndarray int32: [15496, 995]
     text = tok.decode(ids)
-    tok = from_spec(json.loads(json.dumps(tok.spec())))  # what a checkpoint stores
+    spec = tok.spec()                             # TokenizerSpec, for a checkpoint
+    tok = from_spec(TokenizerSpec.from_dict(spec.to_dict()))
 
 Every tokenizer has `name`, `vocab_size` (the number of real ids), `encode`,
 `decode` and `spec()`; see `Tokenizer`. Large files are tokenized in parallel
@@ -25,7 +26,6 @@ tokenizer.
 """
 
 import dataclasses
-import json
 import os
 import pickle
 from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_checkable
@@ -35,6 +35,7 @@ import numpy as np
 from purejax.data import bpe_files
 from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
+from purejax.data.tokenizer_spec import TokenizerSpec
 
 # GPT-2's pre-tokenizer: tiktoken's faster equivalent of the original
 #   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -69,8 +70,8 @@ class Tokenizer(Protocol):
   def decode(self, ids: Any) -> str:
     """Ids (any int array-like) -> text."""
 
-  def spec(self) -> Dict[str, Any]:
-    """JSON-able dict from which `from_spec` rebuilds this tokenizer."""
+  def spec(self) -> TokenizerSpec:
+    """What `from_spec` rebuilds this tokenizer from (`to_dict()` for JSON)."""
 
 
 # ----------------------------------------------------------------------------
@@ -119,9 +120,8 @@ class CharTokenizer:
     ids = _check_ids(ids, self.vocab_size)
     return "".join(self.chars[i] for i in ids.tolist())
 
-  def spec(self) -> Dict[str, Any]:
-    return {"type": "char", "name": self.name, "vocab_size": self.vocab_size,
-            "chars": self.chars}
+  def spec(self) -> TokenizerSpec:
+    return TokenizerSpec("char", self.name, self.vocab_size, chars=self.chars)
 
 
 def _check_ids(ids: Any, vocab_size: int) -> np.ndarray:
@@ -190,18 +190,17 @@ class BPETokenizer:
     """Ids -> text; bytes that are not valid UTF-8 decode to U+FFFD."""
     return self.encoding.decode(_check_ids(ids, self.vocab_size).tolist())
 
-  def spec(self) -> Dict[str, Any]:
-    return {"type": "bpe", "name": self.name, "vocab_size": self.vocab_size,
-            "fingerprint": self.fingerprint, "pat_str": self.pat_str,
-            "special_tokens": dict(self.special_tokens),
-            "encoding_file": self.encoding_file}
+  def spec(self) -> TokenizerSpec:
+    return TokenizerSpec("bpe", self.name, self.vocab_size, fingerprint=self.fingerprint,
+                         pat_str=self.pat_str, special_tokens=self.special_tokens,
+                         encoding_file=self.encoding_file)
 
 
-def gpt2_spec() -> Dict[str, Any]:
+def gpt2_spec() -> TokenizerSpec:
   """The spec of GPT-2's tokenizer, without loading it (for imported models)."""
-  return {"type": "bpe", "name": "gpt2", "vocab_size": GPT2_VOCAB_SIZE,
-          "fingerprint": GPT2_FINGERPRINT, "pat_str": GPT2_PAT_STR,
-          "special_tokens": {ENDOFTEXT: GPT2_VOCAB_SIZE - 1}, "encoding_file": None}
+  return TokenizerSpec("bpe", "gpt2", GPT2_VOCAB_SIZE, fingerprint=GPT2_FINGERPRINT,
+                       pat_str=GPT2_PAT_STR,
+                       special_tokens=((ENDOFTEXT, GPT2_VOCAB_SIZE - 1),))
 
 
 def _make_encoding(name: str, ranks: Dict[bytes, int], pat_str: str,
@@ -332,54 +331,50 @@ def get_tokenizer(name: str, **kwargs) -> Tokenizer:
   raise TokenizerError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}.")
 
 
-def from_spec(spec: Dict[str, Any], *, encoding_file: Optional[str] = None) -> Tokenizer:
+def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> Tokenizer:
   """Rebuilds a tokenizer from its `spec()`.
 
   Args:
-    spec: a dict from `Tokenizer.spec()` (e.g. read from a checkpoint).
+    spec: from `Tokenizer.spec()`, or `TokenizerSpec.from_dict` of a
+      checkpoint's record.
     encoding_file: where to read a BPE encoding from, overriding the path in
       the spec (which may be from another machine). Either way, the merges
       must match the spec's fingerprint.
 
   Raises:
-    TokenizerError: a malformed spec, a model without a tokenizer, or an
-      encoding other than the one the spec records.
+    TokenizerError: a model without a tokenizer (kind "ids"), or an encoding
+      other than the one the spec records.
   """
-  kind = spec.get("type") if isinstance(spec, dict) else None
-  if kind == "char":
-    return CharTokenizer(spec["chars"])
-  if kind == "bpe":
-    if spec.get("name") == "gpt2" and spec.get("fingerprint") == GPT2_FINGERPRINT:
-      recorded = spec.get("encoding_file")
+  if spec.kind == "char":
+    return CharTokenizer(spec.chars)
+  if spec.kind == "bpe":
+    if spec.name == "gpt2" and spec.fingerprint == GPT2_FINGERPRINT:
+      recorded = spec.encoding_file
       if encoding_file is None and recorded and os.path.exists(recorded):
         encoding_file = recorded
       return gpt2_tokenizer(encoding_file)
-    source = encoding_file or spec.get("encoding_file")
+    source = encoding_file or spec.encoding_file
     if not source:
-      raise TokenizerError(f"the {spec.get('name')!r} BPE encoding is recorded without a "
-                           f"file; pass --tokenizer_file=PATH.")
-    tok = bpe_tokenizer(source, name=spec["name"], pat_str=spec["pat_str"],
-                        special_tokens=spec["special_tokens"])
-    if tok.fingerprint != spec.get("fingerprint"):
+      raise TokenizerError(f"the {spec.name!r} BPE encoding is recorded without a "
+                           f"file; pass its encoding file (encoding_file).")
+    tok = bpe_tokenizer(source, name=spec.name, pat_str=spec.pat_str,
+                        special_tokens=dict(spec.special_tokens))
+    if tok.fingerprint != spec.fingerprint:
       raise TokenizerError(
-          f"{source} holds other merges than the {spec['name']!r} encoding the model was "
+          f"{source} holds other merges than the {spec.name!r} encoding the model was "
           f"trained with (fingerprint {tok.fingerprint[:12]}, expected "
-          f"{str(spec.get('fingerprint'))[:12]}); pass --tokenizer_file=PATH of the "
-          f"original file.")
+          f"{str(spec.fingerprint)[:12]}); pass the original encoding file.")
     return tok
-  if kind == "tokenizer.json":
+  if spec.kind == "tokenizer.json":
     return tokenizer_json.from_spec(spec, encoding_file=encoding_file)
-  if kind == "ids":
-    raise TokenizerError(
-        f"this model records no tokenizer, only {spec.get('vocab_size')} ids; pass "
-        f"--tokenizer={'|'.join(TOKENIZERS)} explicitly.")
-  raise TokenizerError(f"not a tokenizer spec: {json.dumps(spec)[:100]} (its 'type' must "
-                       f"be 'char', 'bpe', 'tokenizer.json' or 'ids').")
+  raise TokenizerError(
+      f"this model records no tokenizer, only {spec.vocab_size} ids; name one "
+      f"({', '.join(TOKENIZERS)}) explicitly.")
 
 
-def ids_spec(vocab_size: int) -> Dict[str, Any]:
+def ids_spec(vocab_size: int) -> TokenizerSpec:
   """The spec of a model whose tokenizer is unknown: only its number of real ids."""
-  return {"type": "ids", "name": "ids", "vocab_size": int(vocab_size)}
+  return TokenizerSpec("ids", "ids", int(vocab_size))
 
 
 # ----------------------------------------------------------------------------

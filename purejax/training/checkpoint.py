@@ -37,8 +37,6 @@ import numpy as np
 from purejax import _files
 
 FORMAT_VERSION = 1
-# Tests hold each write open this long (after the data, before the rename) so
-# that a SIGKILL can land inside it. Zero in normal use.
 _MANIFEST = "__manifest__"
 _NAME = re.compile(r"^ckpt_(\d{9})\.npz$")
 
@@ -180,12 +178,19 @@ def restore(path: pathlib.Path, template: Any) -> Restored:
   return Restored(state, manifest["meta"], manifest["step"], path)
 
 
-def extract(arrays: Dict[str, np.ndarray], template: Any, path="checkpoint") -> Any:
+def extract(arrays: Dict[str, np.ndarray], template: Any, path="checkpoint", *,
+            renamed: Optional[Dict[str, str]] = None) -> Any:
   """Builds `template`'s structure from `read`'s arrays (a subset is fine).
+
+  `renamed` maps names that earlier files used to the names of today's
+  arrays (`{"['data_key']": "['keys']['data']"}`), so those files restore.
 
   Raises:
     CheckpointError: a path of `template` is missing, or its shape or dtype differs.
   """
+  for old, new in (renamed or {}).items():
+    if old in arrays and new not in arrays:
+      arrays = {**arrays, new: arrays[old]}
   expected = _flatten(jax.eval_shape(lambda: template))
   missing = sorted(set(expected) - set(arrays))
   if missing:
@@ -206,7 +211,9 @@ def extract(arrays: Dict[str, np.ndarray], template: Any, path="checkpoint") -> 
 
 
 def restore_latest(
-    out_dir: str, template: Any, check_meta: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None,
+    out_dir: str, template: Any,
+    check_meta: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None, *,
+    renamed: Optional[Dict[str, str]] = None,
 ) -> Tuple[Optional[Restored], List[str]]:
   """Restores the newest checkpoint in `out_dir` that reads and verifies.
 
@@ -219,6 +226,7 @@ def restore_latest(
     template: the state structure expected (see `restore`).
     check_meta: optional `f(meta, path)` that raises `CheckpointError` when
       the checkpoint belongs to another run; called before the structure check.
+    renamed: old array names -> new ones (see `extract`).
 
   Returns:
     `(restored or None if there is no valid checkpoint, warnings)`.
@@ -232,8 +240,8 @@ def restore_latest(
       continue
     if check_meta is not None:
       check_meta(manifest["meta"], path)
-    return Restored(extract(arrays, template, path), manifest["meta"], manifest["step"],
-                    path), warnings
+    return Restored(extract(arrays, template, path, renamed=renamed), manifest["meta"],
+                    manifest["step"], path), warnings
   return None, warnings
 
 

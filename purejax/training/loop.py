@@ -1,13 +1,16 @@
-"""The training loops of both models, as library functions that read no flags.
+"""The GPT's training loop, as a library function that reads no flags.
 
     metrics = train_gpt(model_config, text, GPTTrainConfig(max_iters=2000),
                         GPT_OPTIMIZER, RunConfig(out_dir="out-gpt"))
 
 `python -m purejax.train` only turns its flags into these configs and calls
-`train_gpt` or `train_mlp`; a Python user can call them the same way. Each
-loop: data -> model -> loss -> optimizer -> checkpoint and log, top to bottom.
+`train_gpt` (or `mlp_loop.train_mlp`); a Python user can call them the same
+way. The loop reads top to bottom: data -> model -> loss -> optimizer ->
+checkpoint and log; what it shares with the MLP's loop (progress, metrics,
+evaluations, checkpoints, signals) is `session.Session`.
 """
 
+import contextlib
 import dataclasses
 import functools
 import pathlib
@@ -18,23 +21,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import decode
+from purejax import gpt
+from purejax import rng
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
-from purejax.data import datasets as data_lib
-from purejax import decode
-from purejax.training import flops
-from purejax import gpt
-from purejax import mlp
 from purejax.ops import kernels
-from purejax.training import monitor
+from purejax.training import flops
 from purejax.training import optim
 from purejax.training import parallel
-from purejax.training import progress as progress_lib
-from purejax import rng
 from purejax.training import runs
+from purejax.training import session as session_lib
+from purejax.training import state as state_lib
 from purejax.training import steps
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
+from purejax.training.session import Session
+from purejax.training.state import TrainState
 
 # nanoGPT's character-level Shakespeare recipe for a CPU: the model (no
 # biases, as nanoGPT's train.py; GPTConfig's own default is GPT-2's biases)
@@ -106,6 +109,22 @@ def _check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int)
                      f"({len(text.train)} tokens).")
 
 
+class _CallLengths:
+  """How many steps the loop's call from `step` runs: up to `steps_per_call`, never
+  across an eval, log, checkpoint or profile boundary (the host feed reads ahead by it)."""
+
+  def __init__(self, train: GPTTrainConfig):
+    self._train = train
+    self._marks = (train.eval_interval, train.log_interval,
+                   train.checkpoint_every or train.eval_interval)
+
+  def __call__(self, step: int) -> int:
+    boundary = runs.next_boundary(step, self._marks, self._train.max_iters)
+    for mark in self._train.profile_steps or ():
+      boundary = min(boundary, mark) if mark > step else boundary
+    return min(self._train.steps_per_call, boundary - step)
+
+
 def _feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
           ) -> batches.Feed:
   """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
@@ -128,6 +147,14 @@ def _evaluate(params, eval_key, feed, config, train, plan, forms) -> Dict[str, f
           for name, tokens in feed.eval.items()}
 
 
+def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, config,
+                         train, plan, forms) -> None:
+  losses = _evaluate(state.params, state.keys["eval"], feed, config, train, plan, forms)
+  session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
+              f"val loss {losses['val_loss']:.4f}")
+  session.add_eval(step, state, {"step": step, **losses}, **losses)
+
+
 def _resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
   """`opt_config` with the schedule's end filled in (the run's last step by default)."""
   if opt_config.decay_iters is None:
@@ -135,9 +162,79 @@ def _resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
   return opt_config
 
 
-def _make_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig):
-  optimizer = optim.make_optimizer(opt_config)
-  return runs.skip_nonfinite_updates(optimizer) if run.skip_nonfinite else optimizer
+def _keep_saved_schedule(opt_config, asked: optim.OptimizerConfig, meta, saved):
+  """On resume without an explicit `decay_iters`, the schedule ends where the run's did."""
+  if not saved or asked.decay_iters is not None:
+    return opt_config, meta
+  opt_config = dataclasses.replace(opt_config, decay_iters=saved["optimizer"]["decay_iters"])
+  runs.print_line(f"keeping the run's schedule: it ends at step {opt_config.decay_iters} "
+                  f"(pass --lr_decay_iters to change that)")
+  return opt_config, {**meta, "optimizer": dataclasses.asdict(opt_config)}
+
+
+class _Throughput:
+  """The GPT loop's per-call timing, progress and log lines (tokens/s, MFU)."""
+
+  def __init__(self, config: gpt.GPTConfig, train: GPTTrainConfig, schedule, n_params: int,
+               num_devices: int):
+    self._train, self._schedule = train, schedule
+    self.tokens_per_step = train.batch_size * config.block_size
+    self._flops_per_token = flops.transformer_flops_per_token(
+        n_params, config.n_layer, config.n_head, config.head_dim, config.block_size)
+    peak = train.peak_flops or flops.device_peak_flops(jax.devices()[0], config.compute_dtype)
+    self._peak = peak * num_devices if peak else None
+    self.times: List[float] = []  # seconds per step of every call
+    self._since_log: List[float] = []
+
+  def record(self, session: Session, step: int, seconds_per_step: float,
+             losses: np.ndarray, metrics: steps.StepMetrics) -> None:
+    """Notes a call that ended at `step` with `losses`; logs a line at the log interval."""
+    self.times.append(seconds_per_step)
+    self._since_log.append(seconds_per_step)
+    loss = float(losses[-1])
+    session.progress.update_to(step, loss=loss,
+                               tok_s=self.tokens_per_step / seconds_per_step)
+    if not runs.every(self._train.log_interval, step, self._train.max_iters):
+      return
+    ms = 1000 * float(np.median(self._since_log))
+    self._since_log = []
+    tokens_per_s = self.tokens_per_step / ms * 1000
+    record = session.monitor.log_train(
+        step, loss=loss, lr=float(self._schedule(step - 1)),
+        grad_norm=float(metrics.grad_norm[-1]), ms_per_iter=ms, tokens_per_s=tokens_per_s,
+        mfu=flops.mfu(self._flops_per_token, tokens_per_s, self._peak))
+    mfu = f" | MFU {100 * record['mfu']:.1f}%" if record.get("mfu") else ""
+    session.log(f"step {step:5d} | loss {loss:.4f} | lr {record['lr']:.2e} | "
+                f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
+                f"{tokens_per_s:8.0f} tokens/s{mfu}")
+
+  def median_ms(self) -> Optional[float]:
+    """Median ms per step; the first calls compile (one per chunk length), so they're dropped."""
+    return 1000 * float(np.median(self.times[2:] or self.times)) if self.times else None
+
+
+class _Profiler:
+  """A `jax.profiler` trace of `GPTTrainConfig.profile_steps`, into `out_dir/profile`."""
+
+  def __init__(self, steps_range: Optional[Tuple[int, int]], out_dir: str):
+    self._range, self._dir = steps_range, str(pathlib.Path(out_dir) / "profile")
+
+  def before(self, step: int) -> None:
+    if self._range and step == self._range[0]:
+      jax.profiler.start_trace(self._dir)
+
+  def after(self, step: int, session: Session) -> None:
+    if self._range and step == self._range[1]:
+      jax.profiler.stop_trace()
+      session.log(f"profile of steps {self._range[0]}-{self._range[1]} in {self._dir} "
+                  f"(tensorboard --logdir {pathlib.Path(self._dir).parent})")
+
+
+def _gpt_meta(config, text, opt_config, train, init_from) -> Dict[str, Any]:
+  """What a GPT checkpoint records: the run's identity, its tokenizer and origin."""
+  return {"model": "gpt", "config": dataclasses.asdict(config),
+          "tokenizer": text.tokenizer.spec().to_dict(), "optimizer": dataclasses.asdict(opt_config),
+          "batch_size": train.batch_size, "seed": train.seed, "init_from": init_from}
 
 
 def train_gpt(
@@ -178,134 +275,78 @@ def train_gpt(
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
   _check_fits(config, text, train.batch_size)
-  checkpoint_every = train.checkpoint_every or train.eval_interval
   keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
   gpt.check_params(params, config)
+  plan = parallel.make_plan(devices, train.batch_size)
+  runs.print_line(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
+  forms = forms or kernels.select(kernels.platform_of(plan))
+  runs.print_line(f"forms: {forms.describe()}")
   resolved = _resumable_optimizer(opt_config, train.max_iters)
-  meta = {"model": "gpt", "config": dataclasses.asdict(config),
-          "tokenizer": text.tokenizer.spec(), "optimizer": dataclasses.asdict(resolved),
-          "batch_size": train.batch_size, "seed": train.seed, "init_from": init_from}
+  meta = _gpt_meta(config, text, resolved, train, init_from)
   # The data sampler's whole state is (train key, step): batch s is drawn
   # from fold_in(train key, s), so restoring both resumes the same stream.
-  template = {"params": params, "opt_state": _make_optimizer(resolved, run).init(params),
-              "keys": {"train": keys["train"], "eval": keys["eval"]}}
-  plan = parallel.make_plan(devices, train.batch_size)
-  runs.log(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
-  forms = forms or kernels.select(kernels.platform_of(plan))
-  runs.log(f"forms: {forms.describe()}")
+  template = TrainState(params, session_lib.make_optimizer(resolved, run).init(params),
+                        {"train": keys["train"], "eval": keys["eval"]})
   state, step, saved = runs.start_or_resume(
       run, template, meta, saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
       ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
       digest_extra=[devices.fsdp, devices.grad_accum_steps])
-  if step and opt_config.decay_iters is None:
-    resolved = dataclasses.replace(resolved, decay_iters=saved["optimizer"]["decay_iters"])
-    meta["optimizer"] = dataclasses.asdict(resolved)
-    runs.log(f"keeping the run's schedule: it ends at step {resolved.decay_iters} "
-             f"(pass --lr_decay_iters to change that)")
-  optimizer = _make_optimizer(resolved, run)
-  schedule = optim.make_schedule(resolved)
-  history: List[dict] = saved.get("history", [])  # evaluations
-  best = min((h["val_loss"] for h in history), default=float("inf"))
-  state, shardings = parallel.shard_state(state, plan)
-
-  def chunk_length(step):  # never run across an eval, log, checkpoint or profile boundary
-    marks = (train.eval_interval, train.log_interval, checkpoint_every)
-    boundary = runs.next_boundary(step, marks, train.max_iters)
-    for mark in train.profile_steps or ():
-      boundary = min(boundary, mark) if mark > step else boundary
-    return min(train.steps_per_call, boundary - step)
-
+  resolved, meta = _keep_saved_schedule(resolved, opt_config, meta, saved)
+  state, shardings = state_lib.shard(state, plan)
   train_steps = parallel.sharded_step(
-      steps.train_steps, plan, shardings, config=config, optimizer=optimizer,
+      steps.train_steps, plan, shardings, config=config, optimizer=session_lib.make_optimizer(resolved, run),
       batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps, forms=forms)
-  feed = _feed(text, config, train, plan, start_step=step, steps_per_call=chunk_length)
+  call_length = _CallLengths(train)
+  feed = _feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
   n_params = gpt.num_params(params)
-  runs.log(f"model: {n_params / 1e6:.2f}M params (without position embeddings), {config}")
-  runs.log(f"data: {text.source}; batches drawn "
-           f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
-  runs.log(f"optimizer: {resolved}")
-  tokens_per_step = train.batch_size * config.block_size
-  flops_per_token = flops.transformer_flops_per_token(
-      n_params, config.n_layer, config.n_head, config.head_dim, config.block_size)
-  peak = train.peak_flops or flops.device_peak_flops(jax.devices()[0],
-                                                     config.compute_dtype)
-  peak = peak * plan.num_devices if peak else None
-  main = parallel.is_main_process()
-  progress = progress_lib.Progress(train.max_iters, step, enabled=main, bar=train.progress)
-  mon = monitor.Monitor(run.out_dir, resume_step=step if step else None, enabled=main,
-                        log=progress.write)
+  runs.print_line(f"model: {n_params / 1e6:.2f}M params (without position embeddings), "
+                  f"{config}")
+  runs.print_line(f"data: {text.source}; batches drawn "
+                  f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
+  runs.print_line(f"optimizer: {resolved}")
+  throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
+                           plan.num_devices)
+  profiler = _Profiler(train.profile_steps, run.out_dir)
+  with contextlib.closing(feed), Session(
+      run, meta, saved, total=train.max_iters, start=step, bar=train.progress,
+      keep_best=not train.always_save_checkpoint) as session:
+    while step < train.max_iters:
+      if step % train.eval_interval == 0 and not session.evaluated_at(step):
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms)
+      num_steps = call_length(step)
+      profiler.before(step)
+      start = time.perf_counter()
+      state, metrics = train_steps(state, feed.train(step, num_steps), step,
+                                   num_steps=num_steps)
+      losses = np.asarray(metrics.loss)  # waits for the steps to finish
+      seconds_per_step = (time.perf_counter() - start) / num_steps
+      profiler.after(step + num_steps, session)
+      session.check_finite(losses, step)
+      step += num_steps
+      throughput.record(session, step, seconds_per_step, losses, metrics)
+      if runs.every(train.eval_interval, step, train.max_iters):
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms)
+      session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
+                                 train.max_iters), step, state)
+  return _finish(run, state, session.history, step, throughput, text, config, keys, train,
+                 forms)
 
-  def evaluate(step):
-    nonlocal best
-    losses = _evaluate(state["params"], state["keys"]["eval"], feed, config, train, plan,
-                       forms)
-    runs.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
-             f"val loss {losses['val_loss']:.4f}")
-    mon.log_eval(step, **losses)  # also syncs the metrics to disk
-    history.append({"step": step, **losses})
-    if not train.always_save_checkpoint and step > 0 and losses["val_loss"] < best:
-      best = losses["val_loss"]
-      runs.save_checkpoint(run, step, state, {**meta, "history": history}, best=True)
 
-  last_saved, times, since_log = None, [], []
-  try:
-    with runs.log_to(progress.write), mon, progress:
-      while step < train.max_iters:
-        if step % train.eval_interval == 0 and not (history and history[-1]["step"] == step):
-          evaluate(step)
-        num_steps = chunk_length(step)
-        if train.profile_steps and step == train.profile_steps[0]:
-          jax.profiler.start_trace(str(pathlib.Path(run.out_dir) / "profile"))
-        start = time.perf_counter()
-        params, opt_state, metrics = train_steps(
-            state["params"], state["opt_state"], feed.train(step, num_steps),
-            state["keys"]["train"], step, num_steps=num_steps)
-        losses = np.asarray(metrics.loss)  # waits for the steps to finish
-        seconds_per_step = (time.perf_counter() - start) / num_steps
-        if train.profile_steps and step + num_steps == train.profile_steps[1]:
-          jax.profiler.stop_trace()
-          runs.log(f"profile of steps {train.profile_steps[0]}-{train.profile_steps[1]} in "
-                   f"{run.out_dir}/profile (tensorboard --logdir {run.out_dir})")
-        runs.check_finite(losses, step, last_saved, skip=run.skip_nonfinite)
-        state = {**state, "params": params, "opt_state": opt_state}
-        times.append(seconds_per_step)
-        since_log.append(seconds_per_step)
-        step += num_steps
-        tokens_per_s = tokens_per_step / seconds_per_step
-        progress.update_to(step, loss=float(losses[-1]), tok_s=tokens_per_s)
-        if runs.every(train.log_interval, step, train.max_iters):
-          ms = 1000 * float(np.median(since_log))
-          record = mon.log_train(
-              step, loss=losses[-1], lr=float(schedule(step - 1)),
-              grad_norm=float(metrics.grad_norm[-1]), ms_per_iter=ms,
-              tokens_per_s=tokens_per_step / ms * 1000,
-              mfu=flops.mfu(flops_per_token, tokens_per_step / ms * 1000, peak))
-          mfu = f" | MFU {100 * record['mfu']:.1f}%" if record.get("mfu") else ""
-          runs.log(f"step {step:5d} | loss {losses[-1]:.4f} | lr {record['lr']:.2e} | "
-                   f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
-                   f"{record['tokens_per_s']:8.0f} tokens/s{mfu}")
-          since_log = []
-        if runs.every(train.eval_interval, step, train.max_iters):
-          evaluate(step)
-        stop = runs.stop_requested()
-        if runs.every(checkpoint_every, step, train.max_iters) or stop:
-          mon.sync()
-          last_saved = runs.save_checkpoint(run, step, state, {**meta, "history": history})
-        runs.raise_if_stopped(stop)
-  finally:
-    feed.close()
+def _finish(run, state, history, step, throughput, text, config, keys, train, forms
+            ) -> Dict[str, Any]:
+  """The run's final metrics; then its loss plot and a sample, as nanoGPT ends."""
   metrics = dict(history[-1]) if history else {"step": step}
-  if times:
-    # The first calls compile (one per distinct chunk length), so drop them.
-    metrics["ms_per_iter"] = 1000 * float(np.median(times[2:] or times))
-    runs.log(f"median {metrics['ms_per_iter']:.2f} ms/iter after compilation")
-  if main:
+  ms = throughput.median_ms()
+  if ms is not None:
+    metrics["ms_per_iter"] = ms
+    runs.print_line(f"median {ms:.2f} ms/iter after compilation")
+  if parallel.is_main_process():
     plot_losses(run.out_dir)
   if train.sample_tokens > 0:
-    sample = sample_text(state["params"], text.tokenizer, config, keys["sample"],
+    sample = sample_text(state.params, text.tokenizer, config, keys["sample"],
                          train.sample_tokens, forms=forms)
-    runs.log("---- sample ----\n" + sample)
+    runs.print_line("---- sample ----\n" + sample)
   return metrics
 
 
@@ -352,126 +393,3 @@ def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,
                         max_new_tokens=num_tokens, temperature=0.8, top_k=200,
                         valid_vocab=tokenizer.vocab_size, forms=forms)
   return tokenizer.decode(out)
-
-
-# ----------------------------------------------------------------------------
-# The MNIST MLP
-
-MLP_OPTIMIZER = optim.OptimizerConfig(
-    learning_rate=3e-3, schedule="cosine", warmup_iters=0, min_lr=0.0, beta2=0.999,
-    weight_decay=1e-4, grad_clip=0.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class MLPTrainConfig:
-  """The MLP's network and epochs.
-
-  Attributes:
-    layer_sizes: widths, input first.
-    init_scale: std of the initial weights and biases.
-    batch_size: examples per step (the global batch).
-    epochs: passes over the training set.
-    checkpoint_every: epochs between checkpoints.
-    seed: seed of the run's PRNG key.
-  """
-  layer_sizes: Sequence[int] = (784, 512, 512, 10)
-  init_scale: float = 0.01
-  batch_size: int = 128
-  epochs: int = 10
-  checkpoint_every: int = 1
-  seed: int = 0
-
-  def __post_init__(self):
-    runs.require_positive(batch_size=self.batch_size, epochs=self.epochs,
-                          checkpoint_every=self.checkpoint_every)
-
-
-def train_mlp(
-    mnist: data_lib.MnistData,
-    train: MLPTrainConfig,
-    opt_config: optim.OptimizerConfig,
-    run: RunConfig,
-    devices: ParallelConfig = ParallelConfig(),
-    *,
-    meta_config: Optional[Dict[str, Any]] = None,
-    progress_bar: Optional[bool] = None,
-) -> Dict[str, Any]:
-  """Trains the MLP on MNIST; returns the last epoch's metrics.
-
-  Writes checkpoints (one per `checkpoint_every` epochs), `metrics.jsonl` and
-  TensorBoard events to `run.out_dir`; `progress_bar` as in `GPTTrainConfig`.
-
-  `opt_config.decay_iters` should be `epochs * (examples // batch_size)` for
-  the schedule to end with the run. `meta_config` adds settings to the
-  checkpoint's identity (e.g. how pixels were scaled).
-  """
-  sizes = [int(s) for s in train.layer_sizes]
-  keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "data"))
-  params = mlp.init_network_params(sizes, keys["params"], train.init_scale)
-  mlp.check_input_size(params, mnist.num_features)
-  if sizes[-1] < int(mnist.train_labels.max()) + 1:
-    raise ValueError(f"the last layer size {sizes[-1]} is below the "
-                     f"{int(mnist.train_labels.max()) + 1} classes of the data.")
-  steps_per_epoch = len(mnist.train_labels) // train.batch_size
-  runs.require_positive(steps_per_epoch=steps_per_epoch)
-  plan = parallel.make_plan(devices, train.batch_size)
-  runs.log(parallel.describe(plan, train.batch_size, devices.grad_accum_steps))
-  # The whole dataset sits on every device; each device gathers its rows of
-  # every batch (see mlp.train_epoch).
-  train_x, train_y, test_x, test_y = parallel.put(
-      (mnist.train_images, mnist.train_labels, mnist.test_images, mnist.test_labels),
-      plan.replicated)
-  optimizer = _make_optimizer(opt_config, run)
-  schedule = optim.make_schedule(opt_config)
-  meta = {"model": "mlp", "config": {"layer_sizes": sizes, "init_scale": train.init_scale,
-                                     **(meta_config or {})},
-          "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
-          "seed": train.seed}
-  template = {"params": params, "opt_state": optimizer.init(params), "data_key": keys["data"]}
-  state, epoch, saved = runs.start_or_resume(
-      run, template, meta, digest_extra=[devices.fsdp, devices.grad_accum_steps])
-  history: List[dict] = saved.get("history", [])
-  state, shardings = parallel.shard_state(state, plan)
-  train_epoch = parallel.sharded_step(
-      mlp.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
-      grad_accum_steps=devices.grad_accum_steps)
-  runs.log(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
-  runs.log(f"optimizer: {opt_config}, {steps_per_epoch} steps/epoch")
-
-  main = parallel.is_main_process()
-  progress = progress_lib.Progress(train.epochs, epoch, unit="epoch", enabled=main,
-                                   bar=progress_bar)
-  mon = monitor.Monitor(run.out_dir, resume_step=epoch if epoch else None, enabled=main,
-                        log=progress.write)
-  last_saved = None
-  with runs.log_to(progress.write), mon, progress:
-    while epoch < train.epochs:
-      start = time.perf_counter()
-      params, opt_state, train_loss = train_epoch(
-          state["params"], state["opt_state"], train_x, train_y,
-          rng.fold_in_step(state["data_key"], epoch + 1))
-      train_loss = float(train_loss)  # waits for the epoch to finish
-      seconds = time.perf_counter() - start
-      runs.check_finite(np.array([train_loss]), epoch + 1, last_saved,
-                        skip=run.skip_nonfinite)
-      state = {**state, "params": params, "opt_state": opt_state}
-      epoch += 1
-      history.append(dict(
-          epoch=epoch, seconds=seconds,
-          examples_per_s=steps_per_epoch * train.batch_size / seconds, train_loss=train_loss,
-          train_acc=float(mlp.evaluate_accuracy(params, train_x, train_y)),
-          test_acc=float(mlp.evaluate_accuracy(params, test_x, test_y))))
-      record = history[-1]
-      mon.log_train(epoch, loss=train_loss, lr=float(schedule(epoch * steps_per_epoch - 1)),
-                    examples_per_s=record["examples_per_s"])
-      mon.log_eval(epoch, train_acc=record["train_acc"], test_acc=record["test_acc"])
-      progress.update_to(epoch, loss=train_loss, test_acc=record["test_acc"])
-      runs.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
-               "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
-               "test acc {test_acc:.4f}".format(**record))
-      stop = runs.stop_requested()
-      if runs.every(train.checkpoint_every, epoch, train.epochs) or stop:
-        mon.sync()
-        last_saved = runs.save_checkpoint(run, epoch, state, {**meta, "history": history})
-      runs.raise_if_stopped(stop)
-  return history[-1] if history else {}

@@ -3,7 +3,7 @@
     plan = ShardingPlan(make_mesh(), fsdp=True)   # all devices, axis "data"
     shardings = plan.state(params)                # a NamedSharding per leaf
     params = put(params, shardings)               # global jax.Arrays, split
-    step = jit_train_step(steps.train_steps, plan, shardings, plan.state(opt_state),
+    step = jit_train_step(steps.train_steps, plan, state.shardings(train_state, plan),
                           config=config, optimizer=optimizer, ...)
 
 Everything here is `jax.sharding` and `jax.distributed`; the model code stays
@@ -34,7 +34,7 @@ the same pure functions. What is split, and how:
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import chex
 import jax
@@ -323,40 +323,47 @@ def main_process_first(load: Callable[[], Any], errors=(ValueError,)) -> Any:
   return result if is_main_process() else load()
 
 
-def shard_state(state: Dict[str, Any], plan: ShardingPlan) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-  """Host state -> global arrays: `params` and `opt_state` per the plan, the rest
-  (PRNG keys) replicated. Returns `(state, shardings)`."""
-  shardings = {name: plan.state(value) if name in ("params", "opt_state")
-               else plan.replicated for name, value in state.items()}
-  return put(state, shardings), shardings
+def jit_train_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **static
+                   ) -> "StateStep":
+  """`fn(state, *inputs, plan=plan, **static) -> (state, metrics)` under `jax.jit`
+  with explicit shardings.
+
+  The state goes in and comes out with `state_shardings` (and is donated);
+  every other input and the metrics are replicated. This fits
+  `steps.train_steps` (tokens, step) and `steps.train_epoch` (images,
+  labels, epoch). Static arguments are bound here, because `jax.jit` takes no
+  keyword arguments once `in_shardings` is set.
+  """
+  def packed(state, inputs):  # one argument for all inputs, whatever their number
+    return fn(state, *inputs, plan=plan, **static)
+
+  return StateStep(jax.jit(packed, donate_argnums=0,
+                           in_shardings=(state_shardings, plan.replicated),
+                           out_shardings=(state_shardings, plan.replicated)))
 
 
-def sharded_step(fn: Callable, plan: ShardingPlan, shardings: Dict[str, Any], **static
+class StateStep:
+  """A jitted `step(state, *inputs) -> (state, metrics)` from `jit_train_step`."""
+
+  def __init__(self, jitted: Callable):
+    self._jitted = jitted
+
+  def __call__(self, state: Any, *inputs: Any) -> Any:
+    return self._jitted(state, inputs)
+
+  def lower(self, state: Any, *inputs: Any):
+    """`jax.jit`'s `lower`, e.g. to read the compiled program (`.compile().as_text()`)."""
+    return self._jitted.lower(state, inputs)
+
+
+def sharded_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **static
                  ) -> Callable:
   """`jit_train_step(fn, ...)`, compiled once per distinct further keywords
   (such as the GPT's chunk length `num_steps`)."""
   @functools.lru_cache(maxsize=None)
   def compiled(**more):
-    return jit_train_step(fn, plan, shardings["params"], shardings["opt_state"],
-                          **static, **more)
-  return lambda *args, **more: compiled(**more)(*args)
-
-
-def jit_train_step(fn: Callable, plan: ShardingPlan, params_shardings: Any,
-                   opt_state_shardings: Any, **static) -> Callable:
-  """`fn(params, opt_state, a, b, c, plan=plan, **static)` under `jax.jit` with
-  explicit shardings.
-
-  The state goes in and comes out with the given shardings (and is donated);
-  the three other arguments and the third output (the losses) are
-  replicated. This fits `steps.train_steps` (tokens, key, step) and
-  `mlp.train_epoch` (images, labels, key). Static arguments are bound here,
-  because `jax.jit` takes no keyword arguments once `in_shardings` is set.
-  """
-  state = (params_shardings, opt_state_shardings)
-  return jax.jit(functools.partial(fn, plan=plan, **static), donate_argnums=(0, 1),
-                 in_shardings=state + (plan.replicated,) * 3,
-                 out_shardings=state + (plan.replicated,))
+    return jit_train_step(fn, plan, state_shardings, **static, **more)
+  return lambda state, *inputs, **more: compiled(**more)(state, *inputs)
 
 
 def accumulate_gradients(

@@ -2,32 +2,30 @@
 
     run = RunConfig(out_dir="out-gpt", resume=True)
     check_out_dir(run.out_dir)
-    state, step, logs = start_or_resume(run, template, meta)
+    state, step, saved_meta = start_or_resume(run, template, meta)  # TrainStates
     ...
-    check_finite(losses, step, last_saved, skip=run.skip_nonfinite)
-    if step % every == 0 or stop_requested():
-      last_saved = save_checkpoint(run, step, state, meta, logs)
+    if every(checkpoint_every, step, max_iters):
+      last_saved = save_checkpoint(run, step, state, meta)
 
-Every function takes its settings as arguments; none reads flags. With
-several processes, each function here is called on all of them; only
-process 0 writes.
+Every function takes its settings as arguments; none reads flags. Lines
+for the user go to a `log` argument (default `print_line`). With several
+processes, each function here is called on all of them; only process 0
+writes.
 """
 
-import contextlib
 import dataclasses
-import functools
 import json
 import pathlib
-import signal
 import tempfile
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
-import optax
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from purejax.training import checkpoint
 from purejax.training import parallel
+from purejax.training import state as state_lib
+from purejax.training.state import TrainState
+
+Log = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,23 +53,11 @@ class RunConfig:
                        f"{self.keep_checkpoints}.")
 
 
-_SINKS: List[Callable[[str], None]] = []
-
-
-def log(message: str) -> None:
-  """Prints on process 0 only, so a multi-host run logs once (through `log_to`'s sink)."""
+def print_line(message: str) -> None:
+  """The default `log` of this module's functions: a line on stdout, from process 0
+  only, so a multi-host run logs once."""
   if parallel.is_main_process():
-    (_SINKS[-1] if _SINKS else functools.partial(print, flush=True))(message)
-
-
-@contextlib.contextmanager
-def log_to(sink: Callable[[str], None]):
-  """Within the block, `log` lines go to `sink` (e.g. a progress bar's `write`)."""
-  _SINKS.append(sink)
-  try:
-    yield
-  finally:
-    _SINKS.pop()
+    print(message, flush=True)
 
 
 def require_positive(**values: Optional[int]) -> None:
@@ -96,102 +82,20 @@ def check_out_dir(out_dir: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Signals
-
-
-class Interrupted(Exception):
-  """SIGINT/SIGTERM arrived; the loop saved a checkpoint and stops."""
-
-  def __init__(self, signum: int):
-    super().__init__(signal.Signals(signum).name)
-    self.signum = signum
-
-
-# Signals are process-wide, so the note of one is too.
-_PENDING_SIGNALS: List[int] = []
-
-
-def _on_signal(signum, frame):  # pylint: disable=unused-argument
-  # Only note it: the loop saves a checkpoint at the next step boundary.
-  _PENDING_SIGNALS.append(signum)
-
-
-def catch_stop_signals() -> None:
-  """From now on, SIGINT and SIGTERM ask the loop to save and stop.
-
-  Call it after `jax.distributed` starts (its preemption notifier takes
-  SIGTERM for itself).
-  """
-  _PENDING_SIGNALS.clear()
-  signal.signal(signal.SIGINT, _on_signal)
-  signal.signal(signal.SIGTERM, _on_signal)
-
-
-def stop_requested() -> bool:
-  """Whether any process got SIGINT/SIGTERM (a collective: all processes ask)."""
-  stop = parallel.any_process(bool(_PENDING_SIGNALS))
-  if stop and not _PENDING_SIGNALS:  # another process was signalled
-    _PENDING_SIGNALS.append(signal.SIGTERM)
-  return stop
-
-
-def raise_if_stopped(stop: bool) -> None:
-  """Raises `Interrupted` for the first pending signal when `stop`."""
-  if stop:
-    raise Interrupted(_PENDING_SIGNALS[0])
-
-
-# ----------------------------------------------------------------------------
-# Non-finite losses
-
-
-class NonFiniteLoss(RuntimeError):
-  """The loss became NaN/Inf; the last checkpoint is intact."""
-
-
-def check_finite(losses: np.ndarray, first_step: int, last_saved: Optional[str], *,
-                 skip: bool = False) -> None:
-  """Raises `NonFiniteLoss` at the first NaN/Inf in `losses` (with `skip`, only warns).
-
-  Args:
-    losses: losses of steps `first_step, first_step + 1, ...`.
-    first_step: step of `losses[0]`.
-    last_saved: path of the newest checkpoint, for the message; None if none.
-    skip: the optimizer skips non-finite updates (`skip_nonfinite_updates`).
-  """
-  bad = np.flatnonzero(~np.isfinite(losses))
-  if not bad.size:
-    return
-  where = f"loss is {losses[bad[0]]} at step {first_step + int(bad[0])}"
-  if skip:
-    log(f"warning: {where}; skipping non-finite updates (--skip_nonfinite)")
-    return
-  saved = (f"the last good checkpoint, {last_saved}, is intact: resume from it with "
-           f"--resume" if last_saved else "no checkpoint was saved before it")
-  raise NonFiniteLoss(f"{where}; stopped without saving. {saved}. Try a lower "
-                      f"--learning_rate, or --skip_nonfinite to skip such updates.")
-
-
-def skip_nonfinite_updates(optimizer: optax.GradientTransformation
-                           ) -> optax.GradientTransformation:
-  """`optimizer` that leaves params and moments unchanged on NaN/Inf gradients."""
-  return optax.apply_if_finite(optimizer, max_consecutive_errors=100)
-
-
-# ----------------------------------------------------------------------------
 # Checkpoints
 
 
 def start_or_resume(
     run: RunConfig,
-    template: Any,
+    template: TrainState,
     meta: Dict[str, Any],
     *,
     identity: Sequence[str] = ("model", "config", "optimizer", "batch_size", "seed"),
     saved_defaults: Optional[Dict[str, Dict[str, Any]]] = None,
     ignored: Optional[Dict[str, Sequence[str]]] = None,
     digest_extra: Any = None,
-) -> Tuple[Any, int, Dict[str, Any]]:
+    log: Log = print_line,
+) -> Tuple[TrainState, int, Dict[str, Any]]:
   """The state to start from: `template` at step 0, or the newest valid checkpoint.
 
   Every process reads `run.out_dir` (so with several hosts it must be on a
@@ -209,6 +113,7 @@ def start_or_resume(
     ignored: `{meta key: [field, ...]}` left out of the comparison (settings
       a resumed run may change, e.g. where the schedule ends).
     digest_extra: further settings that must agree across processes.
+    log: where the lines on what was found go.
 
   Returns:
     `(state, step, saved meta)`; the saved meta is `{}` on a fresh start.
@@ -219,14 +124,14 @@ def start_or_resume(
       digest, "the processes were started with different flags; pass the same "
       "flags to every process (only --process_id differs).")
   state, step, saved = _start_or_resume(run, template, meta, identity,
-                                        saved_defaults or {}, ignored or {})
+                                        saved_defaults or {}, ignored or {}, log)
   parallel.check_same_on_all_processes(
       step, f"the processes found different checkpoints in {run.out_dir}; with several "
       f"hosts --out_dir must be one shared directory.")
   return state, step, saved
 
 
-def _start_or_resume(run, template, meta, identity, saved_defaults, ignored):
+def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log):
   existing = checkpoint.list_checkpoints(run.out_dir)
   if not run.resume:
     if existing:
@@ -250,33 +155,35 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored):
             f"{path} was trained with {name}={value!r}, this run has "
             f"{meta.get(name)!r}; resume with the original flags or use another --out_dir.")
 
-  restored, warnings = checkpoint.restore_latest(run.out_dir, template, check_meta=same_run)
+  restored, warnings = checkpoint.restore_latest(
+      run.out_dir, state_lib.as_tree(template), check_meta=same_run,
+      renamed=state_lib.RENAMED)
   for warning in warnings:
     log(f"warning: {warning}")
   if restored is None:
     log(f"--resume: no valid checkpoint in {run.out_dir}, so this starts a new run")
     return template, 0, {}
   log(f"resumed from {restored.path} at step {restored.step}")
-  return restored.state, restored.step, restored.meta
+  return state_lib.from_tree(restored.state), restored.step, restored.meta
 
 
-def save_checkpoint(run: RunConfig, step: int, state: Any, meta: Dict[str, Any], *,
-                    best: bool = False) -> pathlib.Path:
+def save_checkpoint(run: RunConfig, step: int, state: TrainState, meta: Dict[str, Any], *,
+                    best: bool = False, log: Log = print_line) -> pathlib.Path:
   """Gathers `state` to the hosts (all processes), and process 0 writes it.
 
   The file holds whole arrays, whatever the sharding, so it restores on any
   number of devices. `best=True` writes the run's best checkpoint
   (`checkpoint.best_path`) instead of one of the keep-K rotation.
   """
-  state = parallel.fetch(state)
+  tree = parallel.fetch(state_lib.as_tree(state))
   path = (checkpoint.best_path(run.out_dir) if best else
           checkpoint.checkpoint_path(run.out_dir, step))
   if parallel.is_main_process():
     if best:
-      checkpoint.save_best(run.out_dir, step, state, meta)
+      checkpoint.save_best(run.out_dir, step, tree, meta)
       log(f"saved {path} (lowest val loss so far)")
     else:
-      checkpoint.save(run.out_dir, step, state, meta, keep=run.keep_checkpoints)
+      checkpoint.save(run.out_dir, step, tree, meta, keep=run.keep_checkpoints)
       log(f"saved {path}")
   return path
 

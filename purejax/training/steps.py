@@ -1,17 +1,20 @@
-"""Jitted training and evaluation steps of the GPT.
+"""Jitted training and evaluation steps: the GPT's fused steps, the MLP's epoch.
 
-    params, opt_state, metrics = train_steps(params, opt_state, tokens, key, step,
-                                             config=config, optimizer=optimizer,
-                                             batch_size=12, num_steps=10)
+    state, metrics = train_steps(state, DeviceTokens(ids), step, config=config,
+                                 optimizer=optimizer, batch_size=12, num_steps=10)
     metrics.loss, metrics.grad_norm                   # [10] each
-    val = evaluate(params, val_data, eval_key, config=config, batch_size=12,
-                   num_batches=200)
+    val = evaluate(params, DeviceTokens(val_ids), eval_key, config=config,
+                   batch_size=12, num_batches=200)
+    state, loss = train_epoch(state, images, labels, epoch, optimizer=optimizer,
+                              batch_size=128)         # the MNIST MLP
 
-Both run as one `lax.scan` inside a `jit`, with their batches drawn on the
-device (`batches.sample_batch`), so there is no host round-trip per step.
+Each runs as one `lax.scan` inside a `jit`. GPT batches are drawn on the
+device from `DeviceTokens` (no host round-trip per step) or given as
+`HostWindows` the host read (`purejax.data.batches`).
 """
 
-from typing import Any, NamedTuple, Optional, Tuple
+import functools
+from typing import NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -20,11 +23,11 @@ import optax
 
 from purejax.data import batches
 from purejax import gpt
+from purejax import mlp
 from purejax.ops import kernels
 from purejax.training import parallel
+from purejax.training.state import TrainState
 from purejax import rng
-
-Params = gpt.Params
 
 
 class StepMetrics(NamedTuple):
@@ -38,26 +41,37 @@ class StepMetrics(NamedTuple):
   grad_norm: chex.Array
 
 
-def _update(params, opt_state, batch, dropout_key, *, config, optimizer, grad_accum_steps,
-            plan, forms):
-  """One optimisation step on `batch` = (inputs, targets) `[batch, block]`."""
-  def microbatch_loss(params, xy, index):
-    x, y = xy
-    return gpt.loss(params, x, y, config, key=jax.random.fold_in(dropout_key, index),
-                    deterministic=False, forms=forms)
-
-  value, grads = parallel.accumulate_gradients(
-      microbatch_loss, params, batch, grad_accum_steps, plan=plan)
+def _update(params, opt_state, loss_fn, batch, *, optimizer, grad_accum_steps, plan):
+  """One optimisation step: `loss_fn(params, part, index)` over `batch`'s microbatches."""
+  value, grads = parallel.accumulate_gradients(loss_fn, params, batch, grad_accum_steps,
+                                               plan=plan)
   updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, StepMetrics(
-      value, optax.tree.norm(grads))
+  return optax.apply_updates(params, updates), opt_state, value, grads
+
+
+def _inputs_and_targets(tokens: batches.Tokens, window, key, block_size, batch_size):
+  """One step's `(inputs, targets)` `[batch, block]`: drawn from the device's ids, or
+  cut from the host's `window` `[batch, block + 1]`."""
+  if isinstance(tokens, batches.HostWindows):
+    return window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
+  return batches.sample_batch(key, tokens.ids, block_size, batch_size)
+
+
+def _per_step_windows(tokens: batches.Tokens, num: int, config: gpt.GPTConfig,
+                      batch_size: int):
+  """What the scan slices per step: the host's windows, or nothing for device ids."""
+  if isinstance(tokens, batches.HostWindows):
+    chex.assert_shape(tokens.windows, (num, batch_size, config.block_size + 1))
+    return tokens.windows
+  if isinstance(tokens, batches.DeviceTokens):
+    return None
+  raise TypeError(f"tokens must be batches.DeviceTokens or batches.HostWindows, got "
+                  f"{type(tokens).__name__}.")
 
 
 def _train_steps(
-    params: Params,
-    opt_state: optax.OptState,
-    tokens: chex.Array,
-    key: chex.PRNGKey,
+    state: TrainState,
+    tokens: batches.Tokens,
     step: chex.Numeric,
     *,
     config: gpt.GPTConfig,
@@ -67,23 +81,21 @@ def _train_steps(
     grad_accum_steps: int = 1,
     plan: Optional[parallel.ShardingPlan] = None,
     forms: Optional[kernels.Forms] = None,
-) -> Tuple[Params, Any, StepMetrics]:
-  """Runs `num_steps` optimisation steps in one jitted `lax.scan`.
+) -> Tuple[TrainState, StepMetrics]:
+  """Runs `num_steps` optimisation steps of the GPT in one jitted `lax.scan`.
 
-  Step `s` draws its dropout keys, and its batch when drawn on the device,
-  from `fold_in(key, s)`, so the whole run is a function of `(key, step)`:
-  chunking the steps differently, or resuming at any step, gives the same
-  result.
+  Step `s` draws its dropout keys, and its batch from `DeviceTokens`, from
+  `fold_in(state.keys["train"], s)`, so the whole run is a function of
+  `(key, step)`: chunking the steps differently, or resuming at any step,
+  gives the same result.
 
   Args:
-    params: model params (donated).
-    opt_state: optax state (donated).
-    tokens: either the `[num_tokens]` training ids, on the device, from which
-      each step draws random windows (`batches.sample_batch`); or the batches
-      themselves, `[num_steps, batch_size, block_size + 1]` windows read by the
-      host (`batches.sample_windows`) for corpora too large for the device.
-      Inputs are a window's first `block_size` tokens, targets its last.
-    key: base key of the run's training stream.
+    state: params, optimizer state and the run's keys (donated, keys too:
+      use the returned state).
+    tokens: `DeviceTokens`, the training ids on the device, from which each
+      step draws random windows (`batches.sample_batch`); or `HostWindows`,
+      `[num_steps, batch_size, block_size + 1]` windows the host read
+      (`batches.sample_windows`) for corpora too large for the device.
     step: global index of the first step.
     config: model config.
     optimizer: optax `GradientTransformation`.
@@ -92,46 +104,48 @@ def _train_steps(
     grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
       must divide `batch_size`. Each draws its dropout from its own key.
     plan: how the step is spread over devices (`parallel.ShardingPlan`);
-      None on one device. Wrap the call in a `jax.jit` with the plan's in/out
-      shardings, as `purejax.train` does, to keep the state's layout.
+      None on one device. Wrap the call in `parallel.jit_train_step`, as the
+      training loop does, to keep the state's layout.
     forms: execution forms (`kernels.select`); None: those of the platform
-      the plan's mesh, or else `params`, lives on.
+      the plan's mesh, or else the state, lives on.
 
   Returns:
-    `(params, opt_state, StepMetrics)` with `[num_steps]` entries.
+    `(state, StepMetrics)` with `[num_steps]` entries.
   """
-  from_host = tokens.ndim == 3
-  if from_host:
-    chex.assert_shape(tokens, (num_steps, batch_size, config.block_size + 1))
+  windows = _per_step_windows(tokens, num_steps, config, batch_size)
+  key = state.keys["train"]
 
   def one_step(carry, xs):
+    params, opt_state = carry
     s, window = xs
     batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
-    if from_host:
-      batch = (window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32))
-    else:
-      batch = batches.sample_batch(batch_key, tokens, config.block_size, batch_size)
-    params, opt_state, metrics = _update(
-        *carry, batch, dropout_key, config=config, optimizer=optimizer,
-        grad_accum_steps=grad_accum_steps, plan=plan, forms=forms)
-    return (params, opt_state), metrics
+    batch = _inputs_and_targets(tokens, window, batch_key, config.block_size, batch_size)
+
+    def microbatch_loss(params, xy, index):
+      return gpt.loss(params, *xy, config, key=jax.random.fold_in(dropout_key, index),
+                      deterministic=False, forms=forms)
+
+    params, opt_state, loss, grads = _update(
+        params, opt_state, microbatch_loss, batch, optimizer=optimizer,
+        grad_accum_steps=grad_accum_steps, plan=plan)
+    return (params, opt_state), StepMetrics(loss, optax.tree.norm(grads))
 
   steps = step + jnp.arange(num_steps)
   (params, opt_state), metrics = jax.lax.scan(
-      one_step, (params, opt_state), (steps, tokens if from_host else None))
-  return params, opt_state, metrics
+      one_step, (state.params, state.opt_state), (steps, windows))
+  return state._replace(params=params, opt_state=opt_state), metrics
 
 
 train_steps = kernels.jit_with_forms(
-    _train_steps, platform_args=("plan", "params"),
+    _train_steps, platform_args=("plan", "state"),
     static_argnames=("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps",
                      "plan"),
-    donate_argnums=(0, 1))
+    donate_argnums=0)
 
 
 def _evaluate(
-    params: Params,
-    tokens: chex.Array,
+    params: gpt.Params,
+    tokens: batches.Tokens,
     key: chex.PRNGKey,
     *,
     config: gpt.GPTConfig,
@@ -142,32 +156,84 @@ def _evaluate(
 ) -> chex.Array:
   """Mean loss over `num_batches` batches of `tokens` (no dropout).
 
-  `tokens` as in `train_steps`: ids on the device, from which the batches are
+  `tokens` as in `train_steps`: `DeviceTokens`, from which the batches are
   drawn with `key` (pass the same `key` at every evaluation so the batches
-  are fixed and the numbers compare across steps), or `[num_batches,
-  batch_size, block_size + 1]` windows read by the host. `plan` splits each
-  batch across devices, and `forms` chooses how the model runs, as in
-  `train_steps`.
+  are fixed and the numbers compare across steps), or `HostWindows`,
+  `[num_batches, batch_size, block_size + 1]`. `plan` splits each batch
+  across devices, and `forms` chooses how the model runs, as in `train_steps`.
   """
-  from_host = tokens.ndim == 3
-  if from_host:
-    chex.assert_shape(tokens, (num_batches, batch_size, config.block_size + 1))
+  windows = _per_step_windows(tokens, num_batches, config, batch_size)
 
   def body(total, xs):
     k, window = xs
-    if from_host:
-      x, y = window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
-    else:
-      x, y = batches.sample_batch(k, tokens, config.block_size, batch_size)
+    x, y = _inputs_and_targets(tokens, window, k, config.block_size, batch_size)
     if plan is not None:
       x, y = parallel.constrain((x, y), plan.batch)
     return total + gpt.loss(params, x, y, config, forms=forms), None
 
-  xs = (jax.random.split(key, num_batches), tokens if from_host else None)
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
+                          (jax.random.split(key, num_batches), windows))
   return total / num_batches
 
 
 evaluate = kernels.jit_with_forms(
     _evaluate, platform_args=("plan", "params"),
     static_argnames=("config", "batch_size", "num_batches", "plan"))
+
+
+@functools.partial(
+    jax.jit, static_argnames=("optimizer", "batch_size", "grad_accum_steps", "plan"),
+    donate_argnums=0)
+def train_epoch(
+    state: TrainState,
+    images: chex.Array,
+    labels: chex.Array,
+    epoch: chex.Numeric,
+    *,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    grad_accum_steps: int = 1,
+    plan: Optional[parallel.ShardingPlan] = None,
+) -> Tuple[TrainState, chex.Array]:
+  """One pass of the MLP over a shuffled dataset, as a `lax.scan` of steps.
+
+  Epoch `e` (0-based) is shuffled with `fold_in(state.keys["data"], e + 1)`
+  and cut into `len(images) // batch_size` full batches; the remainder
+  (fewer than `batch_size` examples, a different one each epoch) is left out
+  so every step has the same shape.
+
+  Args:
+    state: the MLP's params, optimizer state and `"data"` key (donated).
+    images: the whole training set `[num_examples, in_dim]`, on the device.
+    labels: `[num_examples]` integers.
+    epoch: the epoch's index, 0 for the first.
+    optimizer: any optax `GradientTransformation`.
+    batch_size: examples per step (the global batch).
+    grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
+      must divide `batch_size`.
+    plan: how the step is spread over devices (`parallel.ShardingPlan`);
+      None on one device.
+
+  Returns:
+    `(state, mean_loss)` where `mean_loss` averages the loss of every step
+    of the epoch (each measured before its step).
+  """
+  num_examples = images.shape[0]
+  chex.assert_shape(labels, (num_examples,))
+  num_batches = num_examples // batch_size
+  if num_batches < 1:
+    raise ValueError(
+        f"batch_size {batch_size} exceeds the {num_examples} training examples.")
+  key = rng.fold_in_step(state.keys["data"], epoch + 1)
+  perm = jax.random.permutation(key, num_examples)[: num_batches * batch_size]
+
+  def body(carry, rows):
+    params, opt_state = carry
+    params, opt_state, loss, _ = _update(
+        params, opt_state, lambda p, xy, _: mlp.loss(p, *xy), (images[rows], labels[rows]),
+        optimizer=optimizer, grad_accum_steps=grad_accum_steps, plan=plan)
+    return (params, opt_state), loss
+
+  (params, opt_state), losses = jax.lax.scan(
+      body, (state.params, state.opt_state), perm.reshape(num_batches, batch_size))
+  return state._replace(params=params, opt_state=opt_state), jnp.mean(losses)

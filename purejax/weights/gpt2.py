@@ -20,7 +20,7 @@ Vocabulary padding: imported GPT-2 vocabularies are padded with zero rows up
 to a multiple of 64 (50257 -> 50304 ids, as nanoGPT does; the output matmul
 runs faster). `config.vocab_size` is the padded table size; the number of
 real ids travels in the tokenizer spec returned with the params as
-`spec["vocab_size"]` (see `purejax.data.tokenizers`): samplers must mask logits of
+`spec.vocab_size` (see `purejax.data.tokenizers`): samplers must mask logits of
 ids >= it, and `state_from_params(..., vocab_rows=...)` drops the padding
 again.
 """

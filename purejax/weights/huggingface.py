@@ -2,7 +2,7 @@
 
     params, config, tok_spec = huggingface.from_huggingface("path/to/gpt2")  # or "gpt2"
     logits = gpt.forward(params, tokens, config)   # [..., config.vocab_size]
-    huggingface.to_huggingface(params, config, "gpt2-hf", valid_vocab=tok_spec["vocab_size"])
+    huggingface.to_huggingface(params, config, "gpt2-hf", valid_vocab=tok_spec.vocab_size)
 
 Two architectures convert: GPT-2 (`GPT2LMHeadModel`, mapped by
 `purejax.weights.gpt2`) and the Llama family (`LlamaForCausalLM`,
@@ -32,11 +32,11 @@ from purejax.weights import gpt2
 from purejax.weights import llama
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.weights import torch_files
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
-TokenizerSpec = Dict[str, Any]
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 

@@ -21,11 +21,11 @@ from purejax.training import checkpoint
 from purejax import gpt
 from purejax.weights import gpt2
 from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.weights import torch_files
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
-TokenizerSpec = Dict[str, Any]
 
 _NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 
@@ -88,7 +88,10 @@ def from_nanogpt(
   meta = pathlib.Path(meta_path) if meta_path else path.parent / "meta.pkl"
   recorded = ckpt.get("tokenizer")
   if not meta_path and isinstance(recorded, dict) and "type" in recorded:
-    spec = recorded  # written by to_nanogpt
+    try:
+      spec = TokenizerSpec.from_dict(recorded)  # written by to_nanogpt
+    except tokenizers.TokenizerError as e:
+      raise ConversionError(f"{path}: {e}") from e
   elif meta_path or meta.is_file():
     try:
       tokenizer = tokenizers.read_nanogpt_meta(str(meta))
@@ -157,12 +160,12 @@ def to_nanogpt(
   if tokenizer_spec:
     # nanoGPT ignores keys it does not know; from_nanogpt reads it back, so
     # the real vocabulary size survives the trip.
-    ckpt["tokenizer"] = tokenizer_spec
+    ckpt["tokenizer"] = tokenizer_spec.to_dict()
   out = pathlib.Path(path).expanduser()
   out.parent.mkdir(parents=True, exist_ok=True)
   _files.atomic_write(out, lambda f: torch.save(ckpt, f))
-  if tokenizer_spec and tokenizer_spec.get("type") == "char":
-    chars = tokenizer_spec["chars"]
+  if tokenizer_spec and tokenizer_spec.kind == "char":
+    chars = tokenizer_spec.chars
     meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)),
             "stoi": {c: i for i, c in enumerate(chars)}}
     _files.atomic_write(out.parent / "meta.pkl", lambda f: pickle.dump(meta, f))

@@ -12,7 +12,7 @@ Each outside format has its module: `purejax.weights.huggingface` (a folder with
 
 `config.vocab_size` may count padding rows (see `purejax.weights.gpt2`); the
 tokenizer spec returned with the params says how many ids are real
-(`spec["vocab_size"]`).
+(`spec.vocab_size`).
 """
 
 import dataclasses
@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from purejax import gpt
 from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.training import checkpoint
 from purejax.weights import gpt2
 from purejax.weights import huggingface
@@ -28,7 +29,6 @@ from purejax.weights import nanogpt
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
-TokenizerSpec = Dict[str, Any]
 
 # ----------------------------------------------------------------------------
 # purejax checkpoints
@@ -61,7 +61,7 @@ def from_purejax(out_dir: str, *, best: bool = False
   template = {"params": jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))}
   params = checkpoint.extract(arrays, template, out_dir)["params"]
   if "tokenizer" in meta:
-    spec = meta["tokenizer"]
+    spec = TokenizerSpec.from_dict(meta["tokenizer"])
   elif "vocab" in meta:
     spec = tokenizers.CharTokenizer(meta["vocab"]).spec()
   else:
@@ -113,9 +113,10 @@ def to_purejax(params: Params, config: gpt.GPTConfig, out_dir: str,
   The metadata holds the config, the tokenizer spec (`"tokenizer"`) and, for
   character tokenizers, `"vocab"` as `purejax.sample` reads it today.
   """
-  meta = {"model": "gpt", "config": dataclasses.asdict(config), "tokenizer": tokenizer_spec}
-  if tokenizer_spec.get("type") == "char":
-    meta["vocab"] = tokenizer_spec["chars"]
+  meta = {"model": "gpt", "config": dataclasses.asdict(config),
+          "tokenizer": tokenizer_spec.to_dict()}
+  if tokenizer_spec.kind == "char":
+    meta["vocab"] = tokenizer_spec.chars
   _check_target("purejax", out_dir, overwrite=False)
   return checkpoint.save(out_dir, 0, {"params": params}, meta)
 
@@ -167,7 +168,7 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
     params, config, spec = nanogpt.from_nanogpt(src, meta_path=meta, allow_pickle=trust_pickle)
   else:
     params, config, spec = from_purejax(src)
-  valid = int(spec.get("vocab_size", config.vocab_size))
+  valid = spec.vocab_size
   if dst_kind == "hf":
     written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
                                          overwrite=overwrite, tokenizer_spec=spec,
@@ -178,4 +179,4 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
     written = to_purejax(params, config, dst, spec)
   return (f"wrote {dst_kind}:{written} ({config.n_layer} layers, n_embd={config.n_embd}, "
           f"{gpt.num_params(params) / 1e6:.2f}M params, {valid} ids of {config.vocab_size}, "
-          f"tokenizer {spec.get('name')}).")
+          f"tokenizer {spec.name}).")

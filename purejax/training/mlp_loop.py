@@ -1,0 +1,140 @@
+"""The MNIST MLP's training loop, as a library function that reads no flags.
+
+    history = train_mlp(load_mnist(), MLPTrainConfig(epochs=10), MLP_OPTIMIZER,
+                        RunConfig(out_dir="out-mlp"))
+
+One jitted call per epoch (`steps.train_epoch`); around it, the same
+progress, metrics, checkpoints and signals as the GPT's loop (`session.Session`).
+"""
+
+import dataclasses
+import time
+from typing import Any, Dict, Optional, Sequence
+
+import jax
+import numpy as np
+
+from purejax import mlp
+from purejax import rng
+from purejax.data import datasets as data_lib
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import runs
+from purejax.training import session as session_lib
+from purejax.training import state as state_lib
+from purejax.training import steps
+from purejax.training.parallel import ParallelConfig
+from purejax.training.runs import RunConfig
+from purejax.training.session import Session
+from purejax.training.state import TrainState
+
+MLP_OPTIMIZER = optim.OptimizerConfig(
+    learning_rate=3e-3, schedule="cosine", warmup_iters=0, min_lr=0.0, beta2=0.999,
+    weight_decay=1e-4, grad_clip=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPTrainConfig:
+  """The MLP's network and epochs.
+
+  Attributes:
+    layer_sizes: widths, input first.
+    init_scale: std of the initial weights and biases.
+    batch_size: examples per step (the global batch).
+    epochs: passes over the training set.
+    checkpoint_every: epochs between checkpoints.
+    seed: seed of the run's PRNG key.
+  """
+  layer_sizes: Sequence[int] = (784, 512, 512, 10)
+  init_scale: float = 0.01
+  batch_size: int = 128
+  epochs: int = 10
+  checkpoint_every: int = 1
+  seed: int = 0
+
+  def __post_init__(self):
+    runs.require_positive(batch_size=self.batch_size, epochs=self.epochs,
+                          checkpoint_every=self.checkpoint_every)
+
+
+def train_mlp(
+    mnist: data_lib.MnistData,
+    train: MLPTrainConfig,
+    opt_config: optim.OptimizerConfig,
+    run: RunConfig,
+    devices: ParallelConfig = ParallelConfig(),
+    *,
+    meta_config: Optional[Dict[str, Any]] = None,
+    progress_bar: Optional[bool] = None,
+) -> Dict[str, Any]:
+  """Trains the MLP on MNIST; returns the last epoch's metrics.
+
+  Writes checkpoints (one per `checkpoint_every` epochs), `metrics.jsonl` and
+  TensorBoard events to `run.out_dir`; `progress_bar` as in `GPTTrainConfig`.
+
+  `opt_config.decay_iters` should be `epochs * (examples // batch_size)` for
+  the schedule to end with the run. `meta_config` adds settings to the
+  checkpoint's identity (e.g. how pixels were scaled).
+  """
+  sizes = [int(s) for s in train.layer_sizes]
+  keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "data"))
+  params = mlp.init_network_params(sizes, keys["params"], train.init_scale)
+  _check_mlp_fits(params, sizes, mnist)
+  steps_per_epoch = len(mnist.train_labels) // train.batch_size
+  runs.require_positive(steps_per_epoch=steps_per_epoch)
+  plan = parallel.make_plan(devices, train.batch_size)
+  runs.print_line(parallel.describe(plan, train.batch_size, devices.grad_accum_steps))
+  # The whole dataset sits on every device; each device gathers its rows of
+  # every batch (see steps.train_epoch).
+  train_x, train_y, test_x, test_y = parallel.put(
+      (mnist.train_images, mnist.train_labels, mnist.test_images, mnist.test_labels),
+      plan.replicated)
+  optimizer = session_lib.make_optimizer(opt_config, run)
+  schedule = optim.make_schedule(opt_config)
+  meta = {"model": "mlp", "config": {"layer_sizes": sizes, "init_scale": train.init_scale,
+                                     **(meta_config or {})},
+          "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
+          "seed": train.seed}
+  template = TrainState(params, optimizer.init(params), {"data": keys["data"]})
+  state, epoch, saved = runs.start_or_resume(
+      run, template, meta, digest_extra=[devices.fsdp, devices.grad_accum_steps])
+  state, shardings = state_lib.shard(state, plan)
+  train_epoch = parallel.sharded_step(
+      steps.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
+      grad_accum_steps=devices.grad_accum_steps)
+  runs.print_line(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
+  runs.print_line(f"optimizer: {opt_config}, {steps_per_epoch} steps/epoch")
+  with Session(run, meta, saved, total=train.epochs, start=epoch, unit="epoch",
+               bar=progress_bar) as session:
+    while epoch < train.epochs:
+      start = time.perf_counter()
+      state, train_loss = train_epoch(state, train_x, train_y, epoch)
+      train_loss = float(train_loss)  # waits for the epoch to finish
+      seconds = time.perf_counter() - start
+      session.check_finite(np.array([train_loss]), epoch + 1)
+      epoch += 1
+      record = dict(
+          epoch=epoch, seconds=seconds,
+          examples_per_s=steps_per_epoch * train.batch_size / seconds, train_loss=train_loss,
+          train_acc=float(mlp.evaluate_accuracy(state.params, train_x, train_y)),
+          test_acc=float(mlp.evaluate_accuracy(state.params, test_x, test_y)))
+      session.monitor.log_train(epoch, loss=train_loss,
+                                lr=float(schedule(epoch * steps_per_epoch - 1)),
+                                examples_per_s=record["examples_per_s"])
+      session.add_eval(epoch, state, record, train_acc=record["train_acc"],
+                       test_acc=record["test_acc"])
+      session.progress.update_to(epoch, loss=train_loss, test_acc=record["test_acc"])
+      session.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
+                  "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
+                  "test acc {test_acc:.4f}".format(**record))
+      session.save_if(runs.every(train.checkpoint_every, epoch, train.epochs), epoch, state)
+  return session.history[-1] if session.history else {}
+
+
+def _check_mlp_fits(params: mlp.Params, sizes: Sequence[int], mnist: data_lib.MnistData
+                    ) -> None:
+  mlp.check_input_size(params, mnist.num_features)
+  classes = int(mnist.train_labels.max()) + 1
+  if sizes[-1] < classes:
+    raise ValueError(f"the last layer size {sizes[-1]} is below the {classes} classes of "
+                     f"the data.")
