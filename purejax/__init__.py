@@ -9,18 +9,22 @@ Models are params pytrees (nested dicts of arrays) plus pure functions:
     config = purejax.GPTConfig(vocab_size=65, block_size=64)
     params = purejax.gpt.init_params(config, jax.random.PRNGKey(0))
 
-The layers, bottom to top (each imports only from those below it):
+The layers, bottom to top (each imports only from its own and those below
+it; tests/test_architecture.py checks that against this drawing):
 
-    ops/        execution forms (`Forms`, chosen per platform by `select`): matmul,
-                attention, the large-vocabulary loss
-    rng, nn     key helpers; layers as init_<layer> + a pure apply
-    gpt, mlp    the models; decode: sampling with a KV cache; lora: low-rank
+    _files      crash-safe file writes
+    ops/, rng, nn   execution forms (`Forms`, chosen per platform by `select`: matmul,
+                attention, the large-vocabulary loss); key helpers; layers as
+                init_<layer> + a pure apply (nn's layers use ops.kernels' matmul,
+                attention uses nn's dropout)
+    gpt, mlp, decode, lora   the models; sampling with a KV cache; low-rank
                 adapters over any model's params (below training and weights,
                 which both use it)
     data/       tokenizers, corpora, batches, MNIST and TFDS
-    training/   steps, optimizer, devices, checkpoints, metrics, the loops
+    training/   state, steps, optimizer, devices, checkpoints, metrics, the loops
     weights/    pretrained weights in and out, one module per format
-    train, sample, plot, convert   the command lines (`python -m purejax.<cmd>`)
+    train, sample, plot, convert, _forms_flags   the command lines (`python -m
+                purejax.<cmd>`) and the flags two of them share
 """
 
 from purejax import data

@@ -11,30 +11,23 @@ the same pure functions. What is split, and how:
 
 * **Data parallel** (default). A 1-D `Mesh` over every device of every
   process, axis `"data"`. Each global batch is constrained to
-  `PartitionSpec("data")`, so each device computes the loss and gradients of
-  its rows; params and optimizer state are replicated, and XLA inserts one
-  all-reduce of the gradients per step.
-* **FSDP / ZeRO-3** (`fsdp=True`). Every leaf of the params and the
-  optimizer state is stored split along one dimension across the devices
-  (see `fsdp_spec`). Each step all-gathers the params for the forward and
-  backward pass, reduces the gradients back to shards, and each device
-  updates only its shard of the params and optimizer state. The gather is
-  of the whole params at once, not layer by layer, so during a step each
-  device holds one whole copy of the params.
-* **Gradient accumulation**. `accumulate_gradients` runs `k` microbatches of
-  one global batch in a `lax.scan` and averages their gradients, so a batch
-  `k` times what fits in memory takes one optimizer step; across devices the
-  gradients are reduced once per step, not once per microbatch.
-* **Multi-host**. `initialize_distributed` wraps `jax.distributed.initialize`.
-  Every process runs the same program on the global mesh; the batch rows of
-  process `p` live on, and are sampled by, `p`'s devices only. Values for the
-  host (`fetch`) are gathered to every process; the caller writes them from
-  process 0 (`is_main_process`).
+  `PartitionSpec("data")`; params and optimizer state are replicated, and
+  XLA inserts one all-reduce of the gradients per step.
+* **FSDP / ZeRO-3** (`fsdp=True`). Every leaf of the params and optimizer
+  state is stored split along one dimension (`fsdp_spec`). Each step
+  all-gathers the whole params for the passes, reduces the gradients back to
+  shards, and each device updates only its shard.
+* **Gradient accumulation** (`accumulate_gradients`): `k` microbatches of one
+  global batch in a `lax.scan`, gradients reduced across devices once per step.
+* **Multi-host** (`initialize_distributed`). Every process runs the same
+  program on the global mesh; process `p`'s batch rows live on, and are
+  sampled by, its devices. `fetch` gathers values to every process; process 0
+  writes them (`is_main_process`).
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
 
 import chex
 import jax
@@ -88,8 +81,8 @@ def set_cpu_devices(num_devices: int) -> None:
   devices, each core computes the loss and gradients of its own rows of the
   batch (data parallel, one gradient all-reduce per step): nanoGPT's CPU
   recipe trained 1.0-1.2x (fp32) and 1.1-1.5x (bf16) faster on 2 cores as 2
-  devices (bench/README.md, #16). Only the CPU backend is affected. Call it
-  before anything touches JAX's devices.
+  devices (docs/performance.md, "One device per core on a CPU"). Only the CPU
+  backend is affected. Call it before anything touches JAX's devices.
 
   Raises:
     ValueError: `num_devices < 1`, or JAX's backends have already started.
@@ -113,8 +106,7 @@ def any_process(flag: bool) -> bool:
   """Whether `flag` is True on any process (a collective: call it on all)."""
   if jax.process_count() == 1:
     return bool(flag)
-  flags = multihost_utils.process_allgather(np.array([flag], np.int32))
-  return bool(np.any(flags))
+  return bool(np.any(multihost_utils.process_allgather(np.array([flag], np.int32))))
 
 
 def check_same_on_all_processes(value: int, message: str) -> None:
@@ -150,16 +142,6 @@ def make_mesh(num_devices: Optional[int] = None) -> Mesh:
   # sharding annotations, which "Explicit" axes would require).
   return jax.make_mesh((num_devices,), (DATA_AXIS,), devices=jax.devices()[:num_devices],
                        axis_types=(jax.sharding.AxisType.Auto,))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  """A whole copy on every device."""
-  return NamedSharding(mesh, P())
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Rows of a batch (leading axis) split across the `"data"` axis."""
-  return NamedSharding(mesh, P(DATA_AXIS))
 
 
 def fsdp_spec(shape: Sequence[int], num_shards: int) -> P:
@@ -261,11 +243,13 @@ class ShardingPlan:
 
   @property
   def batch(self) -> NamedSharding:
-    return batch_sharding(self.mesh)
+    """Rows of a batch (leading axis) split across the `"data"` axis."""
+    return NamedSharding(self.mesh, P(DATA_AXIS))
 
   @property
   def replicated(self) -> NamedSharding:
-    return replicated(self.mesh)
+    """A whole copy on every device."""
+    return NamedSharding(self.mesh, P())
 
   def state(self, tree: Any) -> Any:
     """Shardings of a params or optimizer-state pytree under this plan."""
@@ -329,10 +313,9 @@ def jit_train_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **sta
   with explicit shardings.
 
   The state goes in and comes out with `state_shardings` (and is donated);
-  every other input and the metrics are replicated. This fits
-  `steps.train_steps` (tokens, step) and `steps.train_epoch` (images,
-  labels, epoch). Static arguments are bound here, because `jax.jit` takes no
-  keyword arguments once `in_shardings` is set.
+  every other input and the metrics are replicated: `steps.train_steps`
+  (tokens, step), `steps.train_epoch` (images, labels, epoch). Static
+  arguments are bound here: `jax.jit` takes no keywords once `in_shardings` is set.
   """
   def packed(state, inputs):  # one argument for all inputs, whatever their number
     return fn(state, *inputs, plan=plan, **static)
@@ -342,18 +325,16 @@ def jit_train_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **sta
                            out_shardings=(state_shardings, plan.replicated)))
 
 
-class StateStep:
-  """A jitted `step(state, *inputs) -> (state, metrics)` from `jit_train_step`."""
-
-  def __init__(self, jitted: Callable):
-    self._jitted = jitted
+class StateStep(NamedTuple):
+  """A jitted `step(state, *inputs) -> (state, metrics)` from `jit_train_step`;
+  `lower` as `jax.jit`'s (e.g. `.lower(...).compile().as_text()`)."""
+  jitted: Callable
 
   def __call__(self, state: Any, *inputs: Any) -> Any:
-    return self._jitted(state, inputs)
+    return self.jitted(state, inputs)
 
   def lower(self, state: Any, *inputs: Any):
-    """`jax.jit`'s `lower`, e.g. to read the compiled program (`.compile().as_text()`)."""
-    return self._jitted.lower(state, inputs)
+    return self.jitted.lower(state, inputs)
 
 
 def sharded_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **static

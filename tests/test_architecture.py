@@ -1,0 +1,110 @@
+"""The package's shape: layers that import only downward, no circles, small modules.
+
+The layers are the ones `purejax/__init__.py`'s docstring draws, bottom to
+top; a module may import from its own layer and the layers below it. These
+tests read the source with `ast` (nothing is imported), so they name the
+file and line of the import that breaks the rule.
+"""
+
+import ast
+import pathlib
+import re
+from typing import Dict, List, Tuple
+
+import purejax
+
+PACKAGE = pathlib.Path(purejax.__file__).parent
+MAX_LINES = 450
+
+
+def layers() -> Dict[str, int]:
+  """`{top-level name: layer}` from the docstring's drawing (0 is the bottom)."""
+  drawing = purejax.__doc__.split("bottom to top")[1].split("\n\n")[1]
+  rows = [line for line in drawing.splitlines() if re.match(r"^    \S", line)]
+  order = {}
+  for index, row in enumerate(rows):  # deeper-indented lines continue a row's text
+    names = re.split(r"\s{2,}", row.strip())[0]
+    for name in re.split(r"[,\s]+", names):
+      order[name.strip("/")] = index
+  return order
+
+
+def modules() -> Dict[str, pathlib.Path]:
+  """`{dotted name: file}` of every module of the package but its `__init__`."""
+  found = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    name = ".".join(parts)
+    if name != "purejax" and "_datasets" not in parts:
+      found[name] = path
+  return found
+
+
+def imports_of(path: pathlib.Path, known) -> List[Tuple[str, int]]:
+  """`(purejax module, line)` for every import in the file, wherever it stands."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      # `from purejax.data import corpus` imports purejax.data.corpus.
+      names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known
+               else node.module for alias in node.names]
+    else:
+      continue
+    found += [(name, node.lineno) for name in names if name.split(".")[0] == "purejax"
+              and name != "purejax"]
+  return found
+
+
+def layer_of(module: str, order: Dict[str, int]) -> int:
+  return order[module.split(".")[1]]
+
+
+def test_every_module_has_a_layer():
+  order = layers()
+  assert {"ops", "rng", "nn", "gpt", "mlp", "data", "training", "weights", "train"} <= set(order)
+  missing = sorted(name for name in modules() if name.split(".")[1] not in order)
+  assert not missing, (f"{missing} belong to no layer: add them to the drawing in "
+                       f"purejax/__init__.py's docstring")
+
+
+def test_imports_go_only_downward():
+  order, known = layers(), modules()
+  upward = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+            for name, path in known.items() for target, line in imports_of(path, known)
+            if name.split(".")[1] in order and target.split(".")[1] in order
+            and layer_of(target, order) > layer_of(name, order)]
+  assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_circles():
+  known = modules()
+  graph = {name: {t for t, _ in imports_of(path, known) if t in known and t != name}
+           for name, path in known.items()}
+  # A package's __init__ importing its own modules is how packages work, not a circle.
+  graph = {name: {t for t in targets if not t.startswith(name + ".")}
+           for name, targets in graph.items()}
+  done, stack = set(), []
+
+  def visit(name):
+    if name in stack:
+      raise AssertionError("import circle: " + " -> ".join(stack[stack.index(name):] + [name]))
+    if name in done:
+      return
+    stack.append(name)
+    for target in sorted(graph[name]):
+      visit(target)
+    stack.pop()
+    done.add(name)
+
+  for name in sorted(graph):
+    visit(name)
+
+
+def test_every_module_is_small():
+  long = {str(path.relative_to(PACKAGE.parent)): n for path in modules().values()
+          if (n := len(path.read_text().splitlines())) > MAX_LINES}
+  assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
