@@ -532,3 +532,18 @@ def test_cli_converts_and_fails_with_one_line(tmp_path, hf_folder):
     assert message in bad.stderr
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), bad.stderr
+
+
+def test_char_run_to_nanogpt_records_its_dataset_for_nanogpts_sampler(tmp_path):
+  # nanoGPT's sample.py --init_from=resume reads data/<config['dataset']>/meta.pkl.
+  torch = need("torch")
+  config = dataclasses.replace(CONFIG, vocab_size=4)
+  chars = "abc\n"
+  checkpoint.save(str(tmp_path / "run"), 10, {"params": random_params(config)},
+                  {"model": "gpt", "config": dataclasses.asdict(config),
+                   "tokenizer": tokenizers.CharTokenizer(chars).spec().to_dict(),
+                   "dataset": "my_notes"})
+  weights.convert(f"purejax:{tmp_path / 'run'}", f"nanogpt:{tmp_path / 'out' / 'ckpt.pt'}")
+  ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=False)
+  assert ckpt["config"] == {"dataset": "my_notes"}
+  assert tokenizers.read_nanogpt_meta(str(tmp_path / "out" / "meta.pkl")).chars == chars

@@ -72,6 +72,7 @@ def test_txt_file_is_split_90_10_by_tokens_with_char_vocab(tmp_path):
   assert c.tokenizer.decode(c.train) + c.tokenizer.decode(c.val) == TEXT
   assert isinstance(c.train, np.memmap) and c.train.dtype == np.uint16
   assert c.source == f"{tmp_path / 'a.txt'} (text), char, 2,700 train / 300 val tokens"
+  assert c.name == "a"  # what a checkpoint records as the dataset
 
 
 def test_folder_of_txt_files_joined_in_name_order(tmp_path):
@@ -167,6 +168,7 @@ def test_nanogpt_folder_with_meta_pkl_is_a_char_corpus(tmp_path):
   np.testing.assert_array_equal(c.train, [0, 1, 2, 3, 2, 1])
   assert c.tokenizer.decode(c.val) == "b\n"
   assert c.source.endswith("(nanoGPT .bin), char, 6 train / 2 val tokens")
+  assert c.name == "shakespeare_char"  # nanoGPT's data/<name>/meta.pkl
   same = load(folder, tmp_path, tokenizer=tokenizers.CharTokenizer("\n ab"))
   assert same.vocab_size == 4
 

@@ -58,11 +58,15 @@ class Corpus:
       an `np.memmap` when read from disk.
     val: `[n_val]` token ids, same dtype.
     source: one line for the log.
+    name: the dataset's short name: the TFDS name, or the name of the file
+      (without suffix) or folder; a checkpoint records it (nanoGPT looks for a
+      model's vocabulary in `data/<name>/meta.pkl`).
   """
   tokenizer: tokenizers.Tokenizer
   train: np.ndarray
   val: np.ndarray
   source: str
+  name: str = ""
 
   @property
   def vocab_size(self) -> int:
@@ -407,6 +411,15 @@ def load_corpus(
     tokenizers.TokenizerError: unknown tokenizer, characters it lacks.
     datasets.DataUnavailableError: TFDS data that cannot be had offline.
   """
+  corpus = _load(dataset, tokenizer, tokenizer_file, cache_dir, tfds_data_dir,
+                 tfds_manual_dir, progress)
+  path = pathlib.Path(dataset).expanduser()
+  name = path.stem if path.is_file() else path.name if path.exists() else dataset
+  return dataclasses.replace(corpus, name=name)
+
+
+def _load(dataset, tokenizer, tokenizer_file, cache_dir, tfds_data_dir, tfds_manual_dir,
+          progress) -> Corpus:
   _check_tokenizer(tokenizer, tokenizer_file)
   cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
   path = pathlib.Path(dataset).expanduser()

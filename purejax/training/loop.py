@@ -91,6 +91,10 @@ class GPTTrainConfig:
         eval_interval=self.eval_interval, eval_iters=self.eval_iters,
         log_interval=self.log_interval, steps_per_call=self.steps_per_call,
         checkpoint_every=self.checkpoint_every or self.eval_interval)
+    if self.peak_flops is not None and not self.peak_flops > 0:
+      raise ValueError(f"peak_flops must be one device's peak FLOP/s, a positive number "
+                       f"(e.g. 989e12), or None for the device's known peak; got "
+                       f"{self.peak_flops}.")
     if self.profile_steps is not None:
       first, last = self.profile_steps
       if not 0 <= first < last <= self.max_iters:
@@ -230,11 +234,20 @@ class _Profiler:
                   f"(tensorboard --logdir {pathlib.Path(self._dir).parent})")
 
 
+def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:
+  """One short line: size, shape and vocabulary (the whole config is in the checkpoints)."""
+  return (f"{n_params / 1e6:.2f}M params (without position embeddings), {config.n_layer} "
+          f"layers x {config.n_head} heads x {config.n_embd}, context {config.block_size}, "
+          f"vocab {config.vocab_size}, dropout {config.dropout:g}"
+          f"{'' if config.bias else ', no biases'}")
+
+
 def _gpt_meta(config, text, opt_config, train, init_from) -> Dict[str, Any]:
   """What a GPT checkpoint records: the run's identity, its tokenizer and origin."""
   return {"model": "gpt", "config": dataclasses.asdict(config),
           "tokenizer": text.tokenizer.spec().to_dict(), "optimizer": dataclasses.asdict(opt_config),
-          "batch_size": train.batch_size, "seed": train.seed, "init_from": init_from}
+          "batch_size": train.batch_size, "seed": train.seed, "init_from": init_from,
+          "dataset": text.name or None}
 
 
 def train_gpt(
@@ -300,11 +313,10 @@ def train_gpt(
   call_length = _CallLengths(train)
   feed = _feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
   n_params = gpt.num_params(params)
-  runs.print_line(f"model: {n_params / 1e6:.2f}M params (without position embeddings), "
-                  f"{config}")
+  runs.print_line(f"model: {_describe_model(config, n_params)}")
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
-  runs.print_line(f"optimizer: {resolved}")
+  runs.print_line(f"optimizer: {optim.describe(resolved)}")
   throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
                            plan.num_devices)
   profiler = _Profiler(train.profile_steps, run.out_dir)

@@ -103,7 +103,7 @@ def train_mlp(
       steps.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
       grad_accum_steps=devices.grad_accum_steps)
   runs.print_line(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
-  runs.print_line(f"optimizer: {opt_config}, {steps_per_epoch} steps/epoch")
+  runs.print_line(f"optimizer: {optim.describe(opt_config)}, {steps_per_epoch} steps/epoch")
   with Session(run, meta, saved, total=train.epochs, start=epoch, unit="epoch",
                bar=progress_bar) as session:
     while epoch < train.epochs:

@@ -162,3 +162,20 @@ def make_optimizer(
   if config.grad_clip > 0:
     opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
   return opt
+
+
+def describe(config: OptimizerConfig) -> str:
+  """One short line for a run's log: the optimizer, its schedule, its regularisation."""
+  parts = [config.name, f"lr {config.learning_rate:g}"]
+  if config.schedule == "cosine":
+    parts[-1] += (f" (warmup {config.warmup_iters}, cosine to {config.min_lr:g} at step "
+                  f"{config.decay_iters})")
+  if config.name in ("adam", "adamw"):
+    parts.append(f"betas {config.beta1:g}, {config.beta2:g}")
+  elif config.name == "momentum":
+    parts.append(f"momentum {config.momentum:g}")
+  if config.name == "adamw" and config.weight_decay:
+    parts.append(f"weight decay {config.weight_decay:g}")
+  if config.grad_clip:
+    parts.append(f"clip {config.grad_clip:g}")
+  return ", ".join(parts)

@@ -114,17 +114,19 @@ def to_nanogpt(
     path: str,
     *,
     tokenizer_spec: Optional[TokenizerSpec] = None,
+    dataset: Optional[str] = None,
     overwrite: bool = False,
 ) -> pathlib.Path:
   """Writes a `ckpt.pt` that nanoGPT's `sample.py` (`init_from='resume'`) loads (needs torch).
 
   The file holds `model_args` and the `model` state dict (`nn.Linear`
   weights `[out, in]`, `lm_head.weight` the same tensor as
-  `transformer.wte.weight`), plus `iter_num` 0, an empty `config` and the
-  tokenizer spec under `"tokenizer"` (nanoGPT ignores it). It has
+  `transformer.wte.weight`), plus `iter_num` 0, `config` (`{"dataset": dataset}`)
+  and the tokenizer spec under `"tokenizer"` (nanoGPT ignores it). It has
   no optimizer state, so nanoGPT's train.py cannot resume from it. The
   vocabulary is kept as is, padding included (nanoGPT pads too). With a
-  character tokenizer spec, nanoGPT's `meta.pkl` is written beside it.
+  character tokenizer spec, nanoGPT's `meta.pkl` is written beside it;
+  nanoGPT's `sample.py` reads it from `data/<dataset>/meta.pkl`.
   Written atomically (temp file, then rename).
 
   Args:
@@ -133,6 +135,9 @@ def to_nanogpt(
     path: the checkpoint file to write.
     tokenizer_spec: the model's tokenizer spec; a character one also writes
       `meta.pkl`.
+    dataset: the training data's name (`Corpus.name`), recorded as
+      `config["dataset"]`; nanoGPT's `sample.py` looks for the vocabulary in
+      `data/<dataset>/meta.pkl`.
     overwrite: replace an existing file.
 
   Returns:
@@ -155,7 +160,7 @@ def to_nanogpt(
                      "bias": config.bias, "vocab_size": config.vocab_size,
                      "dropout": config.dropout},
       "iter_num": 0,
-      "config": {},
+      "config": {"dataset": dataset} if dataset else {},
   }
   if tokenizer_spec:
     # nanoGPT ignores keys it does not know; from_nanogpt reads it back, so

@@ -40,6 +40,11 @@ def from_purejax(out_dir: str, *, best: bool = False
 
   With `best`, of the run's best checkpoint (`checkpoint.best_path`) instead.
   """
+  return _read_purejax(out_dir, best)[:3]
+
+
+def _read_purejax(out_dir: str, best: bool = False):
+  """`from_purejax`'s values and the checkpoint's whole metadata."""
   import jax  # pylint: disable=g-import-not-at-top
   if best:
     path = checkpoint.best_path(out_dir)
@@ -66,7 +71,7 @@ def from_purejax(out_dir: str, *, best: bool = False
     spec = tokenizers.CharTokenizer(meta["vocab"]).spec()
   else:
     spec = tokenizers.ids_spec(config.vocab_size)
-  return gpt2.to_numpy(params), config, spec
+  return gpt2.to_numpy(params), config, spec, meta
 
 
 def from_pretrained(source: str, *, trust_pickle: bool = False
@@ -162,19 +167,22 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
   src_kind, src = parse_location(source, "source")
   dst_kind, dst = parse_location(target, "target")
   _check_target(dst_kind, dst, overwrite)  # before a load that may take minutes
+  dataset = None  # the training data's name, which nanoGPT's sample.py looks for
   if src_kind == "hf":
     params, config, spec = huggingface.from_huggingface(src)
   elif src_kind == "nanogpt":
     params, config, spec = nanogpt.from_nanogpt(src, meta_path=meta, allow_pickle=trust_pickle)
   else:
-    params, config, spec = from_purejax(src)
+    params, config, spec, saved = _read_purejax(src)
+    dataset = saved.get("dataset")
   valid = spec.vocab_size
   if dst_kind == "hf":
     written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
                                          overwrite=overwrite, tokenizer_spec=spec,
                                          dtype=dtype)
   elif dst_kind == "nanogpt":
-    written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, overwrite=overwrite)
+    written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, dataset=dataset,
+                                 overwrite=overwrite)
   else:
     written = to_purejax(params, config, dst, spec)
   return (f"wrote {dst_kind}:{written} ({config.n_layer} layers, n_embd={config.n_embd}, "
