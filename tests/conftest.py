@@ -10,12 +10,17 @@ module, in-process); `pytest tests` runs everything. Tests that train through
 subprocesses, several devices or the real data are marked `slow`.
 """
 
+import base64
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
+import jax
 import pytest
+
+from purejax import gpt
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEST_DATA = os.environ.get("PUREJAX_TEST_DATA")
@@ -48,6 +53,74 @@ def run_module(module: str, *args: str, timeout: float = 900,
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
   return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                         text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+
+
+# ----------------------------------------------------------------------------
+# Tiny models and data the tests share
+
+# A GPT small enough to compile in a second: 2 layers, 2 heads, 16 wide.
+TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
+
+
+def random_tokens(key, shape, vocab=TINY.vocab_size):
+  return jax.random.randint(key, shape, 0, vocab)
+
+
+def sharpened_params(config, seed=0):
+  """Random params scaled up, so logits have clear winners (no argmax ties)."""
+  params = gpt.init_params(config, jax.random.PRNGKey(seed))
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
+  return jax.tree.unflatten(
+      tree, [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+
+
+# Merges of a tiny byte-level BPE encoding, in rank order: each joins two
+# existing tokens.
+MERGES = [(b"t", b"h"), (b"th", b"e"), (b" ", b"t"), (b" t", b"he"), (b"e", b"r"),
+          (b"o", b"u"), (b"\n", b"\n"), (b" ", b"a"), (b"i", b"n"), (b"in", b"g")]
+
+
+def gpt2_byte_order():
+  """Byte values in the order GPT-2's data-gym format ranks them (printable first)."""
+  printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+  return printable + [b for b in range(256) if b not in printable]
+
+
+def tiny_ranks():
+  """The tiny encoding's `{token bytes: rank}`: 256 byte tokens, then `MERGES`."""
+  ranks = {bytes([b]): i for i, b in enumerate(gpt2_byte_order())}
+  for left, right in MERGES:
+    ranks[left + right] = len(ranks)
+  return ranks
+
+
+def write_tiktoken_file(path: pathlib.Path, ranks) -> pathlib.Path:
+  """`ranks` in tiktoken's file format (base64 token and rank per line)."""
+  lines = [base64.b64encode(t) + b" " + str(r).encode()
+           for t, r in sorted(ranks.items(), key=lambda item: item[1])]
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  return path
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+  """Fails the test if anything opens a socket connection or resolves a host."""
+  attempts = []
+
+  def refuse(*args, **kwargs):
+    attempts.append(args[:1])
+    raise OSError("network disabled in tests")
+
+  monkeypatch.setattr(socket, "create_connection", refuse)
+  monkeypatch.setattr(socket, "getaddrinfo", refuse)
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+  yield
+  assert not attempts, f"a test touched the network: {attempts}"
+
+
+# ----------------------------------------------------------------------------
+# Tiers
 
 
 def pytest_configure(config):

@@ -1,7 +1,7 @@
 """corpus: text files, nanoGPT folders, TFDS text and its offline fallback; host batches.
 
-Offline: the autouse `no_network` fixture (from test_tokenizers) fails any test
-that opens a connection. The BPE tests use test_tokenizers' tiny encoding.
+Offline: conftest's `no_network` fixture, used by every test, fails any test
+that opens a connection. The BPE tests use conftest's tiny encoding.
 """
 
 import pickle
@@ -15,8 +15,9 @@ from purejax.data import corpus
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
-from test_tokenizers import no_network  # pylint: disable=unused-import  # autouse fixture
-from test_tokenizers import tiny_ranks, write_tiktoken_file
+from conftest import tiny_ranks, write_tiktoken_file
+
+pytestmark = pytest.mark.usefixtures("no_network")
 
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 TEXT = SHAKESPEARE[:3000]

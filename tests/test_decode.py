@@ -12,7 +12,7 @@ from absl.testing import parameterized
 from purejax import decode
 from purejax import gpt
 from purejax.ops import kernels
-from test_gpt import TINY, random_tokens, sharpened_params
+from conftest import TINY, random_tokens, sharpened_params
 
 
 def greedy_recompute(params, prompt, config, max_new_tokens):

@@ -11,24 +11,9 @@ import pytest
 from absl.testing import parameterized
 from jax import test_util as jtu
 
+from conftest import TINY, random_tokens, sharpened_params
 from purejax import gpt
 from purejax.ops import kernels
-
-TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
-
-
-def random_tokens(key, shape, vocab=TINY.vocab_size):
-  return jax.random.randint(key, shape, 0, vocab)
-
-
-def sharpened_params(config, seed=0):
-  """Random params scaled up, so logits have clear winners (no argmax ties)."""
-  params = gpt.init_params(config, jax.random.PRNGKey(seed))
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
-  return jax.tree.unflatten(
-      tree, [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
-
 
 class GPTTest(chex.TestCase, parameterized.TestCase):
 

@@ -15,7 +15,7 @@ from purejax import gpt
 from purejax.training import optim
 from purejax.training import steps
 from purejax.training.state import TrainState
-from test_gpt import TINY, random_tokens
+from conftest import TINY, random_tokens
 
 
 class TrainStepsTest(parameterized.TestCase):

@@ -1,13 +1,12 @@
 """tokenizers, bpe_files, tokenize_files: characters, BPE through tiktoken, specs, large files.
 
-No test here touches the network: an autouse fixture fails any test that
-opens a connection or looks up a host. The BPE tests run on a tiny encoding
-the tests write themselves, in both file formats tiktoken reads (a
+No test here touches the network: conftest's `no_network` fixture, used by
+every test, fails any test that opens a connection or looks up a host. The
+BPE tests run on conftest's tiny encoding, written by the tests themselves in both file formats tiktoken reads (a
 `.tiktoken` file, and GPT-2's `vocab.bpe` + `encoder.json`). GPT-2's real
 encoding is tested only when tiktoken's cache already holds it.
 """
 
-import base64
 import hashlib
 import json
 import pathlib
@@ -22,19 +21,11 @@ from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
+from conftest import MERGES, gpt2_byte_order, tiny_ranks, write_tiktoken_file
+
+pytestmark = pytest.mark.usefixtures("no_network")
 
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
-
-# Merges of the tiny encoding, in rank order: each joins two existing tokens.
-MERGES = [(b"t", b"h"), (b"th", b"e"), (b" ", b"t"), (b" t", b"he"), (b"e", b"r"),
-          (b"o", b"u"), (b"\n", b"\n"), (b" ", b"a"), (b"i", b"n"), (b"in", b"g")]
-
-
-def gpt2_byte_order():
-  """Byte values in the order GPT-2's data-gym format ranks them (printable first)."""
-  printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-  return printable + [b for b in range(256) if b not in printable]
-
 
 def data_gym_char(b: int) -> str:
   """GPT-2's reversible byte -> unicode character map (`bytes_to_unicode`)."""
@@ -42,20 +33,6 @@ def data_gym_char(b: int) -> str:
   n_printable = sum(1 for x in range(256) if chr(x).isprintable() and chr(x) != " ")
   index = order.index(b)
   return chr(b) if index < n_printable else chr(256 + index - n_printable)
-
-
-def tiny_ranks():
-  ranks = {bytes([b]): i for i, b in enumerate(gpt2_byte_order())}
-  for left, right in MERGES:
-    ranks[left + right] = len(ranks)
-  return ranks
-
-
-def write_tiktoken_file(path: pathlib.Path, ranks) -> pathlib.Path:
-  lines = [base64.b64encode(t) + b" " + str(r).encode()
-           for t, r in sorted(ranks.items(), key=lambda item: item[1])]
-  path.write_bytes(b"\n".join(lines) + b"\n")
-  return path
 
 
 def write_data_gym_pair(folder: pathlib.Path, ranks, merges) -> pathlib.Path:
@@ -68,22 +45,6 @@ def write_data_gym_pair(folder: pathlib.Path, ranks, merges) -> pathlib.Path:
   encoder[tokenizers.ENDOFTEXT] = len(ranks)
   (folder / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
   return folder
-
-
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-  """Fails the test if anything opens a socket connection or resolves a host."""
-  attempts = []
-
-  def refuse(*args, **kwargs):
-    attempts.append(args[:1])
-    raise OSError("network disabled in tests")
-
-  monkeypatch.setattr(socket, "create_connection", refuse)
-  monkeypatch.setattr(socket, "getaddrinfo", refuse)
-  monkeypatch.setattr(socket.socket, "connect", refuse)
-  yield
-  assert not attempts, f"a test touched the network: {attempts}"
 
 
 @pytest.fixture
