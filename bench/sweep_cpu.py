@@ -24,11 +24,13 @@ import numpy as np
 
 from bench import harness
 from purejax import gpt
+from purejax.data import batches
 from purejax.data import corpus
 from purejax.training import loop
 from purejax.training import optim
 from purejax.training import steps
 from purejax.training import sweep
+from purejax.training.state import TrainState
 
 FLAGS = flags.FLAGS
 
@@ -49,7 +51,7 @@ def main(argv):
     config, rounds = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2,
                                    n_embd=16, bias=False), 2
   text = corpus.load_corpus("tiny_shakespeare")
-  ids = jax.numpy.asarray(np.asarray(text.train, np.int32))
+  ids = batches.DeviceTokens(jax.numpy.asarray(np.asarray(text.train, np.int32)))
   base = dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=2000)
   runs = sweep.expand(base, seed=0, grid={"learning_rate": tuple(
       1e-3 * (1 + i) / FLAGS.runs for i in range(FLAGS.runs))})
@@ -62,29 +64,29 @@ def main(argv):
     return params, [make().init(p) for p in params]
 
   params, states = fresh_state()
-  solo = [(p, s, optim.make_optimizer(r.opt_config)) for p, s, r in zip(params, states, runs)]
   keys = [jax.random.PRNGKey(100 + r.seed) for r in runs]
-  stacked = [sweep.stack(params), sweep.stack(states)]
-  stacked_keys, hyper = sweep.stack(keys), sweep.hyperparams(runs)
+  solo = [(TrainState(p, s, {"train": k}), optim.make_optimizer(r.opt_config))
+          for p, s, k, r in zip(params, states, keys, runs)]
+  stacked = [TrainState(sweep.stack(params), sweep.stack(states), {"train": sweep.stack(keys)})]
+  hyper = sweep.hyperparams(runs)
   vmapped_step, sequential_step = [0], [0]
 
   def vmapped():
     start = time.perf_counter()
-    p, s, m = sweep.train_steps(*stacked, ids, stacked_keys, vmapped_step[0], hyper,
-                                config=config, make_optimizer=make, batch_size=batch_size,
-                                num_steps=n)
+    state, m = sweep.train_steps(stacked[0], ids, vmapped_step[0], hyper, config=config,
+                                 make_optimizer=make, batch_size=batch_size, num_steps=n)
     m.loss.block_until_ready()
-    stacked[:] = [p, s]
+    stacked[0] = state
     vmapped_step[0] += n
     return (time.perf_counter() - start) / n
 
   def sequential():
     start = time.perf_counter()
-    for i, (p, s, opt) in enumerate(solo):
-      p, s, m = steps.train_steps(p, s, ids, keys[i], sequential_step[0], config=config,
-                                  optimizer=opt, batch_size=batch_size, num_steps=n)
+    for i, (state, opt) in enumerate(solo):
+      state, m = steps.train_steps(state, ids, sequential_step[0], config=config,
+                                   optimizer=opt, batch_size=batch_size, num_steps=n)
       m.loss.block_until_ready()
-      solo[i] = (p, s, opt)
+      solo[i] = (state, opt)
     sequential_step[0] += n
     return (time.perf_counter() - start) / n
 

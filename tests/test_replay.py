@@ -11,7 +11,8 @@ from purejax import gpt
 from purejax.training import optim
 from purejax.training import replay
 from purejax.training import steps
-from test_gpt import TINY, random_tokens
+from purejax.training.state import TrainState
+from conftest import TINY, random_tokens
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
 OPT = optim.make_optimizer(optim.OptimizerConfig(
@@ -21,14 +22,15 @@ OPT = optim.make_optimizer(optim.OptimizerConfig(
 def train_like_the_loop(data, key, *, grad_accum_steps=1, host_seed=None):
   """30 updates in calls of 10, as the loop runs them; the state after 10, every loss."""
   params = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
-  state, saved, losses, norms = (params, OPT.init(params)), None, [], []
+  state = TrainState(params, OPT.init(params), {"train": jax.numpy.array(key)})
+  saved, losses, norms = None, [], []
   for start in (0, 10, 20):
     if start == 10:
       saved = jax.tree.map(np.array, state)  # the checkpoint at step 10
-    tokens = replay._tokens_for(data, start, 10, CONFIG, 8, host_seed)  # pylint: disable=protected-access
-    *state, metrics = steps.train_steps(*state, tokens, key, start, config=CONFIG, optimizer=OPT,
-                                        batch_size=8, num_steps=10,
-                                        grad_accum_steps=grad_accum_steps)
+    tokens = replay.tokens_for(data, start, 10, CONFIG, 8, host_seed)
+    state, metrics = steps.train_steps(state, tokens, start, config=CONFIG, optimizer=OPT,
+                                       batch_size=8, num_steps=10,
+                                       grad_accum_steps=grad_accum_steps)
     losses += list(np.asarray(metrics.loss))
     norms += list(np.asarray(metrics.grad_norm))
   return saved, losses, norms
@@ -46,9 +48,9 @@ def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps
                                              host_seed=host_seed)
   run = dict(config=CONFIG, optimizer=OPT, batch_size=8, grad_accum_steps=grad_accum_steps,
              host_seed=host_seed)
-  params, opt_state = replay.replay_to(*jax.tree.map(jax.numpy.asarray, saved), data, key,
-                                       10, 24, steps_per_call=7, **run)
-  report = replay.inspect_step(params, opt_state, data, key, 24, **run)
+  state = replay.replay_to(jax.tree.map(jax.numpy.asarray, saved), data, 10, 24,
+                           steps_per_call=7, **run)
+  report = replay.inspect_step(state, data, 24, **run)
   assert report.loss == losses[24]  # exactly
   assert report.grad_norm == norms[24]
   chex.assert_shape(report.tokens, (8, CONFIG.block_size + 1))

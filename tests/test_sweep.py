@@ -10,8 +10,10 @@ import pytest
 from purejax import gpt
 from purejax.training import optim
 from purejax.training import steps
+from purejax.data import batches
 from purejax.training import sweep
-from test_gpt import TINY, random_tokens
+from purejax.training.state import TrainState
+from conftest import TINY, random_tokens
 
 # Batching the runs' matmuls may add in another order, so a run of a sweep
 # equals its solo run to float rounding: after 20 steps (learning rates up to
@@ -57,10 +59,11 @@ def _solo(config, data, spec, num_steps):
   keys = jax.random.split(jax.random.PRNGKey(spec.seed))
   params = gpt.init_params(config, keys[0])
   optimizer = optim.make_optimizer(spec.opt_config)
-  params, _, metrics = steps.train_steps(
-      params, optimizer.init(params), data, keys[1], 0, config=config, optimizer=optimizer,
-      batch_size=4, num_steps=num_steps)
-  return params, metrics.loss
+  state, metrics = steps.train_steps(
+      TrainState(params, optimizer.init(params), {"train": keys[1]}),
+      batches.DeviceTokens(data), 0, config=config, optimizer=optimizer, batch_size=4,
+      num_steps=num_steps)
+  return state.params, metrics.loss
 
 
 @pytest.mark.parametrize("dropout", [pytest.param(0.0, marks=pytest.mark.slow), 0.1])
@@ -73,14 +76,15 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout):
   keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
   params = sweep.stack([gpt.init_params(config, k[0]) for k in keys])
   make = sweep.RunOptimizer(BASE)
-  opt_state = jax.vmap(lambda p: make().init(p))(params)
-  hyper = sweep.hyperparams(runs)
-  train_keys = sweep.stack([k[1] for k in keys])
+  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
+                     {"train": sweep.stack([k[1] for k in keys])})
+  hyper, tokens = sweep.hyperparams(runs), batches.DeviceTokens(data)
   # 20 steps in two calls, as a loop would run them
-  p, s, first = sweep.train_steps(params, opt_state, data, train_keys, 0, hyper, config=config,
-                                  make_optimizer=make, batch_size=4, num_steps=10)
-  p, s, second = sweep.train_steps(p, s, data, train_keys, 10, hyper, config=config,
+  state, first = sweep.train_steps(state, tokens, 0, hyper, config=config,
                                    make_optimizer=make, batch_size=4, num_steps=10)
+  state, second = sweep.train_steps(state, tokens, 10, hyper, config=config,
+                                    make_optimizer=make, batch_size=4, num_steps=10)
+  p = state.params
   losses = np.concatenate([first.loss, second.loss], axis=1)
   chex.assert_shape(losses, (3, 20))
   for i, spec in enumerate(runs):
@@ -95,9 +99,10 @@ def test_evaluate_gives_each_runs_own_loss():
   data = random_tokens(jax.random.PRNGKey(0), (300,))
   params = sweep.stack([gpt.init_params(TINY, jax.random.PRNGKey(s)) for s in range(2)])
   keys = sweep.stack([jax.random.PRNGKey(10 + s) for s in range(2)])
-  losses = sweep.evaluate(params, data, keys, config=TINY, batch_size=4, num_batches=3)
+  tokens = batches.DeviceTokens(data)
+  losses = sweep.evaluate(params, tokens, keys, config=TINY, batch_size=4, num_batches=3)
   for i in range(2):
-    alone = steps.evaluate(sweep.unstack(params, i), data, keys[i], config=TINY, batch_size=4,
-                           num_batches=3)
+    alone = steps.evaluate(sweep.unstack(params, i), tokens, keys[i], config=TINY,
+                           batch_size=4, num_batches=3)
     np.testing.assert_allclose(losses[i], alone, rtol=LOSS_RTOL)
   assert sweep.best_run(np.array([np.nan, 2.0, 1.5])) == 2

@@ -411,11 +411,10 @@ def load_corpus(
     tokenizers.TokenizerError: unknown tokenizer, characters it lacks.
     datasets.DataUnavailableError: TFDS data that cannot be had offline.
   """
-  corpus = _load(dataset, tokenizer, tokenizer_file, cache_dir, tfds_data_dir,
-                 tfds_manual_dir, progress)
   path = pathlib.Path(dataset).expanduser()
   name = path.stem if path.is_file() else path.name if path.exists() else dataset
-  return dataclasses.replace(corpus, name=name)
+  return dataclasses.replace(_load(dataset, tokenizer, tokenizer_file, cache_dir,
+                                   tfds_data_dir, tfds_manual_dir, progress), name=name)
 
 
 def _load(dataset, tokenizer, tokenizer_file, cache_dir, tfds_data_dir, tfds_manual_dir,

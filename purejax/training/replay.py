@@ -1,7 +1,7 @@
 """Replaying a training step from a checkpoint, to see what made its loss.
 
-    params, opt_state = replay_to(params, opt_state, ids, key, start=400, stop=449, ...)
-    report = inspect_step(params, opt_state, ids, key, 449, ...)
+    state = replay_to(state, ids, start=400, stop=449, ...)   # a checkpoint's TrainState
+    report = inspect_step(state, ids, 449, ...)
     report.loss                 # what metrics.jsonl logged at step 450, bit for bit
     report.token_losses         # [batch, block]: which tokens it came from
     report.grad_norms           # {"blocks.attn.qkv.w": [n_layer], ..., "blocks": [n_layer]}
@@ -32,6 +32,7 @@ from purejax import gpt
 from purejax.training import parallel
 from purejax import rng
 from purejax.training import steps
+from purejax.training.state import TrainState
 
 
 class StepReport(NamedTuple):
@@ -72,44 +73,44 @@ def step_windows(train_tokens, key: chex.PRNGKey, update: int, *, config: gpt.GP
   return np.concatenate([np.asarray(x), np.asarray(y[:, -1:])], axis=1)
 
 
-def _tokens_for(train_tokens, start, num_steps, config, batch_size, host_seed):
+def tokens_for(train_tokens, start, num_steps, config, batch_size, host_seed
+               ) -> batches.Tokens:
+  """What `steps.train_steps` was given for updates `start .. start + num_steps - 1`."""
   if host_seed is None:
-    return train_tokens
-  return np.stack([batches.sample_windows(train_tokens, config.block_size, batch_size,
-                                          2 * host_seed, s)
-                   for s in range(start, start + num_steps)])
+    return batches.DeviceTokens(jnp.asarray(train_tokens))
+  return batches.HostWindows(np.stack([
+      batches.sample_windows(train_tokens, config.block_size, batch_size, 2 * host_seed, s)
+      for s in range(start, start + num_steps)]))
 
 
-def replay_to(params: gpt.Params, opt_state: optax.OptState, train_tokens, key: chex.PRNGKey,
-              start: int, stop: int, *, config: gpt.GPTConfig,
-              optimizer: optax.GradientTransformation, batch_size: int,
-              grad_accum_steps: int = 1, host_seed: Optional[int] = None,
-              steps_per_call: int = 10):
+def replay_to(state: TrainState, train_tokens, start: int, stop: int, *,
+              config: gpt.GPTConfig, optimizer: optax.GradientTransformation,
+              batch_size: int, grad_accum_steps: int = 1, host_seed: Optional[int] = None,
+              steps_per_call: int = 10) -> TrainState:
   """Runs updates `start .. stop - 1`: the state before update `stop`.
 
   Args:
-    params, opt_state: the state before update `start` (a checkpoint at
-      step `start`); donated.
+    state: the state before update `start` (a checkpoint at step `start`);
+      donated. Its `keys["train"]` is the run's training key.
     train_tokens: the run's training ids (on the device, or a host array or
       memmap with `host_seed`).
-    key: the run's training key.
     start, stop: the first update to run and the one to stop before.
     config, optimizer, batch_size, grad_accum_steps: the run's.
     host_seed: see `step_windows`.
     steps_per_call: updates per jitted call (the result does not depend on it).
 
   Returns:
-    `(params, opt_state)` before update `stop`.
+    The state before update `stop`.
   """
   step = start
   while step < stop:
     n = min(steps_per_call, stop - step)
-    params, opt_state, _ = steps.train_steps(
-        params, opt_state, _tokens_for(train_tokens, step, n, config, batch_size, host_seed),
-        key, step, config=config, optimizer=optimizer, batch_size=batch_size, num_steps=n,
+    state, _ = steps.train_steps(
+        state, tokens_for(train_tokens, step, n, config, batch_size, host_seed), step,
+        config=config, optimizer=optimizer, batch_size=batch_size, num_steps=n,
         grad_accum_steps=grad_accum_steps)
     step += n
-  return params, opt_state
+  return state
 
 
 def _dotted(path) -> str:
@@ -132,10 +133,9 @@ def _per_layer_norms(grads: gpt.Params) -> Dict[str, np.ndarray]:
   return norms
 
 
-def inspect_step(params: gpt.Params, opt_state: optax.OptState, train_tokens, key: chex.PRNGKey,
-                 update: int, *, config: gpt.GPTConfig, optimizer: optax.GradientTransformation,
-                 batch_size: int, grad_accum_steps: int = 1,
-                 host_seed: Optional[int] = None) -> StepReport:
+def inspect_step(state: TrainState, train_tokens, update: int, *, config: gpt.GPTConfig,
+                 optimizer: optax.GradientTransformation, batch_size: int,
+                 grad_accum_steps: int = 1, host_seed: Optional[int] = None) -> StepReport:
   """Runs update `update` once more and reports what it computed.
 
   The loss comes from `steps.train_steps` itself (one step), so it equals
@@ -147,6 +147,7 @@ def inspect_step(params: gpt.Params, opt_state: optax.OptState, train_tokens, ke
   Returns:
     A `StepReport`.
   """
+  params, key = state.params, state.keys["train"]
   windows = step_windows(train_tokens, key, update, config=config, batch_size=batch_size,
                          host_seed=host_seed)
   _, dropout_key = jax.random.split(rng.fold_in_step(key, update))
@@ -173,9 +174,9 @@ def inspect_step(params: gpt.Params, opt_state: optax.OptState, train_tokens, ke
     return jnp.concatenate(parts)
 
   per_token = np.asarray(token_losses(params, x, y))
-  copy = jax.tree.map(jnp.array, (params, opt_state))  # train_steps donates its state
-  _, _, metrics = steps.train_steps(
-      *copy, _tokens_for(train_tokens, update, 1, config, batch_size, host_seed), key, update,
+  copy = jax.tree.map(jnp.array, state)  # train_steps donates its state
+  _, metrics = steps.train_steps(
+      copy, tokens_for(train_tokens, update, 1, config, batch_size, host_seed), update,
       config=config, optimizer=optimizer, batch_size=batch_size, num_steps=1,
       grad_accum_steps=grad_accum_steps)
   return StepReport(update, float(metrics.loss[0]), windows, per_token,

@@ -2,9 +2,9 @@
 
     runs = sweep.expand(opt_config, seed=0, grid={"learning_rate": (3e-4, 1e-3)}, num_seeds=2)
     params = sweep.stack([gpt.init_params(config, key) for key in param_keys])  # [runs, ...]
-    opt_state = jax.vmap(optimizer.init)(params)
-    params, opt_state, metrics = sweep.train_steps(
-        params, opt_state, train_ids, train_keys, step, sweep.hyperparams(runs),
+    state = TrainState(params, jax.vmap(optimizer.init)(params), {"train": train_keys})
+    state, metrics = sweep.train_steps(
+        state, DeviceTokens(train_ids), step, sweep.hyperparams(runs),
         config=config, make_optimizer=make, batch_size=12, num_steps=10)
     metrics.loss                                         # [runs, 10]
 
@@ -38,9 +38,11 @@ import numpy as np
 import optax
 
 from purejax import gpt
+from purejax.data import batches
 from purejax.training import optim
-from purejax.training import runs as runs_lib
+from purejax.training import nonfinite
 from purejax.training import steps
+from purejax.training.state import TrainState
 
 SWEEPABLE = optim.HYPERPARAMS
 
@@ -77,7 +79,7 @@ class RunOptimizer:
   def __call__(self, hyperparams: Optional[Mapping[str, chex.Array]] = None
                ) -> optax.GradientTransformation:
     optimizer = optim.make_optimizer(self.config, hyperparams=hyperparams)
-    return runs_lib.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer
+    return nonfinite.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer
 
 
 def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:
@@ -163,12 +165,10 @@ def num_runs(tree: Any) -> int:
 @functools.partial(
     jax.jit, static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
                               "grad_accum_steps"),
-    donate_argnums=(0, 1))
+    donate_argnums=0)
 def train_steps(
-    params: gpt.Params,
-    opt_state: optax.OptState,
-    tokens: chex.Array,
-    keys: chex.PRNGKey,
+    state: TrainState,
+    tokens: batches.DeviceTokens,
     step: chex.Numeric,
     hyperparams: Mapping[str, chex.Array],
     *,
@@ -177,16 +177,16 @@ def train_steps(
     batch_size: int,
     num_steps: int,
     grad_accum_steps: int = 1,
-) -> Tuple[gpt.Params, optax.OptState, steps.StepMetrics]:
+) -> Tuple[TrainState, steps.StepMetrics]:
   """`steps.train_steps` of every run at once, in one jitted program.
 
   Args:
-    params: `[runs, ...]` params (donated).
-    opt_state: `[runs, ...]` optimizer states (donated), each of the
-      structure `make_optimizer(...).init` gives.
-    tokens: the `[num_tokens]` training ids on the device, shared by all
-      runs; each run draws its own batches from its key.
-    keys: `[runs, 2]` base keys of the runs' training streams.
+    state: every run's state stacked (donated): `[runs, ...]` params,
+      optimizer states each of the structure `make_optimizer(...).init`
+      gives, and `keys["train"]`, `[runs, 2]` base keys of the runs'
+      training streams.
+    tokens: the training ids on the device, shared by all runs; each run
+      draws its own batches from its key.
     step: global index of the first step (the same for every run).
     hyperparams: `{name: [runs]}` optimizer numbers (`hyperparams`).
     config: the model config all runs share.
@@ -195,24 +195,23 @@ def train_steps(
     batch_size, num_steps, grad_accum_steps: as in `steps.train_steps`.
 
   Returns:
-    `(params, opt_state, StepMetrics)`, each with the leading runs axis;
-    metrics are `[runs, num_steps]`.
+    `(state, StepMetrics)`, each with the leading runs axis; metrics are
+    `[runs, num_steps]`.
   """
-  if tokens.ndim != 1:
-    raise ValueError("a sweep draws its batches on the device; load a corpus that fits "
-                     "in device memory (host-read batches differ per run).")
+  if not isinstance(tokens, batches.DeviceTokens):
+    raise TypeError("a sweep draws its batches on the device (batches.DeviceTokens); load "
+                    "a corpus that fits in device memory (host-read batches differ per run).")
 
-  def one_run(params, opt_state, key, hyper):
+  def one_run(state, hyper):
     return steps.train_steps(
-        params, opt_state, tokens, key, step, config=config,
-        optimizer=make_optimizer(hyper), batch_size=batch_size, num_steps=num_steps,
-        grad_accum_steps=grad_accum_steps)
+        state, tokens, step, config=config, optimizer=make_optimizer(hyper),
+        batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps)
 
-  return jax.vmap(one_run)(params, opt_state, keys, dict(hyperparams))
+  return jax.vmap(one_run)(state, dict(hyperparams))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches"))
-def evaluate(params: gpt.Params, tokens: chex.Array, keys: chex.PRNGKey, *,
+def evaluate(params: gpt.Params, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
              config: gpt.GPTConfig, batch_size: int, num_batches: int) -> chex.Array:
   """`steps.evaluate` of every run: `[runs]` mean losses of `[runs, ...]` params.
 
