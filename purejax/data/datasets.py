@@ -49,11 +49,23 @@ class DataUnavailableError(RuntimeError):
 
 
 def _import_tfds():
-  # TensorFlow logs a screenful at import; only errors matter here.
+  # TensorFlow logs a screenful at import; only errors matter here. Its
+  # oneDNN line (TF 2.21) is written before that level applies, so it is
+  # stopped the way it says: TensorFlow only prepares data here (no model
+  # math), so its oneDNN kernels are of no use to us anyway.
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   tfds.disable_progress_bar()
   return tfds
+
+
+def _is_prepared(builder) -> bool:
+  # Asked about a dataset not prepared yet (a first run), TFDS's
+  # is_prepared() answers no with a warning that its folder lacks
+  # dataset_info.json; that file's absence is the answer, without the warning.
+  info = pathlib.Path(str(builder.data_path)) / "dataset_info.json"
+  return info.is_file() and builder.is_prepared()
 
 
 def _non_matching_checksum_error():
@@ -96,7 +108,7 @@ def load_tfds_splits(
   """
   tfds = _import_tfds()
   builder = tfds.builder(name, data_dir=data_dir)
-  if not builder.is_prepared():
+  if not _is_prepared(builder):
     expected = {info.filename: url for url, info in builder.url_infos.items()}
     if manual_dir is not None:
       manual = pathlib.Path(manual_dir).expanduser()
