@@ -12,7 +12,7 @@ import pytest
 from purejax import gpt
 from purejax import lora
 from purejax.training import optim
-from test_gpt import TINY
+from conftest import TINY
 
 # in pytree order (dict keys sorted)
 GPT_TARGETS = ("blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w",
