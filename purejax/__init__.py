@@ -23,8 +23,9 @@ it; tests/test_architecture.py checks that against this drawing):
     data/       tokenizers, corpora, batches, MNIST and TFDS
     training/   state, steps, optimizer, devices, checkpoints, metrics, the loops
     weights/    pretrained weights in and out, one module per format
-    train, sample, plot, convert, _forms_flags   the command lines (`python -m
-                purejax.<cmd>`) and the flags two of them share
+    train, sample, plot, convert, _forms_flags, _cli   the command lines
+                (`python -m purejax.<cmd>`), the flags two of them share, and
+                library errors in the flags' words
 """
 
 from purejax import data

@@ -8,9 +8,6 @@ any moment the target holds either its old content or the new, never a mix.
 import os
 import pathlib
 import tempfile
-import time
-
-_TEST_WRITE_DELAY_S = float(os.environ.get("PUREJAX_TEST_CHECKPOINT_WRITE_DELAY", "0") or 0)
 
 
 def fsync(path: pathlib.Path) -> None:
@@ -35,8 +32,6 @@ def atomic_write(path: pathlib.Path, write_fn) -> None:
       write_fn(f)
       f.flush()
       os.fsync(f.fileno())
-      if _TEST_WRITE_DELAY_S:
-        time.sleep(_TEST_WRITE_DELAY_S)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):

@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from purejax import _cli
 from purejax.training import checkpoint
 from purejax.weights import pretrained
 
@@ -60,7 +61,7 @@ def main(argv):
                   overwrite=values["overwrite"], trust_pickle=values["trust_pickle"],
                   dtype=values["dtype"]))
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
-    sys.exit("error: " + " ".join(str(e).split()))
+    _cli.fail(e)
 
 
 if __name__ == "__main__":

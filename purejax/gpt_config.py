@@ -32,7 +32,7 @@ class GPTConfig:
 
   The defaults are GPT-2's architecture choices at a small size (`bias=True`,
   as GPT-2 has). `python -m purejax.train` trains nanoGPT's CPU recipe
-  instead, which turns biases off (`--bias=False`, as nanoGPT's train.py).
+  instead, which turns biases off (`bias=False`, as nanoGPT's train.py).
 
   Attributes:
     vocab_size: number of token ids.

@@ -94,8 +94,8 @@ def check_input_size(params: Params, in_dim: int) -> None:
   if expected != in_dim:
     raise ValueError(
         f"MLP input size {expected} does not match the data's {in_dim} features "
-        f"per example; make the first layer size {in_dim} (e.g. --layer_sizes="
-        f"{in_dim},512,512,10).")
+        f"per example; make the first layer size {in_dim} (e.g. `layer_sizes="
+        f"{in_dim},512,512,10`).")
 
 
 @functools.partial(jax.jit, static_argnames="optimizer", donate_argnums=(0, 1))

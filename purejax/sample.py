@@ -12,6 +12,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from purejax import _cli
 from purejax import _forms_flags
 from purejax.training import checkpoint
 from purejax import weights
@@ -78,7 +79,7 @@ def main(argv):
     if prompt.size == 0:
       raise ValueError("--start encodes to no tokens; give a longer prompt.")
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
-    sys.exit("error: " + " ".join(str(e).split()))
+    _cli.fail(e)
   prompts = jnp.tile(prompt[None], (_NUM_SAMPLES.value, 1))
   out = decode.generate(params, prompts, config, jax.random.PRNGKey(_SEED.value),
                         max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,

@@ -22,6 +22,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from purejax import _cli
 from purejax import _forms_flags
 from purejax.training import checkpoint
 from purejax import weights
@@ -68,7 +69,8 @@ def define_common_flags(model: str) -> None:
   flags.DEFINE_integer(
       "cpu_devices", None, "On a CPU: split the host into this many JAX devices and train "
       "data parallel across them (default: JAX's own count). One device per core is "
-      "faster for small models (docs/performance.md). --batch_size must divide by it.")
+      "faster for small models (docs/performance.md). --batch_size must divide by it.",
+      lower_bound=1)
   flags.DEFINE_bool("fsdp", False, "Split params and optimizer state across the devices "
                     "(FSDP / ZeRO-3); default: replicate them.")
   flags.DEFINE_integer("grad_accum_steps", 1, "Microbatches per optimisation step; "
@@ -360,10 +362,10 @@ def main(argv):
     runs.print_line(f"stopped by {e}; the checkpoint above holds the run (resume with --resume)")
     sys.exit(128 + e.signum)
   except nonfinite.NonFiniteLoss as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"error: {_cli.in_flags(str(e))}", file=sys.stderr)
     sys.exit(EXIT_NONFINITE)
   except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
-    sys.exit("error: " + " ".join(str(e).split()))
+    _cli.fail(e)
   runs.print_line("final " + json.dumps(metrics))
 
 

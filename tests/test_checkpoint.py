@@ -123,7 +123,7 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
 def test_unwritable_out_dir_is_a_clear_error(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
-  with pytest.raises(checkpoint.CheckpointError, match="writable --out_dir"):
+  with pytest.raises(checkpoint.CheckpointError, match="writable `out_dir`"):
     checkpoint.save(str(blocker / "run"), 1, training_state(), {})
 
 

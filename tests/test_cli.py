@@ -11,8 +11,10 @@ slow = pytest.mark.slow
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--learning_rate=-1"], "learning rate must be > 0"),
-    pytest.param(["--learning_rate=0"], "learning rate must be > 0", marks=slow),
+    (["--learning_rate=-1"], "--learning_rate must be > 0"),
+    pytest.param(["--learning_rate=0"], "--learning_rate must be > 0", marks=slow),
+    pytest.param(["--peak_flops=-1"], "--peak_flops must be one device's peak FLOP/s",
+                 marks=slow),
     pytest.param(["--batch_size=0"], "--batch_size must be a positive integer", marks=slow),
     pytest.param(["--max_iters=-5"], "--max_iters must be a positive integer", marks=slow),
     pytest.param(["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4",
@@ -22,8 +24,10 @@ slow = pytest.mark.slow
     pytest.param(["--model=mlp", "--epochs=0"], "--epochs must be a positive integer", marks=slow),
     pytest.param(["--model=mlp", "--layer_sizes=784,a,10"], "--layer_sizes must be integers",
                  marks=slow),
-    pytest.param(["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "min_lr must be in", marks=slow),
-    pytest.param(["--cpu_devices=0"], "--cpu_devices must be >= 1", marks=slow),
+    pytest.param(["--model=mlp", "--optimizer=sgd", "--min_lr=1"], "--min_lr must be in",
+                 marks=slow),
+    pytest.param(["--cpu_devices=0"], "--cpu_devices=0: 0 is not a positive integer",
+                 marks=slow),
     pytest.param(["--attention=cudnn"], "--attention=cudnn needs an NVIDIA GPU", marks=slow),
     pytest.param(["--attn_block=0"], "--attn_block must be 'auto' or a positive integer",
                  marks=slow),

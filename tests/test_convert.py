@@ -339,7 +339,7 @@ def test_nanogpt_errors(tmp_path):
   # A pickled object that torch's safe loader refuses.
   torch.save({"model": {}, "model_args": {}, "extra": datetime.date(2024, 1, 1)},
              tmp_path / "obj.pt")
-  with pytest.raises(gpt2.ConversionError, match="--trust_pickle"):
+  with pytest.raises(gpt2.ConversionError, match="`allow_pickle`"):
     nanogpt.from_nanogpt(str(tmp_path / "obj.pt"))
 
   wrong_meta = tmp_path / "evil.pkl"
@@ -384,7 +384,7 @@ def test_bias_free_params_export_with_zero_biases(tmp_path):
 def test_to_huggingface_is_atomic_and_does_not_clobber(tmp_path, monkeypatch):
   params = random_params(CONFIG)
   out = write_hf_folder(tmp_path / "m", params, CONFIG)
-  with pytest.raises(gpt2.ConversionError, match="pass --overwrite"):
+  with pytest.raises(gpt2.ConversionError, match="pass `overwrite`"):
     write_hf_folder(out, params, CONFIG)
   params2 = random_params(CONFIG, seed=7)
   huggingface.to_huggingface(params2, CONFIG, str(out), overwrite=True)

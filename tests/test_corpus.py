@@ -205,7 +205,7 @@ def test_nanogpt_tokenizer_must_agree_with_meta_pkl(tmp_path, tiny):
     load(folder, tmp_path, tokenizer=tiny)
   with pytest.raises(corpus.CorpusError, match="disagrees with .*meta.pkl"):
     load(folder, tmp_path, tokenizer=tokenizers.CharTokenizer("abc"))
-  with pytest.raises(corpus.CorpusError, match="a character corpus .* drop --tokenizer"):
+  with pytest.raises(corpus.CorpusError, match="a character corpus .* drop `tokenizer`"):
     load(folder, tmp_path, tokenizer="gpt2")
   bare = write_nanogpt(tmp_path / "bare", [0, 1], [1])
   with pytest.raises(corpus.CorpusError, match="no meta.pkl, so its ids are GPT-2 BPE"):
@@ -261,7 +261,7 @@ def test_tfds_unknown_dataset_and_missing_manual_dir(tfds_data_dir, tmp_path):
   with pytest.raises(corpus.CorpusError, match="neither an existing file or folder nor a TFDS"):
     corpus.load_corpus("no_such_dataset_zz", cache_dir=str(tmp_path))
   # Even with the data prepared (or cached), a wrong manual dir is reported.
-  with pytest.raises(corpus.CorpusError, match="--tfds_manual_dir=.*nowhere does not exist"):
+  with pytest.raises(corpus.CorpusError, match="`tfds_manual_dir=.*nowhere` does not exist"):
     corpus.load_corpus(tfds_data_dir=tfds_data_dir, tfds_manual_dir=str(tmp_path / "nowhere"),
                        cache_dir=str(tmp_path))
 
@@ -287,20 +287,20 @@ def test_tfds_text_feature_and_splits():
 
 
 @pytest.mark.parametrize("setup, kwargs, error, message", [
-    (lambda p: p / "nope.txt", {}, corpus.CorpusError, "nope.txt does not exist"),
+    (lambda p: p / "nope.txt", {}, corpus.CorpusError, "nope.txt` does not exist"),
     (lambda p: (p / "e.txt").write_text("") and None or p / "e.txt", {}, corpus.CorpusError,
-     "e.txt is empty"),
+     "e.txt` is empty"),
     (lambda p: p, {}, corpus.CorpusError, "is an empty folder and no nanoGPT train.bin"),
     (lambda p: (p / "x.csv").write_text("a,b") and None or p, {}, corpus.CorpusError,
      "has no .txt files and no nanoGPT train.bin"),
     (lambda p: (p / "a").write_text("a") and None or p / "a", {"tokenizer": "chars"},
      tokenizers.TokenizerError, "unknown tokenizer 'chars'; choose one of: char, gpt2."),
     (lambda p: (p / "a").write_text("a") and None or p / "a", {"tokenizer": "char",
-     "tokenizer_file": "x"}, corpus.CorpusError, "--tokenizer_file applies to --tokenizer=gpt2"),
+     "tokenizer_file": "x"}, corpus.CorpusError, "`tokenizer_file` applies to `tokenizer=gpt2`"),
     (lambda p: (p / "a").write_text("a") and None or p / "a", {"tfds_manual_dir": "m"},
-     corpus.CorpusError, "--tfds_manual_dir has no effect on --dataset="),
+     corpus.CorpusError, "`tfds_manual_dir` has no effect on `dataset="),
     (lambda p: (p / "a").write_text("a") and None or p / "a", {"tfds_data_dir": "d"},
-     corpus.CorpusError, "--tfds_data_dir has no effect"),
+     corpus.CorpusError, "`tfds_data_dir` has no effect"),
     (lambda p: (p / "a").write_text("a") and None or p / "a", {}, corpus.CorpusError,
      "too short to split: 0 train and 1 val tokens"),
     (lambda p: (p / "a").write_bytes(b"ok \xff\xfe") and None or p / "a", {}, corpus.CorpusError,

@@ -75,7 +75,7 @@ def test_load_mnist_idx_rejects_mismatched_counts(fake_mnist_dir):
 
 
 def test_tfds_rejects_missing_manual_dir(tmp_path):
-  with pytest.raises(datasets.DataUnavailableError, match="--tfds_manual_dir=.* is not a directory"):
+  with pytest.raises(datasets.DataUnavailableError, match="`manual_dir=.*` is not a directory"):
     datasets.load_mnist(str(tmp_path / "tfds"), str(tmp_path / "nowhere"))
 
 
@@ -94,7 +94,7 @@ def test_tfds_rejects_wrong_files_by_checksum(fake_mnist_dir, tmp_path):
 def test_tfds_offline_without_manual_dir_fails_fast(tmp_path, monkeypatch):
   monkeypatch.setattr(datasets, "_host_reachable", lambda url: False)
   start = time.monotonic()
-  with pytest.raises(datasets.DataUnavailableError, match="--tfds_manual_dir"):
+  with pytest.raises(datasets.DataUnavailableError, match="`manual_dir"):
     datasets.load_mnist(str(tmp_path / "tfds"))
   assert time.monotonic() - start < 60  # TFDS alone would retry for minutes
 

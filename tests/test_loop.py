@@ -82,7 +82,7 @@ def test_tensorboard_reads_back_the_logged_scalars(tmp_path):
 def test_resume_with_more_steps_keeps_the_run_schedule(tmp_path, capsys):
   train(tmp_path)
   longer = dataclasses.replace(FAST, max_iters=30)
-  with pytest.raises(ValueError, match="pass --resume"):
+  with pytest.raises(ValueError, match="pass `resume=True`"):
     train(tmp_path, train_config=longer)
   train(tmp_path, train_config=longer, resume=True)
   out = capsys.readouterr().out
@@ -153,7 +153,7 @@ def test_host_batches_train_like_device_batches(tmp_path, monkeypatch):
 
 
 def test_bad_settings_are_clear_errors(tmp_path):
-  with pytest.raises(ValueError, match="--profile_steps=5,50"):
+  with pytest.raises(ValueError, match="`profile_steps=5,50`"):
     dataclasses.replace(FAST, profile_steps=(5, 50))
   with pytest.raises(ValueError, match="below the 7 ids"):
     loop.train_gpt(dataclasses.replace(TINY, vocab_size=3), TEXT, FAST, OPT,

@@ -143,7 +143,7 @@ class MlpTest(chex.TestCase):
 
   def test_input_size_mismatch_is_a_clear_error(self):
     params = mlp.init_network_params([100, 8, 10], jax.random.PRNGKey(0))
-    with pytest.raises(ValueError, match="--layer_sizes=784"):
+    with pytest.raises(ValueError, match="`layer_sizes=784"):
       mlp.check_input_size(params, 784)
     with pytest.raises(ValueError, match="exceeds"):
       steps.train_epoch(

@@ -184,14 +184,14 @@ class AccumulateGradientsTest(chex.TestCase):
 def test_batch_size_must_divide_by_devices_times_microbatches():
   mesh = parallel.make_mesh(1)
   parallel.check_batch_size(12, mesh, 4)
-  with pytest.raises(ValueError, match=r"--batch_size=10 must be a multiple of .* = 4"):
+  with pytest.raises(ValueError, match=r"`batch_size=10` must be a multiple of .* = 4"):
     parallel.check_batch_size(10, mesh, 4)
-  with pytest.raises(ValueError, match="--grad_accum_steps must be >= 1"):
+  with pytest.raises(ValueError, match="`grad_accum_steps` must be >= 1"):
     parallel.check_batch_size(8, mesh, 0)
 
 
 def test_make_mesh_refuses_more_devices_than_exist():
-  with pytest.raises(ValueError, match=r"--num_devices=2 must be in \[1, 1\]"):
+  with pytest.raises(ValueError, match=r"`num_devices=2` must be in \[1, 1\]"):
     parallel.make_mesh(2)
 
 

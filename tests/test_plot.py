@@ -98,7 +98,7 @@ def test_cli_a_dir_without_metrics_is_a_one_line_error(runs, tmp_path):
                       f"--out={tmp_path / 'x.png'}")
   assert result.returncode == 1
   assert result.stderr.splitlines() == [
-      f"error: {tmp_path / 'empty'} has no metrics.jsonl (is it a training run's --out_dir?)"]
+      f"error: {tmp_path / 'empty'} has no metrics.jsonl (is it a training run's folder?)"]
   assert not (tmp_path / "x.png").exists()
 
 

@@ -2,7 +2,7 @@
 
 Each test drives `python -m purejax.train` in a subprocess on a tiny GPT,
 as a user's run would be killed. Checkpoint writes are held open for
-a moment (PUREJAX_TEST_CHECKPOINT_WRITE_DELAY) so kills can land inside them.
+a moment (tests/slow_writes.py runs the CLI so) so kills can land inside them.
 """
 
 import json
@@ -22,6 +22,7 @@ from purejax.training import checkpoint
 pytestmark = pytest.mark.slow
 
 MANIFEST = checkpoint._MANIFEST  # pylint: disable=protected-access
+SLOW_WRITES = REPO_ROOT / "tests" / "slow_writes.py"
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
         "--max_iters=60", "--warmup_iters=5", "--eval_interval=20", "--eval_iters=2",
@@ -36,13 +37,16 @@ def data_flags(tmp_path_factory):
           f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_resume')}"]
 
 
-def start(out_dir, data_flags, *extra, write_delay=0.5):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PUREJAX_TEST_CHECKPOINT_WRITE_DELAY=str(write_delay))
+def train(*args, write_delay):
+  """`python -m purejax.train args` in a subprocess, each write held open `write_delay` s."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO_ROOT))
   return subprocess.Popen(
-      [sys.executable, "-m", "purejax.train", *TINY, *data_flags, f"--out_dir={out_dir}",
-       *extra], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True)
+      [sys.executable, str(SLOW_WRITES), str(write_delay), *args], cwd=REPO_ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def start(out_dir, data_flags, *extra, write_delay=0.5):
+  return train(*TINY, *data_flags, f"--out_dir={out_dir}", *extra, write_delay=write_delay)
 
 
 def finish(process, timeout=600):
@@ -235,11 +239,7 @@ def test_mlp_sigkill_then_resume_is_bit_identical(tmp_path, tmp_path_factory):
                        f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_mlp')}"]
 
   def mlp_run(out_dir, *extra, write_delay=0.5):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PUREJAX_TEST_CHECKPOINT_WRITE_DELAY=str(write_delay))
-    return subprocess.Popen([sys.executable, "-m", "purejax.train", *flags,
-                             f"--out_dir={out_dir}", *extra], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return train(*flags, f"--out_dir={out_dir}", *extra, write_delay=write_delay)
 
   whole = tmp_path / "whole"
   code, _, err = finish(mlp_run(whole, write_delay=0))

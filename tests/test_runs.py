@@ -18,14 +18,14 @@ from purejax.training.state import TrainState
 def test_nonfinite_message_names_the_last_good_checkpoint():
   with pytest.raises(nonfinite.NonFiniteLoss,
                      match=r"loss is inf at step 12.*ckpt_000000010.npz, "
-                     r"is intact: resume from it with --resume"):
+                     r"is intact: resume from it \(`resume`\)"):
     nonfinite.check_finite(np.array([1.0, 2.0, np.inf]), 10, "out/ckpt_000000010.npz")
   nonfinite.check_finite(np.array([1.0, 2.0]), 10, None)  # finite: no error
   # Skipping only warns.
   warnings = []
   nonfinite.check_finite(np.array([np.nan]), 10, None, skip=True, log=warnings.append)
   assert warnings == ["warning: loss is nan at step 10; skipping non-finite updates "
-                      "(--skip_nonfinite)"]
+                      "(`skip_nonfinite`)"]
 
 
 def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
@@ -47,7 +47,7 @@ def test_start_or_resume_refuses_to_overwrite_and_checks_identity(tmp_path):
   assert step == 0 and saved == {} and state is template
   old_meta = {"model": "m", "config": {"width": 2}, "seed": 0}  # before a field existed
   runs.save_checkpoint(fresh, 5, template._replace(params={"w": jnp.ones((2,))}), old_meta)
-  with pytest.raises(ValueError, match="pass --resume"):
+  with pytest.raises(ValueError, match="pass `resume=True`"):
     runs.start_or_resume(fresh, template, meta)
   resume = runs.RunConfig(out_dir=str(tmp_path), resume=True)
   with pytest.raises(checkpoint.CheckpointError, match="config"):
@@ -94,5 +94,5 @@ def test_next_boundary(step, intervals, last, boundary):
 
 
 def test_keep_checkpoints_must_be_positive():
-  with pytest.raises(ValueError, match="--keep_checkpoints must be a positive integer"):
+  with pytest.raises(ValueError, match="`RunConfig.keep_checkpoints` must be a positive integer"):
     runs.RunConfig(out_dir="x", keep_checkpoints=0)

@@ -50,7 +50,7 @@ def test_bad_sweeps_are_refused_with_the_fix(spec, message):
 
 
 def test_a_run_the_optimizer_would_refuse_is_named():
-  with pytest.raises(ValueError, match="sweep run learning_rate=1e-05_seed=0: min_lr"):
+  with pytest.raises(ValueError, match="sweep run learning_rate=1e-05_seed=0: `min_lr`"):
     sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-5,)})
 
 

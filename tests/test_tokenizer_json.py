@@ -69,7 +69,7 @@ def test_spec_rebuilds_the_same_tokenizer_and_finds_a_moved_file(model_folder, t
   moved.parent.mkdir()
   moved.write_bytes((model_folder / "tokenizer.json").read_bytes())
   spec = dataclasses.replace(spec, encoding_file=str(tmp_path / "gone" / "tokenizer.json"))
-  with pytest.raises(tokenizers.TokenizerError, match="is missing.*--tokenizer_file"):
+  with pytest.raises(tokenizers.TokenizerError, match="is missing.*`encoding_file=PATH`"):
     tokenizers.from_spec(spec)
   assert tokenizers.from_spec(spec, encoding_file=str(moved)).fingerprint == tok.fingerprint
 

@@ -210,7 +210,7 @@ def test_gpt2_missing_files_fail_fast_with_the_fix(tmp_path, monkeypatch):
   assert time.perf_counter() - start < 2.0
   message = str(e.value)
   assert "\n" not in message
-  for needed in ("vocab.bpe", "encoder.json", "TIKTOKEN_CACHE_DIR", "--tokenizer_file=PATH",
+  for needed in ("vocab.bpe", "encoder.json", "TIKTOKEN_CACHE_DIR", "`encoding_file=PATH`",
                  str(tmp_path / "empty-cache")):
     assert needed in message
 

@@ -86,7 +86,7 @@ def sample_windows(tokens: np.ndarray, block_size: int, batch_size: int, seed: i
   """
   if len(tokens) <= block_size:
     raise ValueError(f"block_size {block_size} needs more than {len(tokens)} tokens; "
-                     f"lower --block_size.")
+                     f"lower `block_size`.")
   rng = np.random.default_rng((seed, step))
   starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
   return np.asarray(tokens[starts[:, None] + np.arange(block_size + 1)], dtype=np.int32)

@@ -82,11 +82,11 @@ def _resolve_encoding_file(path: str) -> Tuple[str, Optional[pathlib.Path], path
     if len(tiktoken_files) == 1:
       return "tiktoken", None, tiktoken_files[0]
     raise TokenizerError(
-        f"--tokenizer_file={path} is a folder without vocab.bpe and encoder.json (or "
+        f"`encoding_file={path}` is a folder without vocab.bpe and encoder.json (or "
         f"one .tiktoken file); put GPT-2's vocab.bpe and encoder.json there.")
   if not p.is_file():
     raise TokenizerError(
-        f"--tokenizer_file={path} does not exist; pass a folder with vocab.bpe and "
+        f"`encoding_file={path}` does not exist; pass a folder with vocab.bpe and "
         f"encoder.json, or a .tiktoken file.")
   if p.name == "vocab.bpe" or p.name == "encoder.json":
     vocab, encoder = p.parent / "vocab.bpe", p.parent / "encoder.json"
@@ -162,7 +162,7 @@ def gpt2_missing_message() -> str:
   where = f"tiktoken's cache ({cache})" if cache else "tiktoken's cache (turned off)"
   return (f"GPT-2's BPE files are not available: {where} has neither GPT-2's vocab.bpe "
           f"and encoder.json nor r50k_base.tiktoken, and the download host cannot be "
-          f"reached. Pass --tokenizer_file=PATH (a folder with vocab.bpe and "
+          f"reached. Pass `encoding_file=PATH` (a folder with vocab.bpe and "
           f"encoder.json, or a .tiktoken file), or set TIKTOKEN_CACHE_DIR to a tiktoken "
           f"cache that has them.")
 

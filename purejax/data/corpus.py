@@ -155,11 +155,11 @@ def _file_source(path: pathlib.Path) -> _TextSource:
     files = sorted((p for p in path.glob("*.txt") if p.is_file()), key=lambda p: p.name)
     if not files:
       has = "is an empty folder" if not any(path.iterdir()) else "has no .txt files"
-      raise CorpusError(f"--dataset={path} {has} and no nanoGPT train.bin + val.bin; put "
+      raise CorpusError(f"`dataset={path}` {has} and no nanoGPT train.bin + val.bin; put "
                         f".txt files (or train.bin and val.bin) there.")
     label = f"{path} ({len(files)} .txt files)"
   if all(p.stat().st_size == 0 for p in files):
-    raise CorpusError(f"--dataset={path} is empty; it needs text to train on.")
+    raise CorpusError(f"`dataset={path}` is empty; it needs text to train on.")
   key = {"text_sha256": _hash_files(files)}
   return _TextSource(path.stem or path.name, label, key,
                      lambda scratch: contextlib.nullcontext((files, None)))
@@ -168,7 +168,7 @@ def _file_source(path: pathlib.Path) -> _TextSource:
 def _tfds_source(name: str, data_dir: Optional[str], manual_dir: Optional[str]) -> _TextSource:
   """A TFDS dataset's text; tiny_shakespeare falls back to the embedded copy without TFDS."""
   if manual_dir is not None and not pathlib.Path(manual_dir).expanduser().is_dir():
-    raise CorpusError(f"--tfds_manual_dir={manual_dir} does not exist; point it at the folder "
+    raise CorpusError(f"`tfds_manual_dir={manual_dir}` does not exist; point it at the folder "
                       f"holding {name}'s original files, or drop it.")
   try:
     # TFDS imports without TensorFlow (a stock JAX image) but cannot read data then.
@@ -177,7 +177,7 @@ def _tfds_source(name: str, data_dir: Optional[str], manual_dir: Optional[str]) 
     tfds = datasets._import_tfds()  # pylint: disable=protected-access
   except ImportError:
     if name != SHAKESPEARE:
-      raise CorpusError(f"--dataset={name} is not an existing file or folder, and TFDS names "
+      raise CorpusError(f"`dataset={name}` is not an existing file or folder, and TFDS names "
                         f"need tensorflow-datasets and tensorflow (not installed): pip install "
                         f"tensorflow-datasets tensorflow-cpu, or pass a path.") from None
     train, val = (t.encode("utf-8") for t in datasets.shakespeare_texts(manual_dir))
@@ -187,7 +187,7 @@ def _tfds_source(name: str, data_dir: Optional[str], manual_dir: Optional[str]) 
   try:  # registered datasets are looked up locally: no network
     builder = tfds.builder(name, data_dir=data_dir)
   except ValueError as e:  # DatasetNotFoundError, or a malformed name
-    raise CorpusError(f"--dataset={name} is neither an existing file or folder nor a TFDS "
+    raise CorpusError(f"`dataset={name}` is neither an existing file or folder nor a TFDS "
                       f"dataset ({str(e).splitlines()[0]}); pass a .txt file, a folder of "
                       f".txt files, a nanoGPT folder or a TFDS name.") from None
   feature = datasets.tfds_text_feature(builder.info.features, name)
@@ -229,7 +229,7 @@ def _check_tokenizer(tokenizer, tokenizer_file: Optional[str]) -> None:
     raise CorpusError(f"tokenizer must be a name ({', '.join(tokenizers.TOKENIZERS)}) or a "
                       f"Tokenizer, got {type(tokenizer).__name__}.")
   if tokenizer_file is not None and not (tokenizer is None or tokenizer == "gpt2"):
-    raise CorpusError(f"--tokenizer_file applies to --tokenizer=gpt2, not {tokenizer!r}; "
+    raise CorpusError(f"`tokenizer_file` applies to `tokenizer=gpt2`, not {tokenizer!r}; "
                       f"drop one of them.")
 
 
@@ -306,7 +306,7 @@ def _text_corpus(source: _TextSource, tok, cache_dir: pathlib.Path,
       cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
       raise CorpusError(f"cannot create the token cache {cache_dir} ({e.strerror}); pass "
-                        f"--cache_dir=DIR or set PUREJAX_CACHE_DIR.") from None
+                        f"`cache_dir=DIR` or set PUREJAX_CACHE_DIR.") from None
     built, train, val = _tokenize(source, tok, cache_dir, progress)
     dtype = token_dtype(built.vocab_size)
     meta = {"format": _CACHE_FORMAT, "source": source.label, "tokenizer": built.spec().to_dict(),
@@ -334,7 +334,7 @@ def _bin_tokenizer(folder: pathlib.Path, tokenizer, tokenizer_file) -> tokenizer
   if not meta.is_file():
     if tokenizer == "char":
       raise CorpusError(f"{folder} has no meta.pkl, so its ids are GPT-2 BPE (nanoGPT's "
-                        f"convention), not characters; drop --tokenizer=char.")
+                        f"convention), not characters; drop `tokenizer=char`.")
     return _resolve_tokenizer(tokenizer or "gpt2", tokenizer_file)
   chars = tokenizers.read_nanogpt_meta(str(meta))
   if isinstance(tokenizer, tokenizers.Tokenizer):
@@ -345,7 +345,7 @@ def _bin_tokenizer(folder: pathlib.Path, tokenizer, tokenizer_file) -> tokenizer
                       f"model trained on this data, or drop the tokenizer.")
   if tokenizer == "gpt2" or tokenizer_file is not None:
     raise CorpusError(f"{meta} makes {folder} a character corpus ({chars.vocab_size} ids), "
-                      f"not GPT-2's; drop --tokenizer and --tokenizer_file.")
+                      f"not GPT-2's; drop `tokenizer` and `tokenizer_file`.")
   return chars
 
 
@@ -424,14 +424,14 @@ def _load(dataset, tokenizer, tokenizer_file, cache_dir, tfds_data_dir, tfds_man
   path = pathlib.Path(dataset).expanduser()
   if not path.exists():
     if dataset.endswith((".txt", ".bin", os.sep)) or dataset.startswith((os.sep, ".", "~")):
-      raise CorpusError(f"--dataset={dataset} does not exist; pass an existing .txt file or "
+      raise CorpusError(f"`dataset={dataset}` does not exist; pass an existing .txt file or "
                         f"folder, or a TFDS name.")
     tok = _resolve_tokenizer(tokenizer, tokenizer_file)  # before TFDS's slow import
     return _text_corpus(_tfds_source(dataset, tfds_data_dir, tfds_manual_dir), tok, cache,
                         progress)
   for flag, value in (("tfds_data_dir", tfds_data_dir), ("tfds_manual_dir", tfds_manual_dir)):
     if value is not None:
-      raise CorpusError(f"--{flag} has no effect on --dataset={dataset} (a path, not a TFDS "
+      raise CorpusError(f"`{flag}` has no effect on `dataset={dataset}` (a path, not a TFDS "
                         f"dataset); drop it.")
   if path.is_dir() and (path / "train.bin").is_file() and (path / "val.bin").is_file():
     return _bin_corpus(path, tokenizer, tokenizer_file)

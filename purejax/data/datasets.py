@@ -8,7 +8,7 @@ training loop indexes it without any per-step host round-trip.
 Offline use: TFDS accepts the original files from a "manual dir" and checks
 them against its registered checksums.
 
-* MNIST: `--tfds_manual_dir=/path/to/mnist`, a folder with the four original
+* MNIST: `manual_dir=/path/to/mnist`, a folder with the four original
   `.gz` files (`MNIST_FILES`).
 * Tiny Shakespeare: the text ships inside this package and is the default
   manual dir, so it never needs the network (`shakespeare_texts` reads it
@@ -114,26 +114,26 @@ def load_tfds_splits(
       manual = pathlib.Path(manual_dir).expanduser()
       if not manual.is_dir():
         raise DataUnavailableError(
-            f"--tfds_manual_dir={manual_dir} is not a directory; point it at the "
+            f"`manual_dir={manual_dir}` is not a directory; point it at the "
             f"folder holding the original {name} files: {sorted(expected)}.")
       missing = sorted(f for f in expected if not (manual / f).is_file())
       if missing:
         raise DataUnavailableError(
-            f"--tfds_manual_dir={manual_dir} lacks {missing} for {name}; put the "
+            f"`manual_dir={manual_dir}` lacks {missing} for {name}; put the "
             f"original files {sorted(expected)} there.")
     elif not all(_host_reachable(url) for url in expected.values()):
       raise DataUnavailableError(
           f"{name} is not prepared in the TFDS data dir ({builder.data_dir}) and "
           f"its download host cannot be reached. Offline, pass "
-          f"--tfds_manual_dir=DIR with the original files {sorted(expected)} "
-          f"(e.g. --tfds_manual_dir=/path/to/{name}), or --tfds_data_dir "
+          f"`manual_dir=DIR` with the original files {sorted(expected)} "
+          f"(e.g. `manual_dir=/path/to/{name}`), or `data_dir` "
           f"pointing at an already prepared copy.")
     config = tfds.download.DownloadConfig(manual_dir=manual_dir)
     try:
       builder.download_and_prepare(download_config=config)
     except _non_matching_checksum_error() as e:
       raise DataUnavailableError(
-          f"The {name} files in --tfds_manual_dir={manual_dir} fail TFDS's "
+          f"The {name} files in `manual_dir={manual_dir}` fail TFDS's "
           f"checksums (corrupt or not the original files): {e}. Replace them "
           f"with the original downloads.") from e
   out = {}
@@ -334,7 +334,7 @@ def shakespeare_texts(manual_dir: Optional[str] = None) -> Tuple[str, str]:
   folder = pathlib.Path(manual_dir).expanduser() if manual_dir else EMBEDDED_SHAKESPEARE_DIR
   path = folder / "input.txt"
   if not path.is_file():
-    raise DataUnavailableError(f"--tfds_manual_dir={manual_dir} has no input.txt for "
+    raise DataUnavailableError(f"`manual_dir={manual_dir}` has no input.txt for "
                                f"tiny_shakespeare; put the original input.txt there.")
   text = path.read_text(encoding="utf-8")
   cut = int(len(text) * 0.9)

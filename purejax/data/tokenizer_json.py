@@ -125,15 +125,15 @@ def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> JS
   source = encoding_file or spec.encoding_file
   if not source:
     raise TokenizerError("the tokenizer.json is recorded without a path; pass "
-                         "--tokenizer_file=PATH of the model's tokenizer.json.")
+                         "`encoding_file=PATH` of the model's tokenizer.json.")
   try:
     tok = load(source)
   except TokenizerError as e:
-    raise TokenizerError(f"{e} (the model's tokenizer; pass --tokenizer_file=PATH if it "
+    raise TokenizerError(f"{e} (the model's tokenizer; pass `encoding_file=PATH` if it "
                          f"moved)") from e
   if tok.fingerprint != spec.fingerprint:
     raise TokenizerError(
         f"{tok.encoding_file} is another tokenizer than the model was made with (sha256 "
         f"{tok.fingerprint[:12]}, expected {str(spec.fingerprint)[:12]}); pass "
-        f"--tokenizer_file=PATH of the original tokenizer.json.")
+        f"`encoding_file=PATH` of the original tokenizer.json.")
   return tok

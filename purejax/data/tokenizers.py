@@ -356,20 +356,20 @@ def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> To
     source = encoding_file or spec.encoding_file
     if not source:
       raise TokenizerError(f"the {spec.name!r} BPE encoding is recorded without a "
-                           f"file; pass its encoding file (encoding_file).")
+                           f"file; pass `encoding_file=PATH`.")
     tok = bpe_tokenizer(source, name=spec.name, pat_str=spec.pat_str,
                         special_tokens=dict(spec.special_tokens))
     if tok.fingerprint != spec.fingerprint:
       raise TokenizerError(
           f"{source} holds other merges than the {spec.name!r} encoding the model was "
           f"trained with (fingerprint {tok.fingerprint[:12]}, expected "
-          f"{str(spec.fingerprint)[:12]}); pass the original encoding file.")
+          f"{str(spec.fingerprint)[:12]}); pass `encoding_file=PATH` of the original file.")
     return tok
   if spec.kind == "tokenizer.json":
     return tokenizer_json.from_spec(spec, encoding_file=encoding_file)
   raise TokenizerError(
       f"this model records no tokenizer, only {spec.vocab_size} ids; name one "
-      f"({', '.join(TOKENIZERS)}) explicitly.")
+      f"explicitly (`tokenizer`: {', '.join(TOKENIZERS)}).")
 
 
 def ids_spec(vocab_size: int) -> TokenizerSpec:

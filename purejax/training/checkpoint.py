@@ -78,7 +78,7 @@ def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> N
   except OSError as e:
     raise CheckpointError(
         f"could not write checkpoint {path}: {e.strerror or e}. The previous "
-        f"checkpoints are intact; free disk space or pass a writable --out_dir.") from e
+        f"checkpoints are intact; free disk space or pass a writable `out_dir`.") from e
 
 
 def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int = 3
@@ -196,14 +196,14 @@ def extract(arrays: Dict[str, np.ndarray], template: Any, path="checkpoint", *,
   if missing:
     raise CheckpointError(
         f"checkpoint {path} holds a different model/config: it lacks {missing[:3]}. "
-        f"Use the flags it was trained with, or another --out_dir.")
+        f"Use the settings it was trained with, or another `out_dir`.")
   for name, want in expected.items():
     got = arrays[name]
     if got.shape != tuple(want.shape) or got.dtype != want.dtype:
       raise CheckpointError(
           f"checkpoint {path} does not fit this model/config: {name} is "
           f"{got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}. "
-          f"Use the flags it was trained with, or another --out_dir.")
+          f"Use the settings it was trained with, or another `out_dir`.")
   leaves_with_paths = jax.tree_util.tree_leaves_with_path(template)
   treedef = jax.tree_util.tree_structure(template)
   leaves = [arrays[jax.tree_util.keystr(p)] for p, _ in leaves_with_paths]
@@ -259,6 +259,6 @@ def latest_meta(out_dir: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
       continue
     return arrays, manifest["meta"]
   detail = f" ({'; '.join(problems)})" if problems else ""
-  raise CheckpointError(f"no valid checkpoint in {out_dir}{detail}; train first with "
-                        f"`python -m purejax.train --out_dir={out_dir}`.")
+  raise CheckpointError(f"no valid checkpoint in {out_dir}{detail}; train first "
+                        f"(`loop.train_gpt`, or `python -m purejax.train`) into it.")
 

@@ -92,23 +92,23 @@ class GPTTrainConfig:
         log_interval=self.log_interval, steps_per_call=self.steps_per_call,
         checkpoint_every=self.checkpoint_every or self.eval_interval)
     if self.peak_flops is not None and not self.peak_flops > 0:
-      raise ValueError(f"peak_flops must be one device's peak FLOP/s, a positive number "
+      raise ValueError(f"`peak_flops` must be one device's peak FLOP/s, a positive number "
                        f"(e.g. 989e12), or None for the device's known peak; got "
                        f"{self.peak_flops}.")
     if self.profile_steps is not None:
       first, last = self.profile_steps
       if not 0 <= first < last <= self.max_iters:
-        raise ValueError(f"--profile_steps={first},{last} must be two steps A,B with "
-                         f"0 <= A < B <= --max_iters={self.max_iters}.")
+        raise ValueError(f"`profile_steps={first},{last}` must be two steps A,B with "
+                         f"0 <= A < B <= `max_iters={self.max_iters}`.")
 
 
 def _check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
   if config.vocab_size < text.vocab_size:
     raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
                      f"{text.vocab_size} ids of the data's tokenizer; use the model's "
-                     f"own tokenizer (--tokenizer) or a larger model vocabulary.")
+                     f"own tokenizer (`tokenizer`) or a larger model vocabulary.")
   if config.block_size >= min(len(text.train), len(text.val)):
-    raise ValueError(f"--block_size={config.block_size} must be shorter than the "
+    raise ValueError(f"`block_size={config.block_size}` must be shorter than the "
                      f"validation text ({len(text.val)} tokens) and the training text "
                      f"({len(text.train)} tokens).")
 
@@ -172,7 +172,7 @@ def _keep_saved_schedule(opt_config, asked: optim.OptimizerConfig, meta, saved):
     return opt_config, meta
   opt_config = dataclasses.replace(opt_config, decay_iters=saved["optimizer"]["decay_iters"])
   runs.print_line(f"keeping the run's schedule: it ends at step {opt_config.decay_iters} "
-                  f"(pass --lr_decay_iters to change that)")
+                  f"(set the optimizer's decay_iters to change that)")
   return opt_config, {**meta, "optimizer": dataclasses.asdict(opt_config)}
 
 
@@ -231,7 +231,7 @@ class _Profiler:
     if self._range and step == self._range[1]:
       jax.profiler.stop_trace()
       session.log(f"profile of steps {self._range[0]}-{self._range[1]} in {self._dir} "
-                  f"(tensorboard --logdir {pathlib.Path(self._dir).parent})")
+                  f"(TensorBoard's profile plugin reads it)")
 
 
 def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:

@@ -30,12 +30,12 @@ def check_finite(losses: np.ndarray, first_step: int, last_saved: Optional[str],
     return
   where = f"loss is {losses[bad[0]]} at step {first_step + int(bad[0])}"
   if skip:
-    log(f"warning: {where}; skipping non-finite updates (--skip_nonfinite)")
+    log(f"warning: {where}; skipping non-finite updates (`skip_nonfinite`)")
     return
-  saved = (f"the last good checkpoint, {last_saved}, is intact: resume from it with "
-           f"--resume" if last_saved else "no checkpoint was saved before it")
+  saved = (f"the last good checkpoint, {last_saved}, is intact: resume from it "
+           f"(`resume`)" if last_saved else "no checkpoint was saved before it")
   raise NonFiniteLoss(f"{where}; stopped without saving. {saved}. Try a lower "
-                      f"--learning_rate, or --skip_nonfinite to skip such updates.")
+                      f"`learning_rate`, or `skip_nonfinite` to skip such updates.")
 
 
 def skip_nonfinite_updates(optimizer: optax.GradientTransformation

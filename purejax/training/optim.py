@@ -52,15 +52,15 @@ class OptimizerConfig:
     if self.schedule not in ("cosine", "constant"):
       raise ValueError(f"unknown schedule {self.schedule!r}; use 'cosine' or 'constant'.")
     if not self.learning_rate > 0:
-      raise ValueError(f"learning rate must be > 0, got {self.learning_rate}.")
+      raise ValueError(f"`learning_rate` must be > 0, got {self.learning_rate}.")
     if self.min_lr < 0 or self.min_lr > self.learning_rate:
-      raise ValueError(f"min_lr must be in [0, learning_rate={self.learning_rate}], "
+      raise ValueError(f"`min_lr` must be in [0, `learning_rate={self.learning_rate}`], "
                        f"got {self.min_lr}.")
     if self.warmup_iters < 0 or (self.decay_iters is not None and self.decay_iters < 1):
-      raise ValueError(f"warmup_iters must be >= 0 and lr_decay_iters >= 1, got "
+      raise ValueError(f"`warmup_iters` must be >= 0 and `decay_iters` >= 1, got "
                        f"{self.warmup_iters} and {self.decay_iters}.")
     if self.weight_decay < 0 or self.grad_clip < 0:
-      raise ValueError("weight_decay and grad_clip must be >= 0.")
+      raise ValueError("`weight_decay` and `grad_clip` must be >= 0.")
     if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
       raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}.")
 

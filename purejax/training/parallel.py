@@ -56,21 +56,21 @@ def initialize_distributed(
 
   Raises:
     ValueError: the arguments are inconsistent, or the cluster cannot be
-      joined; the message names the flags to set.
+      joined; the message names the arguments to set.
   """
   if num_processes is not None and num_processes < 1:
-    raise ValueError(f"--num_processes must be >= 1, got {num_processes}.")
+    raise ValueError(f"`num_processes` must be >= 1, got {num_processes}.")
   if process_id is not None and num_processes is not None and not (
       0 <= process_id < num_processes):
-    raise ValueError(f"--process_id must be in [0, --num_processes={num_processes}), "
+    raise ValueError(f"`process_id` must be in [0, `num_processes={num_processes}`), "
                      f"got {process_id}.")
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
   except (ValueError, TypeError, RuntimeError) as e:
     raise ValueError(
-        f"could not join the multi-process run ({e}). Pass --coordinator_address="
-        f"HOST:PORT, --num_processes and --process_id on every process, or run "
-        f"under a cluster JAX detects.") from None
+        f"could not join the multi-process run ({e}). Pass `coordinator_address=HOST:PORT`, "
+        f"`num_processes` and `process_id` on every process, or run under a cluster "
+        f"JAX detects.") from None
 
 
 def set_cpu_devices(num_devices: int) -> None:
@@ -88,12 +88,12 @@ def set_cpu_devices(num_devices: int) -> None:
     ValueError: `num_devices < 1`, or JAX's backends have already started.
   """
   if num_devices < 1:
-    raise ValueError(f"--cpu_devices must be >= 1, got {num_devices}.")
+    raise ValueError(f"set_cpu_devices: num_devices must be >= 1, got {num_devices}.")
   try:
     jax.config.update("jax_num_cpu_devices", num_devices)
   except RuntimeError:
     raise ValueError(
-        "--cpu_devices must be set before JAX starts its backends; call "
+        "CPU devices must be set before JAX starts its backends; call "
         "parallel.set_cpu_devices before any JAX computation.") from None
 
 
@@ -132,10 +132,10 @@ def make_mesh(num_devices: Optional[int] = None) -> Mesh:
   available = jax.device_count()
   num_devices = available if num_devices is None else num_devices
   if not 1 <= num_devices <= available:
-    raise ValueError(f"--num_devices={num_devices} must be in [1, {available}] "
+    raise ValueError(f"`num_devices={num_devices}` must be in [1, {available}] "
                      f"(the devices JAX sees: {jax.devices()[0].platform} x {available}).")
   if num_devices != available and jax.process_count() > 1:
-    raise ValueError("--num_devices must be left unset in a multi-process run; "
+    raise ValueError("`num_devices` must be left unset in a multi-process run; "
                      "every process's devices take part.")
   # Auto axes: shardings are set at the step's boundaries and on the batch,
   # and XLA's partitioner places every op in between (the model code has no
@@ -180,13 +180,13 @@ def state_shardings(tree: Any, mesh: Mesh, *, fsdp: bool) -> Any:
 def check_batch_size(batch_size: int, mesh: Mesh, grad_accum_steps: int = 1) -> None:
   """Fails unless every device gets whole rows of every microbatch."""
   if grad_accum_steps < 1:
-    raise ValueError(f"--grad_accum_steps must be >= 1, got {grad_accum_steps}.")
+    raise ValueError(f"`grad_accum_steps` must be >= 1, got {grad_accum_steps}.")
   per_step = mesh.shape[DATA_AXIS] * grad_accum_steps
   if batch_size % per_step:
     raise ValueError(
-        f"--batch_size={batch_size} must be a multiple of the {mesh.shape[DATA_AXIS]} "
-        f"devices x --grad_accum_steps={grad_accum_steps} = {per_step}; try "
-        f"--batch_size={max(per_step, batch_size // per_step * per_step)}.")
+        f"`batch_size={batch_size}` must be a multiple of the {mesh.shape[DATA_AXIS]} "
+        f"devices x `grad_accum_steps={grad_accum_steps}` = {per_step}; try "
+        f"`batch_size={max(per_step, batch_size // per_step * per_step)}`.")
 
 
 def put(tree: Any, shardings: Any) -> Any:
@@ -390,7 +390,7 @@ def accumulate_gradients(
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   if batch_size % num_microbatches:
     raise ValueError(f"a batch of {batch_size} does not split into "
-                     f"{num_microbatches} equal microbatches (--grad_accum_steps).")
+                     f"{num_microbatches} equal microbatches (`num_microbatches`).")
   if plan is None:
     return _scan_microbatches(loss_fn, params, batch, num_microbatches)
   batch = constrain(batch, plan.batch)

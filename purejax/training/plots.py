@@ -44,7 +44,7 @@ def run_curves(run_dir) -> Tuple[Curve, Curve]:
   path = pathlib.Path(run_dir) / monitor.METRICS_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{run_dir} has no {monitor.METRICS_FILE} (is it a training "
-                            f"run's --out_dir?)")
+                            f"run's folder?)")
   records = monitor.read_metrics(path)
   train = _curve(records, "train", "loss")
   if not train.steps:

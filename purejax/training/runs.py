@@ -49,7 +49,7 @@ class RunConfig:
 
   def __post_init__(self):
     if self.keep_checkpoints < 1:
-      raise ValueError(f"--keep_checkpoints must be a positive integer, got "
+      raise ValueError(f"`RunConfig.keep_checkpoints` must be a positive integer, got "
                        f"{self.keep_checkpoints}.")
 
 
@@ -64,7 +64,7 @@ def require_positive(**values: Optional[int]) -> None:
   """Raises ValueError naming the first value that is not a positive integer."""
   for name, value in values.items():
     if value is None or value < 1:
-      raise ValueError(f"--{name} must be a positive integer, got {value}.")
+      raise ValueError(f"`{name}` must be a positive integer, got {value}.")
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -77,7 +77,7 @@ def check_out_dir(out_dir: str) -> None:
     with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
       pass
   except OSError as e:
-    raise ValueError(f"--out_dir={out_dir} is not writable ({e.strerror or e}); pass "
+    raise ValueError(f"`out_dir={out_dir}` is not writable ({e.strerror or e}); pass "
                      f"a writable directory.") from None
 
 
@@ -121,13 +121,13 @@ def start_or_resume(
   digest = zlib.crc32(json.dumps([meta, digest_extra, run.out_dir], sort_keys=True,
                                  default=str).encode()) & 0x7FFFFFFF
   parallel.check_same_on_all_processes(
-      digest, "the processes were started with different flags; pass the same "
-      "flags to every process (only --process_id differs).")
+      digest, "the processes were started with different settings; pass the same "
+      "settings to every process (only `process_id` differs).")
   state, step, saved = _start_or_resume(run, template, meta, identity,
                                         saved_defaults or {}, ignored or {}, log)
   parallel.check_same_on_all_processes(
       step, f"the processes found different checkpoints in {run.out_dir}; with several "
-      f"hosts --out_dir must be one shared directory.")
+      f"hosts `out_dir` must be one shared directory.")
   return state, step, saved
 
 
@@ -137,7 +137,7 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
     if existing:
       raise ValueError(
           f"{run.out_dir} already holds checkpoints (newest: {existing[0][1].name}); pass "
-          f"--resume to continue that run, or another --out_dir for a new one.")
+          f"`resume=True` to continue that run, or another `out_dir` for a new one.")
     return template, 0, {}
 
   def without_ignored(name, value):
@@ -153,7 +153,8 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
       if without_ignored(name, value) != without_ignored(name, meta.get(name)):
         raise checkpoint.CheckpointError(
             f"{path} was trained with {name}={value!r}, this run has "
-            f"{meta.get(name)!r}; resume with the original flags or use another --out_dir.")
+            f"{meta.get(name)!r}; resume with the original settings or use another "
+            f"`out_dir`.")
 
   restored, warnings = checkpoint.restore_latest(
       run.out_dir, state_lib.as_tree(template), check_meta=same_run,
@@ -161,7 +162,7 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
   for warning in warnings:
     log(f"warning: {warning}")
   if restored is None:
-    log(f"--resume: no valid checkpoint in {run.out_dir}, so this starts a new run")
+    log(f"resume: no valid checkpoint in {run.out_dir}, so this starts a new run")
     return template, 0, {}
   log(f"resumed from {restored.path} at step {restored.step}")
   return state_lib.from_tree(restored.state), restored.step, restored.meta

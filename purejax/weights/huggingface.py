@@ -220,7 +220,7 @@ def check_target(out_dir: str, overwrite: bool) -> None:
   if target.exists() and not target.is_dir():
     raise ConversionError(f"{target} exists and is not a folder; choose another path.")
   if target.is_dir() and any(target.iterdir()) and not overwrite:
-    raise ConversionError(f"{target} exists and is not empty; pass --overwrite to "
+    raise ConversionError(f"{target} exists and is not empty; pass `overwrite` to "
                           f"replace it, or choose another folder.")
 
 

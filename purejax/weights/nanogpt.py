@@ -181,5 +181,5 @@ def check_target(path: str, overwrite: bool) -> None:
   """Refuses to replace an existing file unless `overwrite` (checked before any work)."""
   target = pathlib.Path(path).expanduser()
   if target.exists() and not overwrite:
-    raise ConversionError(f"{target} exists; pass --overwrite to replace it, or choose "
+    raise ConversionError(f"{target} exists; pass `overwrite` to replace it, or choose "
                           f"another file.")

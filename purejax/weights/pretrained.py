@@ -50,7 +50,7 @@ def _read_purejax(out_dir: str, best: bool = False):
     path = checkpoint.best_path(out_dir)
     if not path.exists():
       raise ConversionError(f"{out_dir} holds no best checkpoint ({path.name}); train with "
-                            f"--always_save_checkpoint=False to keep one.")
+                            f"`always_save_checkpoint=False` to keep one.")
     arrays, manifest = checkpoint.read(path)
     meta = manifest["meta"]
   else:
@@ -101,7 +101,7 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
       kind = "nanogpt"
     if kind is None:
       raise ConversionError(
-          f"--init_from={source}: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
+          f"`source={source}`: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
           f"OWNER/MODEL, a Hugging Face folder (config.json), a purejax run directory "
           f"(ckpt_*.npz) or a nanoGPT .pt file.")
   if kind == "hf":

@@ -40,7 +40,7 @@ def load(path: pathlib.Path, allow_pickle: bool = False):
     if not allow_pickle:
       raise ConversionError(
           f"{path} holds Python objects besides tensors, which torch's safe loader "
-          f"refuses; if you trust the file, pass --trust_pickle.") from e
+          f"refuses; if you trust the file, pass `allow_pickle`.") from e
   except (RuntimeError, EOFError, OSError) as e:
     raise ConversionError(f"{path} is not a readable torch checkpoint "
                           f"({str(e).splitlines()[0][:120]}); it is truncated or "
