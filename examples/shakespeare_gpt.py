@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 import purejax
 from purejax import decode, gpt
+from purejax.data import batches
 from purejax.training import optim, steps
 
 text = purejax.data.corpus.load_corpus("tiny_shakespeare")
@@ -21,18 +22,18 @@ params = gpt.init_params(config, keys["params"])
 optimizer = optim.make_optimizer(optim.OptimizerConfig(
     learning_rate=1e-3, warmup_iters=50, decay_iters=1000, min_lr=1e-4,
     beta2=0.99, weight_decay=0.1, grad_clip=1.0))
-opt_state = optimizer.init(params)
-train_data, val_data = jnp.asarray(text.train), jnp.asarray(text.val)
+state = purejax.TrainState(params, optimizer.init(params), {"train": keys["train"]})
+train_data = batches.DeviceTokens(jnp.asarray(text.train))  # each step draws its batch
+val_data = batches.DeviceTokens(jnp.asarray(text.val))
 
 for step in range(0, 1000, 100):
-  params, opt_state, metrics = steps.train_steps(
-      params, opt_state, train_data, keys["train"], step, config=config,
-      optimizer=optimizer, batch_size=12, num_steps=100)
-  val = steps.evaluate(params, val_data, keys["eval"], config=config, batch_size=12,
+  state, metrics = steps.train_steps(state, train_data, step, config=config,
+                                     optimizer=optimizer, batch_size=12, num_steps=100)
+  val = steps.evaluate(state.params, val_data, keys["eval"], config=config, batch_size=12,
                        num_batches=50)
   print(f"step {step + 100}: train loss {float(metrics.loss[-1]):.3f}, val loss {float(val):.3f}")
 
 prompt = jnp.asarray(text.tokenizer.encode("ROMEO:"))
-out = decode.generate(params, prompt, config, keys["sample"], max_new_tokens=300,
+out = decode.generate(state.params, prompt, config, keys["sample"], max_new_tokens=300,
                       temperature=0.8, top_k=40)
 print(text.tokenizer.decode(out))

@@ -336,7 +336,7 @@ def to_huggingface(
     hf_config = llama.hf_config_dict(config, dtype)
     tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
   tokenizer_file = None
-  if tokenizer_spec and tokenizer_spec.get("type") == "tokenizer.json":
+  if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
     try:  # the model's own file, checked by its hash; a moved one is left out
       tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
     except tokenizers.TokenizerError:
