@@ -151,7 +151,7 @@ def test_resume_with_other_flags_is_refused(tmp_path, data_flags):
   assert code == 0, err[-2000:]
   code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", "--n_embd=32",
                               "--resume", write_delay=0))
-  assert code == 1 and "resume with the original flags" in err
+  assert code == 1 and "resume with the original settings" in err
   code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", write_delay=0))
   assert code == 1 and "pass --resume" in err  # never silently overwrites a run
 

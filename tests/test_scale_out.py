@@ -155,7 +155,7 @@ def test_processes_started_with_different_flags_are_refused(tmp_path, text_flags
       worker.kill()
   for worker, err in zip(workers, errors):
     assert worker.returncode == 1
-    assert "started with different flags" in err
+    assert "started with different settings" in err
 
 
 @pytest.mark.parametrize("flags, message", [
