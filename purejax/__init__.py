@@ -17,9 +17,9 @@ it; tests/test_architecture.py checks that against this drawing):
                 attention, the large-vocabulary loss); key helpers; layers as
                 init_<layer> + a pure apply (nn's layers use ops.kernels' matmul,
                 attention uses nn's dropout)
-    gpt, mlp, decode, lora   the models; sampling with a KV cache; low-rank
-                adapters over any model's params (below training and weights,
-                which both use it)
+    gpt, gpt_config, mlp, decode, lora   the models (GPTConfig beside gpt);
+                sampling with a KV cache; low-rank adapters over any model's
+                params (below training and weights, which both use it)
     data/       tokenizers, corpora, batches, MNIST and TFDS
     training/   state, steps, optimizer, devices, checkpoints, metrics, the loops
     weights/    pretrained weights in and out, one module per format

@@ -108,3 +108,20 @@ def test_every_module_is_small():
   long = {str(path.relative_to(PACKAGE.parent)): n for path in modules().values()
           if (n := len(path.read_text().splitlines())) > MAX_LINES}
   assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+def test_library_errors_name_arguments_not_flags():
+  # Only the command lines speak of --flags (they show the library's
+  # backticked names as their flags, purejax/_cli.py).
+  order, cli_layer = layers(), max(layers().values())
+  flagged = []
+  for name, path in modules().items():
+    if order.get(name.split(".")[1]) == cli_layer:
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Raise):
+        for part in ast.walk(node):
+          if (isinstance(part, ast.Constant) and isinstance(part.value, str)
+              and re.search(r"(?<![\w-])--[a-z_]+", part.value)):
+            flagged.append(f"{path.relative_to(PACKAGE.parent)}:{part.lineno}: {part.value}")
+  assert not flagged, "library errors that name --flags:\n" + "\n".join(flagged)

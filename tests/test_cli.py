@@ -6,6 +6,7 @@ Each test runs the tool in a subprocess; all but one are in the slow tier.
 import pytest
 
 from conftest import run_module
+from purejax import _cli
 
 slow = pytest.mark.slow
 
@@ -105,3 +106,12 @@ def test_sample_refuses_a_checkpoint_of_another_model(tmp_path):
   assert process.returncode == 1
   assert "holds a 'mlp' model, not a GPT" in process.stderr
   assert "Traceback" not in process.stderr
+
+
+def test_library_names_are_shown_as_the_flags_the_command_line_has():
+  flags = {"keep_checkpoints", "dataset", "lr_decay_iters", "tfds_manual_dir"}
+  message = ("`RunConfig.keep_checkpoints` must be >= 1; `dataset=a.txt` does not exist; "
+             "set `decay_iters` or `manual_dir=DIR`; `vocab.bpe` and `beta1` stay")
+  assert _cli.in_flags(message, flags) == (
+      "--keep_checkpoints must be >= 1; --dataset=a.txt does not exist; set "
+      "--lr_decay_iters or --tfds_manual_dir=DIR; `vocab.bpe` and `beta1` stay")
