@@ -20,11 +20,13 @@ import jax.numpy as jnp
 import pytest
 
 from purejax import decode
+from purejax.data import batches
 from purejax import gpt
 from purejax.ops import attention
 from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import steps
+from purejax.training.state import TrainState
 
 GPT2 = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768,
                      bias=False, compute_dtype="bfloat16")
@@ -89,8 +91,9 @@ TOKENS = jax.ShapeDtypeStruct((1 << 20,), jnp.int32)
 
 def train_step_hlo(forms, config=GPT2, batch=BATCH, platform="cuda") -> str:
   params, opt_state = abstract_state(config)
+  state = TrainState(params, opt_state, {"train": KEY})
   return lower(steps.train_steps.trace(
-      params, opt_state, TOKENS, KEY, 0, config=config, optimizer=OPTIMIZER,
+      state, batches.DeviceTokens(TOKENS), 0, config=config, optimizer=OPTIMIZER,
       batch_size=batch, num_steps=2, forms=forms), platform)
 
 
@@ -124,7 +127,8 @@ def test_cpu_program_keeps_its_cpu_forms():
 
 def test_evaluate_runs_cudnn_attention_forward_only(cudnn_version):
   params, _ = abstract_state(GPT2)
-  hlo = lower(steps.evaluate.trace(params, TOKENS, KEY, config=GPT2, batch_size=BATCH,
+  hlo = lower(steps.evaluate.trace(params, batches.DeviceTokens(TOKENS), KEY, config=GPT2,
+                                   batch_size=BATCH,
                                    num_batches=2, forms=kernels.select("gpu")))
   calls = custom_calls(hlo)
   assert calls[CUDNN_FORWARD] >= 1 and CUDNN_BACKWARD not in calls, calls

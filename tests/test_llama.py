@@ -96,7 +96,7 @@ def test_logits_equal_transformers(hf_model):
   assert config.kv_heads == model.config.num_key_value_heads < config.n_head
   assert config.tie_embeddings == ("lm_head" not in params)
   assert config.qkv_bias == (name == "qwen2_qkv_bias") == ("b" in params["blocks"]["attn"]["qkv"])
-  assert spec == {"type": "ids", "name": "ids", "vocab_size": VOCAB}  # no tokenizer.json
+  assert spec.to_dict() == {"type": "ids", "name": "ids", "vocab_size": VOCAB}  # no tokenizer.json
   tokens = ids()
   got = np.asarray(gpt.forward(params, jnp.asarray(tokens), config))
   np.testing.assert_allclose(got, hf_logits(model, tokens), atol=1e-4, rtol=1e-4)
