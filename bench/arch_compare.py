@@ -67,25 +67,28 @@ def step_times() -> Dict[str, List[float]]:
   import jax  # pylint: disable=import-outside-toplevel
   import dataclasses  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
+  from purejax.data import batches  # pylint: disable=import-outside-toplevel
   from purejax.training import loop, optim, steps  # pylint: disable=import-outside-toplevel
+  from purejax.training.state import TrainState  # pylint: disable=import-outside-toplevel
 
   optimizer = optim.make_optimizer(
       dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=FLAGS.max_iters))
-  data = jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65)
+  data = batches.DeviceTokens(jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65))
   state = {}
   for arm in ARMS:
     config = dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
     params = gpt.init_params(config, jax.random.PRNGKey(0))
-    state[arm] = [config, params, optimizer.init(params), 0]
+    state[arm] = [config, TrainState(params, optimizer.init(params),
+                                     {"train": jax.random.PRNGKey(1)}), 0]
 
   def call(arm: str) -> float:
-    config, params, opt_state, step = state[arm]
+    config, train_state, step = state[arm]
     start = time.perf_counter()
-    params, opt_state, metrics = steps.train_steps(
-        params, opt_state, data, jax.random.PRNGKey(1), step, config=config,
-        optimizer=optimizer, batch_size=12, num_steps=FLAGS.steps_per_call)
+    train_state, metrics = steps.train_steps(
+        train_state, data, step, config=config, optimizer=optimizer, batch_size=12,
+        num_steps=FLAGS.steps_per_call)
     jax.block_until_ready(metrics)
-    state[arm][1:] = [params, opt_state, step + FLAGS.steps_per_call]
+    state[arm][1:] = [train_state, step + FLAGS.steps_per_call]
     return (time.perf_counter() - start) / FLAGS.steps_per_call
 
   for arm in ARMS:  # compile and warm up
