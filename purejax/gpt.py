@@ -159,8 +159,12 @@ def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
   b, t, _ = x.shape
   h, kv, d = config.n_head, config.kv_heads, config.head_dim
   qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype, forms=forms)
-  q, k, v = jnp.split(qkv, (h * d, (h + kv) * d), axis=-1)  # [b, t, (h | kv) d]
-  q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
+  if kv == h:  # sliced as [b, t, 3, h, d]: XLA compiles GPT-2 as it always has
+    qkv = qkv.reshape(b, t, 3, h, d)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  else:
+    q, k, v = jnp.split(qkv, (h * d, (h + kv) * d), axis=-1)  # [b, t, (h | kv) d]
+    q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
   if config.position == "rope":
     positions = start + jnp.arange(t)
     frequencies = nn.rope_frequencies(d, config.rope_theta, config.rope_scaling)
