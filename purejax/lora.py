@@ -29,7 +29,7 @@ alike: `ATTENTION_AND_MLP` takes a GPT's `attn.qkv`, `attn.proj`, `mlp.fc`,
 
 import dataclasses
 import fnmatch
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -171,6 +171,33 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
     return (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
 
   return jax.tree_util.tree_map_with_path(merged, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """A LoRA fine-tune's adapters.
+
+  Attributes:
+    rank: the adapters' rank r.
+    alpha: the update is scaled by `alpha / rank`; None: `rank` (scale 1).
+    targets: `fnmatch` patterns of the adapted weights (`target_paths`).
+  """
+  rank: int
+  alpha: Optional[float] = None
+  targets: Tuple[str, ...] = ATTENTION_AND_MLP
+
+  def __post_init__(self):
+    if not isinstance(self.rank, int) or self.rank < 1:
+      raise ValueError(f"LoRA rank must be a positive integer, got {self.rank!r}.")
+    if self.alpha is not None and not self.alpha > 0:
+      raise ValueError(f"LoRA alpha must be > 0, got {self.alpha}.")
+    if isinstance(self.targets, str) or not self.targets:
+      raise ValueError(f"LoRA targets must be a non-empty tuple of patterns, got "
+                       f"{self.targets!r}.")
+
+  @property
+  def scale_alpha(self) -> float:
+    return float(self.rank if self.alpha is None else self.alpha)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,12 +29,16 @@ from purejax import weights
 from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
 from purejax import gpt
+from purejax import lora
 from purejax.training import loop
 from purejax.training import mlp_loop
 from purejax.training import nonfinite
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import runs
+from purejax.training import sweep
+from purejax.training import sweep_loop
+from purejax.training import wandb_sink
 from purejax.training import signals
 from purejax.data import tokenizers
 
@@ -154,6 +158,22 @@ def define_gpt_flags() -> None:
                       "gpt2-large, gpt2-xl, a Hugging Face folder (GPT-2, Llama, Mistral, "
                       "Qwen2) or Hub id OWNER/MODEL in its cache, a nanoGPT ckpt.pt, or a "
                       "purejax run directory. The model flags then come from it.")
+  # Fine-tuning with LoRA, sweeps, Weights & Biases.
+  flags.DEFINE_integer("lora_rank", 0, "Train rank-r LoRA adapters of the weights instead "
+                       "of the weights (0: off); usually with --init_from.")
+  flags.DEFINE_float("lora_alpha", None, "LoRA's scale numerator: updates are scaled by "
+                     "alpha / rank (default: the rank, a scale of 1).")
+  flags.DEFINE_list("lora_targets", list(lora.ATTENTION_AND_MLP), "Patterns of the weights "
+                    "LoRA adapts, over dotted param paths (e.g. *attn.qkv.w,*mlp.fc.w).")
+  flags.DEFINE_string("sweep", None, "Train several runs in one program: NAME=V1,V2,... "
+                      "of optimizer settings, ';' between names (e.g. "
+                      "'learning_rate=3e-4,1e-3;weight_decay=0,0.1'); each run gets "
+                      "--out_dir/<run name>.")
+  flags.DEFINE_integer("sweep_seeds", 1, "Seeds per sweep setting: --seed, --seed+1, ...")
+  flags.DEFINE_bool("wandb_log", False, "Log the metrics to Weights & Biases too "
+                    "(pip install wandb).")
+  flags.DEFINE_string("wandb_project", "purejax", "W&B project.")
+  flags.DEFINE_string("wandb_run_name", None, "W&B run name (a sweep's runs add theirs).")
 
 
 def define_mlp_flags() -> None:
@@ -298,11 +318,36 @@ def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
   else:
     gpt_config(vocab_size=1)  # fail on bad model flags before loading data
     tokenizer = FLAGS.tokenizer
+  lora_config = lora_flags()
+  grid = sweep.parse_grid(FLAGS.sweep) if FLAGS.sweep is not None else None
   text = load_corpus(tokenizer)
   if not init_from:
     config = gpt_config(text.vocab_size)
+  if grid is not None or FLAGS.sweep_seeds > 1:
+    return {"runs": sweep_loop.train_gpt_sweep(
+        config, text, train, optimizer_config(), run, grid or {}, FLAGS.sweep_seeds,
+        devices, init_params=init_params, init_from=init_from, forms=forms,
+        lora_config=lora_config, data=FLAGS.dataset, sinks=wandb_sinks)}
   return loop.train_gpt(config, text, train, optimizer_config(), run, devices,
-                        init_params=init_params, init_from=init_from, forms=forms)
+                        init_params=init_params, init_from=init_from, forms=forms,
+                        lora_config=lora_config, data=FLAGS.dataset,
+                        sinks=wandb_sinks(None, {}))
+
+
+def lora_flags() -> Optional[lora.LoraConfig]:
+  if FLAGS.lora_rank == 0:
+    return None
+  return lora.LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, tuple(FLAGS.lora_targets))
+
+
+def wandb_sinks(run_name: Optional[str], meta: dict) -> list:
+  """`--wandb_log`: a W&B sink for the run (a sweep's `run_name` joins --wandb_run_name)."""
+  if not FLAGS.wandb_log or not parallel.is_main_process():
+    return []
+  name = "-".join(n for n in (FLAGS.wandb_run_name, run_name) if n) or None
+  return [wandb_sink.WandbSink(project=FLAGS.wandb_project, run_name=name,
+                               config={**meta, "flags": FLAGS.flag_values_dict()},
+                               out_dir=FLAGS.out_dir)]
 
 
 def eval_gpt(run: runs.RunConfig, train: loop.GPTTrainConfig,

@@ -11,9 +11,11 @@ subprocesses, several devices or the real data are marked `slow`.
 """
 
 import base64
+import json
 import os
 import pathlib
 import socket
+import struct
 import subprocess
 import sys
 
@@ -117,6 +119,57 @@ def no_network(monkeypatch):
   monkeypatch.setattr(socket.socket, "connect", refuse)
   yield
   assert not attempts, f"a test touched the network: {attempts}"
+
+
+# ----------------------------------------------------------------------------
+# Command-line runs and what they write
+
+
+def final(process):
+  """The metrics a finished `purejax.train` printed last (`final {...}`)."""
+  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
+  line = [l for l in process.stdout.splitlines() if l.startswith("final ")][-1]
+  return json.loads(line[len("final "):])
+
+
+def one_line_error(process, *fragments):
+  """Asserts the process stopped with exit 1 and one `error: ` line holding `fragments`."""
+  assert process.returncode == 1, process.stdout[-1000:] + process.stderr[-2000:]
+  assert "Traceback" not in process.stderr
+  error = [l for l in process.stderr.splitlines() if l.startswith("error: ")]
+  assert len(error) == 1, process.stderr[-2000:]
+  for fragment in fragments:
+    assert fragment in error[0], error[0]
+
+
+def read_wandb_offline_history(out_dir: pathlib.Path):
+  """The history rows of the offline W&B run under `out_dir/wandb`, without wandb's API.
+
+  The `.wandb` file is a short header then LevelDB's log format (32 KiB
+  blocks of records: crc32 (4), length (2), type (1), data), each record one
+  protobuf `Record`.
+  """
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
+  (path,) = pathlib.Path(out_dir).glob("wandb/offline-run-*/run-*.wandb")
+  data, pos, pending, rows = path.read_bytes(), 7, b"", []
+  block = 32768
+  while pos + 7 <= len(data):
+    if block - pos % block < 7:  # a block's tail too short for a header is padding
+      pos += block - pos % block
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    if length == 0 and kind == 0:
+      break
+    pending += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):  # a whole record, or the last piece of one
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(pending)
+      pending = b""
+      if record.WhichOneof("record_type") == "history":
+        rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                     for item in record.history.item})
+  return rows
 
 
 # ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, run_module
+from conftest import REPO_ROOT, final, one_line_error, run_module
 from purejax.training import checkpoint
 from purejax.data import datasets
 from purejax.training import monitor
@@ -35,21 +35,6 @@ def text_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("text") / "plays.txt"
   path.write_text(text)
   return path
-
-
-def final(process):
-  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
-  line = [l for l in process.stdout.splitlines() if l.startswith("final ")][-1]
-  return json.loads(line[len("final "):])
-
-
-def one_line_error(process, *fragments):
-  assert process.returncode == 1, process.stdout[-1000:] + process.stderr[-2000:]
-  assert "Traceback" not in process.stderr
-  error = [l for l in process.stderr.splitlines() if l.startswith("error: ")]
-  assert len(error) == 1, process.stderr[-2000:]
-  for fragment in fragments:
-    assert fragment in error[0], error[0]
 
 
 def test_a_text_file_trains_and_its_tokens_are_cached(tmp_path, text_file):

@@ -23,6 +23,7 @@ import numpy as np
 
 from purejax import decode
 from purejax import gpt
+from purejax import lora
 from purejax import rng
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
@@ -31,9 +32,9 @@ from purejax.training import flops
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import runs
-from purejax.training import session as session_lib
 from purejax.training import state as state_lib
 from purejax.training import steps
+from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
 from purejax.training.session import Session
@@ -102,7 +103,7 @@ class GPTTrainConfig:
                          f"0 <= A < B <= `max_iters={self.max_iters}`.")
 
 
-def _check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
+def check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
   if config.vocab_size < text.vocab_size:
     raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
                      f"{text.vocab_size} ids of the data's tokenizer; use the model's "
@@ -113,7 +114,7 @@ def _check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int)
                      f"({len(text.train)} tokens).")
 
 
-class _CallLengths:
+class CallLengths:
   """How many steps the loop's call from `step` runs: up to `steps_per_call`, never
   across an eval, log, checkpoint or profile boundary (the host feed reads ahead by it)."""
 
@@ -143,23 +144,25 @@ def _feed(text, config, train, plan, *, start_step, steps_per_call, end_step=Non
       steps_per_call=steps_per_call)
 
 
-def _evaluate(params, eval_key, feed, config, train, plan, forms) -> Dict[str, float]:
+def _evaluate(params, eval_key, feed, config, train, plan, forms, view=None
+              ) -> Dict[str, float]:
   """Mean loss of `train.eval_iters` batches of each split, the same batches every time."""
   return {name: float(steps.evaluate(params, tokens, eval_key, config=config,
                                      batch_size=train.batch_size,
-                                     num_batches=train.eval_iters, plan=plan, forms=forms))
+                                     num_batches=train.eval_iters, plan=plan, forms=forms,
+                                     params_view=view))
           for name, tokens in feed.eval.items()}
 
 
 def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, config,
-                         train, plan, forms) -> None:
-  losses = _evaluate(state.params, state.keys["eval"], feed, config, train, plan, forms)
+                         train, plan, forms, view=None) -> None:
+  losses = _evaluate(state.params, state.keys["eval"], feed, config, train, plan, forms, view)
   session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
               f"val loss {losses['val_loss']:.4f}")
   session.add_eval(step, state, {"step": step, **losses}, **losses)
 
 
-def _resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
+def resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
   """`opt_config` with the schedule's end filled in (the run's last step by default)."""
   if opt_config.decay_iters is None:
     return dataclasses.replace(opt_config, decay_iters=max_iters)
@@ -242,12 +245,33 @@ def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:
           f"{'' if config.bias else ', no biases'}")
 
 
-def _gpt_meta(config, text, opt_config, train, init_from) -> Dict[str, Any]:
-  """What a GPT checkpoint records: the run's identity, its tokenizer and origin."""
-  return {"model": "gpt", "config": dataclasses.asdict(config),
-          "tokenizer": text.tokenizer.spec().to_dict(), "optimizer": dataclasses.asdict(opt_config),
-          "batch_size": train.batch_size, "seed": train.seed, "init_from": init_from,
-          "dataset": text.name or None}
+def gpt_meta(config, text, opt_config, train, init_from, *, lora_config=None, data=None,
+             grad_accum_steps=1) -> Dict[str, Any]:
+  """What a GPT checkpoint records: the run's identity, its tokenizer and origin,
+  what `purejax.replay` needs to load its data again (`data`: the `--dataset`
+  given), and its LoRA adapters' settings."""
+  meta = {"model": "gpt", "config": dataclasses.asdict(config),
+          "tokenizer": text.tokenizer.spec().to_dict(),
+          "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
+          "seed": train.seed, "init_from": init_from, "dataset": text.name or None,
+          "data": data, "grad_accum_steps": grad_accum_steps}
+  if lora_config is not None:
+    meta["lora"] = dataclasses.asdict(lora_config)
+  return meta
+
+
+def trained_params(params: gpt.Params, key, lora_config: Optional[lora.LoraConfig]):
+  """`(what the run trains, params_view)`: the params, or LoRA's base and adapters."""
+  if lora_config is None:
+    return params, None
+  adapters = lora.init(params, lora_config.rank, lora_config.targets, key)
+  return lora.trainable(params, adapters), lora.View(lora_config.scale_alpha)
+
+
+def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config=None):
+  """The run's optimizer: NaN/Inf updates skipped with `run.skip_nonfinite`, and
+  with LoRA only the adapters trained (`optim.frozen_base`)."""
+  return sweep.RunOptimizer(opt_config, run.skip_nonfinite, lora_config is not None)()
 
 
 def train_gpt(
@@ -261,6 +285,9 @@ def train_gpt(
     init_params: Optional[gpt.Params] = None,
     init_from: Optional[str] = None,
     forms: Optional[kernels.Forms] = None,
+    lora_config: Optional[lora.LoraConfig] = None,
+    data: Optional[str] = None,
+    sinks: Sequence[Any] = (),
 ) -> Dict[str, Any]:
   """Trains a GPT on a token corpus; returns the final evaluation and timing.
 
@@ -283,23 +310,33 @@ def train_gpt(
     forms: how the model runs (`kernels.select`); None: the forms of the
       devices' platform. Not part of the run's identity: a run may resume
       with other forms.
+    lora_config: train LoRA adapters of the params (`lora`) instead of the
+      params; checkpoints hold base and adapters, and loading them as
+      weights (`weights.from_purejax`) merges them.
+    data: the `--dataset` the corpus came from, recorded for `purejax.replay`.
+    sinks: further metric sinks (`monitor.Monitor`'s), e.g. W&B's.
 
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
-  _check_fits(config, text, train.batch_size)
+  check_fits(config, text, train.batch_size)
   keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
   gpt.check_params(params, config)
+  n_params = gpt.num_params(params)
+  # The adapters' key is folded from the params' one: the other streams stay
+  # those of a run without LoRA.
+  params, view = trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
   plan = parallel.make_plan(devices, train.batch_size)
   runs.print_line(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
   forms = forms or kernels.select(kernels.platform_of(plan))
   runs.print_line(f"forms: {forms.describe()}")
-  resolved = _resumable_optimizer(opt_config, train.max_iters)
-  meta = _gpt_meta(config, text, resolved, train, init_from)
+  resolved = resumable_optimizer(opt_config, train.max_iters)
+  meta = gpt_meta(config, text, resolved, train, init_from, lora_config=lora_config,
+                  data=data, grad_accum_steps=devices.grad_accum_steps)
   # The data sampler's whole state is (train key, step): batch s is drawn
   # from fold_in(train key, s), so restoring both resumes the same stream.
-  template = TrainState(params, session_lib.make_optimizer(resolved, run).init(params),
+  template = TrainState(params, run_optimizer(resolved, run, lora_config).init(params),
                         {"train": keys["train"], "eval": keys["eval"]})
   state, step, saved = runs.start_or_resume(
       run, template, meta, saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
@@ -308,12 +345,15 @@ def train_gpt(
   resolved, meta = _keep_saved_schedule(resolved, opt_config, meta, saved)
   state, shardings = state_lib.shard(state, plan)
   train_steps = parallel.sharded_step(
-      steps.train_steps, plan, shardings, config=config, optimizer=session_lib.make_optimizer(resolved, run),
-      batch_size=train.batch_size, grad_accum_steps=devices.grad_accum_steps, forms=forms)
-  call_length = _CallLengths(train)
+      steps.train_steps, plan, shardings, config=config,
+      optimizer=run_optimizer(resolved, run, lora_config), batch_size=train.batch_size,
+      grad_accum_steps=devices.grad_accum_steps, forms=forms, params_view=view)
+  call_length = CallLengths(train)
   feed = _feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
-  n_params = gpt.num_params(params)
   runs.print_line(f"model: {_describe_model(config, n_params)}")
+  if lora_config is not None:
+    runs.print_line(f"LoRA: {lora.num_params(params['adapters']) / 1e6:.3f}M adapter params "
+                    f"train, the base is frozen; {lora_config}")
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
   runs.print_line(f"optimizer: {optim.describe(resolved)}")
@@ -322,10 +362,10 @@ def train_gpt(
   profiler = _Profiler(train.profile_steps, run.out_dir)
   with contextlib.closing(feed), Session(
       run, meta, saved, total=train.max_iters, start=step, bar=train.progress,
-      keep_best=not train.always_save_checkpoint) as session:
+      keep_best=not train.always_save_checkpoint, sinks=sinks) as session:
     while step < train.max_iters:
       if step % train.eval_interval == 0 and not session.evaluated_at(step):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms)
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
       num_steps = call_length(step)
       profiler.before(step)
       start = time.perf_counter()
@@ -338,15 +378,15 @@ def train_gpt(
       step += num_steps
       throughput.record(session, step, seconds_per_step, losses, metrics)
       if runs.every(train.eval_interval, step, train.max_iters):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms)
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
       session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
                                  train.max_iters), step, state)
   return _finish(run, state, session.history, step, throughput, text, config, keys, train,
-                 forms)
+                 forms, view)
 
 
-def _finish(run, state, history, step, throughput, text, config, keys, train, forms
-            ) -> Dict[str, Any]:
+def _finish(run, state, history, step, throughput, text, config, keys, train, forms,
+            view=None) -> Dict[str, Any]:
   """The run's final metrics; then its loss plot and a sample, as nanoGPT ends."""
   metrics = dict(history[-1]) if history else {"step": step}
   ms = throughput.median_ms()
@@ -356,7 +396,8 @@ def _finish(run, state, history, step, throughput, text, config, keys, train, fo
   if parallel.is_main_process():
     plot_losses(run.out_dir)
   if train.sample_tokens > 0:
-    sample = sample_text(state.params, text.tokenizer, config, keys["sample"],
+    params = state.params if view is None else jax.jit(view)(state.params)
+    sample = sample_text(params, text.tokenizer, config, keys["sample"],
                          train.sample_tokens, forms=forms)
     runs.print_line("---- sample ----\n" + sample)
   return metrics
@@ -378,7 +419,7 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
 
   `forms` as in `train_gpt`.
   """
-  _check_fits(config, text, train.batch_size)
+  check_fits(config, text, train.batch_size)
   gpt.check_params(params, config)
   keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
   plan = parallel.make_plan(devices, train.batch_size)

@@ -179,3 +179,17 @@ def describe(config: OptimizerConfig) -> str:
   if config.grad_clip:
     parts.append(f"clip {config.grad_clip:g}")
   return ", ".join(parts)
+
+
+def frozen_base(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`optimizer` for LoRA's `{"base": params, "adapters": adapters}` (`lora.trainable`).
+
+  The adapters get `optimizer` (and its state); the base gets no update and
+  no state (`optax.set_to_zero`). Adapters' factors are named `a` and `b`,
+  so `decay_mask` gives them no weight decay.
+  """
+  def labels(tree):
+    return {"base": jax.tree.map(lambda _: "frozen", tree["base"]),
+            "adapters": jax.tree.map(lambda _: "trained", tree["adapters"])}
+
+  return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)

@@ -1,7 +1,7 @@
 """Replaying a training step from a checkpoint, to see what made its loss.
 
-    state = replay_to(state, ids, start=400, stop=449, ...)   # a checkpoint's TrainState
-    report = inspect_step(state, ids, 449, ...)
+    state = replay_to(state, train_ids, start=400, stop=449, config=config, ...)
+    report = inspect_step(state, train_ids, 449, config=config, ...)
     report.loss                 # what metrics.jsonl logged at step 450, bit for bit
     report.token_losses         # [batch, block]: which tokens it came from
     report.grad_norms           # {"blocks.attn.qkv.w": [n_layer], ..., "blocks": [n_layer]}
@@ -19,7 +19,8 @@ Numbering: the loop logs the loss of update `s` (0-based) at step `s + 1`,
 the step count after it; `inspect_step(..., s)` returns that loss.
 """
 
-from typing import Dict, NamedTuple, Optional
+import pathlib
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import chex
 import jax
@@ -27,11 +28,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from purejax.data import batches
+from purejax import _files
 from purejax import gpt
-from purejax.training import parallel
+from purejax import lora
 from purejax import rng
+from purejax.data import batches
+from purejax.data import corpus as corpus_lib
+from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.training import checkpoint
+from purejax.training import monitor
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import state as state_lib
 from purejax.training import steps
+from purejax.training import sweep
 from purejax.training.state import TrainState
 
 
@@ -57,45 +68,48 @@ class StepReport(NamedTuple):
   grad_norms: Dict[str, np.ndarray]
 
 
-def step_windows(train_tokens, key: chex.PRNGKey, update: int, *, config: gpt.GPTConfig,
+def step_windows(train_ids, key: chex.PRNGKey, update: int, *, config: gpt.GPTConfig,
                  batch_size: int, host_seed: Optional[int] = None) -> np.ndarray:
   """The `[batch, block + 1]` windows update `update` trained on.
 
-  `host_seed`: the run's seed when the host read its batches
-  (`batches.host_feed`); None when they were drawn on the device from `key`.
+  Args:
+    train_ids: the run's `[num_tokens]` training ids (an array or memmap).
+    key: the run's training key (`state.keys["train"]`).
+    update: the update's 0-based index.
+    config, batch_size: the run's.
+    host_seed: the run's seed when the host read its batches
+      (`batches.host_feed`); None when they were drawn on the device.
   """
   if host_seed is not None:
-    return batches.sample_windows(train_tokens, config.block_size, batch_size, 2 * host_seed,
+    return batches.sample_windows(train_ids, config.block_size, batch_size, 2 * host_seed,
                                   update)
   batch_key, _ = jax.random.split(rng.fold_in_step(key, update))
-  x, y = batches.sample_batch(batch_key, jnp.asarray(train_tokens), config.block_size,
+  x, y = batches.sample_batch(batch_key, jnp.asarray(train_ids), config.block_size,
                               batch_size)
   return np.concatenate([np.asarray(x), np.asarray(y[:, -1:])], axis=1)
 
 
-def tokens_for(train_tokens, start, num_steps, config, batch_size, host_seed
-               ) -> batches.Tokens:
-  """What `steps.train_steps` was given for updates `start .. start + num_steps - 1`."""
+def tokens_for(train_ids, start, num_steps, config, batch_size, host_seed) -> batches.Tokens:
+  """What `steps.train_steps` is given for updates `start ..`, as the loop gave it."""
   if host_seed is None:
-    return batches.DeviceTokens(jnp.asarray(train_tokens))
-  return batches.HostWindows(np.stack([
-      batches.sample_windows(train_tokens, config.block_size, batch_size, 2 * host_seed, s)
-      for s in range(start, start + num_steps)]))
+    return batches.DeviceTokens(jnp.asarray(train_ids))
+  return batches.HostWindows(jnp.asarray(np.stack([
+      batches.sample_windows(train_ids, config.block_size, batch_size, 2 * host_seed, s)
+      for s in range(start, start + num_steps)])))
 
 
-def replay_to(state: TrainState, train_tokens, start: int, stop: int, *,
-              config: gpt.GPTConfig, optimizer: optax.GradientTransformation,
-              batch_size: int, grad_accum_steps: int = 1, host_seed: Optional[int] = None,
-              steps_per_call: int = 10) -> TrainState:
+def replay_to(state: TrainState, train_ids, start: int, stop: int, *, config: gpt.GPTConfig,
+              optimizer: optax.GradientTransformation, batch_size: int,
+              grad_accum_steps: int = 1, host_seed: Optional[int] = None,
+              params_view=None, steps_per_call: int = 10) -> TrainState:
   """Runs updates `start .. stop - 1`: the state before update `stop`.
 
   Args:
-    state: the state before update `start` (a checkpoint at step `start`);
-      donated. Its `keys["train"]` is the run's training key.
-    train_tokens: the run's training ids (on the device, or a host array or
-      memmap with `host_seed`).
+    state: the state before update `start` (a checkpoint at step `start`); donated.
+    train_ids: the run's `[num_tokens]` training ids.
     start, stop: the first update to run and the one to stop before.
-    config, optimizer, batch_size, grad_accum_steps: the run's.
+    config, optimizer, batch_size, grad_accum_steps, params_view: the run's
+      (as given to `steps.train_steps`).
     host_seed: see `step_windows`.
     steps_per_call: updates per jitted call (the result does not depend on it).
 
@@ -106,9 +120,9 @@ def replay_to(state: TrainState, train_tokens, start: int, stop: int, *,
   while step < stop:
     n = min(steps_per_call, stop - step)
     state, _ = steps.train_steps(
-        state, tokens_for(train_tokens, step, n, config, batch_size, host_seed), step,
+        state, tokens_for(train_ids, step, n, config, batch_size, host_seed), step,
         config=config, optimizer=optimizer, batch_size=batch_size, num_steps=n,
-        grad_accum_steps=grad_accum_steps)
+        grad_accum_steps=grad_accum_steps, params_view=params_view)
     step += n
   return state
 
@@ -133,51 +147,195 @@ def _per_layer_norms(grads: gpt.Params) -> Dict[str, np.ndarray]:
   return norms
 
 
-def inspect_step(state: TrainState, train_tokens, update: int, *, config: gpt.GPTConfig,
+def inspect_step(state: TrainState, train_ids, update: int, *, config: gpt.GPTConfig,
                  optimizer: optax.GradientTransformation, batch_size: int,
-                 grad_accum_steps: int = 1, host_seed: Optional[int] = None) -> StepReport:
+                 grad_accum_steps: int = 1, host_seed: Optional[int] = None,
+                 params_view=None) -> StepReport:
   """Runs update `update` once more and reports what it computed.
 
   The loss comes from `steps.train_steps` itself (one step), so it equals
-  the logged one bit for bit; the per-token losses and per-layer gradient
-  norms are recomputed beside it, with the same batch and dropout keys.
+  the logged one bit for bit; the per-token losses and the gradient norms
+  of the model's params (for LoRA: of the merged weights) are recomputed
+  beside it, with the same batch and dropout keys.
 
   Args: as `replay_to`, with the state before update `update` (not donated).
 
   Returns:
     A `StepReport`.
   """
-  params, key = state.params, state.keys["train"]
-  windows = step_windows(train_tokens, key, update, config=config, batch_size=batch_size,
+  key = state.keys["train"]
+  windows = step_windows(train_ids, key, update, config=config, batch_size=batch_size,
                          host_seed=host_seed)
   _, dropout_key = jax.random.split(rng.fold_in_step(key, update))
   x, y = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
+  model_params = state.params if params_view is None else params_view(state.params)
 
   def microbatch_loss(params, xy, index):  # as steps.train_steps' update
     return gpt.loss(params, *xy, config, key=jax.random.fold_in(dropout_key, index),
                     deterministic=False)
 
   _, grads = jax.jit(lambda p, xy: parallel.accumulate_gradients(
-      microbatch_loss, p, xy, grad_accum_steps))(params, (x, y))
+      microbatch_loss, p, xy, grad_accum_steps))(model_params, (x, y))
 
   @jax.jit
   def token_losses(params, x, y):
-    def part(xy, index):
-      logits = gpt.forward(params, xy[0], config, key=jax.random.fold_in(dropout_key, index),
-                           deterministic=False)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, xy[1])
     rows = batch_size // grad_accum_steps
-    if grad_accum_steps == 1:
-      return part((x, y), jnp.int32(0))
-    parts = [part((x[j * rows:(j + 1) * rows], y[j * rows:(j + 1) * rows]), jnp.int32(j))
-             for j in range(grad_accum_steps)]
+    parts = []
+    for j in range(grad_accum_steps):  # microbatch j: rows j * rows .., dropout key j
+      logits = gpt.forward(params, x[j * rows:(j + 1) * rows], config,
+                           key=jax.random.fold_in(dropout_key, j), deterministic=False)
+      parts.append(optax.softmax_cross_entropy_with_integer_labels(
+          logits, y[j * rows:(j + 1) * rows]))
     return jnp.concatenate(parts)
 
-  per_token = np.asarray(token_losses(params, x, y))
+  per_token = np.asarray(token_losses(model_params, x, y))
   copy = jax.tree.map(jnp.array, state)  # train_steps donates its state
   _, metrics = steps.train_steps(
-      copy, tokens_for(train_tokens, update, 1, config, batch_size, host_seed), update,
+      copy, tokens_for(train_ids, update, 1, config, batch_size, host_seed), update,
       config=config, optimizer=optimizer, batch_size=batch_size, num_steps=1,
-      grad_accum_steps=grad_accum_steps)
+      grad_accum_steps=grad_accum_steps, params_view=params_view)
   return StepReport(update, float(metrics.loss[0]), windows, per_token,
                     float(metrics.grad_norm[0]), _per_layer_norms(grads))
+
+
+# ----------------------------------------------------------------------------
+# A run directory's step
+
+
+class Replayed(NamedTuple):
+  """`replay_run`'s result.
+
+  Attributes:
+    report: the replayed step (`StepReport`).
+    logged: the loss metrics.jsonl holds for the step; None if the step was
+      not a log point.
+    checkpoint: the checkpoint the replay started from.
+    tokenizer: the run's tokenizer (to show the tokens).
+    path: the `.npz` written, or None.
+  """
+  report: StepReport
+  logged: Optional[float]
+  checkpoint: pathlib.Path
+  tokenizer: Any
+  path: Optional[pathlib.Path]
+
+
+def _checkpoint_at_or_before(out_dir: str, update: int) -> pathlib.Path:
+  for step, path in checkpoint.list_checkpoints(out_dir):
+    if step <= update:
+      return path
+  raise ValueError(f"{out_dir} holds no checkpoint at or before step {update}; replay a "
+                   f"later step (a run keeps its --keep_checkpoints newest checkpoints).")
+
+
+def _logged_loss(out_dir: str, step: int) -> Optional[float]:
+  try:
+    records = monitor.read_metrics(out_dir)
+  except FileNotFoundError:
+    return None
+  losses = [r.get("loss") for r in records if r["kind"] == "train" and r["step"] == step]
+  return losses[-1] if losses else None
+
+
+def _restore(arrays, path, meta, config, params_key):
+  """The checkpoint's `TrainState` and optimizer: the template is the loop's, with or
+  without skipping non-finite updates (the state's structure tells which)."""
+  lora_meta = meta.get("lora")
+  lora_config = lora.LoraConfig(lora_meta["rank"], lora_meta["alpha"],
+                                tuple(lora_meta["targets"])) if lora_meta else None
+  params = jax.eval_shape(lambda: gpt.init_params(config, params_key))
+  if lora_config is not None:
+    params = jax.eval_shape(lambda p: lora.trainable(p, lora.init(
+        p, lora_config.rank, lora_config.targets, params_key)), params)
+  opt_config = optim.OptimizerConfig(**meta["optimizer"])
+  key = jax.eval_shape(lambda: params_key)
+  error = None
+  for skip in (False, True):
+    optimizer = sweep.RunOptimizer(opt_config, skip, lora_config is not None)()
+    template = TrainState(params, jax.eval_shape(optimizer.init, params),
+                          {"train": key, "eval": key})
+    try:
+      tree = checkpoint.extract(arrays, state_lib.as_tree(template), path)
+    except checkpoint.CheckpointError as e:
+      error = e
+      continue
+    view = None if lora_config is None else lora.View(lora_config.scale_alpha)
+    return jax.tree.map(jnp.asarray, state_lib.from_tree(tree)), optimizer, view
+  raise error
+
+
+def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write: bool = True,
+               **corpus_options) -> Replayed:
+  """Replays step `step` (as metrics.jsonl numbers it) of the GPT run in `out_dir`.
+
+  Args:
+    out_dir: the run directory.
+    step: the step count after the update to replay (>= 1).
+    dataset: the run's data; default: the one its checkpoints record.
+    write: write `out_dir/replay/step_<step>.npz`.
+    **corpus_options: for `corpus.load_corpus` (cache_dir, tokenizer_file, ...).
+
+  Returns:
+    A `Replayed`.
+
+  Raises:
+    ValueError: no checkpoint at or before the step, or a run that is not a GPT's.
+    checkpoint.CheckpointError: damaged or unfitting checkpoints.
+  """
+  if step < 1:
+    raise ValueError(f"--step must be >= 1 (the step count after an update), got {step}.")
+  update = step - 1
+  path = _checkpoint_at_or_before(out_dir, update)
+  arrays, manifest = checkpoint.read(path)
+  meta = manifest["meta"]
+  if meta.get("model") != "gpt":
+    raise ValueError(f"{out_dir} holds a {meta.get('model')!r} run; replay works on GPT runs.")
+  config = gpt.GPTConfig(**meta["config"])
+  dataset = dataset or meta.get("data")
+  if dataset is None:
+    raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass --dataset.")
+  tok = tokenizers.from_spec(TokenizerSpec.from_dict(meta["tokenizer"]),
+                             encoding_file=corpus_options.get("tokenizer_file"))
+  text = corpus_lib.load_corpus(dataset, tokenizer=tok, **corpus_options)
+  state, optimizer, view = _restore(arrays, path, meta, config, jax.random.PRNGKey(0))
+  host_seed = None if corpus_lib.fits_on_device(text) else meta["seed"]
+  train_ids = text.train if host_seed is not None else np.asarray(text.train, np.int32)
+  run = dict(config=config, optimizer=optimizer, batch_size=meta["batch_size"],
+             grad_accum_steps=meta.get("grad_accum_steps", 1), host_seed=host_seed,
+             params_view=view)
+  state = replay_to(state, train_ids, manifest["step"], update, **run)
+  report = inspect_step(state, train_ids, update, **run)
+  written = None
+  if write:
+    written = pathlib.Path(out_dir) / "replay" / f"step_{step:09d}.npz"
+    written.parent.mkdir(parents=True, exist_ok=True)
+    norms = {f"grad_norm/{name}": value for name, value in report.grad_norms.items()}
+    _files.atomic_write(written, lambda f: np.savez(
+        f, tokens=report.tokens, token_losses=report.token_losses,
+        loss=np.float32(report.loss), grad_norm=np.float32(report.grad_norm), **norms))
+  return Replayed(report, _logged_loss(out_dir, step), path, tok, written)
+
+
+def describe(replayed: Replayed, *, show_tokens: int = 5) -> List[str]:
+  """Lines for a person: the loss against the logged one, the layers' gradient
+  norms, and the tokens of highest loss in their context."""
+  report, logged = replayed.report, replayed.logged
+  step = report.update + 1
+  lines = [f"replayed step {step} from {replayed.checkpoint}"]
+  if logged is None:
+    lines.append(f"loss {report.loss!r} (metrics.jsonl logged no loss at step {step})")
+  else:
+    same = "bit for bit the logged loss" if report.loss == logged else (
+        f"NOT the logged {logged!r}: another device count or data than the run's?")
+    lines.append(f"loss {report.loss!r}: {same}")
+  lines.append(f"gradient norm {report.grad_norm:.4g}; per layer (blocks): " + ", ".join(
+      f"{n:.3g}" for n in report.grad_norms["blocks"]))
+  flat = np.argsort(report.token_losses, axis=None)[::-1][:show_tokens]
+  for row, col in zip(*np.unravel_index(flat, report.token_losses.shape)):
+    context = replayed.tokenizer.decode(report.tokens[row, max(0, col - 20):col + 1].tolist())
+    target = replayed.tokenizer.decode([int(report.tokens[row, col + 1])])
+    lines.append(f"loss {report.token_losses[row, col]:6.3f} at row {row}, position {col}: "
+                 f"{context!r} -> {target!r}")
+  if replayed.path is not None:
+    lines.append(f"wrote {replayed.path} (tokens, token_losses, loss, grad_norm/<param>)")
+  return lines

@@ -17,7 +17,7 @@ best checkpoint, and the stop signals. Only process 0 prints and writes.
 """
 
 import contextlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import optax
 
@@ -45,11 +45,13 @@ class Session:
     bar: draw a live progress bar; None: when stderr is a terminal.
     keep_best: an evaluation with a new lowest `val_loss` also writes the
       best checkpoint (`checkpoint.best_path`).
+    sinks: further metric sinks of the monitor (`monitor.Monitor`), e.g.
+      `wandb_sink.WandbSink`.
   """
 
   def __init__(self, run: runs.RunConfig, meta: Dict[str, Any], saved_meta: Dict[str, Any],
                *, total: int, start: int, unit: str = "step", bar: Optional[bool] = None,
-               keep_best: bool = False):
+               keep_best: bool = False, sinks: Sequence[Any] = ()):
     self.run, self.meta, self.keep_best = run, meta, keep_best
     self.history = list(saved_meta.get("history", []))
     self.best_loss = min((h["val_loss"] for h in self.history if "val_loss" in h),
@@ -58,7 +60,8 @@ class Session:
     main = parallel.is_main_process()
     self.progress = progress_lib.Progress(total, start, unit=unit, enabled=main, bar=bar)
     self.monitor = monitor_lib.Monitor(run.out_dir, resume_step=start or None,
-                                       enabled=main, log=self.progress.write)
+                                       enabled=main, log=self.progress.write,
+                                       sinks=sinks)
     self.signals = signals.StopSignals()
     self._exit = contextlib.ExitStack()
 

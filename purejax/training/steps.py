@@ -14,7 +14,7 @@ device from `DeviceTokens` (no host round-trip per step) or given as
 """
 
 import functools
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -81,6 +81,7 @@ def _train_steps(
     grad_accum_steps: int = 1,
     plan: Optional[parallel.ShardingPlan] = None,
     forms: Optional[kernels.Forms] = None,
+    params_view: Optional[Callable[[Any], gpt.Params]] = None,
 ) -> Tuple[TrainState, StepMetrics]:
   """Runs `num_steps` optimisation steps of the GPT in one jitted `lax.scan`.
 
@@ -108,6 +109,9 @@ def _train_steps(
       training loop does, to keep the state's layout.
     forms: execution forms (`kernels.select`); None: those of the platform
       the plan's mesh, or else the state, lives on.
+    params_view: the model's params as a function of `state.params`, for
+      trained params that are not the model's (LoRA's `lora.View`: base and
+      adapters); None: `state.params` are the model's.
 
   Returns:
     `(state, StepMetrics)` with `[num_steps]` entries.
@@ -122,8 +126,9 @@ def _train_steps(
     batch = _inputs_and_targets(tokens, window, batch_key, config.block_size, batch_size)
 
     def microbatch_loss(params, xy, index):
-      return gpt.loss(params, *xy, config, key=jax.random.fold_in(dropout_key, index),
-                      deterministic=False, forms=forms)
+      return gpt.loss(_view(params_view, params), *xy, config,
+                      key=jax.random.fold_in(dropout_key, index), deterministic=False,
+                      forms=forms)
 
     params, opt_state, loss, grads = _update(
         params, opt_state, microbatch_loss, batch, optimizer=optimizer,
@@ -139,8 +144,12 @@ def _train_steps(
 train_steps = kernels.jit_with_forms(
     _train_steps, platform_args=("plan", "state"),
     static_argnames=("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps",
-                     "plan"),
+                     "plan", "params_view"),
     donate_argnums=0)
+
+
+def _view(params_view, params):
+  return params if params_view is None else params_view(params)
 
 
 def _evaluate(
@@ -153,6 +162,7 @@ def _evaluate(
     num_batches: int,
     plan: Optional[parallel.ShardingPlan] = None,
     forms: Optional[kernels.Forms] = None,
+    params_view: Optional[Callable[[Any], gpt.Params]] = None,
 ) -> chex.Array:
   """Mean loss over `num_batches` batches of `tokens` (no dropout).
 
@@ -160,7 +170,8 @@ def _evaluate(
   drawn with `key` (pass the same `key` at every evaluation so the batches
   are fixed and the numbers compare across steps), or `HostWindows`,
   `[num_batches, batch_size, block_size + 1]`. `plan` splits each batch
-  across devices, and `forms` chooses how the model runs, as in `train_steps`.
+  across devices, and `forms` chooses how the model runs, as in `train_steps`;
+  `params_view` too.
   """
   windows = _per_step_windows(tokens, num_batches, config, batch_size)
 
@@ -169,7 +180,7 @@ def _evaluate(
     x, y = _inputs_and_targets(tokens, window, k, config.block_size, batch_size)
     if plan is not None:
       x, y = parallel.constrain((x, y), plan.batch)
-    return total + gpt.loss(params, x, y, config, forms=forms), None
+    return total + gpt.loss(_view(params_view, params), x, y, config, forms=forms), None
 
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
                           (jax.random.split(key, num_batches), windows))
@@ -178,7 +189,7 @@ def _evaluate(
 
 evaluate = kernels.jit_with_forms(
     _evaluate, platform_args=("plan", "params"),
-    static_argnames=("config", "batch_size", "num_batches", "plan"))
+    static_argnames=("config", "batch_size", "num_batches", "plan", "params_view"))
 
 
 @functools.partial(

@@ -1,11 +1,10 @@
 """Many runs in one program: a sweep of seeds and optimizer settings in one jitted step.
 
     runs = sweep.expand(opt_config, seed=0, grid={"learning_rate": (3e-4, 1e-3)}, num_seeds=2)
-    params = sweep.stack([gpt.init_params(config, key) for key in param_keys])  # [runs, ...]
-    state = TrainState(params, jax.vmap(optimizer.init)(params), {"train": train_keys})
-    state, metrics = sweep.train_steps(
-        state, DeviceTokens(train_ids), step, sweep.hyperparams(runs),
-        config=config, make_optimizer=make, batch_size=12, num_steps=10)
+    state = sweep.stack([TrainState(params, optimizer.init(params), keys) for ...])
+    state, metrics = sweep.train_steps(state, DeviceTokens(ids), step, sweep.hyperparams(runs),
+                                       config=config, make_optimizer=sweep.RunOptimizer(opt),
+                                       batch_size=12, num_steps=10)
     metrics.loss                                         # [runs, 10]
 
 The model is a pure function of its params, so `N` runs are one `jax.vmap`
@@ -39,6 +38,7 @@ import optax
 
 from purejax import gpt
 from purejax.data import batches
+from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import nonfinite
 from purejax.training import steps
@@ -71,14 +71,19 @@ class RunOptimizer:
 
   Attributes:
     config: the settings the runs share.
-    skip_nonfinite: skip non-finite updates (`runs.skip_nonfinite_updates`).
+    skip_nonfinite: skip non-finite updates (`nonfinite.skip_nonfinite_updates`).
+    frozen_base: the params are LoRA's base and adapters; only the adapters
+      train (`optim.frozen_base`).
   """
   config: optim.OptimizerConfig
   skip_nonfinite: bool = False
+  frozen_base: bool = False
 
   def __call__(self, hyperparams: Optional[Mapping[str, chex.Array]] = None
                ) -> optax.GradientTransformation:
     optimizer = optim.make_optimizer(self.config, hyperparams=hyperparams)
+    if self.frozen_base:
+      optimizer = optim.frozen_base(optimizer)
     return nonfinite.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer
 
 
@@ -164,7 +169,7 @@ def num_runs(tree: Any) -> int:
 
 @functools.partial(
     jax.jit, static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
-                              "grad_accum_steps"),
+                              "grad_accum_steps", "params_view", "forms"),
     donate_argnums=0)
 def train_steps(
     state: TrainState,
@@ -177,14 +182,15 @@ def train_steps(
     batch_size: int,
     num_steps: int,
     grad_accum_steps: int = 1,
+    params_view: Optional[Callable[[Any], gpt.Params]] = None,
+    forms: Optional[kernels.Forms] = None,
 ) -> Tuple[TrainState, steps.StepMetrics]:
   """`steps.train_steps` of every run at once, in one jitted program.
 
   Args:
-    state: every run's state stacked (donated): `[runs, ...]` params,
-      optimizer states each of the structure `make_optimizer(...).init`
-      gives, and `keys["train"]`, `[runs, 2]` base keys of the runs'
-      training streams.
+    state: every run's `TrainState` stacked on a leading runs axis (`stack`),
+      donated; each run's optimizer state has the structure
+      `make_optimizer(...).init` gives, its keys its own streams.
     tokens: the training ids on the device, shared by all runs; each run
       draws its own batches from its key.
     step: global index of the first step (the same for every run).
@@ -192,10 +198,12 @@ def train_steps(
     config: the model config all runs share.
     make_optimizer: builds one run's optimizer from its `{name: scalar}`
       numbers (`RunOptimizer`); a static argument.
-    batch_size, num_steps, grad_accum_steps: as in `steps.train_steps`.
+    batch_size, num_steps, grad_accum_steps, params_view: as in
+      `steps.train_steps`.
+    forms: execution forms (`kernels.select`); None: the default device's.
 
   Returns:
-    `(state, StepMetrics)`, each with the leading runs axis; metrics are
+    `(state, StepMetrics)`, both with the leading runs axis; metrics are
     `[runs, num_steps]`.
   """
   if not isinstance(tokens, batches.DeviceTokens):
@@ -205,21 +213,25 @@ def train_steps(
   def one_run(state, hyper):
     return steps.train_steps(
         state, tokens, step, config=config, optimizer=make_optimizer(hyper),
-        batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps)
+        batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps,
+        params_view=params_view, forms=forms)
 
   return jax.vmap(one_run)(state, dict(hyperparams))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches"))
-def evaluate(params: gpt.Params, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
-             config: gpt.GPTConfig, batch_size: int, num_batches: int) -> chex.Array:
+@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches",
+                                             "params_view", "forms"))
+def evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
+             config: gpt.GPTConfig, batch_size: int, num_batches: int,
+             params_view: Optional[Callable[[Any], gpt.Params]] = None,
+             forms: Optional[kernels.Forms] = None) -> chex.Array:
   """`steps.evaluate` of every run: `[runs]` mean losses of `[runs, ...]` params.
 
   Each run draws its evaluation batches from its own `keys[i]`, as it would alone.
   """
   def one_run(params, key):
     return steps.evaluate(params, tokens, key, config=config, batch_size=batch_size,
-                          num_batches=num_batches)
+                          num_batches=num_batches, params_view=params_view, forms=forms)
 
   return jax.vmap(one_run)(params, keys)
 

@@ -49,8 +49,9 @@ class WandbSink:
     wandb = _import_wandb()
     if out_dir is not None:
       os.makedirs(out_dir, exist_ok=True)
+    # create_new: the runs of a sweep are W&B runs side by side in one process.
     self._run = wandb.init(project=project, name=run_name, config=dict(config or {}),
-                           dir=out_dir)
+                           dir=out_dir, reinit="create_new")
 
   def __call__(self, kind: str, record: Dict[str, Any]) -> None:
     """Logs a record's numeric values as `{"<kind>/<name>": value}` at its step."""

@@ -20,6 +20,7 @@ import pathlib
 from typing import Any, Dict, Optional, Tuple
 
 from purejax import gpt
+from purejax import lora
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.training import checkpoint
@@ -37,6 +38,9 @@ Params = Dict[str, Any]
 def from_purejax(out_dir: str, *, best: bool = False
                  ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   """The params, config and tokenizer spec of the newest GPT checkpoint in `out_dir`.
+
+  A LoRA fine-tune's adapters are merged into its base (`lora.merge`), so
+  sampling and every export format get the fine-tuned weights.
 
   With `best`, of the run's best checkpoint (`checkpoint.best_path`) instead.
   """
@@ -64,7 +68,15 @@ def _read_purejax(out_dir: str, best: bool = False):
     raise ConversionError(f"{out_dir}: the checkpoint's config does not fit this purejax "
                           f"version ({e}).") from e
   template = {"params": jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))}
+  adapted = meta.get("lora")
+  if adapted:  # a LoRA fine-tune: base and adapters, merged here for every use
+    adapters = jax.eval_shape(lambda p: lora.init(p, adapted["rank"], tuple(adapted["targets"]),
+                                                  jax.random.PRNGKey(0)), template["params"])
+    template = {"params": lora.trainable(template["params"], adapters)}
   params = checkpoint.extract(arrays, template, out_dir)["params"]
+  if adapted:
+    alpha = lora.LoraConfig(adapted["rank"], adapted["alpha"]).scale_alpha
+    params = lora.merge(params["base"], params["adapters"], alpha)
   if "tokenizer" in meta:
     spec = TokenizerSpec.from_dict(meta["tokenizer"])
   elif "vocab" in meta:

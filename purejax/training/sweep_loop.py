@@ -1,0 +1,227 @@
+"""The GPT's training loop for a sweep: N runs in one program, each a run of its own.
+
+    results = train_gpt_sweep(model_config, text, GPTTrainConfig(max_iters=2000),
+                              GPT_OPTIMIZER, RunConfig(out_dir="out-sweep"),
+                              grid={"learning_rate": (3e-4, 1e-3, 3e-3)}, num_seeds=2)
+
+The runs (`sweep.expand`: every combination of the grid's values, each with
+`num_seeds` seeds from `train.seed`) train together, one vmapped step per
+call (`sweep.train_steps`). Each run lives in `out_dir/<run name>/` exactly
+as if it had been trained alone: its own `metrics.jsonl`, TensorBoard events
+(so TensorBoard shows the runs side by side under `--logdir out_dir`),
+checkpoints and `loss.png`, with the metadata of a single run of its seed
+and optimizer. So one run can be resumed, sampled or exported on its own
+(`purejax.train --out_dir=out-sweep/<run> --resume` with that run's flags,
+`purejax.convert --from=purejax:out-sweep/<run>`); the whole sweep resumes
+with the same sweep flags and `--resume`.
+
+The corpus must fit on the device: every run draws its own batches there.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import pathlib
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from purejax import gpt
+from purejax import lora
+from purejax import rng
+from purejax.data import batches
+from purejax.data import corpus as corpus_lib
+from purejax.ops import kernels
+from purejax.training import loop
+from purejax.training import monitor as monitor_lib
+from purejax.training import nonfinite
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import progress as progress_lib
+from purejax.training import runs
+from purejax.training import signals as signals_lib
+from purejax.training import sweep
+from purejax.training.parallel import ParallelConfig
+from purejax.training.runs import RunConfig
+from purejax.training.state import TrainState
+
+
+@dataclasses.dataclass
+class _Member:
+  """One run of the sweep: where it lives, what it records, its history."""
+  spec: sweep.RunSpec
+  run: RunConfig
+  meta: Dict[str, Any]
+  history: List[Dict[str, Any]]
+  schedule: Callable
+  monitor: Optional[monitor_lib.Monitor] = None
+  last_saved: Optional[str] = None
+
+  def save(self, step: int, state: TrainState, log) -> None:
+    self.monitor.sync()
+    self.last_saved = runs.save_checkpoint(self.run, step, state,
+                                           {**self.meta, "history": self.history}, log=log)
+
+
+def _start(spec, config, text, train, run, init_params, init_from, lora_config, data,
+           grad_accum_steps):
+  """`(member, state, step)`: the run's state, fresh or from its newest checkpoint,
+  built as `loop.train_gpt` builds a single run's (so the checkpoints are alike)."""
+  member_run = dataclasses.replace(run, out_dir=str(pathlib.Path(run.out_dir) / spec.name))
+  member_train = dataclasses.replace(train, seed=spec.seed)
+  keys = rng.split_named(jax.random.PRNGKey(spec.seed), ("params", "train", "eval", "sample"))
+  params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
+  params, _ = loop.trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
+  meta = loop.gpt_meta(config, text, spec.opt_config, member_train, init_from,
+                       lora_config=lora_config, data=data,
+                       grad_accum_steps=grad_accum_steps)
+  optimizer = loop.run_optimizer(spec.opt_config, run, lora_config)
+  template = TrainState(params, optimizer.init(params),
+                        {"train": keys["train"], "eval": keys["eval"]})
+  state, step, saved = runs.start_or_resume(
+      member_run, template, meta,
+      saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
+      ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps])
+  member = _Member(spec, member_run, meta, list(saved.get("history", [])),
+                   optim.make_schedule(spec.opt_config))
+  return member, state, step
+
+
+def train_gpt_sweep(
+    config: gpt.GPTConfig,
+    text: corpus_lib.Corpus,
+    train: loop.GPTTrainConfig,
+    opt_config: optim.OptimizerConfig,
+    run: RunConfig,
+    grid: Mapping[str, Sequence[float]],
+    num_seeds: int = 1,
+    devices: ParallelConfig = ParallelConfig(),
+    *,
+    init_params: Optional[gpt.Params] = None,
+    init_from: Optional[str] = None,
+    lora_config: Optional[lora.LoraConfig] = None,
+    forms: Optional[kernels.Forms] = None,
+    data: Optional[str] = None,
+    sinks: Callable[[str, Dict[str, Any]], Sequence[Any]] = lambda name, meta: (),
+) -> List[Dict[str, Any]]:
+  """Trains every run of a sweep in one program; returns each run's final evaluation.
+
+  Args:
+    config, text, train, opt_config: as `loop.train_gpt`; `train.seed` is the
+      first seed, `opt_config` holds the settings the grid does not vary.
+    run: `out_dir` is the sweep's folder; each run gets `out_dir/<run name>`.
+    grid: `{optimizer field: values}` (`sweep.parse_grid`); may be empty
+      (seeds only).
+    num_seeds: seeds per combination.
+    devices: one device only (`grad_accum_steps` may be > 1).
+    init_params, init_from, forms, lora_config, data: as `loop.train_gpt`,
+      for every run.
+    sinks: `sinks(run name, meta)` -> further metric sinks of that run
+      (e.g. a `wandb_sink.WandbSink`).
+
+  Returns:
+    `[{"run", "step", "train_loss", "val_loss"}]`, one per run, in sweep order.
+
+  Raises:
+    ValueError: a corpus too large for the device, several devices, a bad
+      grid value, or runs that stopped at different steps.
+  """
+  loop.check_fits(config, text, train.batch_size)
+  if not corpus_lib.fits_on_device(text):
+    raise ValueError(f"a sweep draws every run's batches on the device, and {text.source} "
+                     f"does not fit there; train its runs one at a time.")
+  if devices.fsdp or (devices.num_devices or 1) > 1:
+    raise ValueError("a sweep runs on one device; drop --fsdp and --num_devices (or train "
+                     "the runs one at a time across devices).")
+  base = loop.resumable_optimizer(opt_config, train.max_iters)
+  specs = sweep.expand(base, train.seed, grid, num_seeds)
+  grad_accum = devices.grad_accum_steps
+  started = [_start(spec, config, text, train, run, init_params, init_from, lora_config,
+                    data, grad_accum) for spec in specs]
+  members = [m for m, _, _ in started]
+  starts = {m.spec.name: s for m, _, s in started}
+  if len(set(starts.values())) > 1:
+    raise ValueError(f"the sweep's runs stopped at different steps ({starts}); resume the "
+                     f"runs behind alone to the same step, then the sweep.")
+  step = started[0][2]
+  state = sweep.stack([s for _, s, _ in started])
+  view = None if lora_config is None else lora.View(lora_config.scale_alpha)
+  forms = forms or kernels.select(kernels.platform_of())
+  run_steps = functools.partial(
+      sweep.train_steps, config=config,
+      make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
+      batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms)
+  hyper = sweep.hyperparams(specs)
+  train_ids, val_ids = (batches.DeviceTokens(jnp.asarray(np.asarray(ids, np.int32)))
+                        for ids in (text.train, text.val))
+  call_length = loop.CallLengths(train)
+  tokens_per_step = train.batch_size * config.block_size  # per run
+  runs.print_line(f"sweep: {len(specs)} runs in one program, each in {run.out_dir}/<run>: "
+                  + ", ".join(m.spec.name for m in members))
+  times: List[float] = []
+  with contextlib.ExitStack() as stack:
+    progress = stack.enter_context(progress_lib.Progress(
+        train.max_iters, step, bar=train.progress))
+    log = progress.write
+    stop_signals = stack.enter_context(signals_lib.StopSignals())
+    for m in members:
+      m.monitor = stack.enter_context(monitor_lib.Monitor(
+          m.run.out_dir, resume_step=step or None, log=log, sinks=sinks(m.spec.name, m.meta)))
+
+    def evaluate(step):
+      losses = {name: np.asarray(sweep.evaluate(
+          state.params, tokens, state.keys["eval"], config=config,
+          batch_size=train.batch_size, num_batches=train.eval_iters, params_view=view,
+          forms=forms))
+                for name, tokens in (("train_loss", train_ids), ("val_loss", val_ids))}
+      for i, m in enumerate(members):
+        values = {name: float(v[i]) for name, v in losses.items()}
+        m.monitor.log_eval(step, **values)
+        m.history.append({"step": step, **values})
+      best = sweep.best_run(losses["val_loss"])
+      log(f"step {step:5d} | best val loss {losses['val_loss'][best]:.4f} "
+          f"({members[best].spec.name}) | worst {np.nanmax(losses['val_loss']):.4f}")
+
+    while step < train.max_iters:
+      history = members[0].history
+      if step % train.eval_interval == 0 and not (history and history[-1]["step"] == step):
+        evaluate(step)
+      num_steps = call_length(step)
+      start = time.perf_counter()
+      state, metrics = run_steps(state, train_ids, step, hyper, num_steps=num_steps)
+      losses = np.asarray(metrics.loss)  # [runs, num_steps]; waits for the steps
+      seconds = (time.perf_counter() - start) / num_steps
+      times.append(seconds)
+      for i, m in enumerate(members):
+        nonfinite.check_finite(losses[i], step, m.last_saved, skip=run.skip_nonfinite, log=log)
+      step += num_steps
+      best = sweep.best_run(losses[:, -1])
+      progress.update_to(step, best=members[best].spec.name, loss=float(losses[best, -1]))
+      if runs.every(train.log_interval, step, train.max_iters):
+        grad_norms = np.asarray(metrics.grad_norm)
+        for i, m in enumerate(members):
+          m.monitor.log_train(step, loss=losses[i, -1], lr=float(m.schedule(step - 1)),
+                              grad_norm=float(grad_norms[i, -1]), ms_per_iter=1000 * seconds,
+                              tokens_per_s=tokens_per_step / seconds)
+        log(f"step {step:5d} | best loss {losses[best, -1]:.4f} ({members[best].spec.name}) "
+            f"| worst {np.nanmax(losses[:, -1]):.4f} | {1000 * seconds:6.2f} ms/iter for "
+            f"{len(specs)} runs | {len(specs) * tokens_per_step / seconds:8.0f} tokens/s")
+      if runs.every(train.eval_interval, step, train.max_iters):
+        evaluate(step)
+      stop = stop_signals.stop_requested()
+      if runs.every(train.checkpoint_every or train.eval_interval, step,
+                    train.max_iters) or stop:
+        for i, m in enumerate(members):
+          m.save(step, sweep.unstack(state, i), log)
+      stop_signals.raise_if(stop)
+  if parallel.is_main_process():
+    for m in members:
+      loop.plot_losses(m.run.out_dir)
+  if times:
+    runs.print_line(f"median {1000 * float(np.median(times[2:] or times)):.2f} ms/iter for "
+                    f"{len(specs)} runs after compilation")
+  return [{"run": m.spec.name, **(m.history[-1] if m.history else {"step": step})}
+          for m in members]

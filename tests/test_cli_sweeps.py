@@ -1,0 +1,146 @@
+"""Sweeps, LoRA fine-tunes, replayed steps and W&B logging, driven from the command line.
+
+Each test runs `python -m purejax.train` (and `purejax.replay`, `purejax.convert`)
+in a subprocess on a tiny model and a text the test writes itself.
+"""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import final, one_line_error, read_wandb_offline_history, run_module
+from purejax import gpt
+from purejax import lora
+from purejax.data import datasets
+from purejax.training import checkpoint
+from purejax.training import monitor
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+        "--eval_iters=2", "--sample_tokens=0", "--warmup_iters=2"]
+SHORT = ["--max_iters=20", "--eval_interval=10", "--log_interval=5", "--steps_per_call=5"]
+SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("text") / "plays.txt"
+  path.write_text(SHAKESPEARE[:40_000])
+  return path
+
+
+def train_losses(out_dir):
+  return {r["step"]: r["loss"] for r in monitor.read_metrics(out_dir) if r["kind"] == "train"}
+
+
+def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_file):
+  args = [*TINY, *SHORT, f"--dataset={text_file}", "--dropout=0.1"]
+  out = final(run_module("purejax.train", *args, "--sweep=learning_rate=1e-3,3e-3",
+                         "--sweep_seeds=2", f"--out_dir={tmp_path / 'sweep'}"))
+  names = [r["run"] for r in out["runs"]]
+  assert names == ["run0_learning_rate=0.001_seed=0", "run1_learning_rate=0.001_seed=1",
+                   "run2_learning_rate=0.003_seed=0", "run3_learning_rate=0.003_seed=1"]
+  for name in names:
+    run_dir = tmp_path / "sweep" / name
+    assert (run_dir / "ckpt_000000020.npz").exists()
+    assert list(run_dir.glob("events.out.tfevents.*"))  # its own TensorBoard run
+  # run 3 trained alone: the same losses to float rounding (batched matmuls
+  # may add in another order), at every logged step
+  solo = tmp_path / "solo"
+  final(run_module("purejax.train", *args, "--learning_rate=3e-3", "--seed=1",
+                   f"--out_dir={solo}"))
+  swept = train_losses(tmp_path / "sweep" / names[3])
+  alone = train_losses(solo)
+  assert swept.keys() == alone.keys() == {5, 10, 15, 20}
+  np.testing.assert_allclose([swept[s] for s in alone], list(alone.values()), rtol=2e-5)
+  # one run of the sweep goes on by itself, with that run's flags
+  resumed = final(run_module("purejax.train", *args, "--learning_rate=3e-3", "--seed=1",
+                             "--max_iters=30", "--lr_decay_iters=20", "--resume",
+                             f"--out_dir={tmp_path / 'sweep' / names[3]}"))
+  assert resumed["step"] == 30
+
+
+def test_a_bad_sweep_stops_with_one_line(tmp_path, text_file):
+  one_line_error(run_module("purejax.train", *TINY, f"--dataset={text_file}",
+                            "--sweep=batch_size=4,8", f"--out_dir={tmp_path}"),
+                 "cannot be swept")
+
+
+def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, text_file):
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  base_dir, tuned_dir = tmp_path / "base", tmp_path / "tuned"
+  final(run_module("purejax.train", *TINY, *SHORT, "--max_iters=100", f"--dataset={text_file}",
+                   "--learning_rate=1e-2", f"--out_dir={base_dir}"))
+  unseen = tmp_path / "unseen.txt"  # a text the base has not seen, same characters
+  seen = set(SHAKESPEARE[:40_000])
+  unseen.write_text("".join(c for c in SHAKESPEARE[-40_000:] if c in seen))
+  tuned = run_module("purejax.train", "--eval_iters=4", "--batch_size=8", "--sample_tokens=0",
+                     "--max_iters=100", "--eval_interval=100", "--learning_rate=3e-2",
+                     "--warmup_iters=0", "--lr_schedule=constant", f"--init_from={base_dir}",
+                     f"--dataset={unseen}", "--lora_rank=4", "--lora_alpha=8",
+                     f"--out_dir={tuned_dir}")
+  metrics = final(tuned)
+  assert "LoRA:" in tuned.stdout
+  evals = [r for r in monitor.read_metrics(tuned_dir) if r["kind"] == "eval"]
+  assert metrics["val_loss"] < evals[0]["val_loss"] - 0.05, evals
+  # the checkpoint holds the frozen base and the adapters; only adapters have
+  # optimizer moments
+  arrays, _ = checkpoint.read(checkpoint.list_checkpoints(tuned_dir)[0][1])
+  assert any(name.startswith("['params']['adapters']") for name in arrays)
+  assert not any("mu" in name and "['base']" in name for name in arrays)
+  # the merged export reloads in transformers with the LoRA forward's logits
+  exported = tmp_path / "hf"
+  convert = run_module("purejax.convert", f"--from=purejax:{tuned_dir}", f"--to=hf:{exported}")
+  assert convert.returncode == 0, convert.stderr[-2000:]
+  config = gpt.GPTConfig(**checkpoint.read(checkpoint.list_checkpoints(tuned_dir)[0][1])[1]
+                         ["meta"]["config"])
+  params = _lora_params(arrays, config)
+  ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 16))
+  ours = np.asarray(gpt.forward(params, jnp.asarray(ids), config))
+  model = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(ids)).logits.numpy()
+  np.testing.assert_allclose(theirs, ours[..., :theirs.shape[-1]], atol=2e-5)
+
+
+def _lora_params(arrays, config):
+  """The LoRA forward's params: the checkpoint's base merged with its adapters."""
+  template = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+  adapters = jax.eval_shape(lambda p: lora.init(p, 4, lora.ATTENTION_AND_MLP,
+                                                jax.random.PRNGKey(0)), template)
+  tree = checkpoint.extract(arrays, {"params": lora.trainable(template, adapters)})
+  return lora.merge(tree["params"]["base"], tree["params"]["adapters"], 8.0)
+
+
+def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file):
+  out = tmp_path / "run"
+  final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={text_file}", "--dropout=0.1",
+                   "--grad_accum_steps=2", f"--out_dir={out}"))
+  replayed = run_module("purejax.replay", f"--out_dir={out}", "--step=15")
+  assert replayed.returncode == 0, replayed.stderr[-2000:]
+  assert "bit for bit the logged loss" in replayed.stdout
+  report = np.load(out / "replay" / "step_000000015.npz")
+  assert float(report["loss"]) == train_losses(out)[15]  # exactly
+  assert report["tokens"].shape == (4, 17) and report["token_losses"].shape == (4, 16)
+  assert report["grad_norm/blocks"].shape == (1,)
+  # a step before every kept checkpoint cannot be replayed
+  one_line_error(run_module("purejax.replay", f"--out_dir={out}", "--step=0"), "--step")
+
+
+def test_wandb_offline_holds_the_runs_metrics(tmp_path, text_file):
+  pytest.importorskip("wandb")
+  out = tmp_path / "run"
+  final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={text_file}", "--wandb_log",
+                   "--wandb_project=purejax-test", "--wandb_run_name=tiny", f"--out_dir={out}",
+                   env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}))
+  logged = {}
+  for record in monitor.read_metrics(out):
+    logged.setdefault(record["step"], {}).update(monitor.scalars(record["kind"], record))
+  rows = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")}
+          for row in read_wandb_offline_history(out)}
+  assert rows == logged
