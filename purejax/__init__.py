@@ -21,11 +21,12 @@ it; tests/test_architecture.py checks that against this drawing):
                 sampling with a KV cache; low-rank adapters over any model's
                 params (below training and weights, which both use it)
     data/       tokenizers, corpora, batches, MNIST and TFDS
-    training/   state, steps, optimizer, devices, checkpoints, metrics, the loops
+    training/   state, steps, optimizer, devices, checkpoints, metrics, the loops,
+                sweeps, replayed steps
     weights/    pretrained weights in and out, one module per format
-    train, sample, plot, convert, _forms_flags, _cli   the command lines
-                (`python -m purejax.<cmd>`), the flags two of them share, and
-                library errors in the flags' words
+    train, sample, plot, convert, replay, _forms_flags, _cli   the command
+                lines (`python -m purejax.<cmd>`), the flags two of them share,
+                and library errors in the flags' words
 """
 
 from purejax import data
