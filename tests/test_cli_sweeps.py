@@ -57,11 +57,20 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
   alone = train_losses(solo)
   assert swept.keys() == alone.keys() == {5, 10, 15, 20}
   np.testing.assert_allclose([swept[s] for s in alone], list(alone.values()), rtol=2e-5)
+  # the whole sweep goes on, keeping its schedule
+  sweep_flags = ["--sweep=learning_rate=1e-3,3e-3", "--sweep_seeds=2",
+                 f"--out_dir={tmp_path / 'sweep'}", "--resume"]
+  more = run_module("purejax.train", *args, *sweep_flags, "--max_iters=30")
+  assert [r["step"] for r in final(more)["runs"]] == [30] * 4
+  assert "keeping the sweep's schedule: it ends at step 20" in more.stdout
   # one run of the sweep goes on by itself, with that run's flags
   resumed = final(run_module("purejax.train", *args, "--learning_rate=3e-3", "--seed=1",
-                             "--max_iters=30", "--lr_decay_iters=20", "--resume",
+                             "--max_iters=40", "--lr_decay_iters=20", "--resume",
                              f"--out_dir={tmp_path / 'sweep' / names[3]}"))
-  assert resumed["step"] == 30
+  assert resumed["step"] == 40
+  # then the sweep's runs stand at different steps: said in one line
+  one_line_error(run_module("purejax.train", *args, *sweep_flags, "--max_iters=50"),
+                 "stopped at different steps")
 
 
 def test_a_bad_sweep_stops_with_one_line(tmp_path, text_file):

@@ -68,7 +68,7 @@ class _Member:
 
 def _start(spec, config, text, train, run, init_params, init_from, lora_config, data,
            grad_accum_steps):
-  """`(member, state, step)`: the run's state, fresh or from its newest checkpoint,
+  """`(member, state, step, saved meta)`: the run's state, fresh or from its newest checkpoint,
   built as `loop.train_gpt` builds a single run's (so the checkpoints are alike)."""
   member_run = dataclasses.replace(run, out_dir=str(pathlib.Path(run.out_dir) / spec.name))
   member_train = dataclasses.replace(train, seed=spec.seed)
@@ -87,7 +87,7 @@ def _start(spec, config, text, train, run, init_params, init_from, lora_config, 
       ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps])
   member = _Member(spec, member_run, meta, list(saved.get("history", [])),
                    optim.make_schedule(spec.opt_config))
-  return member, state, step
+  return member, state, step, saved
 
 
 def train_gpt_sweep(
@@ -141,13 +141,24 @@ def train_gpt_sweep(
   grad_accum = devices.grad_accum_steps
   started = [_start(spec, config, text, train, run, init_params, init_from, lora_config,
                     data, grad_accum) for spec in specs]
-  members = [m for m, _, _ in started]
-  starts = {m.spec.name: s for m, _, s in started}
+  members = [m for m, _, _, _ in started]
+  starts = {m.spec.name: s for m, _, s, _ in started}
   if len(set(starts.values())) > 1:
     raise ValueError(f"the sweep's runs stopped at different steps ({starts}); resume the "
                      f"runs behind alone to the same step, then the sweep.")
   step = started[0][2]
-  state = sweep.stack([s for _, s, _ in started])
+  state = sweep.stack([s for _, s, _, _ in started])
+  saved_end = started[0][3].get("optimizer", {}).get("decay_iters")
+  if step and opt_config.decay_iters is None and saved_end != base.decay_iters:
+    # As a single run: a resumed sweep keeps its schedule unless told otherwise.
+    base = dataclasses.replace(base, decay_iters=saved_end)
+    for m in members:
+      m.spec = m.spec._replace(opt_config=dataclasses.replace(m.spec.opt_config,
+                                                              decay_iters=saved_end))
+      m.meta["optimizer"] = dataclasses.asdict(m.spec.opt_config)
+      m.schedule = optim.make_schedule(m.spec.opt_config)
+    runs.print_line(f"keeping the sweep's schedule: it ends at step {saved_end} (pass "
+                    f"--lr_decay_iters to change that)")
   view = None if lora_config is None else lora.View(lora_config.scale_alpha)
   forms = forms or kernels.select(kernels.platform_of())
   run_steps = functools.partial(
