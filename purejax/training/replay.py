@@ -290,7 +290,7 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
   meta = manifest["meta"]
   if meta.get("model") != "gpt":
     raise ValueError(f"{out_dir} holds a {meta.get('model')!r} run; replay works on GPT runs.")
-  config = gpt.GPTConfig(**meta["config"])
+  config = gpt.GPTConfig.from_dict(meta["config"])
   dataset = dataset or meta.get("data")
   if dataset is None:
     raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass --dataset.")
