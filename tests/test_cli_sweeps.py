@@ -106,8 +106,8 @@ def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, text_fil
   exported = tmp_path / "hf"
   convert = run_module("purejax.convert", f"--from=purejax:{tuned_dir}", f"--to=hf:{exported}")
   assert convert.returncode == 0, convert.stderr[-2000:]
-  config = gpt.GPTConfig.from_dict(checkpoint.read(checkpoint.list_checkpoints(tuned_dir)[0][1])[1]
-                         ["meta"]["config"])
+  _, manifest = checkpoint.read(checkpoint.list_checkpoints(tuned_dir)[0][1])
+  config = gpt.GPTConfig.from_dict(manifest["meta"]["config"])
   params = _lora_params(arrays, config)
   ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 16))
   ours = np.asarray(gpt.forward(params, jnp.asarray(ids), config))
