@@ -14,12 +14,11 @@ each param's gradient norm under `grad_norm/<path>` (`[n_layer]` for the
 blocks). The data is the run's own `--dataset` (recorded in its checkpoints).
 """
 
-import sys
-
 from absl import app
 from absl import flags
 from absl import logging
 
+from purejax import _cli
 from purejax.training import checkpoint
 from purejax.training import replay
 from purejax.data import datasets as data_lib
@@ -49,7 +48,7 @@ def main(argv):
         cache_dir=FLAGS.cache_dir, tfds_data_dir=FLAGS.tfds_data_dir,
         tfds_manual_dir=FLAGS.tfds_manual_dir)
   except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
-    sys.exit("error: " + " ".join(str(e).split()))
+    _cli.fail(e)
   for line in replay.describe(result, show_tokens=FLAGS.show_tokens):
     print(line)
 

@@ -225,7 +225,7 @@ def _checkpoint_at_or_before(out_dir: str, update: int) -> pathlib.Path:
     if step <= update:
       return path
   raise ValueError(f"{out_dir} holds no checkpoint at or before step {update}; replay a "
-                   f"later step (a run keeps its --keep_checkpoints newest checkpoints).")
+                   f"later step (a run keeps its `keep_checkpoints` newest checkpoints).")
 
 
 def _logged_loss(out_dir: str, step: int) -> Optional[float]:
@@ -283,7 +283,7 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
     checkpoint.CheckpointError: damaged or unfitting checkpoints.
   """
   if step < 1:
-    raise ValueError(f"--step must be >= 1 (the step count after an update), got {step}.")
+    raise ValueError(f"`step` must be >= 1 (the step count after an update), got {step}.")
   update = step - 1
   path = _checkpoint_at_or_before(out_dir, update)
   arrays, manifest = checkpoint.read(path)
@@ -293,7 +293,7 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
   config = gpt.GPTConfig.from_dict(meta["config"])
   dataset = dataset or meta.get("data")
   if dataset is None:
-    raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass --dataset.")
+    raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass `dataset`.")
   tok = tokenizers.from_spec(TokenizerSpec.from_dict(meta["tokenizer"]),
                              encoding_file=corpus_options.get("tokenizer_file"))
   text = corpus_lib.load_corpus(dataset, tokenizer=tok, **corpus_options)

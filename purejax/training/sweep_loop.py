@@ -134,8 +134,8 @@ def train_gpt_sweep(
     raise ValueError(f"a sweep draws every run's batches on the device, and {text.source} "
                      f"does not fit there; train its runs one at a time.")
   if devices.fsdp or (devices.num_devices or 1) > 1:
-    raise ValueError("a sweep runs on one device; drop --fsdp and --num_devices (or train "
-                     "the runs one at a time across devices).")
+    raise ValueError("a sweep runs on one device; drop `fsdp` and `num_devices` (or train "
+                     "its runs one at a time across devices).")
   base = loop.resumable_optimizer(opt_config, train.max_iters)
   specs = sweep.expand(base, train.seed, grid, num_seeds)
   grad_accum = devices.grad_accum_steps
@@ -157,8 +157,8 @@ def train_gpt_sweep(
                                                               decay_iters=saved_end))
       m.meta["optimizer"] = dataclasses.asdict(m.spec.opt_config)
       m.schedule = optim.make_schedule(m.spec.opt_config)
-    runs.print_line(f"keeping the sweep's schedule: it ends at step {saved_end} (pass "
-                    f"--lr_decay_iters to change that)")
+    runs.print_line(f"keeping the sweep's schedule: it ends at step {saved_end} (set the "
+                    f"optimizer's decay_iters to change that)")
   view = None if lora_config is None else lora.View(lora_config.scale_alpha)
   forms = forms or kernels.select(kernels.platform_of())
   run_steps = functools.partial(
