@@ -234,6 +234,25 @@ def test_grouped_heads_in_every_attention_form_equal_repeated_heads():
     attention.causal_attention(q, q[:, :, :3], q[:, :, :3])
 
 
+@pytest.mark.parametrize("form", ["plain", "blocked"])
+def test_the_family_is_causal_in_training_and_its_loss_starts_at_log_vocab(form):
+  # The Llama block learns the recipe much faster than GPT-2's (bench.arch_compare),
+  # so check it cannot see the future: the loss path, with the CPU's forms.
+  from purejax.ops import kernels  # pylint: disable=g-import-not-at-top
+  config = tiny_family_config()
+  forms = kernels.select("cpu", attention=form, attn_block=4)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, config.vocab_size)
+  loss_of = jax.jit(lambda p, x: gpt.loss(p, x[:, :-1], x[:, 1:], config, forms=forms))
+  assert abs(float(loss_of(params, tokens)) - np.log(config.vocab_size)) < 0.2
+  for t in (3, 8):
+    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 1) % config.vocab_size)
+    a = gpt.forward(params, tokens, config, forms=forms)
+    b = gpt.forward(params, changed, config, forms=forms)
+    chex.assert_trees_all_close(a[:, :t + 1], b[:, :t + 1], atol=1e-6)
+    assert not np.allclose(a[:, t + 1:], b[:, t + 1:], atol=1e-4)
+
+
 def test_a_family_config_survives_a_checkpoints_json():
   config = tiny_family_config(rope_scaling=LLAMA3_SCALING, tie_embeddings=False,
                               qkv_bias=True, mlp_hidden=40)
