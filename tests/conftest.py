@@ -11,18 +11,28 @@ subprocesses, several devices or the real data are marked `slow`.
 """
 
 import base64
+import collections
 import json
 import os
 import pathlib
+import re
 import socket
 import struct
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from purejax import gpt
+from purejax.data import batches
+from purejax.training import checkpoint
+from purejax.training import monitor
+from purejax.training import optim
+from purejax.training import steps
+from purejax.training.state import TrainState
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEST_DATA = os.environ.get("PUREJAX_TEST_DATA")
@@ -142,6 +152,21 @@ def one_line_error(process, *fragments):
     assert fragment in error[0], error[0]
 
 
+def train_tokenizer_json(folder: pathlib.Path, text: str, vocab_size: int = 300
+                         ) -> pathlib.Path:
+  """Trains a byte-level BPE on `text` and saves it as `folder/tokenizer.json`."""
+  hf = pytest.importorskip("tokenizers")
+  tokenizer = hf.Tokenizer(hf.models.BPE())
+  tokenizer.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = hf.decoders.ByteLevel()
+  trainer = hf.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                   initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet())
+  tokenizer.train_from_iterator([text], trainer)
+  folder.mkdir(parents=True, exist_ok=True)
+  tokenizer.save(str(folder / "tokenizer.json"))
+  return folder / "tokenizer.json"
+
+
 def read_wandb_offline_history(out_dir: pathlib.Path):
   """The history rows of the offline W&B run under `out_dir/wandb`, without wandb's API.
 
@@ -170,6 +195,107 @@ def read_wandb_offline_history(out_dir: pathlib.Path):
         rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                      for item in record.history.item})
   return rows
+
+
+# ----------------------------------------------------------------------------
+# Tiny `purejax.train` runs, and runs across devices compared with one device
+
+# Flags of tiny `purejax.train` runs: a 1-layer model, and a short schedule.
+TINY_FLAGS = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+              "--eval_iters=2", "--sample_tokens=0", "--warmup_iters=2"]
+SHORT_FLAGS = ["--max_iters=20", "--eval_interval=10", "--log_interval=5", "--steps_per_call=5"]
+# A 2-layer run of 20 steps that logs every step's loss and checkpoints at 10.
+TINY_GPT = ["--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+            "--batch_size=8", "--max_iters=20", "--lr_decay_iters=20", "--warmup_iters=5",
+            "--eval_interval=10", "--eval_iters=2", "--log_interval=1",
+            "--steps_per_call=5", "--checkpoint_every=10", "--sample_tokens=0"]
+RTOL = 1e-5
+
+
+def host_devices(n):
+  return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+
+
+def train_run(out_dir, *flags, num_devices=1):
+  process = run_module("purejax.train", *flags, f"--out_dir={out_dir}", timeout=600,
+                       env=host_devices(num_devices))
+  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
+  return process
+
+
+def newest(out_dir):
+  """`(arrays, meta)` of the newest checkpoint in `out_dir`."""
+  return checkpoint.latest_meta(str(out_dir))
+
+
+def step_losses(out_dir):
+  """Every step's loss, from the run's metrics.jsonl (`--log_interval=1`)."""
+  return [r["loss"] for r in monitor.read_metrics(out_dir) if r["kind"] == "train"]
+
+
+def assert_same_run(out_dir, reference_dir):
+  arrays, _ = newest(out_dir)
+  ref_arrays, _ = newest(reference_dir)
+  np.testing.assert_allclose(step_losses(out_dir), step_losses(reference_dir), rtol=RTOL)
+  assert len(step_losses(out_dir)) == 20
+  for name, value in ref_arrays.items():
+    if "['params']" in name:
+      np.testing.assert_allclose(arrays[name], value, rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+# ----------------------------------------------------------------------------
+# GPT-2 124M lowered for CUDA from abstract inputs (nothing compiled or allocated)
+
+GPT2 = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768,
+                     bias=False, compute_dtype="bfloat16")
+GPT2_BATCH = 12
+GPT2_OPTIMIZER = optim.make_optimizer(optim.OptimizerConfig(
+    learning_rate=6e-4, warmup_iters=10, decay_iters=1000, min_lr=6e-5, beta2=0.95,
+    weight_decay=0.1, grad_clip=1.0))
+CUDNN_FORWARD, CUDNN_BACKWARD = "__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"
+
+
+@pytest.fixture
+def cudnn_version(monkeypatch):
+  """Stands in for JAX's query of the installed cuDNN (9.8), which needs CUDA."""
+  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90800)
+
+
+def lower_for(traced, platform="cuda") -> str:
+  """StableHLO text of a traced function lowered for `platform`."""
+  try:
+    return traced.lower(lowering_platforms=(platform,)).as_text()
+  except ValueError as e:
+    if "platform" in str(e).lower() and platform in str(e):
+      pytest.skip(f"this JAX cannot lower for {platform} on a CPU host: {e}")
+    raise
+
+
+def custom_calls(hlo: str) -> collections.Counter:
+  return collections.Counter(re.findall(r"custom_call @([\w$.]+)", hlo))
+
+
+def square_faces(hlo: str, size: int) -> int:
+  """Tensors with a `size x size` face: full attention scores over `size` positions."""
+  return len(re.findall(rf"tensor<(?:\d+x)*{size}x{size}x", hlo))
+
+
+def abstract_state(config):
+  params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+  return params, jax.eval_shape(GPT2_OPTIMIZER.init, params)
+
+
+ABSTRACT_KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
+ABSTRACT_TOKENS = jax.ShapeDtypeStruct((1 << 20,), jnp.int32)
+
+
+def train_step_hlo(forms, config=GPT2, batch=GPT2_BATCH, platform="cuda") -> str:
+  params, opt_state = abstract_state(config)
+  state = TrainState(params, opt_state, {"train": ABSTRACT_KEY})
+  return lower_for(steps.train_steps.trace(
+      state, batches.DeviceTokens(ABSTRACT_TOKENS), 0, config=config, optimizer=GPT2_OPTIMIZER,
+      batch_size=batch, num_steps=2, forms=forms), platform)
 
 
 # ----------------------------------------------------------------------------

@@ -9,10 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_module
-from test_cli_runs import SHORT, TINY, final, one_line_error
-from test_scale_out import TINY_GPT, assert_same_run, train
-from test_tokenizer_json import train_tokenizer_json
+from conftest import (SHORT_FLAGS, TINY_FLAGS, TINY_GPT, assert_same_run, final, one_line_error,
+                      run_module, train_run, train_tokenizer_json)
 from purejax.data import datasets
 
 pytestmark = pytest.mark.slow
@@ -28,7 +26,7 @@ def text_file(tmp_path_factory):
 
 
 def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
-  args = [*TINY, "--arch=llama", "--n_kv_head=1", f"--dataset={text_file}",
+  args = [*TINY_FLAGS, "--arch=llama", "--n_kv_head=1", f"--dataset={text_file}",
           "--lr_decay_iters=20", "--eval_interval=10", "--log_interval=5",
           "--steps_per_call=5", "--learning_rate=1e-2"]
   straight = final(run_module("purejax.train", *args, "--max_iters=20",
@@ -40,15 +38,15 @@ def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
   sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'a'}", "--start=ROMEO:",
                       "--max_new_tokens=30", "--top_p=0.9")
   assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
-  one_line_error(run_module("purejax.train", *TINY, "--arch=llama", "--n_kv_head=3",
+  one_line_error(run_module("purejax.train", *TINY_FLAGS, "--arch=llama", "--n_kv_head=3",
                             f"--dataset={text_file}", f"--out_dir={tmp_path / 'c'}"),
                  "n_kv_head=3 does not divide n_head=2")
 
 
 def test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one(tmp_path, text_file):
   flags = [*TINY_GPT, "--arch=llama", "--n_kv_head=2", f"--dataset={text_file}"]
-  train(tmp_path / "one", *flags)
-  train(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
+  train_run(tmp_path / "one", *flags)
+  train_run(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
   assert_same_run(tmp_path / "four", tmp_path / "one")
 
 
@@ -66,7 +64,7 @@ def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file):
   one_line_error(run_module("purejax.train", f"--init_from={folder}", "--tokenizer=char",
                             f"--out_dir={tmp_path / 'x'}"), "--tokenizer=char does not fit")
   args = [f"--dataset={text_file}", "--batch_size=8", "--eval_iters=4", "--block_size=32",
-          "--sample_tokens=10", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT]
+          "--sample_tokens=10", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT_FLAGS]
   before = final(run_module("purejax.train", f"--init_from={folder}", "--eval_only", *args,
                             f"--out_dir={tmp_path / 'eval'}"))
   tuned = final(run_module("purejax.train", f"--init_from={folder}", *args,

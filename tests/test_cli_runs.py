@@ -17,16 +17,12 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, final, one_line_error, run_module
+from conftest import REPO_ROOT, SHORT_FLAGS, TINY_FLAGS, final, one_line_error, run_module
 from purejax.training import checkpoint
 from purejax.data import datasets
 from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
-
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
-        "--eval_iters=2", "--sample_tokens=0", "--warmup_iters=2"]
-SHORT = ["--max_iters=20", "--eval_interval=10", "--log_interval=5", "--steps_per_call=5"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +35,7 @@ def text_file(tmp_path_factory):
 
 def test_a_text_file_trains_and_its_tokens_are_cached(tmp_path, text_file):
   cache = tmp_path / "cache"
-  args = [*TINY, *SHORT, f"--dataset={text_file}", f"--cache_dir={cache}"]
+  args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}", f"--cache_dir={cache}"]
   metrics = final(run_module("purejax.train", *args, f"--out_dir={tmp_path / 'a'}"))
   assert metrics["step"] == 20 and metrics["val_loss"] < 4.0
   assert len(list(cache.glob("*.tokens"))) == 1
@@ -59,14 +55,14 @@ def test_a_nanogpt_bin_folder_trains_unchanged(tmp_path):
   ids[14000:].tofile(folder / "val.bin")
   with open(folder / "meta.pkl", "wb") as f:
     pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
-  final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={folder}",
+  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={folder}",
                    f"--out_dir={tmp_path / 'run'}", "--learning_rate=1e-2"))
   evals = [r["val_loss"] for r in monitor.read_metrics(tmp_path / "run") if r["kind"] == "eval"]
   assert evals[-1] < evals[0] - 0.5, evals  # it learned from the .bin ids
   bad = ids.copy()
   bad[5] = 999
   bad.tofile(folder / "val.bin")
-  one_line_error(run_module("purejax.train", *TINY, *SHORT, f"--dataset={folder}",
+  one_line_error(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={folder}",
                             f"--out_dir={tmp_path / 'bad'}"), "999")
   assert not (tmp_path / "bad").exists() or not list((tmp_path / "bad").iterdir())
 
@@ -86,7 +82,7 @@ def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file)
   one_line_error(run_module("purejax.train", f"--init_from={hf}", "--n_layer=3",
                             f"--out_dir={tmp_path / 'x'}"), "--n_layer has no effect on weights")
   args = ["--tokenizer=char", f"--dataset={text_file}", "--batch_size=8", "--eval_iters=4",
-          "--sample_tokens=20", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT]
+          "--sample_tokens=20", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT_FLAGS]
   before = final(run_module("purejax.train", f"--init_from={hf}", "--eval_only", *args,
                             f"--out_dir={tmp_path / 'eval'}"))
   tuned = final(run_module("purejax.train", f"--init_from={hf}", *args,
@@ -116,7 +112,7 @@ def test_data_errors_are_one_line(tmp_path, text_file):
   one_line_error(run_module("purejax.train", "--init_from=/no/such/model", out),
                  "--init_from=/no/such/model")
   # A char model meets text with characters it has never seen.
-  final(run_module("purejax.train", *TINY, "--max_iters=5", "--eval_interval=5",
+  final(run_module("purejax.train", *TINY_FLAGS, "--max_iters=5", "--eval_interval=5",
                    f"--dataset={text_file}", f"--out_dir={tmp_path / 'char'}"))
   other = tmp_path / "other.txt"
   other.write_text("Ünïcödé text the model has never seen. " * 200)
@@ -135,7 +131,7 @@ def test_help_lists_only_the_chosen_models_flags():
 
 
 def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_file):
-  args = [sys.executable, "-m", "purejax.train", *TINY, "--max_iters=40",
+  args = [sys.executable, "-m", "purejax.train", *TINY_FLAGS, "--max_iters=40",
           "--eval_interval=20", "--log_interval=10", "--steps_per_call=5",
           f"--dataset={text_file}"]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", COLUMNS="120")
@@ -167,7 +163,7 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_fil
 
 def test_metrics_survive_a_sigkill_and_resume_without_duplicates(tmp_path, text_file):
   out_dir = tmp_path / "run"
-  args = [sys.executable, "-m", "purejax.train", *TINY, "--max_iters=200",
+  args = [sys.executable, "-m", "purejax.train", *TINY_FLAGS, "--max_iters=200",
           "--eval_interval=20", "--log_interval=5", "--steps_per_call=5",
           f"--dataset={text_file}", f"--out_dir={out_dir}"]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -205,7 +201,7 @@ def test_trains_on_an_image_with_only_jax(tmp_path):
             f"sys.argv = ['train'] + sys.argv[1:]\n"
             f"runpy.run_module('purejax.train', run_name='__main__')\n")
   process = subprocess.run(
-      [sys.executable, "-c", script, *TINY, "--max_iters=10", "--eval_interval=10",
+      [sys.executable, "-c", script, *TINY_FLAGS, "--max_iters=10", "--eval_interval=10",
        "--log_interval=5", "--steps_per_call=5", f"--out_dir={tmp_path}"],
       capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import final, one_line_error, read_wandb_offline_history, run_module
+from conftest import (SHORT_FLAGS, TINY_FLAGS, final, one_line_error, read_wandb_offline_history,
+                      run_module)
 from purejax import gpt
 from purejax import lora
 from purejax.data import datasets
@@ -20,9 +21,6 @@ from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
-        "--eval_iters=2", "--sample_tokens=0", "--warmup_iters=2"]
-SHORT = ["--max_iters=20", "--eval_interval=10", "--log_interval=5", "--steps_per_call=5"]
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()
 
 
@@ -38,7 +36,7 @@ def train_losses(out_dir):
 
 
 def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_file):
-  args = [*TINY, *SHORT, f"--dataset={text_file}", "--dropout=0.1"]
+  args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}", "--dropout=0.1"]
   out = final(run_module("purejax.train", *args, "--sweep=learning_rate=1e-3,3e-3",
                          "--sweep_seeds=2", f"--out_dir={tmp_path / 'sweep'}"))
   names = [r["run"] for r in out["runs"]]
@@ -74,7 +72,7 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
 
 
 def test_a_bad_sweep_stops_with_one_line(tmp_path, text_file):
-  one_line_error(run_module("purejax.train", *TINY, f"--dataset={text_file}",
+  one_line_error(run_module("purejax.train", *TINY_FLAGS, f"--dataset={text_file}",
                             "--sweep=batch_size=4,8", f"--out_dir={tmp_path}"),
                  "cannot be swept")
 
@@ -83,8 +81,8 @@ def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, text_fil
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   base_dir, tuned_dir = tmp_path / "base", tmp_path / "tuned"
-  final(run_module("purejax.train", *TINY, *SHORT, "--max_iters=100", f"--dataset={text_file}",
-                   "--learning_rate=1e-2", f"--out_dir={base_dir}"))
+  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, "--max_iters=100",
+                   f"--dataset={text_file}", "--learning_rate=1e-2", f"--out_dir={base_dir}"))
   unseen = tmp_path / "unseen.txt"  # a text the base has not seen, same characters
   seen = set(SHAKESPEARE[:40_000])
   unseen.write_text("".join(c for c in SHAKESPEARE[-40_000:] if c in seen))
@@ -128,8 +126,8 @@ def _lora_params(arrays, config):
 
 def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file):
   out = tmp_path / "run"
-  final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={text_file}", "--dropout=0.1",
-                   "--grad_accum_steps=2", f"--out_dir={out}"))
+  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}",
+                   "--dropout=0.1", "--grad_accum_steps=2", f"--out_dir={out}"))
   replayed = run_module("purejax.replay", f"--out_dir={out}", "--step=15")
   assert replayed.returncode == 0, replayed.stderr[-2000:]
   assert "bit for bit the logged loss" in replayed.stdout
@@ -144,8 +142,9 @@ def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file):
 def test_wandb_offline_holds_the_runs_metrics(tmp_path, text_file):
   pytest.importorskip("wandb")
   out = tmp_path / "run"
-  final(run_module("purejax.train", *TINY, *SHORT, f"--dataset={text_file}", "--wandb_log",
-                   "--wandb_project=purejax-test", "--wandb_run_name=tiny", f"--out_dir={out}",
+  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}",
+                   "--wandb_log", "--wandb_project=purejax-test", "--wandb_run_name=tiny",
+                   f"--out_dir={out}",
                    env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}))
   logged = {}
   for record in monitor.read_metrics(out):

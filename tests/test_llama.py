@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import CUDNN_BACKWARD, CUDNN_FORWARD, custom_calls, square_faces, train_step_hlo
 from purejax import decode
 from purejax import gpt
 from purejax.weights import huggingface
@@ -27,8 +28,6 @@ from purejax.weights import llama
 from purejax.weights import nanogpt
 from purejax.weights import pretrained
 from purejax.weights.errors import ConversionError
-import test_gpu_lowering as gpu_lowering
-from test_gpu_lowering import cudnn_version  # pylint: disable=unused-import  # a fixture
 
 EXTRAS = "pip install -r bench/requirements.txt"
 VOCAB = 97
@@ -304,13 +303,13 @@ def test_gpu_program_runs_grouped_heads_through_cudnn(cudnn_version):
   config = gpt.GPTConfig(vocab_size=49152, block_size=1024, n_layer=30, n_head=9, n_embd=576,
                          n_kv_head=3, mlp_hidden=1536, compute_dtype="bfloat16",
                          **gpt.ARCHITECTURES["llama"])
-  hlo = gpu_lowering.train_step_hlo(kernels.select("gpu"), config=config, batch=4)
-  calls = gpu_lowering.custom_calls(hlo)
-  assert calls[gpu_lowering.CUDNN_FORWARD] >= 1 and calls[gpu_lowering.CUDNN_BACKWARD] == 1
-  assert gpu_lowering.square_faces(hlo, config.block_size) == 0  # no [.., T, T] scores
+  hlo = train_step_hlo(kernels.select("gpu"), config=config, batch=4)
+  calls = custom_calls(hlo)
+  assert calls[CUDNN_FORWARD] >= 1 and calls[CUDNN_BACKWARD] == 1
+  assert square_faces(hlo, config.block_size) == 0  # no [.., T, T] scores
   # cuDNN's operands: 9 query heads, 3 key/value heads (never repeated to 9).
   grouped = "(tensor<4x1024x9x64xbf16>, tensor<4x1024x3x64xbf16>, tensor<4x1024x3x64xbf16>)"
-  assert any(gpu_lowering.CUDNN_FORWARD + "(" in line and grouped in line
+  assert any(CUDNN_FORWARD + "(" in line and grouped in line
              for line in hlo.splitlines())
 
 

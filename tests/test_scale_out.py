@@ -17,22 +17,12 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require_test_data, run_module
+from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, host_devices, newest,
+                      require_test_data, run_module, train_run)
 from purejax.training import checkpoint
 from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
-
-TINY_GPT = ["--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
-            "--batch_size=8", "--max_iters=20", "--lr_decay_iters=20", "--warmup_iters=5",
-            "--eval_interval=10", "--eval_iters=2", "--log_interval=1",
-            "--steps_per_call=5", "--checkpoint_every=10", "--sample_tokens=0"]
-RTOL = 1e-5
-
-
-def devices(n):
-  return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
-
 
 @pytest.fixture(scope="module")
 def text_flags(tmp_path_factory):
@@ -41,44 +31,17 @@ def text_flags(tmp_path_factory):
           f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_scale')}"]
 
 
-def train(out_dir, *flags, num_devices=1):
-  process = run_module("purejax.train", *flags, f"--out_dir={out_dir}", timeout=600,
-                       env=devices(num_devices))
-  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
-  return process
-
-
-def newest(out_dir):
-  """`(arrays, meta)` of the newest checkpoint in `out_dir`."""
-  return checkpoint.latest_meta(str(out_dir))
-
-
-def step_losses(out_dir):
-  """Every step's loss, from the run's metrics.jsonl (`--log_interval=1`)."""
-  return [r["loss"] for r in monitor.read_metrics(out_dir) if r["kind"] == "train"]
-
-
-def assert_same_run(out_dir, reference_dir):
-  arrays, _ = newest(out_dir)
-  ref_arrays, _ = newest(reference_dir)
-  np.testing.assert_allclose(step_losses(out_dir), step_losses(reference_dir), rtol=RTOL)
-  assert len(step_losses(out_dir)) == 20
-  for name, value in ref_arrays.items():
-    if "['params']" in name:
-      np.testing.assert_allclose(arrays[name], value, rtol=1e-4, atol=2e-5, err_msg=name)
-
-
 @pytest.fixture(scope="module")
 def one_device_run(tmp_path_factory, text_flags):
   out_dir = tmp_path_factory.mktemp("gpt_1dev")
-  train(out_dir, *TINY_GPT, *text_flags)
+  train_run(out_dir, *TINY_GPT, *text_flags)
   return out_dir
 
 
 def test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one(
     tmp_path, text_flags, one_device_run):
   four = tmp_path / "four"
-  process = train(four, *TINY_GPT, *text_flags, "--fsdp", num_devices=4)
+  process = train_run(four, *TINY_GPT, *text_flags, "--fsdp", num_devices=4)
   assert "4 device(s)" in process.stdout and "split (FSDP)" in process.stdout
   assert_same_run(four, one_device_run)
 
@@ -87,21 +50,21 @@ def test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one(
   resumed.mkdir()
   shutil.copy(checkpoint.checkpoint_path(str(four), 10), resumed)
   shutil.copy(four / monitor.METRICS_FILE, resumed)
-  process = train(resumed, *TINY_GPT, *text_flags, "--resume", num_devices=1)
+  process = train_run(resumed, *TINY_GPT, *text_flags, "--resume", num_devices=1)
   assert "resumed from" in process.stdout and "1 device(s)" in process.stdout
   assert_same_run(resumed, one_device_run)
 
 
 def test_accumulated_microbatches_on_four_devices_match_one_device(
     tmp_path, text_flags, one_device_run):
-  train(tmp_path, *TINY_GPT, *text_flags, "--grad_accum_steps=2", num_devices=4)
+  train_run(tmp_path, *TINY_GPT, *text_flags, "--grad_accum_steps=2", num_devices=4)
   assert_same_run(tmp_path, one_device_run)
 
 
 def test_cpu_devices_flag_splits_the_host_and_matches_one_device(
     tmp_path, text_flags, one_device_run):
   # XLA_FLAGS asks for 1 device here; --cpu_devices overrides it.
-  process = train(tmp_path, *TINY_GPT, *text_flags, "--cpu_devices=2", num_devices=1)
+  process = train_run(tmp_path, *TINY_GPT, *text_flags, "--cpu_devices=2", num_devices=1)
   assert "2 device(s)" in process.stdout and "2 devices x 1 microbatches x 4" in process.stdout
   assert_same_run(tmp_path, one_device_run)
 
@@ -116,7 +79,7 @@ def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_
   out_dir = tmp_path / "two_processes"
   flags = [*TINY_GPT, *text_flags, f"--out_dir={out_dir}",
            f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices(2))  # 2 x 2 = 4 devices
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **host_devices(2))  # 2 x 2 = 4 devices
   workers = [subprocess.Popen([sys.executable, "-m", "purejax.train", *flags,
                                f"--process_id={i}"], cwd=REPO_ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -168,7 +131,7 @@ def test_processes_started_with_different_flags_are_refused(tmp_path, text_flags
 ])
 def test_bad_scale_out_flags_fail_with_a_clear_message(tmp_path, text_flags, flags, message):
   process = run_module("purejax.train", *TINY_GPT, *text_flags, f"--out_dir={tmp_path}",
-                       *flags, timeout=300, env=devices(4))
+                       *flags, timeout=300, env=host_devices(4))
   assert process.returncode == 1, process.stderr[-2000:]
   assert "Traceback" not in process.stderr
   assert re.search(message, process.stderr), process.stderr[-2000:]
@@ -179,8 +142,8 @@ def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
   # 60000 / 3000 = 20 steps in one epoch.
   flags = ["--model=mlp", "--epochs=1", "--batch_size=3000", f"--tfds_data_dir={tfds_data_dir}",
            f"--tfds_manual_dir={mnist_dir}"]
-  train(tmp_path / "one", *flags)
-  train(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
+  train_run(tmp_path / "one", *flags)
+  train_run(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
   (one_arrays, one_meta), (four_arrays, four_meta) = newest(tmp_path / "one"), newest(
       tmp_path / "four")
   one_metrics, four_metrics = one_meta["history"][-1], four_meta["history"][-1]

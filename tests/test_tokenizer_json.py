@@ -12,6 +12,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from conftest import train_tokenizer_json
 from purejax.data import corpus
 from purejax.data import datasets
 from purejax.data import tokenizer_json
@@ -19,21 +20,6 @@ from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
-
-
-def train_tokenizer_json(folder: pathlib.Path, text: str, vocab_size: int = 300
-                         ) -> pathlib.Path:
-  """Trains a byte-level BPE on `text` and saves it as `folder/tokenizer.json`."""
-  hf = pytest.importorskip("tokenizers")
-  tokenizer = hf.Tokenizer(hf.models.BPE())
-  tokenizer.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tokenizer.decoder = hf.decoders.ByteLevel()
-  trainer = hf.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
-                                   initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet())
-  tokenizer.train_from_iterator([text], trainer)
-  folder.mkdir(parents=True, exist_ok=True)
-  tokenizer.save(str(folder / "tokenizer.json"))
-  return folder / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")
