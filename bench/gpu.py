@@ -9,19 +9,19 @@ largest batches); i, nanoGPT's Tiny Shakespeare GPU recipe (whole runs, and
 dropout 0.2 against 0); j, sampling through a KV cache. Each job runs in a
 process of its own (`bench.jobs`), its arms alternating (`bench.harness`);
 each purejax arm records its compiled program's cuDNN attention calls and
-planned peak memory next to ms/iter and MFU. Results go to
-`<out_dir>/<date>-gpu-<cases>.json`, rewritten after every round.
+planned peak memory next to ms/iter and MFU (`bench.gpu_rows`, which also
+prints the table). Results go to `<out_dir>/<date>-gpu-<cases>.json`,
+rewritten after every round.
 """
 
 import dataclasses
 import functools
-import math
 import os
 import pathlib
 import tempfile
 import time
 import traceback
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench import gpu_rows
 from bench import harness
 from bench import jobs
-from bench.harness import fmt
 from purejax import decode
 from purejax import gpt
 from purejax.data import batches
@@ -117,7 +117,7 @@ def make_sizes(gpu: bool, quick: bool) -> Sizes:
 
 
 class Job(jobs.Job):
-  """A GPU bench job: its sizes, the GPU's peak, whether the twin compiles."""
+  """A GPU bench job: its sizes, the GPU's peak, whether the twin compiles, its arms' infos."""
 
   def __init__(self, name: str, path: pathlib.Path, deadline: float, quick: bool,
                torch_compile: str = "auto"):
@@ -126,6 +126,16 @@ class Job(jobs.Job):
     self.peak_flops = flops.device_peak_flops(jax.devices()[0], "bfloat16")
     self.compile_torch = {"yes": True, "no": False, "auto": self.gpu}[torch_compile]
     self.sizes = make_sizes(self.gpu, quick)
+    self.infos: Dict[str, dict] = {}  # per arm: how it ran, its memory (`program_stats`, ...)
+
+  def build(self, factories: Dict[str, Callable[[dict], harness.Arm]]
+            ) -> Dict[str, harness.Arm]:
+    """`jobs.Job.build` of factories that each get their arm's `infos` entry to fill."""
+    return super().build({name: functools.partial(make, self.infos.setdefault(name, {}))
+                          for name, make in factories.items()})
+
+  def set_config(self, model: gpt.GPTConfig, **fields) -> None:
+    self.result["config"] = {"model": dataclasses.asdict(model), **fields}
 
   def purejax(self, config, batch, opt, steps, info, **kwargs) -> harness.Arm:
     return harness.purejax_train_arm(config, opt, batch, steps, info=info, **kwargs)
@@ -147,36 +157,13 @@ class Job(jobs.Job):
     how = "torch.compile" if self.compile_torch else "eager"
     return f"torch twin ({how}, bf16 autocast, {'fused ' if self.gpu else ''}AdamW{extra})"
 
-  def train_rows(self, times, reference, infos, config: gpt.GPTConfig, batch: int) -> dict:
+  def train_rows(self, times, reference, config: gpt.GPTConfig, batch: int) -> dict:
     """The job's rows: `harness.summarise`, ms/iter, tokens/s, MFU and each arm's `infos`."""
     rows = harness.summarise(times, reference, "s/iter")
     for name, row in rows.items():
-      add_speed(row, batch * config.block_size, flops_per_token(config), self.peak_flops)
-      row.update(infos.get(name, {}))
+      gpu_rows.add_speed(row, config, batch, self.peak_flops).update(self.infos.get(name, {}))
     self.result["rows"] = rows
     return rows
-
-
-def add_speed(row: dict, tokens_per_step: int, flops_per_token_: Optional[float],
-              peak_flops: Optional[float]) -> dict:
-  """ms/iter, tokens/s and MFU of a row whose median is seconds per step."""
-  tokens_per_s = tokens_per_step / row["median"]
-  row.update(ms_per_iter=1000 * row["median"], tokens_per_s=tokens_per_s)
-  if flops_per_token_:
-    row.update(flops_per_token=flops_per_token_,
-               mfu=flops.mfu(flops_per_token_, tokens_per_s, peak_flops or None))
-  return row
-
-
-@functools.lru_cache(maxsize=None)
-def flops_per_token(config: gpt.GPTConfig) -> float:
-  """`flops.transformer_flops_per_token` of `config`, params counted without a device."""
-  shapes = jax.eval_shape(lambda k: gpt.init_params(config, k),
-                          jax.ShapeDtypeStruct((2,), jnp.uint32))
-  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
-  n_params -= config.block_size * config.n_embd  # as nanoGPT: no position embeddings
-  return flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
-                                           config.head_dim, config.block_size)
 
 
 # ----------------------------------------------------------------------------
@@ -188,20 +175,18 @@ def job_h_train(job: Job) -> None:
   config, batch = s.gpt2, s.train_batch
   ref, unrolled, twin = ("purejax (scan_layers=True, auto forms)",
                          "purejax (scan_layers=False)", job.twin_name())
-  job.result["config"] = {"model": dataclasses.asdict(config), "batch": batch,
-                          "steps_per_call": s.steps_per_call,
-                          "optimizer": dataclasses.asdict(GPT2_OPTIMIZER)}
+  job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
+                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
   job.note("peak_bytes of a purejax arm is the process's JAX peak after its first call, "
            "which includes the arms built before it; program_peak_bytes is the compiled "
            "step's own plan.")
-  infos = {ref: {}, unrolled: {}, twin: {}}
   arms = job.build({
-      ref: lambda: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, infos[ref]),
-      unrolled: lambda: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call,
-                                    infos[unrolled], forms=kernels.select(scan_layers=False)),
-      twin: lambda: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, infos[twin])})
+      ref: lambda info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info),
+      unrolled: lambda info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
+                                         forms=kernels.select(scan_layers=False)),
+      twin: lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)})
   job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
-      times, {unrolled: ref, twin: ref}, infos, config, batch))
+      times, {unrolled: ref, twin: ref}, config, batch))
 
 
 def write_token_file(path: pathlib.Path, num_tokens: int, vocab: int, seed: int = 0) -> None:
@@ -248,8 +233,7 @@ def job_h_feed(job: Job) -> None:
   device, host = ("purejax, random ids on the device (as h.train)",
                   "purejax, windows read from a memmapped token file by BatchPrefetcher")
   vocab = min(GPT2_TOKENIZER_VOCAB, config.vocab_size)
-  job.result["config"] = {"model": dataclasses.asdict(config), "batch": batch,
-                          "steps_per_call": steps, "timed_calls_per_round": s.feed_calls}
+  job.set_config(config, batch=batch, steps_per_call=steps, timed_calls_per_round=s.feed_calls)
   job.note("host/device is the per-round ratio of the two arms' ms/iter; at most 1.02 means "
            "the feed costs nothing. wait_ms: how long a timed call waited for its windows.")
   with tempfile.TemporaryDirectory(prefix="purejax-feed-") as tmp:
@@ -258,7 +242,7 @@ def job_h_feed(job: Job) -> None:
     write_token_file(path, s.feed_tokens, vocab)
     job.result["token_file"] = {"path": str(path), "bytes": path.stat().st_size,
                                 "write_s": time.perf_counter() - start}
-    infos, waits, timing = {device: {}, host: {}}, [], [False]
+    waits, timing = [], [False]
     with batches.BatchPrefetcher(np.memmap(path, dtype=np.uint16, mode="r"), config.block_size,
                                  batch, seed=0, start_step=0, steps_per_call=steps) as reader:
 
@@ -270,14 +254,14 @@ def job_h_feed(job: Job) -> None:
         return out
 
       arms = job.build({
-          device: lambda: consecutive_calls(job.purejax(
-              config, batch, GPT2_OPTIMIZER, steps, infos[device]), 3, s.feed_calls),
-          host: lambda: consecutive_calls(job.purejax(
-              config, batch, GPT2_OPTIMIZER, steps, infos[host], windows=windows), 3,
-                                          s.feed_calls, lambda on: timing.__setitem__(0, on))})
+          device: lambda info: consecutive_calls(job.purejax(
+              config, batch, GPT2_OPTIMIZER, steps, info), 3, s.feed_calls),
+          host: lambda info: consecutive_calls(
+              job.purejax(config, batch, GPT2_OPTIMIZER, steps, info, windows=windows), 3,
+              s.feed_calls, lambda on: timing.__setitem__(0, on))})
 
       def publish(times):
-        rows = job.train_rows(times, {host: device}, infos, config, batch)
+        rows = job.train_rows(times, {host: device}, config, batch)
         if host in rows and waits:
           rows[host].update(wait_ms_median=1000 * float(np.median(waits)),
                             wait_ms_max=1000 * max(waits))
@@ -292,13 +276,11 @@ def job_h_medium(job: Job) -> None:
   s = job.sizes
   config, batch = s.gpt2_medium, s.medium_batch
   name = "purejax GPT-2 medium (scan_layers=True, auto forms)"
-  job.result["config"] = {"model": dataclasses.asdict(config), "batch": batch,
-                          "steps_per_call": 1}
-  info = {}
-  arms = job.build({name: lambda: job.purejax(config, batch, GPT2_OPTIMIZER, 1, info)})
+  job.set_config(config, batch=batch, steps_per_call=1)
+  arms = job.build({name: lambda info: job.purejax(config, batch, GPT2_OPTIMIZER, 1, info)})
   job.result["trains_without_oom"] = True if arms else (
       False if is_oom(job.result["errors"].get(name, "")) else None)
-  job.alternate(arms, 5, lambda times: job.train_rows(times, {}, {name: info}, config, batch))
+  job.alternate(arms, 5, lambda times: job.train_rows(times, {}, config, batch))
 
 
 def is_oom(error: str) -> bool:
@@ -312,8 +294,7 @@ def job_h_max_batch(job: Job, arm: str) -> None:
   config = s.gpt2
   make = job.twin if arm == "torch" else functools.partial(
       job.purejax, forms=kernels.select(scan_layers=arm != "purejax_unrolled"))
-  job.result["config"] = {"model": dataclasses.asdict(config), "arm": arm,
-                          "candidates": list(s.batch_candidates)}
+  job.set_config(config, arm=arm, candidates=list(s.batch_candidates))
   tries = job.result.setdefault("batches", {})
 
   def attempt(batch: int) -> bool:
@@ -323,7 +304,7 @@ def job_h_max_batch(job: Job, arm: str) -> None:
       run = make(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
       row = harness.summarise({arm: [run() for _ in range(s.probe_rounds)]}, {}, "s/iter")[arm]
       del run
-      add_speed(row, batch * config.block_size, flops_per_token(config), job.peak_flops)
+      gpu_rows.add_speed(row, config, batch, job.peak_flops)
       tries[str(batch)] = {"fits": True, **row, **info}
     except Exception as e:  # pylint: disable=broad-except
       error = jobs.describe(e)
@@ -379,25 +360,17 @@ def shakespeare() -> corpus_lib.Corpus:
   return corpus_lib.Corpus(tokenizer, ids[:n], ids[n:], "tiny_shakespeare (plain text)")
 
 
-def recipe_config(job: Job) -> dict:
+def set_recipe_config(job: Job, **fields) -> None:
   s = job.sizes
-  return {"model": dataclasses.asdict(s.shakespeare), "batch": s.recipe_batch,
-          "max_iters": s.recipe_iters, "eval_interval": s.eval_interval,
-          "eval_iters": s.eval_iters, "optimizer": dataclasses.asdict(SHAKESPEARE_OPTIMIZER)}
-
-
-def losses_of(history: List[dict]) -> dict:
-  if not history:
-    return {}
-  return {"best_val_loss": min(h["val_loss"] for h in history),
-          "final_val_loss": history[-1]["val_loss"],
-          "final_train_loss": history[-1]["train_loss"], "evals": len(history)}
+  job.set_config(s.shakespeare, batch=s.recipe_batch, max_iters=s.recipe_iters,
+                 eval_interval=s.eval_interval, eval_iters=s.eval_iters,
+                 optimizer=dataclasses.asdict(SHAKESPEARE_OPTIMIZER), **fields)
 
 
 def job_i_purejax_recipe(job: Job) -> None:
   s = job.sizes
   config = s.shakespeare
-  job.result["config"] = recipe_config(job)
+  set_recipe_config(job)
   name = f"purejax (dropout {config.dropout}: {harness.attention_form(config)} attention)"
   train = loop.GPTTrainConfig(
       batch_size=s.recipe_batch, max_iters=s.recipe_iters, eval_interval=s.eval_interval,
@@ -411,10 +384,9 @@ def job_i_purejax_recipe(job: Job) -> None:
     wall = time.perf_counter() - start
     history = checkpoint.latest_meta(out_dir)[1].get("history", [])
   row = {"median": metrics["ms_per_iter"] / 1000, "min": None, "max": None, "unit": "s/iter",
-         "wall_s": wall, "via": "loop.train_gpt", **losses_of(history)}
+         "wall_s": wall, "via": "loop.train_gpt", **gpu_rows.losses_of(history)}
   job.result["history"] = history
-  job.result["rows"] = {name: add_speed(row, s.recipe_batch * config.block_size,
-                                        flops_per_token(config), job.peak_flops)}
+  job.result["rows"] = {name: gpu_rows.add_speed(row, config, s.recipe_batch, job.peak_flops)}
 
 
 def job_i_torch_recipe(job: Job) -> None:
@@ -430,7 +402,7 @@ def job_i_torch_recipe(job: Job) -> None:
   import torch  # pylint: disable=g-import-not-at-top
   s, device = job.sizes, job.torch_device()
   config, t, b = s.shakespeare, s.shakespeare.block_size, s.recipe_batch
-  job.result["config"] = recipe_config(job)
+  set_recipe_config(job)
   name = job.twin_name(", SDPA dropout 0.2")
   splits = {split: torch.from_numpy(ids.astype(np.int64)).to(device)
             for split, ids in (("train", shakespeare().train), ("val", shakespeare().val))}
@@ -457,11 +429,11 @@ def job_i_torch_recipe(job: Job) -> None:
                os.path.join(out_dir, "ckpt.pt"))
     if seconds:
       row = harness.summarise({name: seconds[2:] or seconds}, {}, "s/iter")[name]
-      row.update(wall_s=time.perf_counter() - start, **losses_of(history))
+      row.update(wall_s=time.perf_counter() - start, **gpu_rows.losses_of(history))
       if step < s.recipe_iters:
         row["partial"] = f"up to step {step} of {s.recipe_iters}"
-      job.result.update(history=history, rows={name: add_speed(
-          row, b * t, flops_per_token(config), job.peak_flops)})
+      job.result.update(history=history,
+                        rows={name: gpu_rows.add_speed(row, config, b, job.peak_flops)})
       job.save()
 
   with tempfile.TemporaryDirectory() as out_dir:
@@ -477,35 +449,29 @@ def job_i_speed(job: Job) -> None:
   s = job.sizes
   text, config = shakespeare(), s.shakespeare
   no_dropout = dataclasses.replace(config, dropout=0.0)
-  job.result["config"] = dict(recipe_config(job), iters_per_arm=s.speed_iters,
-                              rounds=s.speed_rounds)
+  set_recipe_config(job, iters_per_arm=s.speed_iters, rounds=s.speed_rounds)
   per_round = max(s.speed_iters // s.speed_rounds, 1)
   calls = max(per_round // 10, 1)
   steps = per_round // calls
   pj, pj0 = (f"purejax, dropout {cfg.dropout} ({harness.attention_form(cfg)} attention)"
              for cfg in (config, no_dropout))
   tw, tw0 = job.twin_name(", dropout 0.2"), job.twin_name(", dropout 0")
-  infos = {name: {} for name in (pj, pj0, tw, tw0)}
 
-  def ours(cfg, name):
-    def factory():
-      one_call = job.purejax(cfg, s.recipe_batch, SHAKESPEARE_OPTIMIZER, steps,
-                             infos[name], data=jnp.asarray(text.train))
-      return lambda: sum(one_call() for _ in range(calls)) / calls
-    return factory
+  def ours(cfg, info):
+    one_call = job.purejax(cfg, s.recipe_batch, SHAKESPEARE_OPTIMIZER, steps, info,
+                           data=jnp.asarray(text.train))
+    return lambda: sum(one_call() for _ in range(calls)) / calls
 
-  def theirs(cfg, name):
-    def factory():
-      import torch  # pylint: disable=g-import-not-at-top
-      data = torch.from_numpy(text.train.astype(np.int64)).to(job.torch_device())
-      return job.twin(cfg, s.recipe_batch, SHAKESPEARE_OPTIMIZER, per_round,
-                       infos[name], data=data)
-    return factory
+  def theirs(cfg, info):
+    import torch  # pylint: disable=g-import-not-at-top
+    data = torch.from_numpy(text.train.astype(np.int64)).to(job.torch_device())
+    return job.twin(cfg, s.recipe_batch, SHAKESPEARE_OPTIMIZER, per_round, info, data=data)
 
-  arms = job.build({pj: ours(config, pj), pj0: ours(no_dropout, pj0),
-                    tw: theirs(config, tw), tw0: theirs(no_dropout, tw0)})
+  arms = job.build({pj: functools.partial(ours, config), pj0: functools.partial(ours, no_dropout),
+                    tw: functools.partial(theirs, config),
+                    tw0: functools.partial(theirs, no_dropout)})
   job.alternate(arms, s.speed_rounds, lambda times: job.train_rows(
-      times, {pj0: pj, tw: pj, tw0: pj0}, infos, config, s.recipe_batch))
+      times, {pj0: pj, tw: pj, tw0: pj0}, config, s.recipe_batch))
 
 
 # ----------------------------------------------------------------------------
@@ -518,19 +484,17 @@ def job_j_sample(job: Job) -> None:
   from bench import torch_gpt  # pylint: disable=g-import-not-at-top
   s = job.sizes
   config, new_tokens = s.gpt2, s.sample_tokens
-  job.result["config"] = {"model": dataclasses.asdict(config), "new_tokens": new_tokens,
-                          "prompt_tokens": 1, "batch": 1, "top_k": 200}
+  job.set_config(config, new_tokens=new_tokens, prompt_tokens=1, batch=1, top_k=200)
   params = gpt.init_params(config, jax.random.PRNGKey(0))
   prompt = jnp.zeros((1, 1), jnp.int32)
   keys = map(jax.random.PRNGKey, range(1_000_000))
   ref, eager, compiled = ("purejax decode.generate (one jitted lax.scan)",
                           "torch twin generate_kv, eager (bf16 autocast)", None)
-  infos = {ref: {}}
 
-  def purejax_sampler():
+  def purejax_sampler(info):
     generate = functools.partial(decode.generate, params, prompt, config,
                                  max_new_tokens=new_tokens, top_k=200)
-    infos[ref].update(harness.program_stats(decode.generate.lower(
+    info.update(harness.program_stats(decode.generate.lower(
         params, prompt, config, next(keys), max_new_tokens=new_tokens, top_k=200).compile()))
 
     def run():
@@ -540,37 +504,36 @@ def job_j_sample(job: Job) -> None:
     run()
     return run
 
-  def twin_sampler(compile_mode):
-    def factory():
-      device = torch.device(job.torch_device())
-      twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(config), params).to(device).eval()
-      idx = torch.zeros((1, 1), dtype=torch.long, device=device)
+  def twin_sampler(compile_mode, info):
+    del info  # the twin's sampler records nothing of how it ran
+    device = torch.device(job.torch_device())
+    twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(config), params).to(device).eval()
+    idx = torch.zeros((1, 1), dtype=torch.long, device=device)
 
-      def run():
-        harness.sync(torch, device)
-        start = time.perf_counter()
-        twin.generate_kv(idx, new_tokens, top_k=200, autocast_dtype=torch.bfloat16,
-                         compile_mode=compile_mode).cpu()
-        return (time.perf_counter() - start) / new_tokens
-      run()  # compiles (and records the CUDA graphs)
-      return run
-    return factory
+    def run():
+      harness.sync(torch, device)
+      start = time.perf_counter()
+      twin.generate_kv(idx, new_tokens, top_k=200, autocast_dtype=torch.bfloat16,
+                       compile_mode=compile_mode).cpu()
+      return (time.perf_counter() - start) / new_tokens
+    run()  # compiles (and records the CUDA graphs)
+    return run
 
-  arms = job.build({ref: purejax_sampler, eager: twin_sampler(False)})
+  arms = job.build({ref: purejax_sampler, eager: functools.partial(twin_sampler, False)})
   if not job.compile_torch:
     job.note("torch.compile arm not run (--torch_compile=no, or auto without CUDA)")
   # CUDA graphs ("reduce-overhead") are the fast way for one token at a time;
   # if they fail here, the default mode still compiles the step.
   for mode in (("reduce-overhead", None) if job.gpu else (None,)) if job.compile_torch else ():
     compiled = f"torch twin generate_kv, torch.compile mode={mode or 'default'} (bf16 autocast)"
-    arms.update(job.build({compiled: twin_sampler(mode)}))
+    arms.update(job.build({compiled: functools.partial(twin_sampler, mode)}))
     if compiled in arms:
       break
 
   def publish(times):
     rows = harness.summarise(times, {eager: ref, compiled: ref}, "s/token")
     for name, row in rows.items():
-      row.update(tokens_per_s=1.0 / row["median"], **infos.get(name, {}))
+      row.update(tokens_per_s=1.0 / row["median"], **job.infos.get(name, {}))
     job.result["rows"] = rows
     twins = [name for name in (eager, compiled) if name in rows]
     if twins:
@@ -612,57 +575,8 @@ def main(argv):
               FLAGS.torch_compile)
     jobs.run(job, jobs.environment if job.name == "env" else JOBS[job.name][1])
     return
-  jobs.main("bench.gpu", jobs.select(FLAGS.cases, list(JOBS)), TITLES, markdown,
+  jobs.main("bench.gpu", jobs.select(FLAGS.cases, list(JOBS)), TITLES, gpu_rows.markdown,
             [f"--quick={FLAGS.quick}", f"--torch_compile={FLAGS.torch_compile}"])
-
-
-def _median(row: dict) -> str:
-  per_iter = row.get("unit") == "s/iter"
-  spec, unit = (".2f", "ms/iter") if per_iter else (".3g", "ms/token")
-  spread = (f" ({fmt(row['min'], spec, 1000)}-{fmt(row['max'], spec, 1000)})"
-            if row.get("min") is not None else "")
-  return f"{fmt(row.get('median'), spec, 1000)} {unit}{spread}"
-
-
-def _other(row: dict) -> str:
-  labels = (("wall_s", "wall {:.0f} s"), ("best_val_loss", "best val {:.4f}"),
-            ("final_val_loss", "final val {:.4f}"), ("wait_ms_max", "waited at most {:.2f} ms"),
-            ("n", "n={}"))
-  return ", ".join(label.format(row[key]) for key, label in labels if row.get(key) is not None)
-
-
-COLUMNS = (
-    ("median (min-max)", _median),
-    ("tokens/s", lambda row: fmt(row.get("tokens_per_s"), ",.0f")),
-    ("MFU", lambda row: fmt(row.get("mfu"), ".1%")),
-    ("peak GiB", lambda row: fmt(row.get("peak_bytes"), ".1f", 1 / 2**30)),
-    ("program peak GiB", lambda row: fmt(row.get("program_peak_bytes"), ".2f", 1 / 2**30)),
-    ("cuDNN attention calls", lambda row: fmt(row.get("cudnn_attention_calls"), ".0f")),
-    ("ratio vs ref", harness.ratio_text),
-    ("other", _other),
-)
-
-
-def _notes(result: dict) -> List[str]:
-  notes = []
-  if "trains_without_oom" in result:
-    notes.append(f"trains without OOM: {result['trains_without_oom']}")
-  if "largest_batch" in result:
-    notes.append(f"largest batch {result['largest_batch']}, first failing "
-                 f"{result.get('smallest_failed_batch')}")
-  if "host_vs_device" in result:
-    notes.append(f"host/device {result['host_vs_device']:.3f}: the feed "
-                 f"{'costs nothing' if result.get('feed_costs_nothing') else 'slows the step'}"
-                 f" (<= 1.02 is free)")
-  if result.get("status") not in ("done", None):
-    notes.append(f"status {result['status']}")
-  notes += [f"error in {where}: {error[:160]}"
-            for where, error in (result.get("errors") or {}).items()]
-  return notes
-
-
-def markdown(results: dict) -> str:
-  return harness.markdown(results, COLUMNS, first="job", notes=_notes)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from bench import gpu
+from bench import gpu_rows
 from bench import harness
 from bench import jobs
 from purejax import gpt
 from purejax.data import datasets
+from purejax.training import flops
 from purejax.training import optim
 
 
@@ -83,7 +85,7 @@ def test_markdown_lines_per_arm_and_notes():
 
 
 def test_gpu_markdown_takes_partial_and_failed_jobs():
-  table = gpu.markdown({
+  table = gpu_rows.markdown({
       "h.train": {"rows": {"purejax": {"median": 0.05, "min": 0.04, "max": 0.06,
                                        "unit": "s/iter", "tokens_per_s": 2.4e5, "mfu": 0.4,
                                        "peak_bytes": 2**31, "program_peak_bytes": 2**30,
@@ -95,6 +97,21 @@ def test_gpu_markdown_takes_partial_and_failed_jobs():
   assert "50.00 ms/iter (40.00-60.00)" in table and "40.0%" in table
   assert "| 2.0 | 1.00 | 3 |" in table  # peak GiB, program peak GiB, cuDNN attention calls
   assert "status crashed" in table and "best val 1.4700" in table
+
+
+def test_add_speed_counts_flops_without_position_embeddings():
+  config = gpt.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32,
+                         bias=False)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  n_params = sum(x.size for x in jax.tree.leaves(params)) - config.block_size * config.n_embd
+  per_token = flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
+                                                config.head_dim, config.block_size)
+  row = gpu_rows.add_speed({"median": 0.5}, config, batch=4, peak_flops=1e6)
+  assert row["flops_per_token"] == per_token and row["ms_per_iter"] == 500.0
+  assert row["tokens_per_s"] == 4 * 16 / 0.5
+  np.testing.assert_allclose(row["mfu"], per_token * row["tokens_per_s"] / 1e6)
+  # Without a known peak there is no MFU.
+  assert gpu_rows.add_speed({"median": 0.5}, config, 4, peak_flops=None)["mfu"] is None
 
 
 def lowered_cudnn_attention(monkeypatch):
@@ -201,8 +218,8 @@ def test_shakespeare_is_split_as_nanogpt_splits_it():
 
 
 def test_the_benches_import_together_and_define_no_flags_on_import():
-  for module in ("bench.run", "bench.gpu", "bench.harness", "bench.jobs", "bench.sweep_cpu",
-                 "bench.hlo_ab", "bench.torch_recipe", "bench.mlp_epoch", "bench.tokenize_bpe",
+  for module in ("bench.run", "bench.gpu", "bench.gpu_rows", "bench.harness", "bench.jobs",
+                 "bench.sweep_cpu", "bench.hlo_ab", "bench.torch_recipe", "bench.mlp_epoch", "bench.tokenize_bpe",
                  "bench.arch_compare"):
     importlib.import_module(module)
   for name in ("cases", "quick", "time_budget_s", "runs", "dump_to", "seeds", "epochs", "mb",
