@@ -33,6 +33,7 @@ from purejax.training import monitor
 from purejax.training import optim
 from purejax.training import steps
 from purejax.training.state import TrainState
+from purejax.data import datasets
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEST_DATA = os.environ.get("PUREJAX_TEST_DATA")
@@ -47,6 +48,18 @@ def require_test_data(name: str) -> pathlib.Path:
     if IN_CI:
       pytest.fail(message + "; integration tests must run under CI=true.")
     pytest.skip(message)
+  return path
+
+
+# Tiny Shakespeare as the package ships it: the tests' text for tokenizers and corpora.
+SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  """A 40,000-character `.txt` corpus, as a user's own text file."""
+  path = tmp_path_factory.mktemp("text") / "plays.txt"
+  path.write_text(SHAKESPEARE[:40_000])
   return path
 
 

@@ -9,20 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from conftest import (SHORT_FLAGS, TINY_FLAGS, TINY_GPT, assert_same_run, final, one_line_error,
-                      run_module, train_run, train_tokenizer_json)
-from purejax.data import datasets
+from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, TINY_GPT, assert_same_run, final,
+                      one_line_error, run_module, train_run, train_tokenizer_json)
 
 pytestmark = pytest.mark.slow
 
-SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()
 
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("text") / "plays.txt"
-  path.write_text(SHAKESPEARE[:40_000])
-  return path
 
 
 def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):

@@ -19,18 +19,10 @@ import pytest
 
 from conftest import REPO_ROOT, SHORT_FLAGS, TINY_FLAGS, final, one_line_error, run_module
 from purejax.training import checkpoint
-from purejax.data import datasets
 from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-  text = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()[:40_000]
-  path = tmp_path_factory.mktemp("text") / "plays.txt"
-  path.write_text(text)
-  return path
 
 
 def test_a_text_file_trains_and_its_tokens_are_cached(tmp_path, text_file):

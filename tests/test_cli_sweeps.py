@@ -11,24 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (SHORT_FLAGS, TINY_FLAGS, final, one_line_error, read_wandb_offline_history,
-                      run_module)
+from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final, one_line_error,
+                      read_wandb_offline_history, run_module)
 from purejax import gpt
 from purejax import lora
-from purejax.data import datasets
 from purejax.training import checkpoint
 from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
 
-SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text()
 
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("text") / "plays.txt"
-  path.write_text(SHAKESPEARE[:40_000])
-  return path
 
 
 def train_losses(out_dir):

@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import run_module
+from conftest import SHAKESPEARE, run_module
 from purejax.training import checkpoint
 from purejax import weights
-from purejax.data import datasets
 from purejax import decode
 from purejax import gpt
 from purejax.weights import gpt2
@@ -31,7 +30,6 @@ from purejax.weights import huggingface
 from purejax.weights import nanogpt
 from purejax.data import tokenizers
 
-SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 CONFIG = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
 EXTRAS = "pip install -r bench/requirements.txt"
 

@@ -15,11 +15,10 @@ from purejax.data import corpus
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
-from conftest import tiny_ranks, write_tiktoken_file
+from conftest import SHAKESPEARE, tiny_ranks, write_tiktoken_file
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
-SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 TEXT = SHAKESPEARE[:3000]
 
 

@@ -12,14 +12,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from conftest import train_tokenizer_json
+from conftest import SHAKESPEARE, train_tokenizer_json
 from purejax.data import corpus
-from purejax.data import datasets
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 
-SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

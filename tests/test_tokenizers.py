@@ -17,15 +17,13 @@ import numpy as np
 import pytest
 
 from purejax.data import bpe_files
-from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
-from conftest import MERGES, gpt2_byte_order, tiny_ranks, write_tiktoken_file
+from conftest import SHAKESPEARE, MERGES, gpt2_byte_order, tiny_ranks, write_tiktoken_file
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
-SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
 
 def data_gym_char(b: int) -> str:
   """GPT-2's reversible byte -> unicode character map (`bytes_to_unicode`)."""
