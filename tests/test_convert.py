@@ -512,6 +512,7 @@ def test_purejax_checkpoint_to_huggingface_and_back(tmp_path):
   np.testing.assert_array_equal(params2["wte"]["embedding"][:101], params["wte"]["embedding"])
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_cli_converts_and_fails_with_one_line(tmp_path, hf_folder):
   ok = run_module("purejax.convert", f"--from=hf:{hf_folder}",
                   f"--to=hf:{tmp_path / 'copy'}", timeout=300)

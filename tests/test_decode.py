@@ -113,6 +113,7 @@ class GenerateTest(parameterized.TestCase):
       logits, cache = step(params, tokens[:, t:t + 1], cache, t, config=TINY)
       chex.assert_trees_all_close(logits, full[:, t], atol=1e-5)
 
+  @pytest.mark.slow  # a long one; the full suite runs it
   def test_forward_with_cache_runs_the_gpu_forms(self):
     # The GPU's forms read the cache with bfloat16 products. (With "cudnn",
     # which cannot run on a CPU, the prompt's program is checked in

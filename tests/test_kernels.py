@@ -244,7 +244,7 @@ def loss_and_grads(config, params, tokens, forms=None):
 
 
 @pytest.mark.parametrize("changes", [
-    dict(attention="xla"), dict(scan_layers=False, remat="none"),
+    dict(attention="xla"), pytest.param(dict(scan_layers=False, remat="none"), marks=slow),
     pytest.param(dict(attention="plain"), marks=slow),
     pytest.param(dict(scan_layers=False), marks=slow),
     pytest.param(dict(remat="full"), marks=slow)])

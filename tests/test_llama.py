@@ -233,7 +233,7 @@ def test_grouped_heads_in_every_attention_form_equal_repeated_heads():
     attention.causal_attention(q, q[:, :, :3], q[:, :, :3])
 
 
-@pytest.mark.parametrize("form", ["plain", "blocked"])
+@pytest.mark.parametrize("form", [pytest.param("plain", marks=pytest.mark.slow), "blocked"])
 def test_the_family_is_causal_in_training_and_its_loss_starts_at_log_vocab(form):
   # The Llama block learns the recipe much faster than GPT-2's (bench.arch_compare),
   # so check it cannot see the future: the loss path, with the CPU's forms.

@@ -120,6 +120,7 @@ def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning()
   assert adapted / full <= 0.02, adapted / full
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_fine_tuning_the_adapters_on_an_unseen_text_lowers_its_loss():
   # The base model learns one repeating pattern; the adapters alone then
   # learn another (a text it has not seen), its held-out loss falls.

@@ -258,6 +258,7 @@ def test_without_tensorboardx_one_warning_and_metrics_still_written(tmp_path, mo
   assert not list(tmp_path.glob("events.*"))
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_importing_tensorboardx_does_not_import_torch():
   # torch (if installed) costs seconds to import; tensorboardX would pull it in.
   code = ("import sys; from purejax.training import monitor; monitor._import_tensorboardx(); "
@@ -299,6 +300,7 @@ def run_under_terminal(args, columns=100):
 EXPECTED_LOG_LINES = [f"step {step:3d} | loss {4.0 / step:.4f}" for step in (5, 10, 15, 20)]
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_progress_draws_a_live_bar_on_a_terminal():
   output = run_under_terminal([sys.executable, str(WORKER), "progress", "20"])
   assert "\r" in output  # the bar redraws itself in place
@@ -311,6 +313,7 @@ def test_progress_draws_a_live_bar_on_a_terminal():
     assert expected in lines
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_progress_without_a_terminal_prints_only_the_log_lines():
   result = subprocess.run([sys.executable, str(WORKER), "progress", "20"], capture_output=True,
                           text=True, cwd=REPO_ROOT, check=True)

@@ -83,6 +83,7 @@ def test_a_run_still_writing_is_plotted_without_its_partial_line(runs):
   assert train.steps == [r["step"] for r in records if r["kind"] == "train"]
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 @needs_matplotlib
 def test_cli_writes_the_png(runs, tmp_path):
   out = tmp_path / "both.png"
@@ -102,6 +103,7 @@ def test_cli_a_dir_without_metrics_is_a_one_line_error(runs, tmp_path):
   assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_cli_without_matplotlib_names_the_install_command(runs):
   # Simulates an environment without matplotlib: importing it fails.
   code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
