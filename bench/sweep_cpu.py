@@ -4,13 +4,17 @@
     python -m bench.sweep_cpu --runs=8 --rounds=5
     python -m bench.sweep_cpu --quick               # a smoke run (tiny model)
 
-Each round times one call of `steps_per_call` steps of every arm, the arms
-alternating (vmapped, sequential, vmapped, ...) so that slow drifts of a
-shared machine hit both alike. The runs differ in learning rate and seed, as
-a sweep's do. The first call of each arm compiles and is not timed. It prints
-each arm's median ms per step (all runs together) and the median of the
-per-round ratio sequential/vmapped: 1 or more means the vmapped sweep is no
-slower (the target on a 2-core CPU is >= 0.95).
+Three arms: the sweep as the CPU runs it (`sweep_batch=1`: one run at a
+time inside the one program), the sweep with every run vmapped at once
+(`sweep_batch=0`), and the same runs trained one after another, each by its
+own call, as separate processes would. Each round times one call of
+`steps_per_call` steps of every arm, the arms alternating so that slow
+drifts of a shared machine hit all alike. The runs differ in learning rate
+and seed, as a sweep's do. The first call of each arm compiles and is not
+timed. It prints each arm's median ms per step (all runs together), the
+median of the per-round ratios sequential/arm (1 or more: the sweep is no
+slower; the target on a 2-core CPU is >= 0.95) and each program's scratch
+memory.
 """
 
 import dataclasses
@@ -26,6 +30,7 @@ from bench import harness
 from purejax import gpt
 from purejax.data import batches
 from purejax.data import corpus
+from purejax.ops import kernels
 from purejax.training import loop
 from purejax.training import optim
 from purejax.training import steps
@@ -67,18 +72,27 @@ def main(argv):
   keys = [jax.random.PRNGKey(100 + r.seed) for r in runs]
   solo = [(TrainState(p, s, {"train": k}), optim.make_optimizer(r.opt_config))
           for p, s, k, r in zip(params, states, keys, runs)]
-  stacked = [TrainState(sweep.stack(params), sweep.stack(states), {"train": sweep.stack(keys)})]
   hyper = sweep.hyperparams(runs)
-  vmapped_step, sequential_step = [0], [0]
+  sequential_step, scratch = [0], {}
 
-  def vmapped():
-    start = time.perf_counter()
-    state, m = sweep.train_steps(stacked[0], ids, vmapped_step[0], hyper, config=config,
-                                 make_optimizer=make, batch_size=batch_size, num_steps=n)
-    m.loss.block_until_ready()
-    stacked[0] = state
-    vmapped_step[0] += n
-    return (time.perf_counter() - start) / n
+  def sweep_arm(sweep_batch):
+    forms = kernels.select("cpu", sweep_batch=sweep_batch)
+    stacked = [TrainState(sweep.stack(params), sweep.stack(states),
+                          {"train": sweep.stack(keys)})]
+    step = [0]
+    kwargs = dict(config=config, make_optimizer=make, batch_size=batch_size, num_steps=n,
+                  forms=forms)
+    scratch[sweep_batch] = sweep.train_steps.lower(
+        stacked[0], ids, 0, hyper, **kwargs).compile().memory_analysis().temp_size_in_bytes
+
+    def arm():
+      start = time.perf_counter()
+      state, m = sweep.train_steps(stacked[0], ids, step[0], hyper, **kwargs)
+      m.loss.block_until_ready()
+      stacked[0] = state
+      step[0] += n
+      return (time.perf_counter() - start) / n
+    return arm
 
   def sequential():
     start = time.perf_counter()
@@ -90,16 +104,21 @@ def main(argv):
     sequential_step[0] += n
     return (time.perf_counter() - start) / n
 
-  arms = {"vmapped": vmapped, "sequential": sequential}
+  arms = {"mapped": sweep_arm(1), "vmapped": sweep_arm(0), "sequential": sequential}
   for fn in arms.values():  # compile
     fn()
-  rows = harness.summarise(harness.alternate(arms, rounds), "vmapped", "s/step")
-  ratio = rows["sequential"]
   result = {"runs": len(runs), "model": str(config), "batch_size": batch_size,
-            "steps_per_call": n, "rounds": rounds, "device": jax.devices()[0].device_kind,
-            **{f"{name}_ms_per_step": 1000 * row["median"] for name, row in rows.items()},
-            "ratio_sequential_over_vmapped": ratio["ratio"],
-            "ratio_min": ratio["ratio_min"], "ratio_max": ratio["ratio_max"]}
+            "steps_per_call": n, "rounds": rounds, "device": jax.devices()[0].device_kind}
+  times = harness.alternate(arms, rounds)
+  for name in ("mapped", "vmapped"):
+    rows = harness.summarise(times, name, "s/step")
+    ratio = rows["sequential"]
+    result.update({f"{name}_ms_per_step": 1000 * rows[name]["median"],
+                   f"ratio_sequential_over_{name}": ratio["ratio"],
+                   f"ratio_{name}_min": ratio["ratio_min"],
+                   f"ratio_{name}_max": ratio["ratio_max"]})
+  result["sequential_ms_per_step"] = 1000 * rows["sequential"]["median"]
+  result["scratch_mb"] = {"mapped": scratch[1] / 1e6, "vmapped": scratch[0] / 1e6}
   print(json.dumps(result, indent=2))
 
 

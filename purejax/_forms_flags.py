@@ -18,7 +18,7 @@ _AUTO = "auto"
 
 def define_forms_flags() -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
-  --loss_chunk_rows and --noise_ahead."""
+  --loss_chunk_rows, --noise_ahead and --sweep_batch."""
   flags.DEFINE_enum("attention", _AUTO, [_AUTO, *kernels.ATTENTION_FORMS],
                     "Form of causal attention (all compute the same function; 'cudnn' "
                     "needs an NVIDIA GPU).")
@@ -38,6 +38,9 @@ def define_forms_flags() -> None:
   flags.DEFINE_enum("noise_ahead", _AUTO, [_AUTO, "true", "false"],
                     "Sampling draws its Gumbel noise before each decode loop.",
                     case_sensitive=False)
+  flags.DEFINE_string("sweep_batch", _AUTO,
+                      "Runs of a --sweep vmapped together (0: all at once; 1: one after "
+                      "another inside the one program, the CPU's choice).")
 
 
 def _positive_int(name: str, allow_zero: bool = False) -> Any:
@@ -65,7 +68,8 @@ def forms_overrides() -> Dict[str, Any]:
                    remat=FLAGS.remat, scan_layers=_bool("scan_layers"),
                    matmul_backward=FLAGS.matmul_backward,
                    loss_chunk_rows=_positive_int("loss_chunk_rows", allow_zero=True),
-                   noise_ahead=_bool("noise_ahead"))
+                   noise_ahead=_bool("noise_ahead"),
+                   sweep_batch=_positive_int("sweep_batch", allow_zero=True))
   return {k: v for k, v in overrides.items() if v not in (None, _AUTO)}
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from purejax import gpt
+from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import steps
 from purejax.data import batches
@@ -67,9 +68,11 @@ def _solo(config, data, spec, num_steps):
 
 
 @pytest.mark.slow  # ~10 s each; the full suite runs them
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout):
+@pytest.mark.parametrize("dropout, sweep_batch", [(0.0, 1), (0.1, 1), (0.1, 0)])
+def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
+  """One run at a time inside the program (the CPU's form) or all vmapped at once."""
   config = dataclasses.replace(TINY, dropout=dropout)
+  forms = kernels.select("cpu", sweep_batch=sweep_batch)
   data = random_tokens(jax.random.PRNGKey(0), (600,))
   runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2),
                                           "weight_decay": (0.0, 0.1)}, num_seeds=1)
@@ -82,9 +85,11 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout):
   hyper, tokens = sweep.hyperparams(runs), batches.DeviceTokens(data)
   # 20 steps in two calls, as a loop would run them
   state, first = sweep.train_steps(state, tokens, 0, hyper, config=config,
-                                   make_optimizer=make, batch_size=4, num_steps=10)
+                                   make_optimizer=make, batch_size=4, num_steps=10,
+                                   forms=forms)
   state, second = sweep.train_steps(state, tokens, 10, hyper, config=config,
-                                    make_optimizer=make, batch_size=4, num_steps=10)
+                                    make_optimizer=make, batch_size=4, num_steps=10,
+                                    forms=forms)
   p = state.params
   losses = np.concatenate([first.loss, second.loss], axis=1)
   chex.assert_shape(losses, (3, 20))
@@ -107,3 +112,50 @@ def test_evaluate_gives_each_runs_own_loss():
                            batch_size=4, num_batches=3)
     np.testing.assert_allclose(losses[i], alone, rtol=LOSS_RTOL)
   assert sweep.best_run(np.array([np.nan, 2.0, 1.5])) == 2
+
+
+def _tiny_sweep(num_runs):
+  runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2)},
+                      num_seeds=(num_runs + 1) // 2)[:num_runs]
+  params = sweep.stack([gpt.init_params(TINY, jax.random.PRNGKey(r.seed)) for r in runs])
+  make = sweep.RunOptimizer(BASE)
+  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
+                     {"train": sweep.stack([jax.random.PRNGKey(9 + r.seed) for r in runs])})
+  return state, sweep.hyperparams(runs), make
+
+
+def test_the_cpu_runs_a_sweep_one_run_at_a_time_and_the_gpu_all_at_once():
+  assert kernels.select("cpu").sweep_batch == 1
+  assert kernels.select("gpu").sweep_batch is None
+  assert kernels.select("cpu", sweep_batch=0).sweep_batch is None  # 0: vmap them all
+  with pytest.raises(ValueError, match="sweep_batch must be None or a positive integer"):
+    kernels.Forms(sweep_batch=-1)
+
+
+def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
+  tokens = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (300,)))
+  results = []
+  for sweep_batch in (0, 1, 2):  # all at once; one at a time; pairs and a remainder
+    state, hyper, make = _tiny_sweep(3)
+    state, metrics = sweep.train_steps(
+        state, tokens, 0, hyper, config=TINY, make_optimizer=make, batch_size=4,
+        num_steps=3, forms=kernels.select("cpu", sweep_batch=sweep_batch))
+    chex.assert_shape(metrics.loss, (3, 3))
+    results.append((state.params, metrics.loss))
+  for params, loss in results[1:]:
+    np.testing.assert_allclose(loss, results[0][1], rtol=LOSS_RTOL)
+    chex.assert_trees_all_close(params, results[0][0], atol=PARAMS_ATOL, rtol=0)
+
+
+def test_one_run_at_a_time_needs_one_runs_scratch_memory():
+  """Why the CPU maps the runs: vmapping N runs needs N runs' scratch memory."""
+  state, hyper, make = _tiny_sweep(4)
+  tokens = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (300,)))
+
+  def scratch(sweep_batch):
+    lowered = sweep.train_steps.lower(
+        state, tokens, 0, hyper, config=TINY, make_optimizer=make, batch_size=4,
+        num_steps=2, forms=kernels.select("cpu", sweep_batch=sweep_batch))
+    return lowered.compile().memory_analysis().temp_size_in_bytes
+
+  assert scratch(1) < scratch(0) / 2

@@ -67,6 +67,9 @@ class Forms:
     loss_chunk_min_logits: see `loss_chunk_rows`.
     noise_ahead: sampling draws each scan's Gumbel noise in one batch before
       the scan, instead of once per token inside it.
+    sweep_batch: runs of a sweep (`purejax.training.sweep`) vmapped together:
+      None vmaps every run at once; 1 runs them one after another inside the
+      one program; k runs groups of k.
   """
   attention: str = "plain"
   attn_block: int = 64
@@ -76,6 +79,7 @@ class Forms:
   loss_chunk_rows: Optional[int] = None
   loss_chunk_min_logits: int = 1 << 26
   noise_ahead: bool = False
+  sweep_batch: Optional[int] = None
 
   def __post_init__(self):
     for name, allowed in (("attention", ATTENTION_FORMS),
@@ -87,10 +91,10 @@ class Forms:
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"Forms.{name} must be a positive integer, got "
                          f"{getattr(self, name)!r}.")
-    if self.loss_chunk_rows is not None and (
-        not isinstance(self.loss_chunk_rows, int) or self.loss_chunk_rows < 1):
-      raise ValueError(f"Forms.loss_chunk_rows must be None or a positive integer, got "
-                       f"{self.loss_chunk_rows!r}.")
+    for name in ("loss_chunk_rows", "sweep_batch"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"Forms.{name} must be None or a positive integer, got {value!r}.")
 
   def describe(self) -> str:
     """One short line for a run's log."""
@@ -100,7 +104,8 @@ class Forms:
     return (f"attention {attention}, remat {self.remat}, "
             f"{'scanned' if self.scan_layers else 'unrolled'} layers, "
             f"matmul backward {self.matmul_backward}, loss chunks {chunks}, "
-            f"noise {'ahead' if self.noise_ahead else 'per token'}")
+            f"noise {'ahead' if self.noise_ahead else 'per token'}, "
+            f"sweep runs {self.sweep_batch or 'all'} at a time")
 
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
     """Rows per chunk of the head and loss for `rows` x `vocab` logits, or None."""
@@ -117,8 +122,9 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
       backend. Entry points pass the platform their arrays live on
       (`platform_of`).
     **overrides: `Forms` fields to set; a value of None or "auto" keeps the
-      platform's choice (so command-line defaults can say "auto"), and
-      `loss_chunk_rows=0` turns chunking off.
+      platform's choice (so command-line defaults can say "auto");
+      `loss_chunk_rows=0` turns chunking off and `sweep_batch=0` vmaps
+      every run of a sweep at once.
 
   CPU (XLA's CPU backend, measured on nanoGPT's CPU recipe; docs/performance.md):
   * attention in query blocks with a written-out softmax: blocks skip most of
@@ -131,6 +137,11 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     draw per token was a third of the sampling time.
   * remat "dots": storing every activation in the scan's stacked buffers took
     55 ms/iter against 26 ms/iter for recomputing the elementwise work.
+  * a sweep's runs one at a time (`sweep_batch=1`): one run already keeps the
+    cores busy, and vmapping N runs multiplies the program's scratch memory
+    by N; past 64 MiB, glibc maps it fresh for every call and the page
+    faults cost more than batching gains (4 runs: 0.94x of sequential runs
+    vmapped, ~1.0x mapped; docs/performance.md).
 
   GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100; docs/performance.md):
   * attention "cudnn": cuDNN's flash attention, asked for explicitly
@@ -157,11 +168,12 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
   if unknown:
     raise ValueError(f"select: {unknown} are not Forms fields; choose among {sorted(fields)}.")
   given = {k: v for k, v in overrides.items() if v is not None and v != "auto"}
-  if given.get("loss_chunk_rows") == 0:
-    given["loss_chunk_rows"] = None
+  for name in ("loss_chunk_rows", "sweep_batch"):
+    if given.get(name) == 0:
+      given[name] = None
   if platform == "cpu":
     base = dict(attention="blocked", matmul_backward="row_major", noise_ahead=True,
-                remat_scanned="dots", remat_unrolled="dots")
+                remat_scanned="dots", remat_unrolled="dots", sweep_batch=1)
   else:
     base = dict(attention="cudnn" if platform == "gpu" else "xla", matmul_backward="plain",
                 noise_ahead=False, remat_scanned="full", remat_unrolled="none",

@@ -9,7 +9,11 @@
 
 The model is a pure function of its params, so `N` runs are one `jax.vmap`
 of the single run's step (`steps.train_steps`) over a leading runs axis of
-params, optimizer state and keys. What differs between runs is data: the
+params, optimizer state and keys, in one jitted program. How many runs are
+vmapped together is an execution form (`Forms.sweep_batch`): all of them on
+a GPU, whose small-model steps leave it mostly idle; one at a time on the
+CPU (a loop inside the same program), where one run already keeps
+every core busy and vmapping only multiplies the scratch memory. What differs between runs is data: the
 seed (the params' init, the batches and dropout drawn from the run's keys)
 and the optimizer's numbers (`optim.HYPERPARAMS`: learning rate, weight
 decay, ...), passed as `[runs]` arrays. Each run's optimizer is built inside
@@ -26,7 +30,6 @@ model config (dropout included) and the batch size.
 """
 
 import dataclasses
-import functools
 import itertools
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -167,11 +170,47 @@ def num_runs(tree: Any) -> int:
   return jax.tree.leaves(tree)[0].shape[0]
 
 
-@functools.partial(
-    jax.jit, static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
-                              "grad_accum_steps", "params_view", "forms"),
-    donate_argnums=0)
-def train_steps(
+def _over_runs(fn: Callable, carried: Any, xs: Any, forms: kernels.Forms) -> Tuple[Any, Any]:
+  """`fn(carried_i, xs_i) -> (carried_i, ys_i)` for every run `i`, `forms.sweep_batch` at a time.
+
+  All runs at once is one `jax.vmap`. Fewer is a `lax.scan` over groups of
+  runs inside the program, each group vmapped, that updates `carried` (the
+  runs' stacked state) in place: a `lax.map` would hold a second copy of
+  every run's state, and the CPU takes one run at a time to keep its
+  scratch memory at one run's (`kernels.select`).
+
+  Returns:
+    `(carried, ys)`, both with the leading runs axis.
+  """
+  runs, batch = num_runs((carried, xs)), forms.sweep_batch
+  if batch is None or batch >= runs:
+    return jax.vmap(fn)(carried, xs)
+  group = jax.vmap(fn)
+
+  def take(tree, start, size):
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
+
+  def put(tree, part, start):
+    return jax.tree.map(lambda x, p: jax.lax.dynamic_update_slice_in_dim(x, p, start, 0),
+                        tree, part)
+
+  def one_group(carried, index):
+    start = index * batch
+    part, ys = group(take(carried, start, batch), take(xs, start, batch))
+    return put(carried, part, start), ys
+
+  groups = runs // batch
+  carried, ys = jax.lax.scan(one_group, carried, jnp.arange(groups))
+  ys = jax.tree.map(lambda y: y.reshape(groups * batch, *y.shape[2:]), ys)
+  if runs % batch:  # the last, smaller group
+    start = groups * batch
+    part, tail = group(take(carried, start, runs - start), take(xs, start, runs - start))
+    carried = put(carried, part, start)
+    ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, tail)
+  return carried, ys
+
+
+def _train_steps(
     state: TrainState,
     tokens: batches.DeviceTokens,
     step: chex.Numeric,
@@ -200,7 +239,8 @@ def train_steps(
       numbers (`RunOptimizer`); a static argument.
     batch_size, num_steps, grad_accum_steps, params_view: as in
       `steps.train_steps`.
-    forms: execution forms (`kernels.select`); None: the default device's.
+    forms: execution forms (`kernels.select`); None: those of the platform
+      the state lives on. `forms.sweep_batch` runs are vmapped together.
 
   Returns:
     `(state, StepMetrics)`, both with the leading runs axis; metrics are
@@ -216,12 +256,17 @@ def train_steps(
         batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps,
         params_view=params_view, forms=forms)
 
-  return jax.vmap(one_run)(state, dict(hyperparams))
+  return _over_runs(one_run, state, dict(hyperparams), forms)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches",
-                                             "params_view", "forms"))
-def evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
+train_steps = kernels.jit_with_forms(
+    _train_steps, platform_args=("state",),
+    static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
+                     "grad_accum_steps", "params_view"),
+    donate_argnums=0)
+
+
+def _evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
              config: gpt.GPTConfig, batch_size: int, num_batches: int,
              params_view: Optional[Callable[[Any], gpt.Params]] = None,
              forms: Optional[kernels.Forms] = None) -> chex.Array:
@@ -229,11 +274,17 @@ def evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
 
   Each run draws its evaluation batches from its own `keys[i]`, as it would alone.
   """
-  def one_run(params, key):
-    return steps.evaluate(params, tokens, key, config=config, batch_size=batch_size,
-                          num_batches=num_batches, params_view=params_view, forms=forms)
+  def one_run(_, params_and_key):
+    params, key = params_and_key
+    return (), steps.evaluate(params, tokens, key, config=config, batch_size=batch_size,
+                              num_batches=num_batches, params_view=params_view, forms=forms)
 
-  return jax.vmap(one_run)(params, keys)
+  return _over_runs(one_run, (), (params, keys), forms)[1]
+
+
+evaluate = kernels.jit_with_forms(
+    _evaluate, platform_args=("params",),
+    static_argnames=("config", "batch_size", "num_batches", "params_view"))
 
 
 def best_run(losses: np.ndarray) -> int:
