@@ -15,7 +15,7 @@ from purejax.training import optim, steps
 
 text = purejax.data.corpus.load_corpus("tiny_shakespeare")
 config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,
-                       n_head=4, n_embd=128)
+                       n_head=4, n_embd=128, bias=False)  # nanoGPT's CPU recipe
 keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))
 params = gpt.init_params(config, keys["params"])
 

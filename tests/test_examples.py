@@ -1,0 +1,32 @@
+"""The examples run as a user runs them, and learn."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, require_test_data
+
+pytestmark = pytest.mark.slow  # each trains for a minute or two
+
+
+def run_example(name, *args):
+  process = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / name), *args],
+                           capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+  assert process.returncode == 0, process.stderr[-3000:]
+  return process.stdout
+
+
+def test_shakespeare_gpt_lowers_its_val_loss_and_samples():
+  out = run_example("shakespeare_gpt.py")
+  val = [float(v) for v in re.findall(r"val loss (\d+\.\d+)", out)]
+  assert len(val) == 10
+  assert val[-1] < val[0] - 0.1 and val[-1] < 2.3  # log(65) = 4.17 at the start
+  assert "ROMEO:" in out
+
+
+def test_mnist_mlp_reaches_97_percent_from_the_original_files():
+  out = run_example("mnist_mlp.py", str(require_test_data("mnist")))
+  accuracy = [float(a) for a in re.findall(r"test accuracy (\d\.\d+)", out)]
+  assert len(accuracy) == 5 and accuracy[-1] > 0.97
