@@ -181,11 +181,12 @@ def merge_heads(params: Params, y: chex.Array, config: GPTConfig, forms: kernels
 
 
 def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex.PRNGKey],
-                  deterministic: bool) -> Attend:
+                  deterministic: bool, dropout: Optional[chex.Numeric] = None) -> Attend:
   """Causal self-attention over the block's own positions, in `forms.attention`."""
   def attend(q, k, v):
     y = attention.causal_attention(
-        q, k, v, form=forms.attention, block=forms.attn_block, dropout=config.dropout,
+        q, k, v, form=forms.attention, block=forms.attn_block,
+        dropout=_rate(config, dropout),
         key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype)
     return y, None
   return attend
@@ -229,6 +230,7 @@ def block(
     deterministic: bool = True,
     attend: Optional[Attend] = None,
     start: chex.Numeric = 0,
+    dropout: Optional[chex.Numeric] = None,
 ) -> Tuple[chex.Array, Any]:
   """One pre-norm transformer block: `[batch, time, embd]` -> same.
 
@@ -242,18 +244,26 @@ def block(
     attend: the attention (default: `causal_attend`, causal over `x`'s own
       positions); decoding passes one that reads and writes a KV cache.
     start: position of `x[:, 0]`, for RoPE (decoding's cache position).
+    dropout: the drop rate, a float or a scalar array (`forward`); None:
+      `config.dropout`.
 
   Returns:
     `(block output [batch, time, embd], what attend carries out)`.
   """
   keys = (None, None, None) if deterministic else jax.random.split(key, 3)
   if attend is None:
-    attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic)
+    attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic,
+                           dropout=dropout)
   attn_out, carry = self_attention(params["attn"], norm(params["ln_1"], x, config), config,
                                    forms, attend, start)
-  x = x + nn.dropout(keys[1], attn_out, config.dropout, deterministic=deterministic)
+  rate = _rate(config, dropout)
+  x = x + nn.dropout(keys[1], attn_out, rate, deterministic=deterministic)
   mlp_out = mlp(params["mlp"], norm(params["ln_2"], x, config), config, forms)
-  return x + nn.dropout(keys[2], mlp_out, config.dropout, deterministic=deterministic), carry
+  return x + nn.dropout(keys[2], mlp_out, rate, deterministic=deterministic), carry
+
+
+def _rate(config: GPTConfig, dropout: Optional[chex.Numeric]) -> chex.Numeric:
+  return config.dropout if dropout is None else dropout
 
 
 def _path_shapes(tree, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
@@ -340,13 +350,14 @@ def head_table(params: Params) -> chex.Array:
 
 
 def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kernels.Forms,
-               key: Optional[chex.PRNGKey], deterministic: bool) -> chex.Array:
+               key: Optional[chex.PRNGKey], deterministic: bool,
+               dropout: Optional[chex.Numeric] = None) -> chex.Array:
   """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop."""
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
 
   def layer(layer_params, h, layer_key):
     return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic)[0]
+                 deterministic=deterministic, dropout=dropout)[0]
 
   if forms.remat != "none":
     layer = jax.checkpoint(layer, policy=kernels.REMAT_POLICIES[forms.remat])
@@ -360,17 +371,19 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
   return x
 
 
-def _hidden_states(params, tokens, config, forms, key, deterministic) -> chex.Array:
+def _hidden_states(params, tokens, config, forms, key, deterministic, dropout) -> chex.Array:
   """The final norm's output `[batch, time, embd]`: what the head reads."""
   check_tokens(tokens, config)
   check_params(params, config)
-  deterministic = deterministic or config.dropout == 0.0
+  rate = _rate(config, dropout)
+  deterministic = not nn.drops(rate, deterministic)
   if not deterministic and key is None:
     raise ValueError("forward: pass key=... for dropout, or deterministic=True.")
   keys = (None, None) if deterministic else jax.random.split(key)
   x = embed(params, tokens)  # [b, t, c]
-  x = nn.dropout(keys[0], x, config.dropout, deterministic=deterministic)
-  x = run_blocks(params, x, config, forms=forms, key=keys[1], deterministic=deterministic)
+  x = nn.dropout(keys[0], x, rate, deterministic=deterministic)
+  x = run_blocks(params, x, config, forms=forms, key=keys[1], deterministic=deterministic,
+                 dropout=dropout)
   return norm(params["ln_f"], x, config)
 
 
@@ -382,6 +395,7 @@ def forward(
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
     forms: Optional[kernels.Forms] = None,
+    dropout: Optional[chex.Numeric] = None,
 ) -> chex.Array:
   """Next-token logits for every position.
 
@@ -392,13 +406,17 @@ def forward(
     key: dropout key; required when `deterministic=False` and dropout > 0.
     deterministic: True for evaluation (no dropout; `key` is ignored).
     forms: execution forms (default: `forms_for(params)`).
+    dropout: the drop rate of embeddings, attention and residuals: None for
+      `config.dropout`, or a float, or a scalar array (a traced rate, e.g.
+      one per run of a vmapped sweep; with `deterministic=False` it always
+      draws masks, and a rate of 0 then equals no dropout).
 
   Returns:
     `[batch, time, vocab_size]` float32 logits; position t depends only on
     tokens at positions <= t.
   """
   forms = forms_for(params, forms)
-  x = _hidden_states(params, tokens, config, forms, key, deterministic)
+  x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
   logits = logits_of(params, x, config, forms)
   chex.assert_shape(logits, (*tokens.shape, config.vocab_size))
   return logits
@@ -413,17 +431,18 @@ def loss(
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
     forms: Optional[kernels.Forms] = None,
+    dropout: Optional[chex.Numeric] = None,
 ) -> chex.Array:
   """Mean next-token cross-entropy: tokens and targets `[batch, time]`.
 
   Equals `cross_entropy(forward(...), targets)`; for a large vocabulary the
   head and loss may run in chunks of rows (`forms.loss_chunk_rows`,
   `kernels.tied_head_cross_entropy`), so the whole float32 logits never
-  exist at once. `forms` as in `forward`.
+  exist at once. `forms` and `dropout` as in `forward`.
   """
   chex.assert_equal_shape((tokens, targets))
   forms = forms_for(params, forms)
-  x = _hidden_states(params, tokens, config, forms, key, deterministic)
+  x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
   return kernels.tied_head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms)

@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping, Optional
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from purejax.ops import kernels
 
@@ -282,27 +283,43 @@ def rope(x: chex.Array, positions: chex.Array, frequencies: chex.Array) -> chex.
 # Dropout and activations
 
 
+def drops(rate: chex.Numeric, deterministic: bool) -> bool:
+  """Whether `dropout` at `rate` draws a mask: not deterministic, and a rate
+  that is an array (its value unknown at trace time) or a float above 0."""
+  return not deterministic and (isinstance(rate, (jax.Array, np.ndarray)) or rate > 0.0)
+
+
 def dropout(
-    key: Optional[chex.PRNGKey], x: chex.Array, rate: float, *, deterministic: bool
+    key: Optional[chex.PRNGKey], x: chex.Array, rate: chex.Numeric, *, deterministic: bool
 ) -> chex.Array:
   """Zeros each element with probability `rate` and rescales the rest.
 
   Args:
-    key: PRNG key; may be None when `deterministic` or `rate == 0`.
+    key: PRNG key; may be None when `deterministic` or `rate == 0.0` (a float).
     x: any array.
-    rate: drop probability in [0, 1).
+    rate: drop probability in [0, 1): a float, or a scalar array (e.g. one
+      value per run of a vmapped sweep). A float is checked and a rate of 0
+      returns `x` as it is; an array's value is not known at trace time, so
+      it is not checked and the mask is always drawn (a rate of 0 keeps every
+      element, unscaled). Both give the same values for the same key and rate.
     deterministic: if True (evaluation), returns `x` unchanged and ignores key.
 
   Returns:
     Array like `x`.
   """
-  if not 0.0 <= rate < 1.0:
+  is_array = isinstance(rate, (jax.Array, np.ndarray))
+  if not is_array and not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout rate must be in [0, 1), got {rate}.")
-  if deterministic or rate == 0.0:
+  if not drops(rate, deterministic):
     return x
   if key is None:
     raise ValueError("dropout needs a PRNG key when deterministic=False; "
                      "pass key=... or deterministic=True.")
+  if is_array:
+    chex.assert_rank(rate, 0)
+    keep_prob = 1.0 - jnp.asarray(rate, jnp.float32)
+    keep = jax.random.bernoulli(key, keep_prob, x.shape)
+    return jnp.where(keep, x / keep_prob.astype(x.dtype), jnp.zeros((), x.dtype))
   keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
   return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
 

@@ -166,9 +166,9 @@ def define_gpt_flags() -> None:
   flags.DEFINE_list("lora_targets", list(lora.ATTENTION_AND_MLP), "Patterns of the weights "
                     "LoRA adapts, over dotted param paths (e.g. *attn.qkv.w,*mlp.fc.w).")
   flags.DEFINE_string("sweep", None, "Train several runs in one program: NAME=V1,V2,... "
-                      "of optimizer settings, ';' between names (e.g. "
-                      "'learning_rate=3e-4,1e-3;weight_decay=0,0.1'); each run gets "
-                      "--out_dir/<run name>.")
+                      "of optimizer settings or dropout, ';' between names (e.g. "
+                      "'learning_rate=3e-4,1e-3;dropout=0,0.1'); each run gets "
+                      "--out_dir/<run name>. A swept dropout replaces --dropout.")
   flags.DEFINE_integer("sweep_seeds", 1, "Seeds per sweep setting: --seed, --seed+1, ...")
   flags.DEFINE_bool("wandb_log", False, "Log the metrics to Weights & Biases too "
                     "(pip install wandb).")

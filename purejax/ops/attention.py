@@ -123,7 +123,7 @@ def causal_attention(
     *,
     form: str = "plain",
     block: int = 64,
-    dropout: float = 0.0,
+    dropout: chex.Numeric = 0.0,
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
     compute_dtype=None,
@@ -141,7 +141,8 @@ def causal_attention(
     form: one of `kernels.ATTENTION_FORMS` (see the module docstring);
       "cudnn" runs "xla" where cuDNN does not apply (`cudnn_unsupported`).
     block: queries per block of the "blocked" form.
-    dropout: drop rate of the attention weights.
+    dropout: drop rate of the attention weights: a float, or a scalar array
+      (`nn.dropout`), which always counts as dropping.
     key: dropout key (unused when deterministic).
     deterministic: disables dropout.
     compute_dtype: operand dtype of the "xla" and "cudnn" forms' products
@@ -158,7 +159,7 @@ def causal_attention(
     raise ValueError(f"attention form {form!r} is not one of {kernels.ATTENTION_FORMS}.")
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"{k.shape[2]} key/value heads do not divide {q.shape[2]} query heads.")
-  dropping = not deterministic and dropout > 0.0
+  dropping = nn.drops(dropout, deterministic)
   dtype = q.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
   if form == "cudnn":
     reason = cudnn_unsupported(q.shape, dtype, dropping)

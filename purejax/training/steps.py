@@ -82,6 +82,7 @@ def _train_steps(
     plan: Optional[parallel.ShardingPlan] = None,
     forms: Optional[kernels.Forms] = None,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
+    dropout: Optional[chex.Numeric] = None,
 ) -> Tuple[TrainState, StepMetrics]:
   """Runs `num_steps` optimisation steps of the GPT in one jitted `lax.scan`.
 
@@ -112,6 +113,9 @@ def _train_steps(
     params_view: the model's params as a function of `state.params`, for
       trained params that are not the model's (LoRA's `lora.View`: base and
       adapters); None: `state.params` are the model's.
+    dropout: the model's drop rate as a scalar array (`gpt.loss`; a sweep
+      passes each run's), traced, so every rate shares one program; None:
+      `config.dropout`, fixed in the program.
 
   Returns:
     `(state, StepMetrics)` with `[num_steps]` entries.
@@ -128,7 +132,7 @@ def _train_steps(
     def microbatch_loss(params, xy, index):
       return gpt.loss(_view(params_view, params), *xy, config,
                       key=jax.random.fold_in(dropout_key, index), deterministic=False,
-                      forms=forms)
+                      forms=forms, dropout=dropout)
 
     params, opt_state, loss, grads = _update(
         params, opt_state, microbatch_loss, batch, optimizer=optimizer,

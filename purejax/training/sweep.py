@@ -13,20 +13,24 @@ params, optimizer state and keys, in one jitted program. How many runs are
 vmapped together is an execution form (`Forms.sweep_batch`): all of them on
 a GPU, whose small-model steps leave it mostly idle; one at a time on the
 CPU (a loop inside the same program), where one run already keeps
-every core busy and vmapping only multiplies the scratch memory. What differs between runs is data: the
-seed (the params' init, the batches and dropout drawn from the run's keys)
-and the optimizer's numbers (`optim.HYPERPARAMS`: learning rate, weight
-decay, ...), passed as `[runs]` arrays. Each run's optimizer is built inside
-the vmap from its numbers (`make_optimizer(hyperparams) ->
+every core busy and vmapping only multiplies the scratch memory. What differs
+between runs is data: the seed (the params' init, the batches and dropout
+masks drawn from the run's keys), the optimizer's numbers
+(`optim.HYPERPARAMS`: learning rate, weight decay, ...) and the dropout
+rate, passed as `[runs]` arrays. Each run's optimizer is built inside the
+vmap from its numbers (`make_optimizer(hyperparams) ->
 GradientTransformation`), so its state has the structure a run trained
 alone has: slicing run `i` out of the stacked state (`unstack`) gives that
-run's own checkpoint, which resumes or exports on its own.
+run's own checkpoint, which resumes or exports on its own. A swept dropout
+reaches the model as a traced rate (`gpt.loss(dropout=...)`) and replaces
+`GPTConfig.dropout`, which the sweep's step then ignores; run `i`'s model
+is `runs[i].model_config(config)`, the config it would train with alone.
 
 Exactness: run `i` of a sweep computes what the run computes alone, but
 batched matmuls may add in another order, so values agree to float
 rounding, not bit for bit (the tests allow 2e-5 relative in losses after 20
 steps). What stays static, and so equal across the runs of one step, is the
-model config (dropout included) and the batch size.
+rest of the model config and the batch size.
 """
 
 import dataclasses
@@ -47,7 +51,9 @@ from purejax.training import nonfinite
 from purejax.training import steps
 from purejax.training.state import TrainState
 
-SWEEPABLE = optim.HYPERPARAMS
+# The model's drop rate, swept besides the optimizer's numbers.
+DROPOUT = "dropout"
+SWEEPABLE = optim.HYPERPARAMS + (DROPOUT,)
 
 
 class RunSpec(NamedTuple):
@@ -58,12 +64,19 @@ class RunSpec(NamedTuple):
       `"run1_learning_rate=0.001_seed=0"`.
     seed: the run's seed.
     opt_config: the run's optimizer (validated like a single run's).
-    hyperparams: `{name: value}` of the swept optimizer numbers.
+    hyperparams: `{name: value}` of the swept numbers: the optimizer's, and
+      `"dropout"` where the grid sweeps it.
   """
   name: str
   seed: int
   opt_config: optim.OptimizerConfig
   hyperparams: Dict[str, float]
+
+  def model_config(self, config: gpt.GPTConfig) -> gpt.GPTConfig:
+    """The run's model: `config` with the run's dropout, where the grid sweeps it."""
+    if DROPOUT not in self.hyperparams:
+      return config
+    return dataclasses.replace(config, dropout=self.hyperparams[DROPOUT])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +104,13 @@ class RunOptimizer:
 
 
 def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:
-  """`"learning_rate=3e-4,1e-3;weight_decay=0,0.1"` -> `{name: values}`.
+  """`"learning_rate=3e-4,1e-3;dropout=0,0.1"` -> `{name: values}`.
+
+  Names are among `SWEEPABLE`: the optimizer's numbers and `dropout`.
 
   Raises:
     ValueError: a malformed part, an unknown name, a value that is not a
-      number, or a name given twice.
+      number, a dropout outside [0, 1), or a name given twice.
   """
   grid: Dict[str, Tuple[float, ...]] = {}
   for part in filter(None, (p.strip() for p in spec.split(";"))):
@@ -113,7 +128,16 @@ def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:
       grid[name] = tuple(float(v) for v in values.split(",") if v.strip())
     except ValueError:
       raise ValueError(f"sweep values of {name} must be numbers, got {values!r}.") from None
+    if name == DROPOUT:
+      for value in grid[name]:
+        _check_dropout(value, "sweep")
   return grid
+
+
+def _check_dropout(value: float, where: str) -> None:
+  if not 0.0 <= value < 1.0:
+    raise ValueError(f"{where}: dropout must be in [0, 1), got {value:g}; sweep rates "
+                     f"such as dropout=0,0.1,0.2.")
 
 
 def expand(opt_config: optim.OptimizerConfig, seed: int,
@@ -123,15 +147,16 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
   Args:
     opt_config: the optimizer all runs share, but for the grid's fields.
     seed: the first seed.
-    grid: `{field of OptimizerConfig: values}` (`parse_grid`).
+    grid: `{field of OptimizerConfig, or "dropout": values}` (`parse_grid`);
+      a swept dropout replaces the model config's (`RunSpec.model_config`).
     num_seeds: seeds per combination (>= 1).
 
   Returns:
     The runs, seeds varying fastest.
 
   Raises:
-    ValueError: an invalid combination (e.g. a learning rate below `min_lr`),
-      naming the run.
+    ValueError: an invalid combination (e.g. a learning rate below `min_lr`,
+      a dropout outside [0, 1)), naming the run.
   """
   if num_seeds < 1:
     raise ValueError(f"sweep seeds must be a positive integer, got {num_seeds}.")
@@ -141,8 +166,11 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
     for s in range(seed, seed + num_seeds):
       hyper = dict(zip(names, values))
       label = "_".join([f"{n}={v:g}" for n, v in hyper.items()] + [f"seed={s}"])
+      if DROPOUT in hyper:
+        _check_dropout(hyper[DROPOUT], f"sweep run {label}")
       try:
-        config = dataclasses.replace(opt_config, **hyper)
+        config = dataclasses.replace(
+            opt_config, **{n: v for n, v in hyper.items() if n != DROPOUT})
       except ValueError as e:
         raise ValueError(f"sweep run {label}: {e}") from None
       specs.append(RunSpec(f"run{len(specs)}_{label}", s, config, hyper))
@@ -150,9 +178,18 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
 
 
 def hyperparams(runs: Sequence[RunSpec]) -> Dict[str, chex.Array]:
-  """The numbers any run sweeps, `{name: [runs] float32}` from each run's optimizer."""
+  """The numbers any run sweeps, `{name: [runs] float32}` from each run's optimizer
+  (and `"dropout"`, from each run's `hyperparams`).
+
+  Raises:
+    ValueError: some runs sweep dropout and others do not.
+  """
   names = sorted({n for r in runs for n in r.hyperparams})
-  return {n: jnp.asarray([getattr(r.opt_config, n) for r in runs], jnp.float32)
+  if DROPOUT in names and not all(DROPOUT in r.hyperparams for r in runs):
+    raise ValueError("some runs sweep dropout and others do not; give every run a "
+                     "dropout (expand them from one grid).")
+  return {n: jnp.asarray([r.hyperparams[n] if n == DROPOUT else getattr(r.opt_config, n)
+                          for r in runs], jnp.float32)
           for n in names}
 
 
@@ -233,8 +270,10 @@ def _train_steps(
     tokens: the training ids on the device, shared by all runs; each run
       draws its own batches from its key.
     step: global index of the first step (the same for every run).
-    hyperparams: `{name: [runs]}` optimizer numbers (`hyperparams`).
-    config: the model config all runs share.
+    hyperparams: `{name: [runs]}` optimizer numbers (`hyperparams`), and
+      `"dropout"`: each run's drop rate.
+    config: the model config all runs share; with a swept `"dropout"`, its
+      `dropout` is ignored (each run drops at its own rate).
     make_optimizer: builds one run's optimizer from its `{name: scalar}`
       numbers (`RunOptimizer`); a static argument.
     batch_size, num_steps, grad_accum_steps, params_view: as in
@@ -251,10 +290,12 @@ def _train_steps(
                     "a corpus that fits in device memory (host-read batches differ per run).")
 
   def one_run(state, hyper):
+    hyper = dict(hyper)
+    rate = hyper.pop(DROPOUT, None)  # the model's, not the optimizer's
     return steps.train_steps(
         state, tokens, step, config=config, optimizer=make_optimizer(hyper),
         batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps,
-        params_view=params_view, forms=forms)
+        params_view=params_view, forms=forms, dropout=rate)
 
   return _over_runs(one_run, state, dict(hyperparams), forms)
 

@@ -9,8 +9,8 @@ The runs (`sweep.expand`: every combination of the grid's values, each with
 call (`sweep.train_steps`). Each run lives in `out_dir/<run name>/` exactly
 as if it had been trained alone: its own `metrics.jsonl`, TensorBoard events
 (so TensorBoard shows the runs side by side under `--logdir out_dir`),
-checkpoints and `loss.png`, with the metadata of a single run of its seed
-and optimizer. So one run can be resumed, sampled or exported on its own
+checkpoints and `loss.png`, with the metadata of a single run of its seed,
+optimizer and model (its dropout, where the grid sweeps it). So one run can be resumed, sampled or exported on its own
 (`purejax.train --out_dir=out-sweep/<run> --resume` with that run's flags,
 `purejax.convert --from=purejax:out-sweep/<run>`); the whole sweep resumes
 with the same sweep flags and `--resume`.
@@ -75,7 +75,9 @@ def _start(spec, config, text, train, run, init_params, init_from, lora_config, 
   keys = rng.split_named(jax.random.PRNGKey(spec.seed), ("params", "train", "eval", "sample"))
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
   params, _ = loop.trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
-  meta = loop.gpt_meta(config, text, spec.opt_config, member_train, init_from,
+  # The run's own model config (its swept dropout), so that it resumes,
+  # replays and exports alone as it trained here.
+  meta = loop.gpt_meta(spec.model_config(config), text, spec.opt_config, member_train, init_from,
                        lora_config=lora_config, data=data,
                        grad_accum_steps=grad_accum_steps)
   optimizer = loop.run_optimizer(spec.opt_config, run, lora_config)
@@ -113,8 +115,9 @@ def train_gpt_sweep(
     config, text, train, opt_config: as `loop.train_gpt`; `train.seed` is the
       first seed, `opt_config` holds the settings the grid does not vary.
     run: `out_dir` is the sweep's folder; each run gets `out_dir/<run name>`.
-    grid: `{optimizer field: values}` (`sweep.parse_grid`); may be empty
-      (seeds only).
+    grid: `{optimizer field, or "dropout": values}` (`sweep.parse_grid`);
+      may be empty (seeds only). A swept dropout replaces `config.dropout`:
+      each run trains, and records in its metadata, its own rate.
     num_seeds: seeds per combination.
     devices: one device only (`grad_accum_steps` may be > 1).
     init_params, init_from, forms, lora_config, data: as `loop.train_gpt`,
