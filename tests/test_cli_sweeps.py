@@ -63,6 +63,26 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
                  "stopped at different steps")
 
 
+def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path, text_file):
+  args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}"]
+  out = final(run_module("purejax.train", *args, "--sweep=dropout=0,0.2", "--dropout=0.5",
+                         "--max_iters=10", f"--out_dir={tmp_path}"))
+  names = [r["run"] for r in out["runs"]]
+  assert names == ["run0_dropout=0_seed=0", "run1_dropout=0.2_seed=0"]
+  for name, rate in zip(names, (0.0, 0.2)):  # the grid's rate, not --dropout's
+    _, manifest = checkpoint.read(checkpoint.list_checkpoints(tmp_path / name)[0][1])
+    assert manifest["meta"]["config"]["dropout"] == rate
+  # run 1 goes on alone with its own flags (its saved config matches them) ...
+  run_dir = tmp_path / names[1]
+  final(run_module("purejax.train", *args, "--dropout=0.2", "--lr_decay_iters=10",
+                   "--resume", f"--out_dir={run_dir}"))
+  # ... and a step it trained alone replays from the saved config: with any
+  # other rate its loss would not come out bit for bit
+  replayed = run_module("purejax.replay", f"--out_dir={run_dir}", "--step=15")
+  assert replayed.returncode == 0, replayed.stderr[-2000:]
+  assert "bit for bit the logged loss" in replayed.stdout
+
+
 def test_a_bad_sweep_stops_with_one_line(tmp_path, text_file):
   one_line_error(run_module("purejax.train", *TINY_FLAGS, f"--dataset={text_file}",
                             "--sweep=batch_size=4,8", f"--out_dir={tmp_path}"),

@@ -148,6 +148,26 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
       run(None, False)
 
   @pytest.mark.slow
+  def test_an_array_dropout_rate_is_the_configs_rate(self, rate=0.2):
+    # A sweep passes each run's rate as a traced scalar; it replaces
+    # config.dropout and drops as that config would with the same key.
+    config = dataclasses.replace(TINY, dropout=rate)
+    params = gpt.init_params(config, jax.random.PRNGKey(0))
+    tokens = random_tokens(jax.random.PRNGKey(1), (2, 8))
+    key = jax.random.PRNGKey(5)
+    traced = jax.jit(lambda r: gpt.loss(params, tokens, tokens, TINY, key=key,
+                                        deterministic=False, dropout=r))
+    chex.assert_trees_all_close(
+        traced(jnp.float32(rate)),
+        jax.jit(lambda: gpt.loss(params, tokens, tokens, config, key=key,
+                                 deterministic=False))(),
+        rtol=1e-6, atol=1e-6)
+    assert not np.isclose(traced(jnp.float32(0.5)), traced(jnp.float32(rate)))
+    # a rate of 0 draws masks that keep everything: the model without dropout
+    chex.assert_trees_all_close(traced(jnp.float32(0.0)),
+                                gpt.loss(params, tokens, tokens, TINY), rtol=1e-6)
+
+  @pytest.mark.slow
   def test_gradients_match_finite_differences(self):
     config = gpt.GPTConfig(vocab_size=7, block_size=5, n_layer=2, n_head=2, n_embd=8)
     params = sharpened_params(config)

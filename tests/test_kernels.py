@@ -142,6 +142,20 @@ class AttentionTest(parameterized.TestCase):
     assert not np.allclose(plain[0], jax.value_and_grad(
         lambda q: jnp.sum(cotangent * attention.causal_attention(q, k, v)))(q)[0])
 
+  @pytest.mark.slow
+  def test_an_array_dropout_rate_drops_as_the_float_rate(self, form="cudnn"):
+    # A sweep's traced rate: never cuDNN (which has no dropout), the masks of
+    # the float rate.
+    q, k, v = qkv(3)
+    key = jax.random.PRNGKey(4)
+    run = lambda rate: attention.causal_attention(
+        q, k, v, form=form, block=4, dropout=rate, key=key, deterministic=False,
+        compute_dtype=jnp.bfloat16)
+    traced = jax.jit(run)
+    chex.assert_trees_all_close(traced(jnp.float32(0.5)), jax.jit(lambda: run(0.5))(),
+                                rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(traced(jnp.float32(0.5)), traced(jnp.float32(0.0)))
+
   def test_cudnn_form_runs_xla_where_cudnn_does_not_apply_and_says_why(self):
     q, k, v = qkv(3)
     assert "float32" in attention.cudnn_unsupported(q.shape, jnp.float32, False)

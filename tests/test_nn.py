@@ -94,6 +94,39 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     assert not np.array_equal(y, nn.dropout(jax.random.PRNGKey(1), x, 0.5,
                                             deterministic=False))
 
+  @parameterized.parameters(0.1, 0.5)
+  def test_dropout_at_an_array_rate_equals_the_float_rate(self, rate):
+    # An array rate (a sweep's, traced) draws the same mask and scale.
+    x = jax.random.normal(jax.random.PRNGKey(1), (4000,))
+    key = jax.random.PRNGKey(2)
+    at_float = nn.dropout(key, x, rate, deterministic=False)
+    chex.assert_trees_all_equal(nn.dropout(key, x, jnp.float32(rate), deterministic=False),
+                                at_float)
+    drop = jax.jit(lambda x, r: nn.dropout(key, x, r, deterministic=False))
+    y = drop(x, jnp.float32(rate))
+    # compiled, XLA may divide by a runtime scalar as a product with its
+    # reciprocal: the same mask, values within one float32 rounding
+    chex.assert_trees_all_equal(y == 0, at_float == 0)
+    chex.assert_trees_all_close(y, at_float, rtol=2.4e-7, atol=0)
+    kept = np.asarray(y) != 0
+    assert abs(kept.mean() - (1 - rate)) < 0.03
+    np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / (1 - rate),
+                               rtol=1e-6)
+    half = nn.dropout(key, x.astype(jnp.bfloat16), jnp.float32(rate), deterministic=False)
+    assert half.dtype == jnp.bfloat16
+    chex.assert_trees_all_equal(half, nn.dropout(key, x.astype(jnp.bfloat16), rate,
+                                                 deterministic=False))
+    # deterministic still ignores the rate and the key
+    chex.assert_trees_all_equal(nn.dropout(None, x, jnp.float32(rate), deterministic=True), x)
+
+  def test_dropout_at_an_array_rate_of_zero_is_the_identity(self):
+    x = jax.random.normal(jax.random.PRNGKey(1), (1000,)).astype(jnp.bfloat16)
+    y = nn.dropout(jax.random.PRNGKey(0), x, jnp.float32(0.0), deterministic=False)
+    chex.assert_trees_all_equal(y, x)
+    assert nn.drops(jnp.float32(0.0), deterministic=False)  # a traced rate always draws
+    assert not nn.drops(0.0, deterministic=False)
+    assert not nn.drops(jnp.float32(0.5), deterministic=True)
+
   @parameterized.parameters(-0.1, 1.0, 1.5)
   def test_dropout_rejects_bad_rate(self, rate):
     with pytest.raises(ValueError, match=r"\[0, 1\)"):

@@ -50,6 +50,34 @@ def test_bad_sweeps_are_refused_with_the_fix(spec, message):
     sweep.parse_grid(spec)
 
 
+def test_dropout_is_swept_as_a_model_number():
+  grid = sweep.parse_grid("dropout=0,0.1;learning_rate=1e-3,3e-3")
+  assert grid == {"dropout": (0.0, 0.1), "learning_rate": (1e-3, 3e-3)}
+  runs = sweep.expand(BASE, seed=0, grid=grid)
+  assert [r.name for r in runs] == [
+      "run0_dropout=0_learning_rate=0.001_seed=0", "run1_dropout=0_learning_rate=0.003_seed=0",
+      "run2_dropout=0.1_learning_rate=0.001_seed=0", "run3_dropout=0.1_learning_rate=0.003_seed=0"]
+  assert runs[3].opt_config == dataclasses.replace(BASE, learning_rate=3e-3)
+  hyper = sweep.hyperparams(runs)
+  np.testing.assert_allclose(hyper["dropout"], [0.0, 0.0, 0.1, 0.1])
+  np.testing.assert_allclose(hyper["learning_rate"], [1e-3, 3e-3, 1e-3, 3e-3])
+  # each run's model is the shared config at the run's rate
+  config = dataclasses.replace(TINY, dropout=0.3)
+  assert runs[2].model_config(config) == dataclasses.replace(TINY, dropout=0.1)
+  unswept = sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-3,)})[0]
+  assert unswept.model_config(config) is config
+  with pytest.raises(ValueError, match="some runs sweep dropout and others do not"):
+    sweep.hyperparams(runs[:1] + [unswept])
+
+
+@pytest.mark.parametrize("value", ["1.0", "-0.1", "1.5"])
+def test_a_dropout_outside_0_1_is_refused(value):
+  with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got " + value.rstrip(".0")):
+    sweep.parse_grid(f"dropout=0.1,{value}")
+  with pytest.raises(ValueError, match=r"sweep run dropout=.*_seed=0: dropout must be in"):
+    sweep.expand(BASE, seed=0, grid={"dropout": (float(value),)})
+
+
 def test_a_run_the_optimizer_would_refuse_is_named():
   with pytest.raises(ValueError, match="sweep run learning_rate=1e-05_seed=0: `min_lr`"):
     sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-5,)})
@@ -99,6 +127,29 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
     chex.assert_trees_all_close(sweep.unstack(p, i), solo_params, atol=PARAMS_ATOL, rtol=0)
   # the runs really differ (different settings and seeds train differently)
   assert len({round(float(l), 4) for l in losses[:, -1]}) == 3
+
+
+@pytest.mark.slow  # three programs compile
+def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
+  data = random_tokens(jax.random.PRNGKey(0), (600,))
+  runs = sweep.expand(BASE, seed=3, grid={"dropout": (0.0, 0.2)})
+  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
+  params = sweep.stack([gpt.init_params(TINY, k[0]) for k in keys])
+  make = sweep.RunOptimizer(BASE)
+  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
+                     {"train": sweep.stack([k[1] for k in keys])})
+  # the shared config's dropout (0.5) is not the runs': the grid's rates win
+  config = dataclasses.replace(TINY, dropout=0.5)
+  state, metrics = sweep.train_steps(state, batches.DeviceTokens(data), 0,
+                                     sweep.hyperparams(runs), config=config,
+                                     make_optimizer=make, batch_size=4, num_steps=20)
+  for i, spec in enumerate(runs):
+    solo_params, solo_losses = _solo(spec.model_config(config), data, spec, 20)
+    np.testing.assert_allclose(metrics.loss[i], solo_losses, rtol=LOSS_RTOL)
+    chex.assert_trees_all_close(sweep.unstack(state.params, i), solo_params,
+                                atol=PARAMS_ATOL, rtol=0)
+  # the same seed at two rates trains differently
+  assert not np.allclose(metrics.loss[0], metrics.loss[1])
 
 
 def test_evaluate_gives_each_runs_own_loss():
