@@ -115,7 +115,8 @@ def define_gpt_flags() -> None:
   flags.DEFINE_integer("n_head", model.n_head, "Attention heads.")
   flags.DEFINE_integer("n_embd", model.n_embd, "Model width.")
   flags.DEFINE_integer("block_size", model.block_size, "Context length.")
-  flags.DEFINE_float("dropout", model.dropout, "Dropout rate in [0, 1).")
+  flags.DEFINE_float("dropout", model.dropout, "Dropout rate in [0, 1) (a --sweep of "
+                     "dropout replaces it).")
   flags.DEFINE_bool("bias", model.bias, "Biases in dense layers and LayerNorms "
                     "(nanoGPT's train.py default: off; GPT-2 has them).")
   flags.DEFINE_enum("dtype", model.compute_dtype, ["float32", "bfloat16"],
