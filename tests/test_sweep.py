@@ -131,6 +131,7 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
 
 @pytest.mark.slow  # three programs compile
 def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
+  """Both runs vmapped at once (the GPU's form): the rate is a batched array."""
   data = random_tokens(jax.random.PRNGKey(0), (600,))
   runs = sweep.expand(BASE, seed=3, grid={"dropout": (0.0, 0.2)})
   keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
@@ -142,7 +143,8 @@ def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   config = dataclasses.replace(TINY, dropout=0.5)
   state, metrics = sweep.train_steps(state, batches.DeviceTokens(data), 0,
                                      sweep.hyperparams(runs), config=config,
-                                     make_optimizer=make, batch_size=4, num_steps=20)
+                                     make_optimizer=make, batch_size=4, num_steps=20,
+                                     forms=kernels.select("cpu", sweep_batch=0))
   for i, spec in enumerate(runs):
     solo_params, solo_losses = _solo(spec.model_config(config), data, spec, 20)
     np.testing.assert_allclose(metrics.loss[i], solo_losses, rtol=LOSS_RTOL)
