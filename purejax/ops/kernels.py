@@ -140,8 +140,8 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
   * a sweep's runs one at a time (`sweep_batch=1`): one run already keeps the
     cores busy, and vmapping N runs multiplies the program's scratch memory
     by N; past 64 MiB, glibc maps it fresh for every call and the page
-    faults cost more than batching gains (4 runs: 0.94x of sequential runs
-    vmapped, ~1.0x mapped; docs/performance.md).
+    faults cost more than batching gains (4 runs against the runs one by
+    one: 0.89-0.94x vmapped, 0.98-1.03x one at a time; docs/performance.md).
 
   GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100; docs/performance.md):
   * attention "cudnn": cuDNN's flash attention, asked for explicitly
