@@ -34,6 +34,8 @@ slow = pytest.mark.slow
                  marks=slow),
     pytest.param(["--loss_chunk_rows=many"], "--loss_chunk_rows must be 'auto' or a "
                  "non-negative integer", marks=slow),
+    pytest.param(["--sweep_batch=-2"], "--sweep_batch must be 'auto' or a non-negative "
+                 "integer", marks=slow),
 ])
 def test_bad_flag_values(args, message):
   process = run_module("purejax.train", *args, timeout=300)
