@@ -12,8 +12,9 @@ batches, of `(seed, s)` (`batches.sample_windows`). So the state of a
 checkpoint and the same steps replay the run exactly: `replay_to` runs
 `steps.train_steps` from the checkpoint's step, and `inspect_step` runs the
 step once more and also returns its batch, each token's loss and each
-layer's gradient norm. Exact for runs trained on one device (several
-devices add a step's gradients in another order).
+layer's gradient norm. Exact for runs trained alone on one device: several
+devices add a step's gradients in another order, and a step trained inside
+a sweep (`sweep.train_steps`) equals its replay to float rounding only.
 
 Numbering: the loop logs the loss of update `s` (0-based) at step `s + 1`,
 the step count after it; `inspect_step(..., s)` returns that loss.
@@ -326,7 +327,8 @@ def describe(replayed: Replayed, *, show_tokens: int = 5) -> List[str]:
     lines.append(f"loss {report.loss!r} (metrics.jsonl logged no loss at step {step})")
   else:
     same = "bit for bit the logged loss" if report.loss == logged else (
-        f"NOT the logged {logged!r}: another device count or data than the run's?")
+        f"NOT the logged {logged!r}: another device count or data than the run's, or a "
+        f"step trained inside a sweep (equal to float rounding only)?")
     lines.append(f"loss {report.loss!r}: {same}")
   lines.append(f"gradient norm {report.grad_norm:.4g}; per layer (blocks): " + ", ".join(
       f"{n:.3g}" for n in report.grad_norms["blocks"]))
