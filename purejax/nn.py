@@ -283,10 +283,14 @@ def rope(x: chex.Array, positions: chex.Array, frequencies: chex.Array) -> chex.
 # Dropout and activations
 
 
+def _is_array(rate: chex.Numeric) -> bool:
+  return isinstance(rate, (jax.Array, np.ndarray))
+
+
 def drops(rate: chex.Numeric, deterministic: bool) -> bool:
   """Whether `dropout` at `rate` draws a mask: not deterministic, and a rate
   that is an array (its value unknown at trace time) or a float above 0."""
-  return not deterministic and (isinstance(rate, (jax.Array, np.ndarray)) or rate > 0.0)
+  return not deterministic and (_is_array(rate) or rate > 0.0)
 
 
 def dropout(
@@ -307,15 +311,14 @@ def dropout(
   Returns:
     Array like `x`.
   """
-  is_array = isinstance(rate, (jax.Array, np.ndarray))
-  if not is_array and not 0.0 <= rate < 1.0:
+  if not _is_array(rate) and not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout rate must be in [0, 1), got {rate}.")
   if not drops(rate, deterministic):
     return x
   if key is None:
     raise ValueError("dropout needs a PRNG key when deterministic=False; "
                      "pass key=... or deterministic=True.")
-  if is_array:
+  if _is_array(rate):
     chex.assert_rank(rate, 0)
     keep_prob = 1.0 - jnp.asarray(rate, jnp.float32)
     keep = jax.random.bernoulli(key, keep_prob, x.shape)

@@ -6,8 +6,8 @@ r"""Replays one training step of a run, to see what made its loss.
 Restores the newest checkpoint at or before the step, replays the run's
 updates up to it and runs the step once more (`purejax.training.replay`):
 its loss equals the one `metrics.jsonl` logged at `--step`, bit for bit,
-for a run trained alone on one device. It prints the loss beside the logged one,
-each layer's gradient norm and the tokens of highest loss in their context,
+for a run trained alone on one device. It prints the loss beside the logged
+one, each layer's gradient norm and the tokens of highest loss in their context,
 and writes `out_dir/replay/step_<N>.npz`: `tokens` `[batch, block + 1]` (the
 batch's windows), `token_losses` `[batch, block]`, `loss`, `grad_norm`, and
 each param's gradient norm under `grad_norm/<path>` (`[n_layer]` for the

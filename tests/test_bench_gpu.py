@@ -219,8 +219,8 @@ def test_shakespeare_is_split_as_nanogpt_splits_it():
 
 def test_the_benches_import_together_and_define_no_flags_on_import():
   for module in ("bench.run", "bench.gpu", "bench.gpu_rows", "bench.harness", "bench.jobs",
-                 "bench.sweeps", "bench.hlo_ab", "bench.torch_recipe", "bench.mlp_epoch", "bench.tokenize_bpe",
-                 "bench.arch_compare"):
+                 "bench.sweeps", "bench.hlo_ab", "bench.torch_recipe", "bench.mlp_epoch",
+                 "bench.tokenize_bpe", "bench.arch_compare"):
     importlib.import_module(module)
   for name in ("cases", "quick", "time_budget_s", "runs", "dump_to", "seeds", "epochs", "mb",
                "time_rounds"):

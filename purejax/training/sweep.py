@@ -28,8 +28,8 @@ is `runs[i].model_config(config)`, the config it would train with alone.
 
 Exactness: run `i` of a sweep computes what the run computes alone, but
 batched matmuls, and the sweep program's own fusions, may add in another
-order, so values agree to float rounding, not bit for bit (the tests allow 2e-5 relative in losses after 20
-steps). What stays static, and so equal across the runs of one step, is the
+order, so values agree to float rounding, not bit for bit (the tests allow
+2e-5 relative in losses after 20 steps). What stays static, and so equal across the runs of one step, is the
 rest of the model config and the batch size.
 """
 

@@ -10,8 +10,8 @@ call (`sweep.train_steps`). Each run lives in `out_dir/<run name>/` exactly
 as if it had been trained alone: its own `metrics.jsonl`, TensorBoard events
 (so TensorBoard shows the runs side by side under `--logdir out_dir`),
 checkpoints and `loss.png`, with the metadata of a single run of its seed,
-optimizer and model (its dropout, where the grid sweeps it). So one run can be resumed, sampled or exported on its own
-(`purejax.train --out_dir=out-sweep/<run> --resume` with that run's flags,
+optimizer and model (its dropout, where the grid sweeps it). So one run can
+be resumed, sampled or exported on its own (`purejax.train --out_dir=out-sweep/<run> --resume` with that run's flags,
 `purejax.convert --from=purejax:out-sweep/<run>`); the whole sweep resumes
 with the same sweep flags and `--resume`.
 
@@ -77,8 +77,8 @@ def _start(spec, config, text, train, run, init_params, init_from, lora_config, 
   params, _ = loop.trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
   # The run's own model config (its swept dropout), so that it resumes,
   # replays and exports alone as it trained here.
-  meta = loop.gpt_meta(spec.model_config(config), text, spec.opt_config, member_train, init_from,
-                       lora_config=lora_config, data=data,
+  meta = loop.gpt_meta(spec.model_config(config), text, spec.opt_config, member_train,
+                       init_from, lora_config=lora_config, data=data,
                        grad_accum_steps=grad_accum_steps)
   optimizer = loop.run_optimizer(spec.opt_config, run, lora_config)
   template = TrainState(params, optimizer.init(params),
