@@ -5,7 +5,7 @@ thing for each.
 """
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 import chex
 import jax
@@ -122,6 +122,19 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
 # The numbers of an `OptimizerConfig` that may be arrays (`make_optimizer`'s
 # `hyperparams`): a sweep trains one run per value in one vmapped step.
 HYPERPARAMS = ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "momentum")
+
+
+def hyperparams_used(config: OptimizerConfig) -> Tuple[str, ...]:
+  """The `HYPERPARAMS` that `make_optimizer(config)` reads; the others have no effect.
+
+  Every optimizer reads `learning_rate`; the cosine schedule reads `min_lr`;
+  "momentum" reads `momentum`; "adam" the betas; "adamw" the betas and
+  `weight_decay`.
+  """
+  used = {"sgd": (), "momentum": ("momentum",), "adam": ("beta1", "beta2"),
+          "adamw": ("beta1", "beta2", "weight_decay")}[config.name]
+  schedule = ("min_lr",) if config.schedule == "cosine" else ()
+  return ("learning_rate",) + schedule + used
 
 
 def make_optimizer(

@@ -12,39 +12,43 @@ import jax
 
 from purejax.ops import kernels
 
-FLAGS = flags.FLAGS
 _AUTO = "auto"
 
 
-def define_forms_flags() -> None:
+def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
-  --loss_chunk_rows, --noise_ahead and --sweep_batch."""
+  --loss_chunk_rows, --noise_ahead and (for a command that runs sweeps) --sweep_batch."""
   flags.DEFINE_enum("attention", _AUTO, [_AUTO, *kernels.ATTENTION_FORMS],
                     "Form of causal attention (all compute the same function; 'cudnn' "
-                    "needs an NVIDIA GPU).")
+                    "needs an NVIDIA GPU).", flag_values=args)
   flags.DEFINE_string("attn_block", _AUTO,
-                      "Queries per block of the 'blocked' attention (a positive integer).")
+                      "Queries per block of the 'blocked' attention (a positive integer).",
+                      flag_values=args)
   flags.DEFINE_enum("remat", _AUTO, [_AUTO, *kernels.REMAT_POLICIES],
                     "What each block keeps for the backward pass: none (everything), "
-                    "full (only its input), dots (the matmul outputs).")
+                    "full (only its input), dots (the matmul outputs).", flag_values=args)
   flags.DEFINE_enum("scan_layers", _AUTO, [_AUTO, "true", "false"],
                     "Run the blocks as one lax.scan (false: an unrolled loop).",
-                    case_sensitive=False)
+                    case_sensitive=False, flag_values=args)
   flags.DEFINE_enum("matmul_backward", _AUTO, [_AUTO, *kernels.MATMUL_BACKWARD_FORMS],
-                    "Form of the low-precision matmul's gradient products.")
+                    "Form of the low-precision matmul's gradient products.", flag_values=args)
   flags.DEFINE_string("loss_chunk_rows", _AUTO,
                       "Rows per chunk of the output head and loss when the logits are "
-                      "large (0: never chunk).")
+                      "large (0: never chunk).", flag_values=args)
   flags.DEFINE_enum("noise_ahead", _AUTO, [_AUTO, "true", "false"],
                     "Sampling draws its Gumbel noise before each decode loop.",
-                    case_sensitive=False)
+                    case_sensitive=False, flag_values=args)
+  if not sweeps:
+    return
   flags.DEFINE_string("sweep_batch", _AUTO,
                       "Runs of a --sweep vmapped together (0: all at once; 1: one after "
-                      "another inside the one program, the CPU's choice).")
+                      "another inside the one program, the CPU's choice).", flag_values=args)
 
 
-def _positive_int(name: str, allow_zero: bool = False) -> Any:
-  value = FLAGS[name].value
+def _positive_int(args: flags.FlagValues, name: str, allow_zero: bool = False) -> Any:
+  if name not in args:
+    return None
+  value = args[name].value
   if value == _AUTO:
     return None
   try:
@@ -57,26 +61,26 @@ def _positive_int(name: str, allow_zero: bool = False) -> Any:
   return number
 
 
-def _bool(name: str) -> Any:
-  value = FLAGS[name].value.lower()
+def _bool(args: flags.FlagValues, name: str) -> Any:
+  value = args[name].value.lower()
   return None if value == _AUTO else value == "true"
 
 
-def forms_overrides() -> Dict[str, Any]:
+def forms_overrides(args: flags.FlagValues) -> Dict[str, Any]:
   """The forms flags as `kernels.select` overrides (None: the platform's choice)."""
-  overrides = dict(attention=FLAGS.attention, attn_block=_positive_int("attn_block"),
-                   remat=FLAGS.remat, scan_layers=_bool("scan_layers"),
-                   matmul_backward=FLAGS.matmul_backward,
-                   loss_chunk_rows=_positive_int("loss_chunk_rows", allow_zero=True),
-                   noise_ahead=_bool("noise_ahead"),
-                   sweep_batch=_positive_int("sweep_batch", allow_zero=True))
+  overrides = dict(attention=args.attention, attn_block=_positive_int(args, "attn_block"),
+                   remat=args.remat, scan_layers=_bool(args, "scan_layers"),
+                   matmul_backward=args.matmul_backward,
+                   loss_chunk_rows=_positive_int(args, "loss_chunk_rows", allow_zero=True),
+                   noise_ahead=_bool(args, "noise_ahead"),
+                   sweep_batch=_positive_int(args, "sweep_batch", allow_zero=True))
   return {k: v for k, v in overrides.items() if v not in (None, _AUTO)}
 
 
-def forms_from_flags() -> kernels.Forms:
+def forms_from_flags(args: flags.FlagValues) -> kernels.Forms:
   """The forms for JAX's devices, with the flags' overrides."""
+  overrides = forms_overrides(args)  # bad values fail before JAX starts its backends
   platform = jax.devices()[0].platform
-  overrides = forms_overrides()
   if overrides.get("attention") == "cudnn" and kernels.select(platform).attention != "cudnn":
     raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
                      f"Choose --attention=auto.")

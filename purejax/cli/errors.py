@@ -1,4 +1,4 @@
-"""What the command lines share: library errors told in the words of their flags.
+"""What the command lines share: one-line errors, told in the words of their flags.
 
 The library names the Python arguments and config fields a user got wrong,
 in backticks (`keep_checkpoints`, `dataset=notes.txt`,
@@ -7,10 +7,7 @@ its flags as that flag (--keep_checkpoints, --dataset=notes.txt).
 """
 
 import re
-import sys
-from typing import NoReturn
-
-from absl import flags
+from typing import Container, NoReturn
 
 # Python names whose flag is spelled otherwise.
 FLAG_OF = {"decay_iters": "lr_decay_iters", "num_microbatches": "grad_accum_steps",
@@ -21,7 +18,7 @@ FLAG_OF = {"decay_iters": "lr_decay_iters", "num_microbatches": "grad_accum_step
 _NAME = re.compile(r"`(?:[A-Z]\w*\.)?(\w+)(=[^`]*)?`")
 
 
-def in_flags(message: str, known=flags.FLAGS) -> str:
+def in_flags(message: str, known: Container[str]) -> str:
   """`message` with every backticked Python name that is one of the `known` flags
   written as that flag; other backticked text stays as it is."""
   def flag(match):
@@ -32,6 +29,11 @@ def in_flags(message: str, known=flags.FLAGS) -> str:
   return _NAME.sub(flag, message)
 
 
-def fail(error: BaseException) -> NoReturn:
-  """Exits with `error` as one line, `error: ...`, in the flags' words."""
-  sys.exit("error: " + in_flags(" ".join(str(error).split())))
+def one_line(error: BaseException, known: Container[str] = ()) -> str:
+  """`error` as the line a command line prints: `error: ...`, in the flags' words."""
+  return "error: " + in_flags(" ".join(str(error).split()), known)
+
+
+def fail(error: BaseException, known: Container[str] = ()) -> NoReturn:
+  """Exits with `error` as one line (exit code 1); see `one_line`."""
+  raise SystemExit(one_line(error, known))

@@ -1,0 +1,324 @@
+r"""Trains a purejax model from the command line.
+
+    python -m purejax.train                       # NanoGPT on Tiny Shakespeare
+    python -m purejax.train --model=mlp --tfds_manual_dir=/path/to/mnist
+    python -m purejax.train --model=mlp --help    # the MLP's flags
+
+This file only reads flags (defined in `train_flags`): it turns them into the
+library's configs and calls `loop.train_gpt` or `mlp_loop.train_mlp`. Bad
+values, and flags that would have no effect, stop the run at once with a
+one-line message naming the flag; `run(argv)` returns the exit code, so a
+test checks a command line in-process.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from typing import Optional, Sequence
+
+from absl import flags
+
+from purejax import gpt
+from purejax import lora
+from purejax import weights
+from purejax.cli import command
+from purejax.cli import errors
+from purejax.cli import forms_flags
+from purejax.cli import train_flags
+from purejax.data import corpus as corpus_lib
+from purejax.data import datasets as data_lib
+from purejax.data import tokenizers
+from purejax.training import checkpoint
+from purejax.training import loop
+from purejax.training import mlp_loop
+from purejax.training import nonfinite
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import runs
+from purejax.training import signals
+from purejax.training import sweep
+from purejax.training import sweep_loop
+from purejax.training import wandb_sink
+
+Args = flags.FlagValues
+
+# Exit codes (documented in the README).
+EXIT_ERROR = command.EXIT_ERROR  # bad flags, missing data, unusable checkpoint
+EXIT_NONFINITE = 2               # loss became NaN/Inf; the last checkpoint is intact
+# SIGINT / SIGTERM: a checkpoint is saved, then exit 128 + signal (130 / 143).
+
+
+# ----------------------------------------------------------------------------
+# Flags -> configs
+
+
+def optimizer_config(args: Args, total_steps: Optional[int] = None) -> optim.OptimizerConfig:
+  """The optimizer flags; the schedule ends at `--lr_decay_iters`, else `total_steps`
+  (None: the training loop's choice, see `loop.train_gpt`)."""
+  decay = args.lr_decay_iters if args.lr_decay_iters is not None else total_steps
+  return optim.OptimizerConfig(
+      name=args.optimizer, learning_rate=args.learning_rate, schedule=args.lr_schedule,
+      warmup_iters=args.warmup_iters, decay_iters=decay,
+      min_lr=args.min_lr, beta2=args.beta2, weight_decay=args.weight_decay,
+      grad_clip=args.grad_clip)
+
+
+def run_config(args: Args) -> runs.RunConfig:
+  return runs.RunConfig(out_dir=args.out_dir, resume=args.resume,
+                        keep_checkpoints=args.keep_checkpoints,
+                        skip_nonfinite=args.skip_nonfinite)
+
+
+def parallel_config(args: Args) -> parallel.ParallelConfig:
+  return parallel.ParallelConfig(num_devices=args.num_devices, fsdp=args.fsdp,
+                                 grad_accum_steps=args.grad_accum_steps)
+
+
+# Flags that define the architecture: with --init_from it comes from the weights.
+ARCHITECTURE_FLAGS = ("arch", "n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "bias")
+
+
+def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
+               ) -> gpt.GPTConfig:
+  """The model flags as a config; with `base` (pretrained), only the dtype and dropout flags."""
+  tunable = dict(dropout=args.dropout, compute_dtype=args.dtype)
+  if base is not None:
+    return dataclasses.replace(base, **tunable)
+  arch = dict(gpt.ARCHITECTURES[args.arch])
+  if args["bias"].present or "bias" not in arch:
+    arch["bias"] = args.bias
+  return gpt.GPTConfig(vocab_size=vocab_size, block_size=args.block_size,
+                       n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                       n_kv_head=args.n_kv_head, **arch, **tunable)
+
+
+def gpt_train_config(args: Args) -> loop.GPTTrainConfig:
+  profile = None
+  if args.profile_steps:
+    try:
+      profile = tuple(int(s) for s in args.profile_steps)
+      assert len(profile) == 2
+    except (ValueError, AssertionError):
+      raise ValueError(f"--profile_steps must be two steps A,B, got "
+                       f"{','.join(args.profile_steps)}.") from None
+  return loop.GPTTrainConfig(
+      batch_size=args.batch_size, max_iters=args.max_iters,
+      eval_interval=args.eval_interval, eval_iters=args.eval_iters,
+      log_interval=args.log_interval, steps_per_call=args.steps_per_call,
+      checkpoint_every=args.checkpoint_every,
+      always_save_checkpoint=args.always_save_checkpoint,
+      sample_tokens=args.sample_tokens, seed=args.seed, profile_steps=profile,
+      progress=args.progress, peak_flops=args.peak_flops)
+
+
+def sweep_grid(args: Args) -> Optional[dict]:
+  """`--sweep` as `{name: values}` (None without it), refusing what would train nothing
+  or would not differ between runs."""
+  if args.sweep is None:
+    return None
+  grid = sweep.parse_grid(args.sweep)
+  if not grid:
+    raise ValueError(f"--sweep={args.sweep} names no setting; write NAME=V1,V2,... such "
+                     f"as --sweep=learning_rate=3e-4,1e-3.")
+  used = optim.hyperparams_used(optimizer_config(args, total_steps=1))
+  for name, values in grid.items():
+    if not values:
+      raise ValueError(f"--sweep lists no values of {name}; write {name}=V1,V2,...")
+    bad = [v for v in values if not math.isfinite(v)]
+    if bad:
+      raise ValueError(f"--sweep's {name}={bad[0]} is not a finite number; sweep finite "
+                       f"values.")
+    if name != sweep.DROPOUT and name not in used:
+      raise ValueError(f"--sweep of {name} has no effect on --optimizer={args.optimizer} "
+                       f"with --lr_schedule={args.lr_schedule}, which reads only "
+                       f"{', '.join(used)}; drop {name} from --sweep or choose an "
+                       f"optimizer that uses it.")
+  return grid
+
+
+def refuse_what_has_no_effect(args: Args) -> None:
+  """Flags given on the command line that the run would ignore: refused, not ignored."""
+  given = lambda name: command.given(args, name)
+  if args.model != "gpt":
+    return
+  sweeping = args.sweep is not None or args.sweep_seeds > 1
+  if args.eval_only and sweeping:
+    raise ValueError("--eval_only evaluates one model, not a sweep; drop --sweep and "
+                     "--sweep_seeds (evaluate one run with --out_dir=OUT_DIR/<run>).")
+  if given("eval_checkpoint") and not args.eval_only:
+    raise ValueError("--eval_checkpoint chooses what --eval_only evaluates; add "
+                     "--eval_only or drop --eval_checkpoint.")
+  if given("sweep_batch") and not sweeping:
+    raise ValueError("--sweep_batch sets how a --sweep's runs are batched; add --sweep "
+                     "or drop --sweep_batch.")
+  for name in ("lora_alpha", "lora_targets"):
+    if given(name) and args.lora_rank == 0:
+      raise ValueError(f"--{name} has no effect without LoRA; add --lora_rank=R (e.g. 8) "
+                       f"or drop --{name}.")
+
+
+def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
+  """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+  # A model's own tokenizer was already built (with --tokenizer_file, if given).
+  tokenizer_file = args.tokenizer_file if isinstance(tokenizer, (str, type(None))) else None
+  return parallel.main_process_first(
+      lambda: corpus_lib.load_corpus(
+          args.dataset, tokenizer=tokenizer, tokenizer_file=tokenizer_file,
+          cache_dir=args.cache_dir, tfds_data_dir=args.tfds_data_dir,
+          tfds_manual_dir=args.tfds_manual_dir),
+      errors=(ValueError, data_lib.DataUnavailableError))
+
+
+def pretrained(args: Args, source: str, best: bool = False):
+  """`(params, config, tokenizer)` of `source` (see `weights.from_pretrained`)."""
+  given = [name for name in ARCHITECTURE_FLAGS
+           if args[name].present and name != "block_size"]
+  if given:
+    raise ValueError(f"--{given[0]} has no effect on weights from {source}: the "
+                     f"architecture comes from the weights; drop --{given[0]}.")
+  params, config, spec = (weights.from_purejax(source, best=best) if best else
+                          weights.from_pretrained(source))
+  if args["block_size"].present:  # a shorter context: RoPE models have no position table
+    if config.position != "rope" or args.block_size > config.block_size:
+      raise ValueError(f"--block_size={args.block_size}: {source} takes contexts up to "
+                       f"{config.block_size}, and only a RoPE model's can be shortened; "
+                       f"drop --block_size.")
+    config = dataclasses.replace(config, block_size=args.block_size)
+  if spec.kind == "ids":  # weights without a tokenizer: the user names one
+    if args.tokenizer is None:
+      raise ValueError(f"{source} records no tokenizer, only {spec.vocab_size} token "
+                       f"ids; pass --tokenizer=char or --tokenizer=gpt2.")
+    tokenizer = args.tokenizer
+  else:
+    tokenizer = tokenizers.from_spec(spec, encoding_file=args.tokenizer_file)
+    if args.tokenizer is not None and args.tokenizer != tokenizer.name:
+      raise ValueError(f"--tokenizer={args.tokenizer} does not fit {source}, whose "
+                       f"tokenizer is {tokenizer.name}; drop --tokenizer.")
+  return params, gpt_config(args, config.vocab_size, base=config), tokenizer
+
+
+def lora_config(args: Args) -> Optional[lora.LoraConfig]:
+  if args.lora_rank == 0:
+    return None
+  return lora.LoraConfig(args.lora_rank, args.lora_alpha, tuple(args.lora_targets))
+
+
+def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
+  train = gpt_train_config(args)
+  runs.require_positive(block_size=args.block_size)
+  forms = forms_flags.forms_from_flags(args)  # fails on bad forms flags before loading data
+  grid = sweep_grid(args)
+  adapters = lora_config(args)
+  if not args.init_from:
+    gpt_config(args, vocab_size=1)  # fail on bad model flags before loading data
+  runs.check_out_dir(run.out_dir)
+  if args.eval_only:
+    return eval_gpt(args, run, train, devices, forms)
+  init_params, init_from = None, args.init_from
+  if init_from:
+    init_params, config, tokenizer = pretrained(args, init_from)
+  else:
+    tokenizer = args.tokenizer
+  text = load_corpus(args, tokenizer)
+  if not init_from:
+    config = gpt_config(args, text.vocab_size)
+  sinks = lambda run_name, meta: wandb_sinks(args, run_name, meta)
+  if grid is not None or args.sweep_seeds > 1:
+    return {"runs": sweep_loop.train_gpt_sweep(
+        config, text, train, optimizer_config(args), run, grid or {}, args.sweep_seeds,
+        devices, init_params=init_params, init_from=init_from, forms=forms,
+        lora_config=adapters, data=args.dataset, sinks=sinks)}
+  return loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
+                        init_params=init_params, init_from=init_from, forms=forms,
+                        lora_config=adapters, data=args.dataset, sinks=sinks(None, {}))
+
+
+def wandb_sinks(args: Args, run_name: Optional[str], meta: dict) -> list:
+  """`--wandb_log`: a W&B sink for the run (a sweep's `run_name` joins --wandb_run_name)."""
+  if not args.wandb_log or not parallel.is_main_process():
+    return []
+  name = "-".join(n for n in (args.wandb_run_name, run_name) if n) or None
+  return [wandb_sink.WandbSink(project=args.wandb_project, run_name=name,
+                               config={**meta, "flags": args.flag_values_dict()},
+                               out_dir=args.out_dir)]
+
+
+def eval_gpt(args: Args, run: runs.RunConfig, train: loop.GPTTrainConfig,
+             devices: parallel.ParallelConfig, forms) -> dict:
+  """`--eval_only`: the loss of the newest (or best) checkpoint, or of --init_from's model."""
+  best = args.eval_checkpoint == "best"
+  if checkpoint.list_checkpoints(run.out_dir) or best:
+    source = run.out_dir
+  elif args.init_from:
+    source = args.init_from
+  else:
+    raise ValueError(f"--eval_only: {run.out_dir} holds no checkpoint; train first, or "
+                     f"pass --init_from=MODEL to evaluate pretrained weights.")
+  params, config, tokenizer = pretrained(args, source, best=best)
+  text = load_corpus(args, tokenizer)
+  runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
+  return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices,
+                                                forms=forms)}
+
+
+def train_mlp(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
+  try:
+    sizes = tuple(int(s) for s in args.layer_sizes)
+  except ValueError:
+    raise ValueError(f"--layer_sizes must be integers, got {args.layer_sizes}.") from None
+  train = mlp_loop.MLPTrainConfig(layer_sizes=sizes, init_scale=args.init_scale,
+                                  batch_size=args.batch_size, epochs=args.epochs,
+                                  checkpoint_every=args.checkpoint_every, seed=args.seed)
+  runs.check_out_dir(run.out_dir)
+  mnist = parallel.main_process_first(
+      lambda: data_lib.load_mnist(args.tfds_data_dir, args.tfds_manual_dir,
+                                  pixels=args.mnist_pixels),
+      errors=(ValueError, data_lib.DataUnavailableError))
+  steps_per_epoch = len(mnist.train_labels) // train.batch_size
+  return mlp_loop.train_mlp(mnist, train,
+                            optimizer_config(args, train.epochs * steps_per_epoch),
+                            run, devices, meta_config={"mnist_pixels": args.mnist_pixels},
+                            progress_bar=args.progress)
+
+
+def train(args: Args) -> int:
+  """Trains (or evaluates) what the parsed flags say; returns the exit code."""
+  try:
+    refuse_what_has_no_effect(args)
+    optimizer_config(args, total_steps=1)  # fail on bad optimizer flags before any work
+    run = run_config(args)
+    if args.cpu_devices is not None:
+      parallel.set_cpu_devices(args.cpu_devices)  # before anything starts JAX's backends
+    if (args.coordinator_address or args.num_processes or args.process_id is not None
+        or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+      parallel.initialize_distributed(args.coordinator_address, args.num_processes,
+                                      args.process_id)
+    model = train_mlp if args.model == "mlp" else train_gpt
+    metrics = model(args, run, parallel_config(args))
+  except signals.Interrupted as e:
+    runs.print_line(f"stopped by {e}; the checkpoint above holds the run (resume with --resume)")
+    return 128 + e.signum
+  except nonfinite.NonFiniteLoss as e:
+    print(errors.one_line(e, args), file=sys.stderr)
+    return EXIT_NONFINITE
+  except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:
+    errors.fail(e, args)
+  runs.print_line("final " + json.dumps(metrics))
+  return 0
+
+
+def run(argv: Sequence[str]) -> int:
+  """`python -m purejax.train` with `argv` (the program's name first): the exit code."""
+  model = train_flags.model_from_argv(argv)
+  return command.run(argv, lambda args: train_flags.define_flags(args, model), train,
+                     usage=__doc__)
+
+
+def main() -> None:
+  command.main(run)
+
+
+if __name__ == "__main__":
+  main()
