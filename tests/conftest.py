@@ -165,6 +165,17 @@ def one_line_error(process, *fragments):
     assert fragment in error[0], error[0]
 
 
+def refusal(capsys, command, *argv: str) -> str:
+  """The one `error: ` line a command line (`purejax.cli.<name>`) printed when it
+  refused `argv` in-process, with exit code 1 and nothing else on stderr."""
+  code = command.run([command.__name__, *argv])
+  out, err = capsys.readouterr()
+  assert code == 1, out[-1000:] + err[-2000:]
+  lines = err.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
+  return lines[0]
+
+
 def train_tokenizer_json(folder: pathlib.Path, text: str, vocab_size: int = 300
                          ) -> pathlib.Path:
   """Trains a byte-level BPE on `text` and saves it as `folder/tokenizer.json`."""

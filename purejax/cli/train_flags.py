@@ -158,7 +158,7 @@ def define_gpt_flags(args: flags.FlagValues) -> None:
                       "'learning_rate=3e-4,1e-3;dropout=0,0.1'); each run gets "
                       "--out_dir/<run name>. A swept dropout replaces --dropout.", flag_values=args)
   flags.DEFINE_integer("sweep_seeds", 1, "Seeds per sweep setting: --seed, --seed+1, ... "
-                       "(without --sweep: a sweep of seeds alone).",
+                       "(without --sweep: a sweep of seeds alone).", lower_bound=1,
                        flag_values=args)
   flags.DEFINE_bool("wandb_log", False, "Log the metrics to Weights & Biases too "
                     "(pip install wandb).", flag_values=args)
