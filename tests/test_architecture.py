@@ -65,7 +65,8 @@ def layer_of(module: str, order: Dict[str, int]) -> int:
 
 def test_every_module_has_a_layer():
   order = layers()
-  assert {"ops", "rng", "nn", "gpt", "mlp", "data", "training", "weights", "train"} <= set(order)
+  assert {"ops", "rng", "nn", "gpt", "mlp", "data", "training", "weights", "cli"} <= set(order)
+  assert order["cli"] == max(order.values())  # the command lines are the top
   missing = sorted(name for name in modules() if name.split(".")[1] not in order)
   assert not missing, (f"{missing} belong to no layer: add them to the drawing in "
                        f"purejax/__init__.py's docstring")
@@ -112,7 +113,7 @@ def test_every_module_is_small():
 
 def test_library_errors_name_arguments_not_flags():
   # Only the command lines speak of --flags (they show the library's
-  # backticked names as their flags, purejax/_cli.py).
+  # backticked names as their flags, purejax/cli/errors.py).
   order, cli_layer = layers(), max(layers().values())
   flagged = []
   for name, path in modules().items():
@@ -125,3 +126,18 @@ def test_library_errors_name_arguments_not_flags():
               and re.search(r"(?<![\w-])--[a-z_]+", part.value)):
             flagged.append(f"{path.relative_to(PACKAGE.parent)}:{part.lineno}: {part.value}")
   assert not flagged, "library errors that name --flags:\n" + "\n".join(flagged)
+
+
+def test_the_top_level_command_names_only_run_their_cli_module():
+  # `python -m purejax.train` is `purejax.cli.train`: the top-level file holds no code of its own.
+  order, known = layers(), modules()
+  names = [name for name in known
+           if name.count(".") == 1 and order[name.split(".")[1]] == order["cli"]
+           and name != "purejax.cli"]
+  assert sorted(names) == ["purejax.convert", "purejax.plot", "purejax.replay",
+                           "purejax.sample", "purejax.train"]
+  for name in names:
+    command = name.split(".")[1]
+    assert [target for target, _ in imports_of(known[name], known)] == [
+        f"purejax.cli.{command}"], name
+    assert len(known[name].read_text().splitlines()) <= 20, name

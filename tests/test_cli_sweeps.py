@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final, one_line_error,
-                      read_wandb_offline_history, run_module)
+                      read_wandb_offline_history, refusal, run_module)
 from purejax import gpt
 from purejax import lora
+from purejax.cli import replay
 from purejax.training import checkpoint
 from purejax.training import monitor
 
@@ -83,12 +84,6 @@ def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path
   assert "bit for bit the logged loss" in replayed.stdout
 
 
-def test_a_bad_sweep_stops_with_one_line(tmp_path, text_file):
-  one_line_error(run_module("purejax.train", *TINY_FLAGS, f"--dataset={text_file}",
-                            "--sweep=batch_size=4,8", f"--out_dir={tmp_path}"),
-                 "cannot be swept")
-
-
 def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, text_file):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
@@ -136,7 +131,7 @@ def _lora_params(arrays, config):
   return lora.merge(tree["params"]["base"], tree["params"]["adapters"], 8.0)
 
 
-def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file):
+def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file, capsys):
   out = tmp_path / "run"
   final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}",
                    "--dropout=0.1", "--grad_accum_steps=2", f"--out_dir={out}"))
@@ -147,8 +142,11 @@ def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file):
   assert float(report["loss"]) == train_losses(out)[15]  # exactly
   assert report["tokens"].shape == (4, 17) and report["token_losses"].shape == (4, 16)
   assert report["grad_norm/blocks"].shape == (1,)
-  # a step before every kept checkpoint cannot be replayed
-  one_line_error(run_module("purejax.replay", f"--out_dir={out}", "--step=0"), "--step")
+  # a step before every kept checkpoint, or past the run's end, cannot be replayed
+  assert refusal(capsys, replay, f"--out_dir={out}", "--step=0") == (
+      "error: --step must be >= 1 (the step count after an update), got 0.")
+  assert refusal(capsys, replay, f"--out_dir={out}", "--step=21") == (
+      f"error: --step=21 is past the last step {out} trained, 20; replay a step up to 20.")
 
 
 def test_wandb_offline_holds_the_runs_metrics(tmp_path, text_file):

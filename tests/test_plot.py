@@ -1,12 +1,12 @@
 """plot: loss curves of runs from their metrics.jsonl, as a PNG."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO_ROOT, run_module
+from conftest import run_module
+from purejax.cli import plot
 from purejax.training import plots
 
 try:
@@ -93,24 +93,31 @@ def test_cli_writes_the_png(runs, tmp_path):
   assert out.read_bytes().startswith(b"\x89PNG")
 
 
-def test_cli_a_dir_without_metrics_is_a_one_line_error(runs, tmp_path):
+def test_cli_a_dir_without_metrics_is_a_one_line_error(runs, tmp_path, capsys):
   (tmp_path / "empty").mkdir()
-  result = run_module("purejax.plot", str(runs["bf16"][0]), str(tmp_path / "empty"),
-                      f"--out={tmp_path / 'x.png'}")
-  assert result.returncode == 1
-  assert result.stderr.splitlines() == [
+  assert plot.run([str(runs["bf16"][0]), str(tmp_path / "empty"),
+                   f"--out={tmp_path / 'x.png'}"]) == 1
+  assert capsys.readouterr().err.splitlines() == [
       f"error: {tmp_path / 'empty'} has no metrics.jsonl (is it a training run's folder?)"]
   assert not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
-def test_cli_without_matplotlib_names_the_install_command(runs):
-  # Simulates an environment without matplotlib: importing it fails.
-  code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
-          f"sys.argv = ['plot', {str(runs['bf16'][0])!r}]; "
-          "runpy.run_module('purejax.plot', run_name='__main__')")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO_ROOT)
+def test_cli_without_matplotlib_names_the_install_command(runs, capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it fails
+  assert plot.run([str(runs["bf16"][0])]) == 1
+  assert capsys.readouterr().err.splitlines() == [
+      "error: purejax.plot needs matplotlib: pip install purejax[plot] (or pip install matplotlib)"]
+
+
+def test_cli_bad_arguments_are_one_line(capsys):
+  assert plot.run([]) == 1
+  assert capsys.readouterr().err.splitlines() == [
+      "error: the following arguments are required: OUT_DIR (--help lists the arguments)."]
+
+
+@pytest.mark.slow  # a subprocess; the full suite runs it
+def test_python_m_plot_refuses_bad_arguments_in_one_line(tmp_path):
+  result = run_module("purejax.plot", "--bins=3", str(tmp_path))
   assert result.returncode == 1
   assert result.stderr.splitlines() == [
-      "error: purejax.plot needs matplotlib: pip install purejax[plot] (or pip install matplotlib)"]
+      "error: unrecognized arguments: --bins=3 (--help lists the arguments)."]
