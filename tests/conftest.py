@@ -168,6 +168,7 @@ def one_line_error(process, *fragments):
 def refusal(capsys, command, *argv: str) -> str:
   """The one `error: ` line a command line (`purejax.cli.<name>`) printed when it
   refused `argv` in-process, with exit code 1 and nothing else on stderr."""
+  capsys.readouterr()  # what the test printed before is not the command line's
   code = command.run([command.__name__, *argv])
   out, err = capsys.readouterr()
   assert code == 1, out[-1000:] + err[-2000:]

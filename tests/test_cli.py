@@ -267,7 +267,7 @@ def test_python_m_cli_train_is_the_same_program(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module, args, fragment", [
-    ("purejax.sample", ["--top_k=-1"], "--top_k=-1: -1 is not >= 0"),
+    ("purejax.sample", ["--top_k=-1"], "--top_k=-1: -1 is not a non-negative integer"),
     ("purejax.convert", ["--from=onnx:model", "--to=hf:x"], "--from=onnx:model must be"),
     ("purejax.replay", ["--step=3"], "--out_dir must be given"),
 ])

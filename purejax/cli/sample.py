@@ -70,8 +70,6 @@ def sample(args: flags.FlagValues) -> int:
   try:
     if args.top_p is not None and not 0 < args.top_p <= 1:
       raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
-    if args.temperature < 0:
-      raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}.")
     forms_flags.forms_overrides(args)  # bad forms flags fail before loading weights
     params, config, tokenizer = load_model(args.out_dir, args.init_from, best=args.best,
                                            tokenizer_file=args.tokenizer_file)
