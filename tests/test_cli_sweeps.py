@@ -147,7 +147,7 @@ def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file):
   assert float(report["loss"]) == train_losses(out)[15]  # exactly
   assert report["tokens"].shape == (4, 17) and report["token_losses"].shape == (4, 16)
   assert report["grad_norm/blocks"].shape == (1,)
-  # a step before every kept checkpoint cannot be replayed
+  # step 0 is before any update: there is nothing to replay
   one_line_error(run_module("purejax.replay", f"--out_dir={out}", "--step=0"), "--step")
 
 
