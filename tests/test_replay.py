@@ -77,25 +77,32 @@ def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps
 # A run's folder
 
 
-@pytest.fixture(scope="module")
-def pruned_run(tmp_path_factory):
-  """A 30-step run that kept its 2 newest checkpoints (20, 30); every step's loss logged."""
-  folder = tmp_path_factory.mktemp("replay")
+def train_a_run(folder, max_iters, **options):
+  """A run of `max_iters` steps in `folder/run` that logs every step's loss and saves a
+  checkpoint every 10; returns `(run folder, cache_dir)`."""
   text = folder / "notes.txt"
   text.write_text(SHAKESPEARE[:20_000])
   cache = str(folder / "cache")
   corpus = corpus_lib.load_corpus(str(text), cache_dir=cache)
   config = gpt.GPTConfig(vocab_size=corpus.vocab_size, block_size=16, n_layer=1, n_head=2,
                          n_embd=16, dropout=0.1)
-  train = loop.GPTTrainConfig(batch_size=4, max_iters=30, eval_interval=10, eval_iters=2,
-                              log_interval=1, steps_per_call=5, sample_tokens=0,
-                              progress=False)
+  train = loop.GPTTrainConfig(batch_size=4, max_iters=max_iters, eval_interval=10,
+                              eval_iters=2, log_interval=1, steps_per_call=5,
+                              sample_tokens=0, progress=False)
   opt = dataclasses.replace(loop.GPT_OPTIMIZER, warmup_iters=2)
-  out = folder / "run"
-  loop.train_gpt(config, corpus, train, opt, runs.RunConfig(out_dir=str(out),
-                                                             keep_checkpoints=2),
-                 data=str(text))
-  return out, cache
+  keep = options.pop("keep_checkpoints", 2)
+  init = options.pop("init_from", None)
+  init_params = None if init is None else gpt.init_params(config, jax.random.PRNGKey(5))
+  loop.train_gpt(config, corpus, train, opt, runs.RunConfig(out_dir=str(folder / "run"),
+                                                             keep_checkpoints=keep),
+                 data=str(text), init_params=init_params, init_from=init)
+  return folder / "run", cache
+
+
+@pytest.fixture(scope="module")
+def pruned_run(tmp_path_factory):
+  """A 30-step run that kept its 2 newest checkpoints (20, 30); every step's loss logged."""
+  return train_a_run(tmp_path_factory.mktemp("replay"), 30)
 
 
 @pytest.mark.parametrize("step, start", [(1, None), (17, None), (25, 20)])
@@ -130,3 +137,12 @@ def test_a_folder_that_is_not_a_run_says_what_it_is_and_what_to_pass(pruned_run,
       replay.replay_run(str(folder), 5, cache_dir=cache, write=False)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert "later step" not in str(e.value)
+
+
+def test_a_fine_tunes_step_before_its_checkpoints_says_to_replay_a_later_one(tmp_path):
+  """A fine-tune started from weights replay does not load: only its checkpoints replay."""
+  out, cache = train_a_run(tmp_path, 10, keep_checkpoints=1, init_from="my-weights")
+  with pytest.raises(ValueError, match="step 3 is before .* oldest checkpoint \\(step 10\\), "
+                     "and the run started from the weights of my-weights, which replay does "
+                     "not load; replay a step after 10"):
+    replay.replay_run(str(out), 3, cache_dir=cache, write=False)
