@@ -20,6 +20,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -192,23 +193,23 @@ def train_tokenizer_json(folder: pathlib.Path, text: str, vocab_size: int = 300
   return folder / "tokenizer.json"
 
 
-def read_wandb_offline_history(out_dir: pathlib.Path):
-  """The history rows of the offline W&B run under `out_dir/wandb`, without wandb's API.
+def _wandb_records(path: pathlib.Path):
+  """The whole protobuf `Record`s of a `.wandb` file so far (a record still being written
+  is left out).
 
-  The `.wandb` file is a short header then LevelDB's log format (32 KiB
-  blocks of records: crc32 (4), length (2), type (1), data), each record one
-  protobuf `Record`.
+  The file is a short header then LevelDB's log format (32 KiB blocks of
+  records: crc32 (4), length (2), type (1), data), each record one protobuf
+  `Record`.
   """
   from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
-  (path,) = pathlib.Path(out_dir).glob("wandb/offline-run-*/run-*.wandb")
-  data, pos, pending, rows = path.read_bytes(), 7, b"", []
+  data, pos, pending, records = path.read_bytes(), 7, b"", []
   block = 32768
   while pos + 7 <= len(data):
     if block - pos % block < 7:  # a block's tail too short for a header is padding
       pos += block - pos % block
       continue
     _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-    if length == 0 and kind == 0:
+    if length == 0 and kind == 0 or pos + 7 + length > len(data):
       break
     pending += data[pos + 7:pos + 7 + length]
     pos += 7 + length
@@ -216,10 +217,32 @@ def read_wandb_offline_history(out_dir: pathlib.Path):
       record = wandb_internal_pb2.Record()
       record.ParseFromString(pending)
       pending = b""
-      if record.WhichOneof("record_type") == "history":
-        rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                     for item in record.history.item})
-  return rows
+      records.append(record)
+  return records
+
+
+def read_wandb_offline_history(out_dir: pathlib.Path, timeout: float = 120.0):
+  """The history rows of the offline W&B run under `out_dir/wandb`, without wandb's API.
+
+  wandb's own process writes the file, and may still be writing it when
+  the run's `finish()` has returned; this waits (up to `timeout` seconds,
+  then fails) for the run's last record, its `exit`, so a loaded machine
+  reads the whole run rather than a prefix of it.
+  """
+  deadline, records = time.monotonic() + timeout, []
+  while True:
+    paths = list(pathlib.Path(out_dir).glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(paths) <= 1, paths
+    records = _wandb_records(paths[0]) if paths else []
+    if any(r.WhichOneof("record_type") == "exit" for r in records):
+      break
+    assert time.monotonic() < deadline, (
+        f"the offline W&B run under {out_dir} has no exit record after {timeout} s: "
+        f"{paths}, {[r.WhichOneof('record_type') for r in records]}")
+    time.sleep(0.1)
+  return [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
+           for item in r.history.item}
+          for r in records if r.WhichOneof("record_type") == "history"]
 
 
 # ----------------------------------------------------------------------------

@@ -433,7 +433,7 @@ MIXTRAL_CONFIG = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtra
     ({"n_embd": 64}, "do not belong together"),
     ({"n_layer": 3}, "missing ['h.2.attn.c_attn.bias'"),
     ({"vocab_size": 120}, "wte.weight has 101 rows but config.json says vocab_size=120"),
-    ({"n_head": 5}, "n_embd=32 is not divisible by n_head=5"),
+    ({"n_head": 5}, "n_head=5 does not divide n_embd=32"),
 ])
 def test_unsupported_configs_are_one_line_errors(hf_folder, changes, message):
   edit_config(hf_folder, **changes)

@@ -190,7 +190,8 @@ def test_unsupported_options_are_one_line_errors_naming_the_field(tmp_path):
       ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
       ({"head_dim": 16}, "head_dim=16"),
       ({"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
-      ({"num_key_value_heads": 3}, "n_kv_head=3 does not divide n_head=4"),
+      ({"num_key_value_heads": 3}, "num_key_value_heads=3 does not divide "
+                                   "num_attention_heads=4"),
       ({"num_hidden_layers": 3}, "missing ['model.layers.2."),
   ]:
     path.write_text(json.dumps({**original, **changes}))

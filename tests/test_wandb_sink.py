@@ -11,6 +11,15 @@ from purejax.training import wandb_sink
 wandb = pytest.importorskip("wandb", reason="wandb is a test extra: pip install purejax[test]")
 
 
+@pytest.fixture(autouse=True)
+def fresh_wandb():
+  """wandb reads its settings (WANDB_MODE, ...) into a process-wide object once; each test
+  sets its own environment, so each starts and ends without that object."""
+  wandb.teardown()
+  yield
+  wandb.teardown()
+
+
 def test_the_offline_run_holds_the_values_of_metrics_jsonl(tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_SILENT", "true")
@@ -37,3 +46,22 @@ def test_wandb_is_imported_only_when_a_sink_is_made():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        check=True, cwd=pathlib.Path(__file__).resolve().parents[1])
   assert out.stdout.strip() == "False"
+
+
+def test_an_online_run_without_an_api_key_is_one_line_saying_how_to_log_in(tmp_path,
+                                                                          monkeypatch):
+  """No key anywhere (environment, netrc, settings): the fix, not wandb's traceback."""
+  home = tmp_path / "home"
+  monkeypatch.setenv("HOME", str(home))
+  monkeypatch.setenv("WANDB_MODE", "online")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "no-wandb-settings"))
+  monkeypatch.setenv("NETRC", str(home / "no-netrc"))
+  monkeypatch.setenv("WANDB_INIT_TIMEOUT", "30")  # were the key found, no long wait for it
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  with pytest.raises(ValueError) as e:
+    wandb_sink.WandbSink(project="purejax-test", run_name="tiny", out_dir=str(tmp_path))
+  message = str(e.value)
+  assert "\n" not in message and e.value.__cause__ is None, message
+  assert "run `wandb login`" in message, message
+  assert f"WANDB_MODE=offline to keep the run in {tmp_path / 'wandb'}" in message, message

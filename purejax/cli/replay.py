@@ -3,7 +3,8 @@ r"""Replays one training step of a run, to see what made its loss.
     python -m purejax.replay --out_dir=out-gpt --step=450
     python -m purejax.replay --out_dir=out-gpt --step=450 --dataset=my_notes.txt
 
-Restores the newest checkpoint at or before the step, replays the run's
+Restores the newest checkpoint at or before the step (before every kept
+checkpoint: the run's start, which its seed makes again), replays the run's
 updates up to it and runs the step once more (`purejax.training.replay`):
 its loss equals the one `metrics.jsonl` logged at `--step`, bit for bit,
 for a run trained alone on one device. It prints the loss beside the logged

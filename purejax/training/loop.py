@@ -24,7 +24,6 @@ import numpy as np
 from purejax import decode
 from purejax import gpt
 from purejax import lora
-from purejax import rng
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
@@ -260,12 +259,7 @@ def gpt_meta(config, text, opt_config, train, init_from, *, lora_config=None, da
   return meta
 
 
-def trained_params(params: gpt.Params, key, lora_config: Optional[lora.LoraConfig]):
-  """`(what the run trains, params_view)`: the params, or LoRA's base and adapters."""
-  if lora_config is None:
-    return params, None
-  adapters = lora.init(params, lora_config.rank, lora_config.targets, key)
-  return lora.trainable(params, adapters), lora.View(lora_config.scale_alpha)
+trained_params = state_lib.trained_params  # (the sweeps' loop calls it by this name)
 
 
 def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config=None):
@@ -320,13 +314,10 @@ def train_gpt(
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
   check_fits(config, text, train.batch_size)
-  keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
+  keys = state_lib.run_keys(train.seed)
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
   gpt.check_params(params, config)
   n_params = gpt.num_params(params)
-  # The adapters' key is folded from the params' one: the other streams stay
-  # those of a run without LoRA.
-  params, view = trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
   plan = parallel.make_plan(devices, train.batch_size)
   runs.print_line(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
   forms = forms or kernels.select(kernels.platform_of(plan))
@@ -336,8 +327,8 @@ def train_gpt(
                   data=data, grad_accum_steps=devices.grad_accum_steps)
   # The data sampler's whole state is (train key, step): batch s is drawn
   # from fold_in(train key, s), so restoring both resumes the same stream.
-  template = TrainState(params, run_optimizer(resolved, run, lora_config).init(params),
-                        {"train": keys["train"], "eval": keys["eval"]})
+  template, view = state_lib.start_state(
+      params, keys, run_optimizer(resolved, run, lora_config), lora_config)
   state, step, saved = runs.start_or_resume(
       run, template, meta, saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
       ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
@@ -352,8 +343,9 @@ def train_gpt(
   feed = _feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
   runs.print_line(f"model: {_describe_model(config, n_params)}")
   if lora_config is not None:
-    runs.print_line(f"LoRA: {lora.num_params(params['adapters']) / 1e6:.3f}M adapter params "
-                    f"train, the base is frozen; {lora_config}")
+    adapters = lora.num_params(template.params["adapters"])
+    runs.print_line(f"LoRA: {adapters / 1e6:.3f}M adapter params train, the base is frozen; "
+                    f"{lora_config}")
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
   runs.print_line(f"optimizer: {optim.describe(resolved)}")
@@ -421,7 +413,7 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
   """
   check_fits(config, text, train.batch_size)
   gpt.check_params(params, config)
-  keys = rng.split_named(jax.random.PRNGKey(train.seed), ("params", "train", "eval", "sample"))
+  keys = state_lib.run_keys(train.seed)
   plan = parallel.make_plan(devices, train.batch_size)
   feed = _feed(text, config, train, plan, start_step=0, steps_per_call=lambda _: 1,
                end_step=0)

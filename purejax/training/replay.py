@@ -1,4 +1,4 @@
-"""Replaying a training step from a checkpoint, to see what made its loss.
+"""Replaying a training step from a checkpoint or the run's start, to see what made its loss.
 
     state = replay_to(state, train_ids, start=400, stop=449, config=config, ...)
     report = inspect_step(state, train_ids, 449, config=config, ...)
@@ -9,19 +9,21 @@
 Step `s` of a run is a function of its state before the step and of
 `fold_in(train key, s)` (its batch and dropout), or, when the host reads the
 batches, of `(seed, s)` (`batches.sample_windows`). So the state of a
-checkpoint and the same steps replay the run exactly: `replay_to` runs
-`steps.train_steps` from the checkpoint's step, and `inspect_step` runs the
-step once more and also returns its batch, each token's loss and each
-layer's gradient norm. Exact for runs trained alone on one device: several
-devices add a step's gradients in another order, and a step trained inside
-a sweep (`sweep.train_steps`) equals its replay to float rounding only.
+checkpoint, or the run's initial state (a function of its config and seed,
+`state.start_state`), and the same steps replay the run exactly:
+`replay_to` runs `steps.train_steps` from the checkpoint's step (or 0), in
+the jitted scan training ran, and `inspect_step` runs the step once more and
+also returns its batch, each token's loss and each layer's gradient norm.
+Exact for runs trained alone on one device: several devices add a step's
+gradients in another order, and a step trained inside a sweep
+(`sweep.train_steps`) equals its replay to float rounding only.
 
 Numbering: the loop logs the loss of update `s` (0-based) at step `s + 1`,
 the step count after it; `inspect_step(..., s)` returns that loss.
 """
 
 import pathlib
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -105,8 +107,15 @@ def replay_to(state: TrainState, train_ids, start: int, stop: int, *, config: gp
               params_view=None, steps_per_call: int = 10) -> TrainState:
   """Runs updates `start .. stop - 1`: the state before update `stop`.
 
+  The updates run as training ran them, in the jitted `lax.scan` of
+  `steps.train_steps`: calls of `steps_per_call` updates, and the last
+  `< steps_per_call` one per call (the program `inspect_step` runs too), so
+  a replay compiles at most the two programs and costs what training the
+  updates cost.
+
   Args:
-    state: the state before update `start` (a checkpoint at step `start`); donated.
+    state: the state before update `start` (a checkpoint at step `start`, or
+      the run's start, `state.start_state`); donated.
     train_ids: the run's `[num_tokens]` training ids.
     start, stop: the first update to run and the one to stop before.
     config, optimizer, batch_size, grad_accum_steps, params_view: the run's
@@ -117,9 +126,11 @@ def replay_to(state: TrainState, train_ids, start: int, stop: int, *, config: gp
   Returns:
     The state before update `stop`.
   """
+  if host_seed is None:
+    train_ids = jnp.asarray(train_ids)  # on the device once, not once per call
   step = start
   while step < stop:
-    n = min(steps_per_call, stop - step)
+    n = steps_per_call if stop - step >= steps_per_call else 1
     state, _ = steps.train_steps(
         state, tokens_for(train_ids, step, n, config, batch_size, host_seed), step,
         config=config, optimizer=optimizer, batch_size=batch_size, num_steps=n,
@@ -171,25 +182,26 @@ def inspect_step(state: TrainState, train_ids, update: int, *, config: gpt.GPTCo
   x, y = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
   model_params = state.params if params_view is None else params_view(state.params)
 
-  def microbatch_loss(params, xy, index):  # as steps.train_steps' update
-    return gpt.loss(params, *xy, config, key=jax.random.fold_in(dropout_key, index),
-                    deterministic=False)
+  rows = batch_size // grad_accum_steps
 
-  _, grads = jax.jit(lambda p, xy: parallel.accumulate_gradients(
-      microbatch_loss, p, xy, grad_accum_steps))(model_params, (x, y))
+  @jax.jit  # one program for both: a replay compiles as little as it can
+  def diagnose(params, x, y):
+    def microbatch_loss(params, xy, index):  # as steps.train_steps' update
+      return gpt.loss(params, *xy, config, key=jax.random.fold_in(dropout_key, index),
+                      deterministic=False)
 
-  @jax.jit
-  def token_losses(params, x, y):
-    rows = batch_size // grad_accum_steps
+    _, grads = parallel.accumulate_gradients(microbatch_loss, params, (x, y),
+                                             grad_accum_steps)
     parts = []
     for j in range(grad_accum_steps):  # microbatch j: rows j * rows .., dropout key j
       logits = gpt.forward(params, x[j * rows:(j + 1) * rows], config,
                            key=jax.random.fold_in(dropout_key, j), deterministic=False)
       parts.append(optax.softmax_cross_entropy_with_integer_labels(
           logits, y[j * rows:(j + 1) * rows]))
-    return jnp.concatenate(parts)
+    return grads, jnp.concatenate(parts)
 
-  per_token = np.asarray(token_losses(model_params, x, y))
+  grads, per_token = diagnose(model_params, x, y)
+  per_token = np.asarray(per_token)
   copy = jax.tree.map(jnp.array, state)  # train_steps donates its state
   _, metrics = steps.train_steps(
       copy, tokens_for(train_ids, update, 1, config, batch_size, host_seed), update,
@@ -210,23 +222,37 @@ class Replayed(NamedTuple):
     report: the replayed step (`StepReport`).
     logged: the loss metrics.jsonl holds for the step; None if the step was
       not a log point.
-    checkpoint: the checkpoint the replay started from.
+    checkpoint: the checkpoint the replay started from; None when it
+      started from the run's seeded initial state.
     tokenizer: the run's tokenizer (to show the tokens).
     path: the `.npz` written, or None.
   """
   report: StepReport
   logged: Optional[float]
-  checkpoint: pathlib.Path
+  checkpoint: Optional[pathlib.Path]
   tokenizer: Any
   path: Optional[pathlib.Path]
 
 
-def _checkpoint_at_or_before(out_dir: str, update: int) -> pathlib.Path:
-  for step, path in checkpoint.list_checkpoints(out_dir):
-    if step <= update:
-      return path
-  raise ValueError(f"{out_dir} holds no checkpoint at or before step {update}; replay a "
-                   f"later step (a run keeps its `keep_checkpoints` newest checkpoints).")
+def _kept_checkpoints(out_dir: str) -> List[Tuple[int, pathlib.Path]]:
+  """The run's checkpoints, newest first; a folder that is not a run says what it is."""
+  folder = pathlib.Path(out_dir)
+  kept = checkpoint.list_checkpoints(out_dir)
+  if kept:
+    return kept
+  if not folder.is_dir():
+    raise ValueError(f"{out_dir} is not a folder; pass as `out_dir` the folder a GPT run "
+                     f"trained into.")
+  runs = sorted(p.name for p in folder.iterdir() if p.is_dir() and
+                checkpoint.list_checkpoints(p))
+  if runs:
+    raise ValueError(f"{out_dir} is a sweep's folder, holding the runs {', '.join(runs[:4])}"
+                     f"{', ...' if len(runs) > 4 else ''}; pass one run's folder as `out_dir` "
+                     f"(e.g. {folder / runs[0]}).")
+  what = ("a run with no checkpoint left" if (folder / monitor.METRICS_FILE).is_file()
+          else "not a run's folder (no ckpt_*.npz in it)")
+  raise ValueError(f"{out_dir} is {what}; pass as `out_dir` the folder a GPT run trained "
+                   f"into and saved checkpoints in.")
 
 
 def _logged_loss(out_dir: str, step: int) -> Optional[float]:
@@ -238,12 +264,15 @@ def _logged_loss(out_dir: str, step: int) -> Optional[float]:
   return losses[-1] if losses else None
 
 
+def _lora_config(meta) -> Optional[lora.LoraConfig]:
+  spec = meta.get("lora")
+  return lora.LoraConfig(spec["rank"], spec["alpha"], tuple(spec["targets"])) if spec else None
+
+
 def _restore(arrays, path, meta, config, params_key):
   """The checkpoint's `TrainState` and optimizer: the template is the loop's, with or
   without skipping non-finite updates (the state's structure tells which)."""
-  lora_meta = meta.get("lora")
-  lora_config = lora.LoraConfig(lora_meta["rank"], lora_meta["alpha"],
-                                tuple(lora_meta["targets"])) if lora_meta else None
+  lora_config = _lora_config(meta)
   params = jax.eval_shape(lambda: gpt.init_params(config, params_key))
   if lora_config is not None:
     params = jax.eval_shape(lambda p: lora.trainable(p, lora.init(
@@ -265,9 +294,25 @@ def _restore(arrays, path, meta, config, params_key):
   raise error
 
 
+def _initial_state(out_dir, step, oldest, meta, config, optimizer):
+  """The state a run started from, built as `loop.train_gpt` built it (its seed's keys)."""
+  if meta.get("init_from"):
+    raise ValueError(
+        f"step {step} is before {out_dir}'s oldest checkpoint (step {oldest}), and the run "
+        f"started from the weights of {meta['init_from']}, which replay does not load; "
+        f"replay a step after {oldest}.")
+  keys = state_lib.run_keys(meta["seed"])
+  return state_lib.start_state(gpt.init_params(config, keys["params"]), keys, optimizer,
+                               _lora_config(meta))
+
+
 def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write: bool = True,
                **corpus_options) -> Replayed:
   """Replays step `step` (as metrics.jsonl numbers it) of the GPT run in `out_dir`.
+
+  Starts from the newest checkpoint before the step, or, for a step before
+  every kept checkpoint, from the run's initial state, which its seed makes
+  again (not for a fine-tune, whose initial weights replay does not load).
 
   Args:
     out_dir: the run directory.
@@ -280,13 +325,17 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
     A `Replayed`.
 
   Raises:
-    ValueError: no checkpoint at or before the step, or a run that is not a GPT's.
+    ValueError: `out_dir` is not a run's folder (a sweep's, or none), a
+      fine-tune's step before its oldest checkpoint, or a run that is not a GPT's.
     checkpoint.CheckpointError: damaged or unfitting checkpoints.
   """
   if step < 1:
     raise ValueError(f"`step` must be >= 1 (the step count after an update), got {step}.")
   update = step - 1
-  path = _checkpoint_at_or_before(out_dir, update)
+  kept = _kept_checkpoints(out_dir)
+  before = [path for saved, path in kept if saved <= update]
+  # the checkpoint to start from; before all of them, the oldest tells the run's settings
+  path = before[0] if before else kept[-1][1]
   arrays, manifest = checkpoint.read(path)
   meta = manifest["meta"]
   if meta.get("model") != "gpt":
@@ -295,16 +344,18 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
   dataset = dataset or meta.get("data")
   if dataset is None:
     raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass `dataset`.")
+  state, optimizer, view = _restore(arrays, path, meta, config, jax.random.PRNGKey(0))
+  if not before:
+    state, view = _initial_state(out_dir, step, kept[-1][0], meta, config, optimizer)
   tok = tokenizers.from_spec(TokenizerSpec.from_dict(meta["tokenizer"]),
                              encoding_file=corpus_options.get("tokenizer_file"))
   text = corpus_lib.load_corpus(dataset, tokenizer=tok, **corpus_options)
-  state, optimizer, view = _restore(arrays, path, meta, config, jax.random.PRNGKey(0))
   host_seed = None if corpus_lib.fits_on_device(text) else meta["seed"]
-  train_ids = text.train if host_seed is not None else np.asarray(text.train, np.int32)
+  train_ids = text.train if host_seed is not None else jnp.asarray(text.train, jnp.int32)
   run = dict(config=config, optimizer=optimizer, batch_size=meta["batch_size"],
              grad_accum_steps=meta.get("grad_accum_steps", 1), host_seed=host_seed,
              params_view=view)
-  state = replay_to(state, train_ids, manifest["step"], update, **run)
+  state = replay_to(state, train_ids, manifest["step"] if before else 0, update, **run)
   report = inspect_step(state, train_ids, update, **run)
   written = None
   if write:
@@ -314,7 +365,8 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
     _files.atomic_write(written, lambda f: np.savez(
         f, tokens=report.tokens, token_losses=report.token_losses,
         loss=np.float32(report.loss), grad_norm=np.float32(report.grad_norm), **norms))
-  return Replayed(report, _logged_loss(out_dir, step), path, tok, written)
+  return Replayed(report, _logged_loss(out_dir, step), None if not before else path, tok,
+                  written)
 
 
 def describe(replayed: Replayed, *, show_tokens: int = 5) -> List[str]:
@@ -322,7 +374,8 @@ def describe(replayed: Replayed, *, show_tokens: int = 5) -> List[str]:
   norms, and the tokens of highest loss in their context."""
   report, logged = replayed.report, replayed.logged
   step = report.update + 1
-  lines = [f"replayed step {step} from {replayed.checkpoint}"]
+  start = replayed.checkpoint or "the run's start (its seed's initial state)"
+  lines = [f"replayed step {step} from {start}"]
   if logged is None:
     lines.append(f"loss {report.loss!r} (metrics.jsonl logged no loss at step {step})")
   else:

@@ -1,6 +1,7 @@
 """A training run's state, one typed pytree: params, optimizer state and PRNG keys.
 
     state = TrainState(params, optimizer.init(params), {"train": key, "eval": eval_key})
+    state, view = start_state(params, run_keys(seed), optimizer)   # a new GPT run's
     state, shardings = shard(state, plan)   # params and opt_state per the plan
     state, metrics = train_steps(state, batches, step, ...)
 
@@ -10,12 +11,14 @@ so it opens with plain `numpy.load` and files of earlier versions restore
 (`RENAMED` maps the names those used).
 """
 
-from typing import Any, Dict, NamedTuple, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import chex
 import jax
 import optax
 
+from purejax import lora
+from purejax import rng
 from purejax.training import parallel
 
 
@@ -33,6 +36,37 @@ class TrainState(NamedTuple):
   params: Any
   opt_state: optax.OptState
   keys: Dict[str, chex.PRNGKey]
+
+
+def run_keys(seed: int) -> Dict[str, chex.PRNGKey]:
+  """A GPT run's key streams, `{"params", "train", "eval", "sample"}`, from its seed."""
+  return rng.split_named(jax.random.PRNGKey(seed), ("params", "train", "eval", "sample"))
+
+
+def trained_params(params, key, lora_config: Optional[lora.LoraConfig]):
+  """`(what the run trains, params_view)`: the params, or LoRA's base and adapters."""
+  if lora_config is None:
+    return params, None
+  adapters = lora.init(params, lora_config.rank, lora_config.targets, key)
+  return lora.trainable(params, adapters), lora.View(lora_config.scale_alpha)
+
+
+def start_state(params, keys: Dict[str, chex.PRNGKey], optimizer: optax.GradientTransformation,
+                lora_config: Optional[lora.LoraConfig] = None):
+  """`(TrainState, params_view)` a new GPT run starts from (`purejax.replay` rebuilds it).
+
+  Args:
+    params: the initial params (`gpt.init_params(config, keys["params"])`, or
+      a fine-tune's).
+    keys: `run_keys(seed)`.
+    optimizer: the run's.
+    lora_config: train LoRA adapters of `params` instead.
+  """
+  # The adapters' key is folded from the params' one: the other streams stay
+  # those of a run without LoRA.
+  params, view = trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
+  return TrainState(params, optimizer.init(params),
+                    {"train": keys["train"], "eval": keys["eval"]}), view
 
 
 # Array names of checkpoints written before the state had a type: the MLP's

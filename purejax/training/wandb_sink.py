@@ -33,7 +33,9 @@ def _import_wandb():
 class WandbSink:
   """Sends every metrics record to a W&B run; a `monitor.Monitor` sink.
 
-  Raises (on construction) ValueError when wandb is not installed.
+  Raises (on construction) ValueError when wandb is not installed, or when
+  W&B cannot start the run (no API key: the message says to run `wandb
+  login` or to log offline).
   """
 
   def __init__(self, *, project: str, run_name: Optional[str] = None,
@@ -50,8 +52,15 @@ class WandbSink:
     if out_dir is not None:
       os.makedirs(out_dir, exist_ok=True)
     # create_new: the runs of a sweep are W&B runs side by side in one process.
-    self._run = wandb.init(project=project, name=run_name, config=dict(config or {}),
-                           dir=out_dir, reinit="create_new")
+    try:
+      self._run = wandb.init(project=project, name=run_name, config=dict(config or {}),
+                             dir=out_dir, reinit="create_new")
+    except wandb.errors.Error as e:  # no or a bad API key, no network: before any step
+      where = os.path.join(out_dir, "wandb") if out_dir else "W&B's folder"
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(
+          f"Weights & Biases did not start the run ({reason}); run `wandb login`, or set "
+          f"WANDB_MODE=offline to keep the run in {where} for a later `wandb sync`.") from None
 
   def __call__(self, kind: str, record: Dict[str, Any]) -> None:
     """Logs a record's numeric values as `{"<kind>/<name>": value}` at its step."""

@@ -31,6 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import gpt
+from purejax.weights import hf_config as hf_config_lib
 from purejax.weights.errors import ConversionError
 from purejax.data import tokenizers
 
@@ -283,8 +284,8 @@ def config_from_hf(
   """`(GPTConfig, real vocabulary size)` for a Hugging Face GPT-2 `config.json`.
 
   Raises:
-    ConversionError: another architecture, or a GPT-2 option purejax's GPT
-      does not have.
+    ConversionError: another architecture, a missing or bad value
+      (`hf_config.GPT2_FIELDS`), or a GPT-2 option purejax's GPT does not have.
   """
   model_type = hf_config.get("model_type")
   if model_type != "gpt2":
@@ -293,34 +294,35 @@ def config_from_hf(
         f"{source} describes a {model_type!r} model ({architectures}); only GPT-2 "
         f"(model_type 'gpt2') and the Llama family (llama, mistral, qwen2) convert to "
         f"purejax's GPT.")
-  get = lambda key, default: hf_config.get(key, default)  # GPT2Config's defaults
-  n_embd = get("n_embd", 768)
+  get = hf_config_lib.checked(hf_config, hf_config_lib.GPT2_FIELDS, source).get
+  n_embd = get("n_embd")
+  hf_config_lib.check_divides(source, "n_head", get("n_head"), "n_embd", n_embd)
   unsupported = []
-  if get("activation_function", "gelu_new") not in _GELU_TANH:
-    unsupported.append(f"activation_function={get('activation_function', None)!r} "
+  if get("activation_function") not in _GELU_TANH:
+    unsupported.append(f"activation_function={get('activation_function')!r} "
                        f"(purejax uses tanh GELU: {' or '.join(_GELU_TANH)})")
-  if abs(get("layer_norm_epsilon", 1e-5) - _LAYER_NORM_EPS) > 1e-12:
-    unsupported.append(f"layer_norm_epsilon={get('layer_norm_epsilon', None)} "
+  if abs(get("layer_norm_epsilon") - _LAYER_NORM_EPS) > 1e-12:
+    unsupported.append(f"layer_norm_epsilon={get('layer_norm_epsilon')} "
                        f"(purejax uses {_LAYER_NORM_EPS})")
-  if not get("scale_attn_weights", True):
+  if not get("scale_attn_weights"):
     unsupported.append("scale_attn_weights=false (purejax scales by 1/sqrt(head_dim))")
-  if get("scale_attn_by_inverse_layer_idx", False):
+  if get("scale_attn_by_inverse_layer_idx"):
     unsupported.append("scale_attn_by_inverse_layer_idx=true")
-  if get("n_inner", None) not in (None, 4 * n_embd):
-    unsupported.append(f"n_inner={get('n_inner', None)} (purejax's MLP is 4 * n_embd wide)")
-  if get("add_cross_attention", False):
+  if get("n_inner") not in (None, 4 * n_embd):
+    unsupported.append(f"n_inner={get('n_inner')} (purejax's MLP is 4 * n_embd wide)")
+  if get("add_cross_attention"):
     unsupported.append("add_cross_attention=true")
-  if not get("tie_word_embeddings", True):
+  if not get("tie_word_embeddings"):
     unsupported.append("tie_word_embeddings=false (purejax ties the head to wte)")
   if unsupported:
     raise ConversionError(f"{source}: purejax's GPT does not support "
                           f"{'; '.join(unsupported)}.")
-  vocab = get("vocab_size", tokenizers.GPT2_VOCAB_SIZE)
+  vocab = get("vocab_size")
   try:
     config = gpt.GPTConfig(
         vocab_size=padded_vocab_size(vocab, pad_vocab_multiple),
-        block_size=get("n_positions", 1024), n_layer=get("n_layer", 12),
-        n_head=get("n_head", 12), n_embd=n_embd, dropout=0.0, bias=True)
+        block_size=get("n_positions"), n_layer=get("n_layer"),
+        n_head=get("n_head"), n_embd=n_embd, dropout=0.0, bias=True)
   except (ValueError, TypeError) as e:
     raise ConversionError(f"{source}: {e}") from e
   return config, vocab

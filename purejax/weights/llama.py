@@ -34,6 +34,7 @@ import numpy as np
 
 from purejax import gpt
 from purejax import nn
+from purejax.weights import hf_config as hf_config_lib
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
@@ -51,33 +52,43 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
   """The `GPTConfig` of a Llama, Mistral or Qwen2 `config.json`.
 
   Raises:
-    ConversionError: another architecture, or an option purejax does not
-      have (named, as its config.json field).
+    ConversionError: another architecture, a missing or bad value
+      (`hf_config.LLAMA_FIELDS`), or an option purejax does not have
+      (named, as its config.json field).
   """
   model_type = hf_config.get("model_type")
   if model_type not in MODEL_TYPES:
     raise ConversionError(f"{source} describes a {model_type!r} model; the Llama family "
                           f"converts from model_type {', '.join(MODEL_TYPES)}.")
-  get = hf_config.get
-  hidden, heads = get("hidden_size", 4096), get("num_attention_heads", 32)
+  get = hf_config_lib.checked(hf_config, hf_config_lib.LLAMA_FIELDS, source).get
+  hidden, heads = get("hidden_size"), get("num_attention_heads")
+  kv_heads = get("num_key_value_heads") or heads
+  hf_config_lib.check_divides(source, "num_attention_heads", heads, "hidden_size", hidden)
+  hf_config_lib.check_divides(source, "num_key_value_heads", kv_heads,
+                              "num_attention_heads", heads)
+  # Newer config.json files keep theta and scaling in one "rope_parameters" dict.
+  rope = hf_config_lib.checked(get("rope_parameters") or {}, hf_config_lib.ROPE_FIELDS,
+                               source, "rope_parameters.")
+  theta = get("rope_theta") or rope["rope_theta"] or 10000.0
+  scaling = get("rope_scaling")
+  if scaling is not None:
+    hf_config_lib.checked(scaling, hf_config_lib.ROPE_FIELDS, source, "rope_scaling.")
+  scaling = scaling or {k: v for k, v in (get("rope_parameters") or {}).items()
+                        if k != "rope_theta"} or None
   unsupported = []
-  if get("hidden_act", "silu") != "silu":
+  if get("hidden_act") != "silu":
     unsupported.append(f"hidden_act={get('hidden_act')!r} (purejax's SwiGLU uses silu)")
   if get("head_dim") not in (None, hidden // heads):
     unsupported.append(f"head_dim={get('head_dim')} (purejax's is hidden_size / "
                        f"num_attention_heads = {hidden // heads})")
-  if get("partial_rotary_factor", 1.0) != 1.0:
+  if get("partial_rotary_factor") != 1.0:
     unsupported.append(f"partial_rotary_factor={get('partial_rotary_factor')}")
-  if model_type == "qwen2" and get("use_sliding_window", False):
+  if model_type == "qwen2" and get("use_sliding_window"):
     unsupported.append("use_sliding_window=true")
-  bias = bool(get("attention_bias", False))
-  if bias != bool(get("mlp_bias", False)):
-    unsupported.append(f"attention_bias={bias} with mlp_bias={get('mlp_bias', False)} "
+  bias = get("attention_bias")
+  if bias != get("mlp_bias"):
+    unsupported.append(f"attention_bias={bias} with mlp_bias={get('mlp_bias')} "
                        f"(purejax's bias option covers both)")
-  # Newer config.json files keep theta and scaling in one "rope_parameters" dict.
-  rope = dict(get("rope_parameters") or {})
-  theta = get("rope_theta", rope.get("rope_theta", 10000.0))
-  scaling = get("rope_scaling") or rope or None
   try:
     scaling = nn.RopeScaling.from_dict(scaling) if scaling else None
   except ValueError as e:
@@ -85,18 +96,17 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
   if unsupported:
     raise ConversionError(f"{source}: purejax's GPT does not support "
                           f"{'; '.join(unsupported)}.")
-  block_size = get("max_position_embeddings", 2048)
+  block_size = get("max_position_embeddings")
   if model_type == "mistral" and get("sliding_window") is not None:
     block_size = min(block_size, get("sliding_window"))
   try:
     return gpt.GPTConfig(
-        vocab_size=get("vocab_size", 32000), block_size=block_size,
-        n_layer=get("num_hidden_layers", 32), n_head=heads, n_embd=hidden, dropout=0.0,
+        vocab_size=get("vocab_size"), block_size=block_size,
+        n_layer=get("num_hidden_layers"), n_head=heads, n_embd=hidden, dropout=0.0,
         bias=bias, qkv_bias=model_type == "qwen2", norm="rmsnorm",
-        norm_eps=get("rms_norm_eps", 1e-6), position="rope", rope_theta=float(theta),
-        rope_scaling=scaling, mlp="swiglu", mlp_hidden=get("intermediate_size", 11008),
-        n_kv_head=get("num_key_value_heads") or heads,
-        tie_embeddings=bool(get("tie_word_embeddings", False)))
+        norm_eps=float(get("rms_norm_eps")), position="rope", rope_theta=float(theta),
+        rope_scaling=scaling, mlp="swiglu", mlp_hidden=get("intermediate_size"),
+        n_kv_head=kv_heads, tie_embeddings=get("tie_word_embeddings"))
   except (ValueError, TypeError) as e:
     raise ConversionError(f"{source}: {e}") from e
 
