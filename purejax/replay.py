@@ -22,6 +22,7 @@ from purejax import _cli
 from purejax.training import checkpoint
 from purejax.training import replay
 from purejax.data import datasets as data_lib
+from purejax.ops import kernels
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", None, "The run directory.")
@@ -44,7 +45,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   try:
     result = replay.replay_run(
-        FLAGS.out_dir, FLAGS.step, dataset=FLAGS.dataset, tokenizer_file=FLAGS.tokenizer_file,
+        FLAGS.out_dir, FLAGS.step, forms=kernels.select(kernels.platform_of()),
+        dataset=FLAGS.dataset, tokenizer_file=FLAGS.tokenizer_file,
         cache_dir=FLAGS.cache_dir, tfds_data_dir=FLAGS.tfds_data_dir,
         tfds_manual_dir=FLAGS.tfds_manual_dir)
   except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:

@@ -311,6 +311,7 @@ def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
   train = gpt_train_config()
   runs.require_positive(block_size=FLAGS.block_size)
   forms = _forms_flags.forms_from_flags()  # fails on bad forms flags before loading data
+  sweep_batch = _forms_flags.sweep_batch_from_flags()
   if FLAGS.eval_only:
     return eval_gpt(run, train, devices, forms)
   init_params, init_from = None, FLAGS.init_from
@@ -328,7 +329,8 @@ def train_gpt(run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
     return {"runs": sweep_loop.train_gpt_sweep(
         config, text, train, optimizer_config(), run, grid or {}, FLAGS.sweep_seeds,
         devices, init_params=init_params, init_from=init_from, forms=forms,
-        lora_config=lora_config, data=FLAGS.dataset, sinks=wandb_sinks)}
+        sweep_batch=sweep_batch, lora_config=lora_config, data=FLAGS.dataset,
+        sinks=wandb_sinks)}
   return loop.train_gpt(config, text, train, optimizer_config(), run, devices,
                         init_params=init_params, init_from=init_from, forms=forms,
                         lora_config=lora_config, data=FLAGS.dataset,

@@ -12,7 +12,7 @@ from purejax.training import optim
 from purejax.training import replay
 from purejax.training import steps
 from purejax.training.state import TrainState
-from conftest import TINY, random_tokens
+from conftest import CPU_FORMS, TINY, random_tokens
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
 OPT = optim.make_optimizer(optim.OptimizerConfig(
@@ -29,7 +29,7 @@ def train_like_the_loop(data, key, *, grad_accum_steps=1, host_seed=None):
       saved = jax.tree.map(np.array, state)  # the checkpoint at step 10
     tokens = replay.tokens_for(data, start, 10, CONFIG, 8, host_seed)
     state, metrics = steps.train_steps(state, tokens, start, config=CONFIG, optimizer=OPT,
-                                       batch_size=8, num_steps=10,
+                                       batch_size=8, num_steps=10, forms=CPU_FORMS,
                                        grad_accum_steps=grad_accum_steps)
     losses += list(np.asarray(metrics.loss))
     norms += list(np.asarray(metrics.grad_norm))
@@ -47,7 +47,7 @@ def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps
   saved, losses, norms = train_like_the_loop(data, key, grad_accum_steps=grad_accum_steps,
                                              host_seed=host_seed)
   run = dict(config=CONFIG, optimizer=OPT, batch_size=8, grad_accum_steps=grad_accum_steps,
-             host_seed=host_seed)
+             host_seed=host_seed, forms=CPU_FORMS)
   state = replay.replay_to(jax.tree.map(jax.numpy.asarray, saved), data, 10, 24,
                            steps_per_call=7, **run)
   report = replay.inspect_step(state, data, 24, **run)
