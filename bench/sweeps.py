@@ -9,7 +9,7 @@ Arms, timed over the same steps:
   and `sweep_batch` (`sweep.choose_sweep_batch`: every run vmapped at once on
   a GPU, one run at a time inside the program on the CPU);
 * "vmapped" (CPU only): the sweep with every run vmapped at once
-  (`sweep_batch=0`), the form the CPU does not choose;
+  (`sweep_batch=None`), which the CPU does not choose;
 * "sequential": the same runs trained one after another, each by its own
   call, as separate processes would;
 * "one": one of the runs alone.
