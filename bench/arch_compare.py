@@ -68,6 +68,7 @@ def step_times() -> Dict[str, List[float]]:
   import dataclasses  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
   from purejax.data import batches  # pylint: disable=import-outside-toplevel
+  from purejax.ops import kernels  # pylint: disable=import-outside-toplevel
   from purejax.training import loop, optim, steps  # pylint: disable=import-outside-toplevel
   from purejax.training.state import TrainState  # pylint: disable=import-outside-toplevel
 
@@ -86,7 +87,7 @@ def step_times() -> Dict[str, List[float]]:
     start = time.perf_counter()
     train_state, metrics = steps.train_steps(
         train_state, data, step, config=config, optimizer=optimizer, batch_size=12,
-        num_steps=FLAGS.steps_per_call)
+        num_steps=FLAGS.steps_per_call, forms=kernels.select())
     jax.block_until_ready(metrics)
     state[arm][1:] = [train_state, step + FLAGS.steps_per_call]
     return (time.perf_counter() - start) / FLAGS.steps_per_call

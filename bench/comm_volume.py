@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 
 from bench import hlo as hlo_lib  # noqa: E402
 from purejax import gpt  # noqa: E402
+from purejax.ops import kernels  # noqa: E402
 from purejax.training import optim  # noqa: E402
 from purejax.training import parallel  # noqa: E402
 from purejax.data import batches  # noqa: E402
@@ -58,7 +59,7 @@ def step_collectives(config, batch_size, plan, grad_accum_steps):
   step = parallel.jit_train_step(
       steps.train_steps, plan, state_lib.shardings(state, plan), config=config,
       optimizer=optimizer, batch_size=batch_size, num_steps=1,
-      grad_accum_steps=grad_accum_steps)
+      grad_accum_steps=grad_accum_steps, forms=kernels.select(kernels.platform_of(plan)))
   data = batches.DeviceTokens(jax.ShapeDtypeStruct((100_000,), np.int32))
   hlo = step.lower(state, data, 0).compile().as_text()
   param_bytes = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))

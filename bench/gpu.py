@@ -494,8 +494,9 @@ def job_j_sample(job: Job) -> None:
   def purejax_sampler(info):
     generate = functools.partial(decode.generate, params, prompt, config,
                                  max_new_tokens=new_tokens, top_k=200)
-    info.update(harness.program_stats(decode.generate.lower(
-        params, prompt, config, next(keys), max_new_tokens=new_tokens, top_k=200).compile()))
+    info.update(harness.program_stats(decode.jitted_generate.lower(
+        params, prompt, config, next(keys), max_new_tokens=new_tokens, top_k=200,
+        forms=kernels.select(kernels.platform_of(params))).compile()))
 
     def run():
       start = time.perf_counter()

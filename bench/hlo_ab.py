@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from purejax import decode
 from purejax import gpt
 from purejax.data import batches
+from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import steps as steps_lib
 from purejax.training.state import TrainState
@@ -78,7 +79,7 @@ def train_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
       learning_rate=1e-3, warmup_iters=10, decay_iters=1000, min_lr=1e-4, beta2=0.99,
       weight_decay=0.1, grad_clip=1.0))
   static = dict(config=config, optimizer=optimizer, batch_size=batch_size,
-                num_steps=num_steps)
+                num_steps=num_steps, forms=kernels.select("cpu"))
   state = TrainState(params, optimizer.init(params), {"train": key})
   lowered = steps_lib.train_steps.lower(state, batches.DeviceTokens(data), 0, **static)
   return lowered.compile().as_text()
@@ -87,8 +88,8 @@ def train_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
 def generate_hlo(config: gpt.GPTConfig, new_tokens: int = 1000) -> str:
   params = gpt.init_params(config, jax.random.PRNGKey(0))
   prompt = jnp.zeros((1,), jnp.int32)
-  lowered = decode.generate.lower(params, prompt, config, jax.random.PRNGKey(0), new_tokens,
-                                  top_k=200)
+  lowered = decode.jitted_generate.lower(params, prompt, config, jax.random.PRNGKey(0),
+                                         new_tokens, top_k=200, forms=kernels.select("cpu"))
   return lowered.compile().as_text()
 
 

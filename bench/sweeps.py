@@ -5,11 +5,11 @@
     python -m bench.sweeps --quick                  # a smoke run (tiny model)
 
 Arms, timed over the same steps:
-* "sweep": `sweep.train_steps` with the platform's forms (`kernels.select`:
-  every run vmapped at once on a GPU, one run at a time inside the program
-  on the CPU);
+* "sweep": `sweep.train_steps` with the platform's forms (`kernels.select`)
+  and `sweep_batch` (`sweep.choose_sweep_batch`: every run vmapped at once on
+  a GPU, one run at a time inside the program on the CPU);
 * "vmapped" (CPU only): the sweep with every run vmapped at once
-  (`sweep_batch=0`), the form the CPU does not choose;
+  (`sweep_batch=None`), which the CPU does not choose;
 * "sequential": the same runs trained one after another, each by its own
   call, as separate processes would;
 * "one": one of the runs alone.
@@ -76,18 +76,19 @@ def main(argv):
   make = sweep.RunOptimizer(base)
   hyper = sweep.hyperparams(runs)
   platform = kernels.platform_of()
+  forms = kernels.select(platform)
   params = [gpt.init_params(config, jax.random.PRNGKey(r.seed)) for r in runs]
   opt_states = [make().init(p) for p in params]
   keys = [jax.random.PRNGKey(100 + r.seed) for r in runs]
   scratch = {}
 
-  def sweep_arm(forms):
+  def sweep_arm(forms, sweep_batch):
     state = [TrainState(sweep.stack(params), sweep.stack(opt_states),
                         {"train": sweep.stack(keys)})]
     kwargs = dict(config=config, make_optimizer=make, batch_size=batch_size, num_steps=n,
-                  forms=forms)
+                  forms=forms, sweep_batch=sweep_batch)
     compiled = sweep.train_steps.lower(state[0], ids, 0, hyper, **kwargs).compile()
-    scratch[forms.sweep_batch or "all"] = compiled.memory_analysis().temp_size_in_bytes / 1e6
+    scratch[sweep_batch or "all"] = compiled.memory_analysis().temp_size_in_bytes / 1e6
     step = [0]
 
     def arm():
@@ -111,16 +112,16 @@ def main(argv):
       for j, optimizer in enumerate(optimizers):
         solo[j], metrics = steps.train_steps(solo[j], ids, step[0], config=config,
                                              optimizer=optimizer, batch_size=batch_size,
-                                             num_steps=n)
+                                             num_steps=n, forms=forms)
         metrics.loss.block_until_ready()
       step[0] += n
       return (time.perf_counter() - start) / n
     return arm
 
-  forms = kernels.select(platform)
-  arms = {"sweep": sweep_arm(forms)}
-  if forms.sweep_batch is not None:
-    arms["vmapped"] = sweep_arm(kernels.select(platform, sweep_batch=0))
+  sweep_batch = sweep.choose_sweep_batch(platform)
+  arms = {"sweep": sweep_arm(forms, sweep_batch)}
+  if sweep_batch is not None:
+    arms["vmapped"] = sweep_arm(forms, None)
   arms.update(sequential=solo_arm(range(len(runs))), one=solo_arm([0]))
   for fn in arms.values():  # compile
     fn()

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import purejax
 from purejax import decode, gpt
 from purejax.data import batches
+from purejax.ops import kernels
 from purejax.training import optim, steps
 
 text = purejax.data.corpus.load_corpus("tiny_shakespeare")
@@ -25,15 +26,17 @@ optimizer = optim.make_optimizer(optim.OptimizerConfig(
 state = purejax.TrainState(params, optimizer.init(params), {"train": keys["train"]})
 train_data = batches.DeviceTokens(jnp.asarray(text.train))  # each step draws its batch
 val_data = batches.DeviceTokens(jnp.asarray(text.val))
+forms = kernels.select()  # how the model runs on this machine, chosen once
 
 for step in range(0, 1000, 100):
   state, metrics = steps.train_steps(state, train_data, step, config=config,
-                                     optimizer=optimizer, batch_size=12, num_steps=100)
+                                     optimizer=optimizer, batch_size=12, num_steps=100,
+                                     forms=forms)
   val = steps.evaluate(state.params, val_data, keys["eval"], config=config, batch_size=12,
-                       num_batches=50)
+                       num_batches=50, forms=forms)
   print(f"step {step + 100}: train loss {float(metrics.loss[-1]):.3f}, val loss {float(val):.3f}")
 
 prompt = jnp.asarray(text.tokenizer.encode("ROMEO:"))
 out = decode.generate(state.params, prompt, config, keys["sample"], max_new_tokens=300,
-                      temperature=0.8, top_k=40)
+                      temperature=0.8, top_k=40, forms=forms)
 print(text.tokenizer.decode(out))

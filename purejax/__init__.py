@@ -13,10 +13,10 @@ The layers, bottom to top (each imports only from its own and those below
 it; tests/test_architecture.py checks that against this drawing):
 
     _files      crash-safe file writes
-    ops/, rng, nn   execution forms (`Forms`, chosen per platform by `select`: matmul,
-                attention, the large-vocabulary loss); key helpers; layers as
-                init_<layer> + a pure apply (nn's layers use ops.kernels' matmul,
-                attention uses nn's dropout)
+    ops/, rng   execution forms (`Forms`, chosen per platform by `select`: matmul,
+                attention, the large-vocabulary loss), and dropout; key helpers
+    nn          layers as init_<layer> + a pure apply (they use ops.kernels'
+                matmul; `nn.dropout` is ops.dropout's)
     gpt, gpt_config, mlp, decode, lora   the models (GPTConfig beside gpt);
                 sampling with a KV cache; low-rank adapters over any model's
                 params (below training and weights, which both use it)

@@ -141,7 +141,7 @@ def forward_with_cache(
     cache: keys and values of positions `< pos` (later slots are ignored).
     pos: position of `tokens[:, 0]` (may be traced).
     config: model config.
-    forms: execution forms (default: `gpt.forms_for(params)`).
+    forms: execution forms; None: those of the platform `params` live on.
 
   Returns:
     `(logits of the last token [batch, vocab], cache updated with tokens)`.
@@ -150,7 +150,7 @@ def forward_with_cache(
   gpt.check_params(params, config)
   _check_cache(cache, config, tokens.shape[0])
   return _forward_with_cache(_layers(params, config.n_layer), params, tokens, cache, pos,
-                             config, gpt.forms_for(params, forms))
+                             config, forms or kernels.select(kernels.platform_of(params)))
 
 
 def sample_logits(
@@ -256,7 +256,7 @@ class DecodeState(NamedTuple):
   index: chex.Array
 
 
-def _generate(
+def generate(
     params: Params,
     prompt: chex.Array,
     config: gpt.GPTConfig,
@@ -269,9 +269,32 @@ def _generate(
     *,
     forms: Optional[kernels.Forms] = None,
 ) -> chex.Array:
+  """Continues `prompt` by `max_new_tokens` sampled tokens: `jitted_generate`, with
+  `forms` (None: those of the platform `params` live on, `kernels.select`)."""
+  forms = forms or kernels.select(kernels.platform_of(params))
+  return jitted_generate(params, prompt, config, key, max_new_tokens, temperature, top_k,
+                         top_p, valid_vocab, forms=forms)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k",
+                                              "valid_vocab", "forms"))
+def jitted_generate(
+    params: Params,
+    prompt: chex.Array,
+    config: gpt.GPTConfig,
+    key: chex.PRNGKey,
+    max_new_tokens: int,
+    temperature: chex.Numeric = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    valid_vocab: Optional[int] = None,
+    *,
+    forms: kernels.Forms,
+) -> chex.Array:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
-  The whole decode loop is one `lax.scan` inside this jit; each step feeds
+  One program for each static argument (`.lower` and `.trace` as `jax.jit`'s).
+  The whole decode loop is one `lax.scan` inside it; each step feeds
   one token through the cache. Context beyond `block_size` follows
   `sliding_window`.
 
@@ -286,7 +309,7 @@ def _generate(
     top_p: optional nucleus filter.
     valid_vocab: ids from this one on are never sampled (the padding of a
       padded vocabulary); None: every id of the model's.
-    forms: execution forms (default: those of the platform `params` live on).
+    forms: execution forms (`generate` chooses them when given none); static.
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
@@ -352,8 +375,3 @@ def _generate(
   if plan.tail:
     state = decodes(slide(state), plan.tail - 1)
   return state.tokens[0] if unbatched else state.tokens
-
-
-generate = kernels.jit_with_forms(
-    _generate, platform_args=("params",),
-    static_argnames=("config", "max_new_tokens", "top_k", "valid_vocab"))

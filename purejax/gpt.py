@@ -23,8 +23,9 @@ depth. Dropout keys are threaded explicitly, one per layer.
 
 The config is the math alone. How it runs (attention form, remat, scan or
 unrolled layers, the mixed-precision matmul's backward, loss chunking) is a
-`kernels.Forms` passed as `forms=`; without one, the forms of the platform
-the params live on (`kernels.select`). Sampling with a KV cache, which runs
+`kernels.Forms` passed as `forms=`; `forward` and `loss` called without one
+use the forms of the platform the params live on (`kernels.select`); every
+other function takes them as an argument. Sampling with a KV cache, which runs
 the same `block` through a cache-aware attention, is in `purejax/decode.py`,
 training steps in `purejax/training/steps.py`.
 """
@@ -50,11 +51,6 @@ from purejax.gpt_config import GPTConfig
 Params = Dict[str, Any]
 
 _DTYPES = gpt_config.DTYPES
-
-
-def forms_for(params: Params, forms: Optional[kernels.Forms] = None) -> kernels.Forms:
-  """`forms`, or the forms of the platform `params` live on (`kernels.select`)."""
-  return forms or kernels.select(kernels.platform_of(params))
 
 
 # ----------------------------------------------------------------------------
@@ -405,7 +401,8 @@ def forward(
     config: model config.
     key: dropout key; required when `deterministic=False` and dropout > 0.
     deterministic: True for evaluation (no dropout; `key` is ignored).
-    forms: execution forms (default: `forms_for(params)`).
+    forms: execution forms; None (a call by hand): those of the platform
+      `params` live on (`kernels.select`). Training and sampling pass theirs.
     dropout: the drop rate of embeddings, attention and residuals: None for
       `config.dropout`, or a float, or a scalar array (a traced rate, e.g.
       one per run of a vmapped sweep; with `deterministic=False` it always
@@ -415,7 +412,7 @@ def forward(
     `[batch, time, vocab_size]` float32 logits; position t depends only on
     tokens at positions <= t.
   """
-  forms = forms_for(params, forms)
+  forms = forms or kernels.select(kernels.platform_of(params))
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
   logits = logits_of(params, x, config, forms)
   chex.assert_shape(logits, (*tokens.shape, config.vocab_size))
@@ -441,7 +438,7 @@ def loss(
   exist at once. `forms` and `dropout` as in `forward`.
   """
   chex.assert_equal_shape((tokens, targets))
-  forms = forms_for(params, forms)
+  forms = forms or kernels.select(kernels.platform_of(params))
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
   return kernels.tied_head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,

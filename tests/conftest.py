@@ -29,6 +29,7 @@ import pytest
 
 from purejax import gpt
 from purejax.data import batches
+from purejax.ops import kernels
 from purejax.training import checkpoint
 from purejax.training import monitor
 from purejax.training import optim
@@ -86,6 +87,8 @@ def run_module(module: str, *args: str, timeout: float = 900,
 
 # A GPT small enough to compile in a second: 2 layers, 2 heads, 16 wide.
 TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
+# How the tests' models run: the CPU's forms, as `kernels.select` chooses them.
+CPU_FORMS = kernels.select("cpu")
 
 
 def random_tokens(key, shape, vocab=TINY.vocab_size):

@@ -21,6 +21,7 @@ from bench import hlo
 from purejax import gpt
 from purejax import mlp
 from purejax.data import batches
+from purejax.ops import kernels
 from purejax.training import parallel
 from purejax.training import state as state_lib
 from purejax.training import steps
@@ -40,7 +41,8 @@ def main(options):
     config = gpt.GPTConfig(**GPT_CONFIG, dropout=options.get("dropout", 0.0))
     params = gpt.init_params(config, key)
     data = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (4096,), 0, 65))
-    step_fn, static = steps.train_steps, dict(config=config, num_steps=num_steps)
+    step_fn, static = steps.train_steps, dict(config=config, num_steps=num_steps,
+                                              forms=kernels.select("cpu"))
     keys = {"train": jax.random.PRNGKey(2)}
     data_args = (batches.DeviceTokens(data), 0)
   else:

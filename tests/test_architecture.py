@@ -1,4 +1,5 @@
-"""The package's shape: layers that import only downward, no circles, small modules.
+"""The package's shape: layers that import only downward, no circles, small modules,
+and the forms chosen only where a user starts.
 
 The layers are the ones `purejax/__init__.py`'s docstring draws, bottom to
 top; a module may import from its own layer and the layers below it. These
@@ -141,3 +142,63 @@ def test_the_top_level_command_names_only_run_their_cli_module():
     assert [target for target, _ in imports_of(known[name], known)] == [
         f"purejax.cli.{command}"], name
     assert len(known[name].read_text().splitlines()) <= 20, name
+
+
+def test_ops_sit_below_the_layers_and_import_nothing_above_them():
+  # The model's operations (forms, matmul, attention, dropout) are the floor
+  # the layers stand on: `nn` uses them, never the reverse.
+  order, known = layers(), modules()
+  assert order["ops"] < order["nn"], "ops/ must be drawn below nn in purejax/__init__.py"
+  upward = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+            for name, path in known.items() if name.startswith("purejax.ops.")
+            for target, line in imports_of(path, known)
+            if target.split(".")[1] not in order or layer_of(target, order) > order["ops"]]
+  assert not upward, "ops/ imports from above it:\n" + "\n".join(upward)
+
+
+# Where a user starts, and so where the forms are chosen (`kernels.select`):
+# the command lines, the training loops, and the interactive model calls
+# (`gpt.forward`/`loss`, `decode.generate`) when given no forms. Everything
+# below takes `forms` as an argument.
+FORMS_ENTRY_POINTS = {
+    "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
+    "purejax.cli.replay",             # the replay command line
+    "purejax.training.loop",          # train_gpt, evaluate_gpt
+    "purejax.training.sweep_loop",    # train_gpt_sweep
+    "purejax.gpt",                    # forward, loss
+    "purejax.decode",                 # generate, forward_with_cache
+}
+
+
+def select_calls(path: pathlib.Path) -> List[int]:
+  """Lines that call `kernels.select` (as `kernels.select(...)` or a bare `select(...)`)."""
+  lines = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(node, ast.Call):
+      continue
+    func = node.func
+    if (isinstance(func, ast.Attribute) and func.attr == "select"
+        and isinstance(func.value, ast.Name) and func.value.id == "kernels") or (
+            isinstance(func, ast.Name) and func.id in ("select", "select_forms")):
+      lines.append(node.lineno)
+  return lines
+
+
+def test_forms_are_chosen_only_at_the_entry_points():
+  calls = {name: select_calls(path) for name, path in modules().items()}
+  elsewhere = [f"{modules()[name].relative_to(PACKAGE.parent)}:{line}"
+               for name, lines in calls.items() if name not in FORMS_ENTRY_POINTS
+               for line in lines]
+  assert not elsewhere, ("kernels.select called below the entry points (take `forms` as an "
+                         "argument instead):\n" + "\n".join(elsewhere))
+  # The allow-list names real callers: a module that stops choosing leaves it.
+  assert all(calls[name] for name in FORMS_ENTRY_POINTS), {
+      name: calls[name] for name in FORMS_ENTRY_POINTS}
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+  # The ast checks above must be able to fail: a select call and an upward import.
+  source = tmp_path / "module.py"
+  source.write_text("from purejax import nn\nforms = kernels.select('cpu')\nselect()\n")
+  assert select_calls(source) == [2, 3]
+  assert imports_of(source, modules()) == [("purejax.nn", 1)]

@@ -29,6 +29,7 @@ from purejax import gpt
 from purejax.weights import gpt2
 from purejax.weights import huggingface
 from purejax.weights import nanogpt
+from purejax.weights import tensors
 from purejax.data import tokenizers
 
 CONFIG = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -546,3 +547,19 @@ def test_char_run_to_nanogpt_records_its_dataset_for_nanogpts_sampler(tmp_path):
   ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=False)
   assert ckpt["config"] == {"dataset": "my_notes"}
   assert tokenizers.read_nanogpt_meta(str(tmp_path / "out" / "meta.pkl")).chars == chars
+
+
+def test_every_format_checks_its_tensors_with_one_helper():
+  # float32 out, stored-transposed matrices turned to [in, out], and a shape
+  # that does not fit named with both shapes.
+  state = {"w": np.arange(6, dtype=np.float16).reshape(3, 2), "b": np.zeros(3, np.float64)}
+  arrays = tensors.float32_tensors(state, {"w": (2, 3), "b": (3,)}, source="x.bin",
+                                   needs="the model", partner="its config",
+                                   transpose=lambda name: name == "w")
+  assert all(a.dtype == np.float32 for a in arrays.values())
+  np.testing.assert_array_equal(arrays["w"], state["w"].T)
+  with pytest.raises(weights.ConversionError,
+                     match=r"x.bin: w has shape \(3, 2\), but the model needs \(2, 3\); "
+                           r"the weights and its config do not belong together"):
+    tensors.float32_tensors(state, {"w": (2, 3)}, source="x.bin", needs="the model",
+                            partner="its config")

@@ -93,8 +93,8 @@ def test_decoding_reads_the_cache_with_bf16_products(cudnn_version):
   # token reads the cache with XLA's products, in bf16.
   params, _ = abstract_state(GPT2)
   prompt = jax.ShapeDtypeStruct((1, 16), jnp.int32)
-  hlo = lower_for(decode.generate.trace(params, prompt, GPT2, ABSTRACT_KEY, 8, top_k=200,
-                                        forms=kernels.select("gpu")))
+  hlo = lower_for(decode.jitted_generate.trace(params, prompt, GPT2, ABSTRACT_KEY, 8, top_k=200,
+                                              forms=kernels.select("gpu")))
   calls = custom_calls(hlo)
   assert calls[CUDNN_FORWARD] == GPT2.n_layer and CUDNN_BACKWARD not in calls, calls
   assert square_faces(hlo, GPT2.block_size) == 0

@@ -16,7 +16,7 @@ from purejax.training import replay
 from purejax.training import runs
 from purejax.training import steps
 from purejax.training.state import TrainState
-from conftest import SHAKESPEARE, TINY, random_tokens
+from conftest import CPU_FORMS, SHAKESPEARE, TINY, random_tokens
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
 OPT = optim.make_optimizer(optim.OptimizerConfig(
@@ -33,7 +33,7 @@ def train_like_the_loop(data, key, *, grad_accum_steps=1, host_seed=None):
       saved = jax.tree.map(np.array, state)  # the checkpoint at step 10
     tokens = replay.tokens_for(data, start, 10, CONFIG, 8, host_seed)
     state, metrics = steps.train_steps(state, tokens, start, config=CONFIG, optimizer=OPT,
-                                       batch_size=8, num_steps=10,
+                                       batch_size=8, num_steps=10, forms=CPU_FORMS,
                                        grad_accum_steps=grad_accum_steps)
     losses += list(np.asarray(metrics.loss))
     norms += list(np.asarray(metrics.grad_norm))
@@ -53,7 +53,7 @@ def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps
   saved, losses, norms = train_like_the_loop(data, key, grad_accum_steps=grad_accum_steps,
                                              host_seed=host_seed)
   run = dict(config=CONFIG, optimizer=OPT, batch_size=8, grad_accum_steps=grad_accum_steps,
-             host_seed=host_seed)
+             host_seed=host_seed, forms=CPU_FORMS)
   state = replay.replay_to(jax.tree.map(jax.numpy.asarray, saved), data, 10, 24,
                            steps_per_call=steps_per_call, **run)
   report = replay.inspect_step(state, data, 24, **run)
@@ -111,7 +111,7 @@ def test_a_step_before_every_kept_checkpoint_replays_from_the_runs_start(pruned_
   out, cache = pruned_run
   assert sorted(p.name for p in out.glob("ckpt_0*.npz")) == [
       "ckpt_000000020.npz", "ckpt_000000030.npz"]  # 10 was pruned
-  replayed = replay.replay_run(str(out), step, cache_dir=cache, write=False)
+  replayed = replay.replay_run(str(out), step, forms=CPU_FORMS, cache_dir=cache, write=False)
   assert replayed.logged is not None
   assert replayed.report.loss == replayed.logged  # exactly
   if start is None:
@@ -134,7 +134,7 @@ def test_a_folder_that_is_not_a_run_says_what_it_is_and_what_to_pass(pruned_run,
                       f"one run's folder as `out_dir` (e.g. {sweep_dir / 'run0_seed=0'})")
   for folder, message in cases.items():
     with pytest.raises(ValueError) as e:
-      replay.replay_run(str(folder), 5, cache_dir=cache, write=False)
+      replay.replay_run(str(folder), 5, forms=CPU_FORMS, cache_dir=cache, write=False)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert "later step" not in str(e.value)
 
@@ -145,4 +145,4 @@ def test_a_fine_tunes_step_before_its_checkpoints_says_to_replay_a_later_one(tmp
   with pytest.raises(ValueError, match="step 3 is before .* oldest checkpoint \\(step 10\\), "
                      "and the run started from the weights of my-weights, which replay does "
                      "not load; replay a step after 10"):
-    replay.replay_run(str(out), 3, cache_dir=cache, write=False)
+    replay.replay_run(str(out), 3, forms=CPU_FORMS, cache_dir=cache, write=False)

@@ -15,7 +15,7 @@ from purejax import gpt
 from purejax.training import optim
 from purejax.training import steps
 from purejax.training.state import TrainState
-from conftest import TINY, random_tokens
+from conftest import CPU_FORMS, TINY, random_tokens
 
 
 class TrainStepsTest(parameterized.TestCase):
@@ -35,7 +35,8 @@ class TrainStepsTest(parameterized.TestCase):
       state, step = TrainState(params, opt.init(params), {"train": jnp.copy(key)}), 0
       for n in chunks:
         state, _ = steps.train_steps(state, batches.DeviceTokens(data), step, config=config,
-                                     optimizer=opt, batch_size=4, num_steps=n)
+                                     optimizer=opt, batch_size=4, num_steps=n,
+                                     forms=CPU_FORMS)
         step += n
       return state.params
 
@@ -48,12 +49,13 @@ class TrainStepsTest(parameterized.TestCase):
     opt = optax.adam(1e-2)
     state = TrainState(params, opt.init(params), {"train": jax.random.PRNGKey(1)})
     state, metrics = steps.train_steps(state, batches.DeviceTokens(data), 0, config=TINY,
-                                       optimizer=opt, batch_size=8, num_steps=60)
+                                       optimizer=opt, batch_size=8, num_steps=60,
+                                       forms=CPU_FORMS)
     losses = metrics.loss
     assert float(losses[0]) > 2.0
     assert float(losses[-1]) < 0.5
     val = steps.evaluate(state.params, batches.DeviceTokens(data), jax.random.PRNGKey(2),
-                         config=TINY, batch_size=8, num_batches=4)
+                         config=TINY, batch_size=8, num_batches=4, forms=CPU_FORMS)
     assert float(val) < 0.5
 
   def test_weight_decay_only_on_matrices(self):
@@ -83,18 +85,19 @@ class TrainStepsTest(parameterized.TestCase):
       params = gpt.init_params(TINY, jax.random.PRNGKey(0))
       return steps.train_steps(TrainState(params, opt.init(params), {"train": jnp.copy(key)}),
                                tokens,
-                               5, config=TINY, optimizer=opt, batch_size=4, num_steps=6)
+                               5, config=TINY, optimizer=opt, batch_size=4, num_steps=6,
+                               forms=CPU_FORMS)
 
     chex.assert_trees_all_close(run(batches.HostWindows(windows)),
                                 run(batches.DeviceTokens(data)), rtol=1e-6, atol=1e-7)
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     chex.assert_trees_all_close(
         steps.evaluate(params, batches.HostWindows(windows), key, config=TINY, batch_size=4,
-                       num_batches=6),
+                       num_batches=6, forms=CPU_FORMS),
         np.mean([gpt.loss(params, w[:, :-1], w[:, 1:], TINY) for w in windows]), rtol=1e-6)
 
   def test_bare_arrays_are_refused_with_the_types_to_use(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     with pytest.raises(TypeError, match="DeviceTokens or batches.HostWindows"):
       steps.evaluate(params, jnp.zeros((100,), jnp.int32), jax.random.PRNGKey(0),
-                     config=TINY, batch_size=2, num_batches=1)
+                     config=TINY, batch_size=2, num_batches=1, forms=CPU_FORMS)

@@ -91,7 +91,7 @@ def _solo(config, data, spec, num_steps):
   state, metrics = steps.train_steps(
       TrainState(params, optimizer.init(params), {"train": keys[1]}),
       batches.DeviceTokens(data), 0, config=config, optimizer=optimizer, batch_size=4,
-      num_steps=num_steps)
+      num_steps=num_steps, forms=kernels.select("cpu"))
   return state.params, metrics.loss
 
 
@@ -100,7 +100,7 @@ def _solo(config, data, spec, num_steps):
 def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   """One run at a time inside the program (the CPU's form) or all vmapped at once."""
   config = dataclasses.replace(TINY, dropout=dropout)
-  forms = kernels.select("cpu", sweep_batch=sweep_batch)
+  forms = kernels.select("cpu")
   data = random_tokens(jax.random.PRNGKey(0), (600,))
   runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2),
                                           "weight_decay": (0.0, 0.1)}, num_seeds=1)
@@ -114,10 +114,10 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   # 20 steps in two calls, as a loop would run them
   state, first = sweep.train_steps(state, tokens, 0, hyper, config=config,
                                    make_optimizer=make, batch_size=4, num_steps=10,
-                                   forms=forms)
+                                   forms=forms, sweep_batch=sweep_batch)
   state, second = sweep.train_steps(state, tokens, 10, hyper, config=config,
                                     make_optimizer=make, batch_size=4, num_steps=10,
-                                    forms=forms)
+                                    forms=forms, sweep_batch=sweep_batch)
   p = state.params
   losses = np.concatenate([first.loss, second.loss], axis=1)
   chex.assert_shape(losses, (3, 20))
@@ -144,7 +144,7 @@ def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   state, metrics = sweep.train_steps(state, batches.DeviceTokens(data), 0,
                                      sweep.hyperparams(runs), config=config,
                                      make_optimizer=make, batch_size=4, num_steps=20,
-                                     forms=kernels.select("cpu", sweep_batch=0))
+                                     forms=kernels.select("cpu"), sweep_batch=0)
   for i, spec in enumerate(runs):
     solo_params, solo_losses = _solo(spec.model_config(config), data, spec, 20)
     np.testing.assert_allclose(metrics.loss[i], solo_losses, rtol=LOSS_RTOL)
@@ -159,10 +159,12 @@ def test_evaluate_gives_each_runs_own_loss():
   params = sweep.stack([gpt.init_params(TINY, jax.random.PRNGKey(s)) for s in range(2)])
   keys = sweep.stack([jax.random.PRNGKey(10 + s) for s in range(2)])
   tokens = batches.DeviceTokens(data)
-  losses = sweep.evaluate(params, tokens, keys, config=TINY, batch_size=4, num_batches=3)
+  forms = kernels.select("cpu")
+  losses = sweep.evaluate(params, tokens, keys, config=TINY, batch_size=4, num_batches=3,
+                          forms=forms)
   for i in range(2):
     alone = steps.evaluate(sweep.unstack(params, i), tokens, keys[i], config=TINY,
-                           batch_size=4, num_batches=3)
+                           batch_size=4, num_batches=3, forms=forms)
     np.testing.assert_allclose(losses[i], alone, rtol=LOSS_RTOL)
   assert sweep.best_run(np.array([np.nan, 2.0, 1.5])) == 2
 
@@ -178,11 +180,12 @@ def _tiny_sweep(num_runs):
 
 
 def test_the_cpu_runs_a_sweep_one_run_at_a_time_and_the_gpu_all_at_once():
-  assert kernels.select("cpu").sweep_batch == 1
-  assert kernels.select("gpu").sweep_batch is None
-  assert kernels.select("cpu", sweep_batch=0).sweep_batch is None  # 0: vmap them all
-  with pytest.raises(ValueError, match="sweep_batch must be None or a positive integer"):
-    kernels.Forms(sweep_batch=-1)
+  assert sweep.choose_sweep_batch("cpu") == 1
+  assert sweep.choose_sweep_batch("gpu") is None
+  assert sweep.choose_sweep_batch("cpu", 0) is None  # 0: vmap them all
+  assert sweep.choose_sweep_batch("gpu", 2) == 2  # a given number wins
+  with pytest.raises(ValueError, match="`sweep_batch` must be None or a non-negative integer"):
+    sweep.choose_sweep_batch("cpu", -1)
 
 
 def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
@@ -192,7 +195,7 @@ def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
     state, hyper, make = _tiny_sweep(3)
     state, metrics = sweep.train_steps(
         state, tokens, 0, hyper, config=TINY, make_optimizer=make, batch_size=4,
-        num_steps=3, forms=kernels.select("cpu", sweep_batch=sweep_batch))
+        num_steps=3, forms=kernels.select("cpu"), sweep_batch=sweep_batch)
     chex.assert_shape(metrics.loss, (3, 3))
     results.append((state.params, metrics.loss))
   for params, loss in results[1:]:
@@ -208,7 +211,7 @@ def test_one_run_at_a_time_needs_one_runs_scratch_memory():
   def scratch(sweep_batch):
     lowered = sweep.train_steps.lower(
         state, tokens, 0, hyper, config=TINY, make_optimizer=make, batch_size=4,
-        num_steps=2, forms=kernels.select("cpu", sweep_batch=sweep_batch))
+        num_steps=2, forms=kernels.select("cpu"), sweep_batch=sweep_batch)
     return lowered.compile().memory_analysis().temp_size_in_bytes
 
   assert scratch(1) < scratch(0) / 2

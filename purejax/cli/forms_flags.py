@@ -3,9 +3,11 @@
 Every field of `kernels.Forms` is a flag defaulting to "auto": the choice
 `kernels.select` makes for the platform the run is on. They change how the
 model runs, never what it computes, so a run may resume with other values.
+`--sweep_batch`, how many runs of a sweep are vmapped together, is the
+sweep's own argument (`sweep.choose_sweep_batch`), not a form.
 """
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from absl import flags
 import jax
@@ -72,16 +74,23 @@ def forms_overrides(args: flags.FlagValues) -> Dict[str, Any]:
                    remat=args.remat, scan_layers=_bool(args, "scan_layers"),
                    matmul_backward=args.matmul_backward,
                    loss_chunk_rows=_positive_int(args, "loss_chunk_rows", allow_zero=True),
-                   noise_ahead=_bool(args, "noise_ahead"),
-                   sweep_batch=_positive_int(args, "sweep_batch", allow_zero=True))
+                   noise_ahead=_bool(args, "noise_ahead"))
   return {k: v for k, v in overrides.items() if v not in (None, _AUTO)}
 
 
+def sweep_batch_from_flags(args: flags.FlagValues) -> Optional[int]:
+  """--sweep_batch as `sweep_loop.train_gpt_sweep`'s `sweep_batch` (None: the platform's)."""
+  return _positive_int(args, "sweep_batch", allow_zero=True)
+
+
 def forms_from_flags(args: flags.FlagValues) -> kernels.Forms:
-  """The forms for JAX's devices, with the flags' overrides."""
+  """The forms for JAX's devices, with the flags' overrides: the one choice of a run."""
   overrides = forms_overrides(args)  # bad values fail before JAX starts its backends
   platform = jax.devices()[0].platform
-  if overrides.get("attention") == "cudnn" and kernels.select(platform).attention != "cudnn":
-    raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
-                     f"Choose --attention=auto.")
-  return kernels.select(platform, **overrides)
+  try:
+    return kernels.select(platform, **overrides)
+  except ValueError:
+    if overrides.get("attention") == "cudnn":  # select's words are the library's
+      raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
+                       f"Choose --attention=auto.") from None
+    raise

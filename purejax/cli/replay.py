@@ -22,6 +22,7 @@ from absl import flags
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.data import datasets as data_lib
+from purejax.ops import kernels
 from purejax.training import checkpoint
 from purejax.training import monitor
 from purejax.training import replay
@@ -66,7 +67,8 @@ def replay_step(args: flags.FlagValues) -> int:
                        f"replay, e.g. --out_dir=out-gpt --step=450.")
     check_step(args.out_dir, args.step)
     result = replay.replay_run(
-        args.out_dir, args.step, dataset=args.dataset, tokenizer_file=args.tokenizer_file,
+        args.out_dir, args.step, forms=kernels.select(kernels.platform_of()),
+        dataset=args.dataset, tokenizer_file=args.tokenizer_file,
         cache_dir=args.cache_dir, tfds_data_dir=args.tfds_data_dir,
         tfds_manual_dir=args.tfds_manual_dir)
   except (ValueError, OSError, data_lib.DataUnavailableError, checkpoint.CheckpointError) as e:

@@ -209,6 +209,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   train = gpt_train_config(args)
   runs.require_positive(block_size=args.block_size)
   forms = forms_flags.forms_from_flags(args)  # fails on bad forms flags before loading data
+  sweep_batch = forms_flags.sweep_batch_from_flags(args)
   grid = sweep_grid(args)
   adapters = lora_config(args)
   if not args.init_from:
@@ -229,7 +230,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
     return {"runs": sweep_loop.train_gpt_sweep(
         config, text, train, optimizer_config(args), run, grid or {}, args.sweep_seeds,
         devices, init_params=init_params, init_from=init_from, forms=forms,
-        lora_config=adapters, data=args.dataset, sinks=sinks)}
+        sweep_batch=sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks)}
   return loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
                         init_params=init_params, init_from=init_from, forms=forms,
                         lora_config=adapters, data=args.dataset, sinks=sinks(None, {}))

@@ -4,5 +4,7 @@
 and `select(platform, **overrides)`, which picks them for a platform; the
 mixed-precision matmul and its gradient, the tied-head loss, remat policies.
 `attention`: causal attention in its plain, blocked, XLA and cuDNN forms, and
-over a KV cache. Every form is tested against the plain one.
+over a KV cache. Every form is tested against the plain one. `dropout`: the
+dropout both attention and `purejax.nn` (which re-exports it) use; `ops`
+imports nothing of the package above it.
 """

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from purejax.ops import kernels
-from purejax import nn
+from purejax.ops import dropout as dropout_lib
 
 
 def _bhtd(x: chex.Array) -> chex.Array:
@@ -50,7 +50,7 @@ def _masked_softmax_attention(q, k, v, positions, *, key, dropout, deterministic
   scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
   causal = jnp.arange(s)[None, :] <= positions[:, None]  # [t, s]
   weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
-  weights = nn.dropout(key, weights, dropout, deterministic=deterministic)
+  weights = dropout_lib.dropout(key, weights, dropout, deterministic=deterministic)
   return jnp.einsum("bhts,bhsd->bhtd", weights, v)
 
 
@@ -68,7 +68,7 @@ def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic):
   scores = jnp.where(causal, scores, -1e30)
   unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
   total = unnormalised.sum(-1, keepdims=True)  # [b, h, t, 1]
-  unnormalised = nn.dropout(key, unnormalised, dropout, deterministic=deterministic)
+  unnormalised = dropout_lib.dropout(key, unnormalised, dropout, deterministic=deterministic)
   # Normalising the [b, h, t, d] output instead of the [b, h, t, s] weights
   # saves a pass over the larger array.
   return jnp.einsum("bhts,bhsd->bhtd", unnormalised, v) / total
@@ -107,7 +107,7 @@ def _xla_attention(q, k, v, *, compute_dtype, key, dropout, deterministic):
   scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, h, t, t] float32
   causal = jnp.tril(jnp.ones((t, t), bool))
   weights = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1)
-  weights = nn.dropout(key, weights, dropout, deterministic=deterministic)
+  weights = dropout_lib.dropout(key, weights, dropout, deterministic=deterministic)
   return matmul(weights, v)
 
 
@@ -159,7 +159,7 @@ def causal_attention(
     raise ValueError(f"attention form {form!r} is not one of {kernels.ATTENTION_FORMS}.")
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"{k.shape[2]} key/value heads do not divide {q.shape[2]} query heads.")
-  dropping = nn.drops(dropout, deterministic)
+  dropping = dropout_lib.drops(dropout, deterministic)
   dtype = q.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
   if form == "cudnn":
     reason = cudnn_unsupported(q.shape, dtype, dropping)

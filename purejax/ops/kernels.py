@@ -7,18 +7,21 @@
 Model files call these and read as the math; which form runs is decided by
 `select(platform, **overrides)` alone, from measurements cited next to
 each choice, and travels as one `Forms` value (the execution options: how a
-model runs, never what it computes). Every form has a plain reference form
-that the tests compare it with on CPU (values and gradients), so a fast form
-can never quietly compute something else; cuDNN's attention, which runs only
-on NVIDIA GPUs, is checked by lowering its program for CUDA instead
-(`tests/test_gpu_lowering.py`). The attention forms live in
-`purejax/ops/attention.py`; `select` picks among them too.
+model runs, never what it computes). `select` runs once, at the entry points
+a user calls (the command lines, `loop.train_gpt` and `evaluate_gpt`, and
+`gpt.forward`, `gpt.loss`, `decode.generate` when given no forms); every
+function below them takes the `Forms` as an argument
+(`tests/test_architecture.py` keeps `select` to those modules). Every form
+has a plain reference form that the tests compare it with on CPU (values
+and gradients), so a fast form can never quietly compute something else;
+cuDNN's attention, which runs only on NVIDIA GPUs, is checked by lowering
+its program for CUDA instead (`tests/test_gpu_lowering.py`). The attention
+forms live in `purejax/ops/attention.py`; `select` picks among them too.
 """
 
 import dataclasses
 import functools
-import inspect
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 import chex
 import jax
@@ -67,9 +70,6 @@ class Forms:
     loss_chunk_min_logits: see `loss_chunk_rows`.
     noise_ahead: sampling draws each scan's Gumbel noise in one batch before
       the scan, instead of once per token inside it.
-    sweep_batch: runs of a sweep (`purejax.training.sweep`) vmapped together:
-      None vmaps every run at once; 1 runs them one after another inside the
-      one program; k runs groups of k.
   """
   attention: str = "plain"
   attn_block: int = 64
@@ -79,7 +79,6 @@ class Forms:
   loss_chunk_rows: Optional[int] = None
   loss_chunk_min_logits: int = 1 << 26
   noise_ahead: bool = False
-  sweep_batch: Optional[int] = None
 
   def __post_init__(self):
     for name, allowed in (("attention", ATTENTION_FORMS),
@@ -91,10 +90,10 @@ class Forms:
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"Forms.{name} must be a positive integer, got "
                          f"{getattr(self, name)!r}.")
-    for name in ("loss_chunk_rows", "sweep_batch"):
-      value = getattr(self, name)
-      if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"Forms.{name} must be None or a positive integer, got {value!r}.")
+    if self.loss_chunk_rows is not None and (not isinstance(self.loss_chunk_rows, int)
+                                             or self.loss_chunk_rows < 1):
+      raise ValueError(f"Forms.loss_chunk_rows must be None or a positive integer, got "
+                       f"{self.loss_chunk_rows!r}.")
 
   def describe(self) -> str:
     """One short line for a run's log."""
@@ -104,8 +103,7 @@ class Forms:
     return (f"attention {attention}, remat {self.remat}, "
             f"{'scanned' if self.scan_layers else 'unrolled'} layers, "
             f"matmul backward {self.matmul_backward}, loss chunks {chunks}, "
-            f"noise {'ahead' if self.noise_ahead else 'per token'}, "
-            f"sweep runs {self.sweep_batch or 'all'} at a time")
+            f"noise {'ahead' if self.noise_ahead else 'per token'}")
 
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
     """Rows per chunk of the head and loss for `rows` x `vocab` logits, or None."""
@@ -123,8 +121,7 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
       (`platform_of`).
     **overrides: `Forms` fields to set; a value of None or "auto" keeps the
       platform's choice (so command-line defaults can say "auto");
-      `loss_chunk_rows=0` turns chunking off and `sweep_batch=0` vmaps
-      every run of a sweep at once.
+      `loss_chunk_rows=0` turns chunking off.
 
   CPU (XLA's CPU backend, measured on nanoGPT's CPU recipe; docs/performance.md):
   * attention in query blocks with a written-out softmax: blocks skip most of
@@ -137,11 +134,6 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     draw per token was a third of the sampling time.
   * remat "dots": storing every activation in the scan's stacked buffers took
     55 ms/iter against 26 ms/iter for recomputing the elementwise work.
-  * a sweep's runs one at a time (`sweep_batch=1`): one run already keeps the
-    cores busy, and vmapping N runs multiplies the program's scratch memory
-    by N; past 64 MiB, glibc maps it fresh for every call and the page
-    faults cost more than batching gains (4 runs against the runs one by
-    one: 0.89-0.94x vmapped, 0.98-1.03x one at a time; docs/performance.md).
 
   GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100; docs/performance.md):
   * attention "cudnn": cuDNN's flash attention, asked for explicitly
@@ -168,12 +160,11 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
   if unknown:
     raise ValueError(f"select: {unknown} are not Forms fields; choose among {sorted(fields)}.")
   given = {k: v for k, v in overrides.items() if v is not None and v != "auto"}
-  for name in ("loss_chunk_rows", "sweep_batch"):
-    if given.get(name) == 0:
-      given[name] = None
+  if given.get("loss_chunk_rows") == 0:
+    given["loss_chunk_rows"] = None
   if platform == "cpu":
     base = dict(attention="blocked", matmul_backward="row_major", noise_ahead=True,
-                remat_scanned="dots", remat_unrolled="dots", sweep_batch=1)
+                remat_scanned="dots", remat_unrolled="dots")
   else:
     base = dict(attention="cudnn" if platform == "gpu" else "xla", matmul_backward="plain",
                 noise_ahead=False, remat_scanned="full", remat_unrolled="none",
@@ -201,36 +192,6 @@ def platform_of(*trees: Any) -> str:
     if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
       return _PLATFORMS[next(iter(leaf.devices())).platform]
   return _PLATFORMS[jax.default_backend()]
-
-
-def jit_with_forms(fun: Callable, *, platform_args: Sequence[str],
-                   static_argnames: Sequence[str], **jit_kwargs) -> Callable:
-  """`jax.jit(fun)` whose `forms=None` becomes the forms of its arrays' platform.
-
-  `fun` takes a keyword `forms` (static). Called with none, the wrapper picks
-  `select(platform_of(...))` from the arguments named in `platform_args`
-  before tracing, so the program is built for where its inputs live, not for
-  whichever backend is JAX's default. `.lower` and `.trace` do the same.
-  """
-  jitted = jax.jit(fun, static_argnames=tuple(static_argnames) + ("forms",), **jit_kwargs)
-  signature = inspect.signature(fun)
-
-  def with_forms(args, kwargs):
-    if kwargs.get("forms") is None:
-      bound = signature.bind_partial(*args, **kwargs).arguments
-      kwargs = {**kwargs, "forms": select(platform_of(*(bound.get(name)
-                                                         for name in platform_args)))}
-    return kwargs
-
-  @functools.wraps(fun)
-  def call(*args, **kwargs):
-    return jitted(*args, **with_forms(args, kwargs))
-
-  call.__name__ = call.__qualname__ = fun.__name__.lstrip("_")
-
-  call.lower = lambda *args, **kwargs: jitted.lower(*args, **with_forms(args, kwargs))
-  call.trace = lambda *args, **kwargs: jitted.trace(*args, **with_forms(args, kwargs))
-  return call
 
 
 # ----------------------------------------------------------------------------
@@ -306,8 +267,8 @@ def matmul(x: chex.Array, w: chex.Array, *, compute_dtype=None,
     x: `[..., in_dim]` float.
     w: `[in_dim, out_dim]` float.
     compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
-    forms: which backward form to use (default: the forms of the platform
-      `x` and `w` live on).
+    forms: which backward form to use (`Forms.matmul_backward`); None: the
+      plain form. Models pass the forms their entry point chose.
 
   Returns:
     `[..., out_dim]`: float32 when `compute_dtype` is given, else x's dtype.
@@ -321,7 +282,7 @@ def matmul(x: chex.Array, w: chex.Array, *, compute_dtype=None,
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     y = x2 @ w
   else:
-    row_major = (forms or select(platform_of(x, w))).matmul_backward == "row_major"
+    row_major = forms is not None and forms.matmul_backward == "row_major"
     y = _low_precision_matmul(x2.astype(jnp.float32), w.astype(jnp.float32),
                               jnp.dtype(compute_dtype), row_major)
   return y.reshape(*x.shape[:-1], w.shape[-1])
@@ -332,12 +293,12 @@ def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
   """`a @ b` over matching leading axes: `[..., m, k] @ [..., k, n] -> [..., m, n]`.
 
   As `matmul`, with mixed precision in the product and both gradient
-  products when `compute_dtype` is given (float32 output).
+  products when `compute_dtype` is given (float32 output), and `forms` as there.
   """
   chex.assert_rank(b, a.ndim)
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     return a @ b
-  row_major = (forms or select(platform_of(a, b))).matmul_backward == "row_major"
+  row_major = forms is not None and forms.matmul_backward == "row_major"
   return _low_precision_matmul(a.astype(jnp.float32), b.astype(jnp.float32),
                                jnp.dtype(compute_dtype), row_major)
 

@@ -309,14 +309,15 @@ def main_process_first(load: Callable[[], Any], errors=(ValueError,)) -> Any:
 
 def jit_train_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **static
                    ) -> "StateStep":
-  """`fn(state, *inputs, plan=plan, **static) -> (state, metrics)` under `jax.jit`
-  with explicit shardings.
+  """`fn(state, *inputs, plan=plan, **static) -> (state, metrics)` under one `jax.jit`
+  with explicit shardings (a jitted `fn` runs as its Python function, not nested).
 
   The state goes in and comes out with `state_shardings` (and is donated);
   every other input and the metrics are replicated: `steps.train_steps`
   (tokens, step), `steps.train_epoch` (images, labels, epoch). Static
   arguments are bound here: `jax.jit` takes no keywords once `in_shardings` is set.
   """
+  fn = getattr(fn, "__wrapped__", fn) if hasattr(fn, "lower") else fn
   def packed(state, inputs):  # one argument for all inputs, whatever their number
     return fn(state, *inputs, plan=plan, **static)
 
@@ -326,8 +327,7 @@ def jit_train_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **sta
 
 
 class StateStep(NamedTuple):
-  """A jitted `step(state, *inputs) -> (state, metrics)` from `jit_train_step`;
-  `lower` as `jax.jit`'s (e.g. `.lower(...).compile().as_text()`)."""
+  """`step(state, *inputs) -> (state, metrics)` from `jit_train_step`; `lower` as jit's."""
   jitted: Callable
 
   def __call__(self, state: Any, *inputs: Any) -> Any:

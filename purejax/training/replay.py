@@ -39,6 +39,7 @@ from purejax.data import batches
 from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.ops import kernels
 from purejax.training import checkpoint
 from purejax.training import monitor
 from purejax.training import optim
@@ -102,7 +103,7 @@ def tokens_for(train_ids, start, num_steps, config, batch_size, host_seed) -> ba
 
 
 def replay_to(state: TrainState, train_ids, start: int, stop: int, *, config: gpt.GPTConfig,
-              optimizer: optax.GradientTransformation, batch_size: int,
+              optimizer: optax.GradientTransformation, batch_size: int, forms: kernels.Forms,
               grad_accum_steps: int = 1, host_seed: Optional[int] = None,
               params_view=None, steps_per_call: int = 10) -> TrainState:
   """Runs updates `start .. stop - 1`: the state before update `stop`.
@@ -118,8 +119,9 @@ def replay_to(state: TrainState, train_ids, start: int, stop: int, *, config: gp
       the run's start, `state.start_state`); donated.
     train_ids: the run's `[num_tokens]` training ids.
     start, stop: the first update to run and the one to stop before.
-    config, optimizer, batch_size, grad_accum_steps, params_view: the run's
-      (as given to `steps.train_steps`).
+    config, optimizer, batch_size, forms, grad_accum_steps, params_view: the
+      run's (as given to `steps.train_steps`; other forms replay to float
+      rounding, not bit for bit).
     host_seed: see `step_windows`.
     steps_per_call: updates per jitted call (the result does not depend on it).
 
@@ -133,7 +135,7 @@ def replay_to(state: TrainState, train_ids, start: int, stop: int, *, config: gp
     n = steps_per_call if stop - step >= steps_per_call else 1
     state, _ = steps.train_steps(
         state, tokens_for(train_ids, step, n, config, batch_size, host_seed), step,
-        config=config, optimizer=optimizer, batch_size=batch_size, num_steps=n,
+        config=config, optimizer=optimizer, batch_size=batch_size, num_steps=n, forms=forms,
         grad_accum_steps=grad_accum_steps, params_view=params_view)
     step += n
   return state
@@ -160,7 +162,7 @@ def _per_layer_norms(grads: gpt.Params) -> Dict[str, np.ndarray]:
 
 
 def inspect_step(state: TrainState, train_ids, update: int, *, config: gpt.GPTConfig,
-                 optimizer: optax.GradientTransformation, batch_size: int,
+                 optimizer: optax.GradientTransformation, batch_size: int, forms: kernels.Forms,
                  grad_accum_steps: int = 1, host_seed: Optional[int] = None,
                  params_view=None) -> StepReport:
   """Runs update `update` once more and reports what it computed.
@@ -188,13 +190,13 @@ def inspect_step(state: TrainState, train_ids, update: int, *, config: gpt.GPTCo
   def diagnose(params, x, y):
     def microbatch_loss(params, xy, index):  # as steps.train_steps' update
       return gpt.loss(params, *xy, config, key=jax.random.fold_in(dropout_key, index),
-                      deterministic=False)
+                      deterministic=False, forms=forms)
 
     _, grads = parallel.accumulate_gradients(microbatch_loss, params, (x, y),
                                              grad_accum_steps)
     parts = []
     for j in range(grad_accum_steps):  # microbatch j: rows j * rows .., dropout key j
-      logits = gpt.forward(params, x[j * rows:(j + 1) * rows], config,
+      logits = gpt.forward(params, x[j * rows:(j + 1) * rows], config, forms=forms,
                            key=jax.random.fold_in(dropout_key, j), deterministic=False)
       parts.append(optax.softmax_cross_entropy_with_integer_labels(
           logits, y[j * rows:(j + 1) * rows]))
@@ -205,7 +207,7 @@ def inspect_step(state: TrainState, train_ids, update: int, *, config: gpt.GPTCo
   copy = jax.tree.map(jnp.array, state)  # train_steps donates its state
   _, metrics = steps.train_steps(
       copy, tokens_for(train_ids, update, 1, config, batch_size, host_seed), update,
-      config=config, optimizer=optimizer, batch_size=batch_size, num_steps=1,
+      config=config, optimizer=optimizer, batch_size=batch_size, num_steps=1, forms=forms,
       grad_accum_steps=grad_accum_steps, params_view=params_view)
   return StepReport(update, float(metrics.loss[0]), windows, per_token,
                     float(metrics.grad_norm[0]), _per_layer_norms(grads))
@@ -306,8 +308,8 @@ def _initial_state(out_dir, step, oldest, meta, config, optimizer):
                                _lora_config(meta))
 
 
-def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write: bool = True,
-               **corpus_options) -> Replayed:
+def replay_run(out_dir: str, step: int, *, forms: kernels.Forms, dataset: Optional[str] = None,
+               write: bool = True, **corpus_options) -> Replayed:
   """Replays step `step` (as metrics.jsonl numbers it) of the GPT run in `out_dir`.
 
   Starts from the newest checkpoint before the step, or, for a step before
@@ -317,6 +319,8 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
   Args:
     out_dir: the run directory.
     step: the step count after the update to replay (>= 1).
+    forms: how the model runs (`kernels.select`; the run's own forms replay
+      its losses bit for bit).
     dataset: the run's data; default: the one its checkpoints record.
     write: write `out_dir/replay/step_<step>.npz`.
     **corpus_options: for `corpus.load_corpus` (cache_dir, tokenizer_file, ...).
@@ -354,7 +358,7 @@ def replay_run(out_dir: str, step: int, *, dataset: Optional[str] = None, write:
   train_ids = text.train if host_seed is not None else jnp.asarray(text.train, jnp.int32)
   run = dict(config=config, optimizer=optimizer, batch_size=meta["batch_size"],
              grad_accum_steps=meta.get("grad_accum_steps", 1), host_seed=host_seed,
-             params_view=view)
+             params_view=view, forms=forms)
   state = replay_to(state, train_ids, manifest["step"] if before else 0, update, **run)
   report = inspect_step(state, train_ids, update, **run)
   written = None

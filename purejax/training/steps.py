@@ -1,14 +1,18 @@
 """Jitted training and evaluation steps: the GPT's fused steps, the MLP's epoch.
 
+    forms = kernels.select()                          # how the model runs (one device)
     state, metrics = train_steps(state, DeviceTokens(ids), step, config=config,
-                                 optimizer=optimizer, batch_size=12, num_steps=10)
+                                 optimizer=optimizer, batch_size=12, num_steps=10,
+                                 forms=forms)
     metrics.loss, metrics.grad_norm                   # [10] each
     val = evaluate(params, DeviceTokens(val_ids), eval_key, config=config,
-                   batch_size=12, num_batches=200)
+                   batch_size=12, num_batches=200, forms=forms)
     state, loss = train_epoch(state, images, labels, epoch, optimizer=optimizer,
                               batch_size=128)         # the MNIST MLP
 
-Each runs as one `lax.scan` inside a `jit`. GPT batches are drawn on the
+Each runs as one `lax.scan` inside a `jit`; across devices,
+`parallel.jit_train_step` runs the same function under its own one jit,
+with the state's shardings. GPT batches are drawn on the
 device from `DeviceTokens` (no host round-trip per step) or given as
 `HostWindows` the host read (`purejax.data.batches`).
 """
@@ -69,7 +73,11 @@ def _per_step_windows(tokens: batches.Tokens, num: int, config: gpt.GPTConfig,
                   f"{type(tokens).__name__}.")
 
 
-def _train_steps(
+@functools.partial(
+    jax.jit, static_argnames=("config", "optimizer", "batch_size", "num_steps",
+                              "grad_accum_steps", "plan", "forms", "params_view"),
+    donate_argnums=0)
+def train_steps(
     state: TrainState,
     tokens: batches.Tokens,
     step: chex.Numeric,
@@ -78,9 +86,9 @@ def _train_steps(
     optimizer: optax.GradientTransformation,
     batch_size: int,
     num_steps: int,
+    forms: kernels.Forms,
     grad_accum_steps: int = 1,
     plan: Optional[parallel.ShardingPlan] = None,
-    forms: Optional[kernels.Forms] = None,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
     dropout: Optional[chex.Numeric] = None,
 ) -> Tuple[TrainState, StepMetrics]:
@@ -103,13 +111,14 @@ def _train_steps(
     optimizer: optax `GradientTransformation`.
     batch_size: sequences per step (the global batch).
     num_steps: steps to run.
+    forms: how the model runs (`kernels.select`, which the entry points call:
+      `loop.train_gpt`, the command lines).
     grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
       must divide `batch_size`. Each draws its dropout from its own key.
     plan: how the step is spread over devices (`parallel.ShardingPlan`);
-      None on one device. Wrap the call in `parallel.jit_train_step`, as the
-      training loop does, to keep the state's layout.
-    forms: execution forms (`kernels.select`); None: those of the platform
-      the plan's mesh, or else the state, lives on.
+      None on one device. Under a plan, give this function to
+      `parallel.jit_train_step`, as the training loop does: its one jit keeps
+      the state's layout.
     params_view: the model's params as a function of `state.params`, for
       trained params that are not the model's (LoRA's `lora.View`: base and
       adapters); None: `state.params` are the model's.
@@ -145,18 +154,13 @@ def _train_steps(
   return state._replace(params=params, opt_state=opt_state), metrics
 
 
-train_steps = kernels.jit_with_forms(
-    _train_steps, platform_args=("plan", "state"),
-    static_argnames=("config", "optimizer", "batch_size", "num_steps", "grad_accum_steps",
-                     "plan", "params_view"),
-    donate_argnums=0)
-
-
 def _view(params_view, params):
   return params if params_view is None else params_view(params)
 
 
-def _evaluate(
+@functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches", "plan",
+                                              "forms", "params_view"))
+def evaluate(
     params: gpt.Params,
     tokens: batches.Tokens,
     key: chex.PRNGKey,
@@ -164,8 +168,8 @@ def _evaluate(
     config: gpt.GPTConfig,
     batch_size: int,
     num_batches: int,
+    forms: kernels.Forms,
     plan: Optional[parallel.ShardingPlan] = None,
-    forms: Optional[kernels.Forms] = None,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
 ) -> chex.Array:
   """Mean loss over `num_batches` batches of `tokens` (no dropout).
@@ -189,11 +193,6 @@ def _evaluate(
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
                           (jax.random.split(key, num_batches), windows))
   return total / num_batches
-
-
-evaluate = kernels.jit_with_forms(
-    _evaluate, platform_args=("plan", "params"),
-    static_argnames=("config", "batch_size", "num_batches", "plan", "params_view"))
 
 
 @functools.partial(

@@ -4,13 +4,13 @@
     state = sweep.stack([TrainState(params, optimizer.init(params), keys) for ...])
     state, metrics = sweep.train_steps(state, DeviceTokens(ids), step, sweep.hyperparams(runs),
                                        config=config, make_optimizer=sweep.RunOptimizer(opt),
-                                       batch_size=12, num_steps=10)
+                                       batch_size=12, num_steps=10, forms=kernels.select())
     metrics.loss                                         # [runs, 10]
 
 The model is a pure function of its params, so `N` runs are one `jax.vmap`
 of the single run's step (`steps.train_steps`) over a leading runs axis of
 params, optimizer state and keys, in one jitted program. How many runs are
-vmapped together is an execution form (`Forms.sweep_batch`): all of them on
+vmapped together is the step's `sweep_batch` (`choose_sweep_batch`): all of them on
 a GPU, whose small-model steps leave it mostly idle; one at a time on the
 CPU (a loop inside the same program), where one run already keeps
 every core busy and vmapping only multiplies the scratch memory. What differs
@@ -207,20 +207,38 @@ def num_runs(tree: Any) -> int:
   return jax.tree.leaves(tree)[0].shape[0]
 
 
-def _over_runs(fn: Callable, carried: Any, xs: Any, forms: kernels.Forms) -> Tuple[Any, Any]:
-  """`fn(carried_i, xs_i) -> (carried_i, ys_i)` for every run `i`, `forms.sweep_batch` at a time.
+def choose_sweep_batch(platform: str, sweep_batch: Optional[int] = None) -> Optional[int]:
+  """Runs vmapped together on `platform`: `sweep_batch` when given (0: all at once,
+  returned as None), else the platform's choice.
+
+  The CPU takes one run at a time (1): one run already keeps its cores busy,
+  and vmapping N runs multiplies the program's scratch memory by N; past 64
+  MiB, glibc maps it fresh for every call and the page faults cost more than
+  batching gains (4 runs against the runs one by one: 0.89-0.94x vmapped,
+  0.98-1.03x one at a time; docs/performance.md). Elsewhere, all at once (None).
+  """
+  if sweep_batch is not None and (not isinstance(sweep_batch, int) or sweep_batch < 0):
+    raise ValueError(f"`sweep_batch` must be None or a non-negative integer, got "
+                     f"{sweep_batch!r}.")
+  if sweep_batch is None:
+    return 1 if platform == "cpu" else None
+  return sweep_batch or None
+
+
+def _over_runs(fn: Callable, carried: Any, xs: Any, batch: Optional[int]) -> Tuple[Any, Any]:
+  """`fn(carried_i, xs_i) -> (carried_i, ys_i)` for every run `i`, `batch` at a time.
 
   All runs at once is one `jax.vmap`. Fewer is a `lax.scan` over groups of
   runs inside the program, each group vmapped, that updates `carried` (the
   runs' stacked state) in place: a `lax.map` would hold a second copy of
   every run's state, and the CPU takes one run at a time to keep its
-  scratch memory at one run's (`kernels.select`).
+  scratch memory at one run's (`choose_sweep_batch`).
 
   Returns:
     `(carried, ys)`, both with the leading runs axis.
   """
-  runs, batch = num_runs((carried, xs)), forms.sweep_batch
-  if batch is None or batch >= runs:
+  runs = num_runs((carried, xs))
+  if not batch or batch >= runs:  # None or 0: all at once
     return jax.vmap(fn)(carried, xs)
   group = jax.vmap(fn)
 
@@ -257,9 +275,10 @@ def _train_steps(
     make_optimizer: Callable[[Mapping[str, chex.Array]], optax.GradientTransformation],
     batch_size: int,
     num_steps: int,
+    forms: kernels.Forms,
     grad_accum_steps: int = 1,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
-    forms: Optional[kernels.Forms] = None,
+    sweep_batch: Optional[int] = None,
 ) -> Tuple[TrainState, steps.StepMetrics]:
   """`steps.train_steps` of every run at once, in one jitted program.
 
@@ -278,8 +297,8 @@ def _train_steps(
       numbers (`RunOptimizer`); a static argument.
     batch_size, num_steps, grad_accum_steps, params_view: as in
       `steps.train_steps`.
-    forms: execution forms (`kernels.select`); None: those of the platform
-      the state lives on. `forms.sweep_batch` runs are vmapped together.
+    forms: execution forms (`kernels.select`), as in `steps.train_steps`.
+    sweep_batch: runs vmapped together (`choose_sweep_batch`); None or 0: all.
 
   Returns:
     `(state, StepMetrics)`, both with the leading runs axis; metrics are
@@ -297,35 +316,34 @@ def _train_steps(
         batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps,
         params_view=params_view, forms=forms, dropout=rate)
 
-  return _over_runs(one_run, state, dict(hyperparams), forms)
+  return _over_runs(one_run, state, dict(hyperparams), sweep_batch)
 
 
-train_steps = kernels.jit_with_forms(
-    _train_steps, platform_args=("state",),
-    static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
-                     "grad_accum_steps", "params_view"),
+train_steps = jax.jit(
+    _train_steps, static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
+                                   "forms", "grad_accum_steps", "params_view", "sweep_batch"),
     donate_argnums=0)
 
 
 def _evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
-             config: gpt.GPTConfig, batch_size: int, num_batches: int,
+             config: gpt.GPTConfig, batch_size: int, num_batches: int, forms: kernels.Forms,
              params_view: Optional[Callable[[Any], gpt.Params]] = None,
-             forms: Optional[kernels.Forms] = None) -> chex.Array:
+             sweep_batch: Optional[int] = None) -> chex.Array:
   """`steps.evaluate` of every run: `[runs]` mean losses of `[runs, ...]` params.
 
-  Each run draws its evaluation batches from its own `keys[i]`, as it would alone.
+  Each run draws its evaluation batches from its own `keys[i]`, as it would alone;
+  `forms` and `sweep_batch` as in `train_steps`.
   """
   def one_run(_, params_and_key):
     params, key = params_and_key
     return (), steps.evaluate(params, tokens, key, config=config, batch_size=batch_size,
                               num_batches=num_batches, params_view=params_view, forms=forms)
 
-  return _over_runs(one_run, (), (params, keys), forms)[1]
+  return _over_runs(one_run, (), (params, keys), sweep_batch)[1]
 
 
-evaluate = kernels.jit_with_forms(
-    _evaluate, platform_args=("params",),
-    static_argnames=("config", "batch_size", "num_batches", "params_view"))
+evaluate = jax.jit(_evaluate, static_argnames=("config", "batch_size", "num_batches", "forms",
+                                                "params_view", "sweep_batch"))
 
 
 def best_run(losses: np.ndarray) -> int:

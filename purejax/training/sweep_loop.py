@@ -106,6 +106,7 @@ def train_gpt_sweep(
     init_from: Optional[str] = None,
     lora_config: Optional[lora.LoraConfig] = None,
     forms: Optional[kernels.Forms] = None,
+    sweep_batch: Optional[int] = None,
     data: Optional[str] = None,
     sinks: Callable[[str, Dict[str, Any]], Sequence[Any]] = lambda name, meta: (),
 ) -> List[Dict[str, Any]]:
@@ -122,6 +123,8 @@ def train_gpt_sweep(
     devices: one device only (`grad_accum_steps` may be > 1).
     init_params, init_from, forms, lora_config, data: as `loop.train_gpt`,
       for every run.
+    sweep_batch: runs vmapped together (`sweep.choose_sweep_batch`); None:
+      the platform's choice; 0: all at once.
     sinks: `sinks(run name, meta)` -> further metric sinks of that run
       (e.g. a `wandb_sink.WandbSink`).
 
@@ -164,10 +167,12 @@ def train_gpt_sweep(
                     f"optimizer's decay_iters to change that)")
   view = None if lora_config is None else lora.View(lora_config.scale_alpha)
   forms = forms or kernels.select(kernels.platform_of())
+  sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(), sweep_batch)
   run_steps = functools.partial(
       sweep.train_steps, config=config,
       make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
-      batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms)
+      batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms,
+      sweep_batch=sweep_batch)
   hyper = sweep.hyperparams(specs)
   train_ids, val_ids = (batches.DeviceTokens(jnp.asarray(np.asarray(ids, np.int32)))
                         for ids in (text.train, text.val))
@@ -189,7 +194,7 @@ def train_gpt_sweep(
       losses = {name: np.asarray(sweep.evaluate(
           state.params, tokens, state.keys["eval"], config=config,
           batch_size=train.batch_size, num_batches=train.eval_iters, params_view=view,
-          forms=forms))
+          forms=forms, sweep_batch=sweep_batch))
                 for name, tokens in (("train_loss", train_ids), ("val_loss", val_ids))}
       for i, m in enumerate(members):
         values = {name: float(v[i]) for name, v in losses.items()}

@@ -32,6 +32,7 @@ import numpy as np
 
 from purejax import gpt
 from purejax.weights import hf_config as hf_config_lib
+from purejax.weights import tensors
 from purejax.weights.errors import ConversionError
 from purejax.data import tokenizers
 
@@ -140,16 +141,9 @@ def params_from_state(
         f"{source} is not a GPT-2 layout for {_describe(config)} (bias={config.bias}): "
         f"missing {missing[:3]}, unexpected {extra[:3]}; only GPT-2-architecture "
         f"checkpoints convert.")
-  arrays = {}
-  for name, want in expected.items():
-    value = np.asarray(state[name], dtype=np.float32)
-    if transposed and name.split(".", 2)[-1] in _LINEAR:
-      value = value.T
-    if value.shape != want:
-      raise ConversionError(
-          f"{source}: {name} has shape {tuple(value.shape)}, but {_describe(config)} "
-          f"needs {want}; the weights and the config do not belong together.")
-    arrays[name] = value
+  arrays = tensors.float32_tensors(
+      state, expected, source=source, needs=_describe(config), partner="the config",
+      transpose=lambda name: transposed and name.split(".", 2)[-1] in _LINEAR)
   wte = arrays["wte.weight"]
   if head is not None:
     head = np.asarray(head, dtype=np.float32)

@@ -35,6 +35,7 @@ import numpy as np
 from purejax import gpt
 from purejax import nn
 from purejax.weights import hf_config as hf_config_lib
+from purejax.weights import tensors
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
@@ -216,14 +217,8 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
         f"{source} does not hold the tensors config.json describes (n_layer="
         f"{config.n_layer}, bias={config.bias}, tie_word_embeddings={config.tie_embeddings})"
         f": missing {missing[:3]}, unexpected {extra[:3]}.")
-  arrays = {}
-  for name, want in expected.items():
-    value = np.asarray(state[name], dtype=np.float32)
-    if value.shape != want:
-      raise ConversionError(f"{source}: {name} has shape {tuple(value.shape)}, but "
-                            f"config.json needs {want}; the weights and config.json do not "
-                            f"belong together.")
-    arrays[name] = value
+  arrays = tensors.float32_tensors(state, expected, source=source, needs="config.json",
+                                   partner="config.json")
 
   def layers(name):  # [n_layer, ...] in purejax's [in, out] layout
     stacked = np.stack([arrays[f"model.layers.{i}.{name}"] for i in range(config.n_layer)])
