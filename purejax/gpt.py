@@ -65,13 +65,15 @@ def init_norm(config: GPTConfig) -> Params:
   return nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype)
 
 
-def init_block(key: chex.PRNGKey, config: GPTConfig) -> Params:
+def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
   """Params of one transformer block (unstacked).
 
   GPT-2 initialisation: weights N(0, 0.02^2), except the two projections that
   write into the residual stream, scaled by 1/sqrt(2 * n_layer) so the
-  residual variance does not grow with depth.
+  residual variance does not grow with depth. The key comes last, as in every
+  init function (`init_block(key, config)` works for one release, deprecated).
   """
+  config, key = rng.key_last("init_block", (config, key))
   c, dtype = config.n_embd, _DTYPES[config.param_dtype]
   keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
   resid_scale = 0.02 / math.sqrt(2 * config.n_layer)
@@ -81,14 +83,14 @@ def init_block(key: chex.PRNGKey, config: GPTConfig) -> Params:
   return {
       "ln_1": init_norm(config),
       "attn": {
-          "qkv": nn.init_dense(keys["qkv"], c, qkv_width, scale=0.02, dtype=dtype,
+          "qkv": nn.init_dense(c, qkv_width, keys["qkv"], scale=0.02, dtype=dtype,
                                bias=config.bias or config.qkv_bias),
-          "proj": dense(keys["attn_proj"], c, c, scale=resid_scale),
+          "proj": dense(c, c, keys["attn_proj"], scale=resid_scale),
       },
       "ln_2": init_norm(config),
       "mlp": {
-          "fc": dense(keys["fc"], c, fc_width, scale=0.02),
-          "proj": dense(keys["mlp_proj"], config.mlp_width, c, scale=resid_scale),
+          "fc": dense(c, fc_width, keys["fc"], scale=0.02),
+          "proj": dense(config.mlp_width, c, keys["mlp_proj"], scale=resid_scale),
       },
   }
 
@@ -107,16 +109,17 @@ def init_params(config: GPTConfig, key: chex.PRNGKey) -> Params:
   dtype = _DTYPES[config.param_dtype]
   block_keys = rng.layer_keys(keys["blocks"], config.n_layer)
   params = {
-      "wte": nn.init_embedding(keys["wte"], config.vocab_size, config.n_embd, dtype=dtype),
-      "wpe": nn.init_embedding(keys["wpe"], config.block_size, config.n_embd, dtype=dtype),
-      "blocks": jax.vmap(lambda k: init_block(k, config))(block_keys),
+      "wte": nn.init_embedding(config.vocab_size, config.n_embd, keys["wte"], dtype=dtype),
+      "wpe": nn.init_embedding(config.block_size, config.n_embd, keys["wpe"], dtype=dtype),
+      "blocks": jax.vmap(lambda k: init_block(config, k))(block_keys),
       "ln_f": init_norm(config),
   }
   if config.position != "learned":
     del params["wpe"]
   if not config.tie_embeddings:
-    params["lm_head"] = nn.init_dense(jax.random.fold_in(keys["wte"], 1), config.n_embd,
-                                      config.vocab_size, bias=False, dtype=dtype)
+    params["lm_head"] = nn.init_dense(config.n_embd, config.vocab_size,
+                                      jax.random.fold_in(keys["wte"], 1), bias=False,
+                                      dtype=dtype)
   return params
 
 

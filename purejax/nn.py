@@ -1,6 +1,6 @@
 """Layers as pure functions over params dicts.
 
-Every layer is a pair: `init_<layer>(key, ...) -> params` builds a dict of
+Every layer is a pair: `init_<layer>(..., key) -> params` builds a dict of
 arrays, and `<layer>(params, x, ...)` applies it. Layers without params
 (rotary position embeddings, activations) are plain functions. Nothing holds state; compose
 layers with plain function calls and keep their params in named dicts, so a
@@ -15,6 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from purejax import rng
 from purejax.ops import kernels
 # Re-exported: `nn.dropout` is the layer's public name; attention (in ops) uses it too.
 from purejax.ops.dropout import dropout  # pylint: disable=unused-import
@@ -28,9 +29,9 @@ Params = Dict[str, chex.Array]
 
 
 def init_dense(
-    key: chex.PRNGKey,
     in_dim: int,
     out_dim: int,
+    key: chex.PRNGKey,
     *,
     scale: float = 0.02,
     bias: bool = True,
@@ -39,9 +40,10 @@ def init_dense(
   """Initialises a dense layer: weights ~ N(0, scale^2), biases zero.
 
   Args:
-    key: PRNG key for the weights.
     in_dim: input features.
     out_dim: output features.
+    key: PRNG key for the weights (last, as in every init function; the old
+      key-first call works for one release, with a `DeprecationWarning`).
     scale: standard deviation of the weights.
     bias: whether to create a bias.
     dtype: dtype of the params.
@@ -49,6 +51,7 @@ def init_dense(
   Returns:
     `{"w": [in_dim, out_dim]}` plus `{"b": [out_dim]}` when `bias`.
   """
+  in_dim, out_dim, key = rng.key_last("init_dense", (in_dim, out_dim, key))
   params = {"w": scale * jax.random.normal(key, (in_dim, out_dim), dtype)}
   if bias:
     params["b"] = jnp.zeros((out_dim,), dtype)
@@ -143,10 +146,11 @@ def rms_norm(params: Params, x: chex.Array, *, eps: float = 1e-6) -> chex.Array:
 
 
 def init_embedding(
-    key: chex.PRNGKey, num_embeddings: int, dim: int, *, scale: float = 0.02,
+    num_embeddings: int, dim: int, key: chex.PRNGKey, *, scale: float = 0.02,
     dtype=jnp.float32,
 ) -> Params:
-  """Initialises an embedding table `{"embedding": [num_embeddings, dim]}`."""
+  """Initialises an embedding table `{"embedding": [num_embeddings, dim]}`, N(0, scale^2)."""
+  num_embeddings, dim, key = rng.key_last("init_embedding", (num_embeddings, dim, key))
   return {"embedding": scale * jax.random.normal(key, (num_embeddings, dim), dtype)}
 
 

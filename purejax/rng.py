@@ -8,12 +8,20 @@ that model and training code read as plain data flow:
     params = init_params(config, keys["params"])
 
 All functions are pure: the same key in gives the same keys out.
+
+Every init function takes its key last among its positional arguments, as
+JAX's MNIST example does (`init_network_params(sizes, key)`,
+`random_layer_params(m, n, key)`): `nn.init_dense(in_dim, out_dim, key)`,
+`gpt.init_block(config, key)`, `gpt.init_params(config, key)`,
+`lora.init(params, rank, targets, key)`.
 """
 
-from typing import Dict, Sequence
+from typing import Any, Dict, Sequence, Tuple
+import warnings
 
 import chex
 import jax
+import numpy as np
 
 
 def split_named(key: chex.PRNGKey, names: Sequence[str]) -> Dict[str, chex.PRNGKey]:
@@ -81,3 +89,33 @@ def layer_keys(key: chex.PRNGKey, n_layer: int) -> chex.Array:
   if n_layer < 1:
     raise ValueError(f"layer_keys: n_layer must be >= 1, got {n_layer}.")
   return jax.random.split(key, n_layer)
+
+
+def is_key(value: Any) -> bool:
+  """Whether `value` is a PRNG key: a typed key array or a raw `uint32[2]` key."""
+  if isinstance(value, (jax.Array, np.ndarray)):
+    return (jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+            or (value.dtype == np.uint32 and value.shape[-1:] == (2,)))
+  return False
+
+
+def key_last(function: str, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+  """`args` of an init call in the key-last order, accepting the old key-first order.
+
+  `nn.init_dense`, `nn.init_embedding` and `gpt.init_block` took their key
+  first until 0.1; such a call still works for one release, with a
+  `DeprecationWarning`.
+
+  Args:
+    function: the init function's name, for the warning.
+    args: its positional arguments as given, key last (or, deprecated, first).
+
+  Returns:
+    The arguments with the key last.
+  """
+  if len(args) > 1 and is_key(args[0]) and not is_key(args[-1]):
+    warnings.warn(f"{function}(key, ...) is deprecated: pass the key last, "
+                  f"{function}(..., key), as every init function of purejax takes it.",
+                  DeprecationWarning, stacklevel=3)
+    return (*args[1:], args[0])
+  return args

@@ -15,7 +15,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_dense_matches_numpy(self):
-    params = nn.init_dense(jax.random.PRNGKey(0), 3, 5, scale=1.0)
+    params = nn.init_dense(3, 5, jax.random.PRNGKey(0), scale=1.0)
     params["b"] = jnp.arange(5.0)
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 3))
     y = self.variant(nn.dense)(params, x)
@@ -24,7 +24,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
                                 rtol=1e-5, atol=1e-5)
 
   def test_dense_without_bias_and_bf16_compute(self):
-    params = nn.init_dense(jax.random.PRNGKey(0), 3, 5, bias=False)
+    params = nn.init_dense(3, 5, jax.random.PRNGKey(0), bias=False)
     assert set(params) == {"w"}
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 3))
     y = nn.dense(params, x, compute_dtype=jnp.bfloat16)
@@ -55,7 +55,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_equal(jax.jit(kernels.row_major_transpose)(a), jnp.swapaxes(a, -1, -2))
 
   def test_dense_rejects_wrong_width(self):
-    params = nn.init_dense(jax.random.PRNGKey(0), 3, 5)
+    params = nn.init_dense(3, 5, jax.random.PRNGKey(0))
     with pytest.raises(AssertionError):
       nn.dense(params, jnp.ones((2, 4)))
 
@@ -72,7 +72,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     assert y.dtype == jnp.bfloat16
 
   def test_embedding_lookup_and_tied_logits(self):
-    params = nn.init_embedding(jax.random.PRNGKey(0), 10, 4)
+    params = nn.init_embedding(10, 4, jax.random.PRNGKey(0))
     ids = jnp.array([[1, 2], [3, 9]])
     x = nn.embed(params, ids)
     chex.assert_shape(x, (2, 2, 4))
