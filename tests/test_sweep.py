@@ -33,10 +33,19 @@ def test_parse_grid_and_expand_name_every_run():
   assert grid == {"learning_rate": (3e-4, 1e-3), "weight_decay": (0.0, 0.1)}
   runs = sweep.expand(BASE, seed=5, grid=grid, num_seeds=2)
   assert len(runs) == 8
-  assert runs[0].name == "run0_learning_rate=0.0003_weight_decay=0_seed=5"
+  assert runs[0].name == "learning_rate=0.0003_weight_decay=0_seed=5"
   assert [r.seed for r in runs[:2]] == [5, 6]
   assert runs[7].opt_config == dataclasses.replace(BASE, learning_rate=1e-3, weight_decay=0.1)
-  assert sweep.expand(BASE, seed=0, grid={}, num_seeds=3)[2].name == "run2_seed=2"
+  assert sweep.expand(BASE, seed=0, grid={}, num_seeds=3)[2].name == "seed=2"
+
+
+def test_a_runs_name_is_its_settings_so_any_order_of_the_grid_names_the_same_runs():
+  forward = sweep.parse_grid("learning_rate=3e-4,1e-3;weight_decay=0,0.1")
+  backward = sweep.parse_grid("weight_decay=0.1,0;learning_rate=1e-3,3e-4")
+  names = {r.name: r.opt_config for r in sweep.expand(BASE, seed=0, grid=forward)}
+  assert {r.name: r.opt_config for r in sweep.expand(BASE, seed=0, grid=backward)} == names
+  with pytest.raises(ValueError, match="twice"):
+    sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-3, 1e-3)})
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -55,8 +64,8 @@ def test_dropout_is_swept_as_a_model_number():
   assert grid == {"dropout": (0.0, 0.1), "learning_rate": (1e-3, 3e-3)}
   runs = sweep.expand(BASE, seed=0, grid=grid)
   assert [r.name for r in runs] == [
-      "run0_dropout=0_learning_rate=0.001_seed=0", "run1_dropout=0_learning_rate=0.003_seed=0",
-      "run2_dropout=0.1_learning_rate=0.001_seed=0", "run3_dropout=0.1_learning_rate=0.003_seed=0"]
+      "dropout=0_learning_rate=0.001_seed=0", "dropout=0_learning_rate=0.003_seed=0",
+      "dropout=0.1_learning_rate=0.001_seed=0", "dropout=0.1_learning_rate=0.003_seed=0"]
   assert runs[3].opt_config == dataclasses.replace(BASE, learning_rate=3e-3)
   hyper = sweep.hyperparams(runs)
   np.testing.assert_allclose(hyper["dropout"], [0.0, 0.0, 0.1, 0.1])

@@ -60,8 +60,9 @@ class RunSpec(NamedTuple):
   """One run of a sweep.
 
   Attributes:
-    name: a directory name that says what the run varies, e.g.
-      `"run1_learning_rate=0.001_seed=0"`.
+    name: a directory name that says what the run varies, its settings
+      only, e.g. `"learning_rate=0.001_seed=0"` (names in sorted order, so
+      one grid written in any order names its runs alike).
     seed: the run's seed.
     opt_config: the run's optimizer (validated like a single run's).
     hyperparams: `{name: value}` of the swept numbers: the optimizer's, and
@@ -165,7 +166,7 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
   for values in itertools.product(*(grid[n] for n in names)):
     for s in range(seed, seed + num_seeds):
       hyper = dict(zip(names, values))
-      label = "_".join([f"{n}={v:g}" for n, v in hyper.items()] + [f"seed={s}"])
+      label = run_name(hyper, s)
       if DROPOUT in hyper:
         _check_dropout(hyper[DROPOUT], f"sweep run {label}")
       try:
@@ -173,8 +174,18 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
             opt_config, **{n: v for n, v in hyper.items() if n != DROPOUT})
       except ValueError as e:
         raise ValueError(f"sweep run {label}: {e}") from None
-      specs.append(RunSpec(f"run{len(specs)}_{label}", s, config, hyper))
+      specs.append(RunSpec(label, s, config, hyper))
+  names = [spec.name for spec in specs]
+  repeated = sorted({n for n in names if names.count(n) > 1})
+  if repeated:
+    raise ValueError(f"the sweep lists run {repeated[0]} twice; give each value once.")
   return specs
+
+
+def run_name(hyperparams: Mapping[str, float], seed: int) -> str:
+  """A run's folder name: its swept settings, by name, then its seed
+  (`"dropout=0.1_learning_rate=0.001_seed=0"`)."""
+  return "_".join([f"{n}={hyperparams[n]:g}" for n in sorted(hyperparams)] + [f"seed={seed}"])
 
 
 def hyperparams(runs: Sequence[RunSpec]) -> Dict[str, chex.Array]:

@@ -21,7 +21,9 @@ The corpus must fit on the device: every run draws its own batches there.
 import contextlib
 import dataclasses
 import functools
+import json
 import pathlib
+import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -29,12 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import _files
 from purejax import gpt
 from purejax import lora
 from purejax import rng
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
+from purejax.training import checkpoint
 from purejax.training import loop
 from purejax.training import monitor as monitor_lib
 from purejax.training import nonfinite
@@ -61,16 +65,96 @@ class _Member:
   last_saved: Optional[str] = None
 
   def save(self, step: int, state: TrainState, log) -> None:
+    """Saves the run's checkpoint of `step`, keeping its older ones (`prune` after all runs)."""
     self.monitor.sync()
     self.last_saved = runs.save_checkpoint(self.run, step, state,
-                                           {**self.meta, "history": self.history}, log=log)
+                                           {**self.meta, "history": self.history}, log=log,
+                                           prune=False)
+
+
+def run_dir(out_dir: str, name: str) -> pathlib.Path:
+  """Where run `name` lives: `out_dir/<name>`, or the folder an older version of the
+  sweep named `run<index>_<name>`, where only that one exists."""
+  folder = pathlib.Path(out_dir) / name
+  if not folder.exists() and folder.parent.is_dir():
+    legacy = [p for p in folder.parent.iterdir()
+              if re.fullmatch(rf"run\d+_{re.escape(name)}", p.name) and p.is_dir()]
+    if len(legacy) == 1:
+      return legacy[0]
+  return folder
+
+
+SWEEP_FILE = "sweep.json"
+
+
+def check_runs(run: RunConfig, names: Sequence[str]) -> None:
+  """A resumed sweep must have the runs its `out_dir/sweep.json` lists (`record_runs`).
+
+  The same grid in another order names the same runs (`sweep.run_name`).
+
+  Raises:
+    ValueError: resuming with runs the sweep in `out_dir` did not have, or without some it had.
+  """
+  path = pathlib.Path(run.out_dir) / SWEEP_FILE
+  if run.resume and path.exists():
+    saved = json.loads(path.read_text())["runs"]
+    added, dropped = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
+    if added or dropped:
+      change = "; ".join(f"{what} {', '.join(which)}" for what, which in
+                         (("adds", added), ("drops", dropped)) if which)
+      raise ValueError(f"the sweep in {run.out_dir} has other runs: this grid {change}. "
+                       f"Resume with its grid and seeds (in any order), or train the new "
+                       f"runs as a sweep of their own in another `out_dir`.")
+
+
+def record_runs(run: RunConfig, names: Sequence[str]) -> None:
+  """Writes the sweep's run names to `out_dir/sweep.json` (atomically)."""
+  path = pathlib.Path(run.out_dir) / SWEEP_FILE
+  if parallel.is_main_process():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _files.atomic_write_bytes(path, json.dumps({"runs": sorted(names)}, indent=1).encode())
+
+
+def common_step(run: RunConfig, members: Sequence[RunConfig], log) -> Optional[int]:
+  """The step every run resumes from: the newest at which all of them hold a valid checkpoint.
+
+  A sweep killed between its runs' checkpoint writes of a step resumes them
+  all from the step before (each run keeps it until all have saved the next:
+  `Member.save`, `runs.prune_checkpoints`), so the runs go on bit-identically.
+
+  Returns:
+    None for a fresh sweep (nothing to resume), -1 when some run saved none
+    yet (all start anew), else the step.
+
+  Raises:
+    ValueError: every run holds checkpoints, but of no step in common.
+  """
+  if not run.resume:
+    return None
+  saved = {m.out_dir: checkpoint.valid_steps(m.out_dir) for m in members}
+  if not any(saved.values()):
+    return None
+  if not all(saved.values()):
+    return -1
+  common = set.intersection(*(set(s) for s in saved.values()))
+  if not common:
+    raise ValueError(f"the sweep's runs hold checkpoints of no step in common "
+                     f"({ {pathlib.Path(d).name: s for d, s in saved.items()} }); resume "
+                     f"each run alone, or start the sweep anew in another `out_dir`.")
+  step = max(common)
+  ahead = [f"{pathlib.Path(d).name} at {s[0]}" for d, s in saved.items() if s[0] > step]
+  if ahead:
+    log(f"resuming every run of the sweep from step {step}, the newest all of them saved "
+        f"(it recomputes the newer checkpoints of {', '.join(ahead)})")
+  return step
 
 
 def _start(spec, config, text, train, run, init_params, init_from, lora_config, data,
-           grad_accum_steps):
-  """`(member, state, step, saved meta)`: the run's state, fresh or from its newest checkpoint,
-  built as `loop.train_gpt` builds a single run's (so the checkpoints are alike)."""
-  member_run = dataclasses.replace(run, out_dir=str(pathlib.Path(run.out_dir) / spec.name))
+           grad_accum_steps, at_most):
+  """`(member, state, step, saved meta)`: the run's state, fresh or from its newest checkpoint
+  of step `at_most` or older, built as `loop.train_gpt` builds a single run's (so the
+  checkpoints are alike)."""
+  member_run = dataclasses.replace(run, out_dir=str(run_dir(run.out_dir, spec.name)))
   member_train = dataclasses.replace(train, seed=spec.seed)
   keys = rng.split_named(jax.random.PRNGKey(spec.seed), ("params", "train", "eval", "sample"))
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
@@ -86,7 +170,8 @@ def _start(spec, config, text, train, run, init_params, init_from, lora_config, 
   state, step, saved = runs.start_or_resume(
       member_run, template, meta,
       saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
-      ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps])
+      ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps],
+      at_most=at_most)
   member = _Member(spec, member_run, meta, list(saved.get("history", [])),
                    optim.make_schedule(spec.opt_config))
   return member, state, step, saved
@@ -130,7 +215,8 @@ def train_gpt_sweep(
 
   Raises:
     ValueError: a corpus too large for the device, several devices, a bad
-      grid value, or runs that stopped at different steps.
+      grid value, a resume with another grid (other runs) than the sweep's,
+      or runs that hold checkpoints of no step in common.
   """
   loop.check_fits(config, text, train.batch_size)
   if not corpus_lib.fits_on_device(text):
@@ -142,14 +228,16 @@ def train_gpt_sweep(
   base = loop.resumable_optimizer(opt_config, train.max_iters)
   specs = sweep.expand(base, train.seed, grid, num_seeds)
   grad_accum = devices.grad_accum_steps
+  check_runs(run, [spec.name for spec in specs])
+  at_most = common_step(run, [dataclasses.replace(run, out_dir=str(run_dir(run.out_dir,
+                                                                          spec.name)))
+                              for spec in specs], runs.print_line)
   started = [_start(spec, config, text, train, run, init_params, init_from, lora_config,
-                    data, grad_accum) for spec in specs]
+                    data, grad_accum, at_most) for spec in specs]
+  record_runs(run, [spec.name for spec in specs])
   members = [m for m, _, _, _ in started]
-  starts = {m.spec.name: s for m, _, s, _ in started}
-  if len(set(starts.values())) > 1:
-    raise ValueError(f"the sweep's runs stopped at different steps ({starts}); resume the "
-                     f"runs behind alone to the same step, then the sweep.")
   step = started[0][2]
+  assert all(s == step for _, _, s, _ in started), "runs restored at different steps"
   state = sweep.stack([s for _, s, _, _ in started])
   saved_end = started[0][3].get("optimizer", {}).get("decay_iters")
   if step and opt_config.decay_iters is None and saved_end != base.decay_iters:
@@ -230,6 +318,8 @@ def train_gpt_sweep(
                     train.max_iters) or stop:
         for i, m in enumerate(members):
           m.save(step, sweep.unstack(state, i), log)
+        for m in members:  # only now, so a step every run holds always survives
+          runs.prune_checkpoints(m.run)
       stop_signals.raise_if(stop)
   if parallel.is_main_process():
     for m in members:
