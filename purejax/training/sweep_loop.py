@@ -72,6 +72,72 @@ class _Member:
                                            prune=False)
 
 
+class _OneByOne:
+  """The runs one after another, each in the program it compiles alone (`loop.run_program`),
+  so a run of the sweep is bit-identical to the run trained alone (`Forms.sweep_batch` 1)."""
+  how = "one at a time, each in its own program"
+
+  def __init__(self, states, members, config, run, lora_config, train, grad_accum, plan,
+               forms, view, feed):
+    self._states, self._programs, self._feed = [], [], feed
+    self._evaluate = [functools.partial(loop.evaluate_splits, feed=feed,
+                                        config=m.spec.model_config(config), train=train,
+                                        plan=plan, forms=forms, view=view) for m in members]
+    for state, m in zip(states, members):
+      state, program = loop.run_program(state, plan, m.spec.model_config(config),
+                                        m.spec.opt_config, run, lora_config, train, grad_accum,
+                                        forms, view)
+      self._states.append(state)
+      self._programs.append(program)
+
+  def train(self, step: int, num_steps: int):
+    """Runs `num_steps` steps of every run; `(losses, grad norms)`, `[runs, num_steps]` each."""
+    metrics = []
+    for i, program in enumerate(self._programs):
+      self._states[i], m = program(self._states[i], self._feed.train(step, num_steps), step,
+                                   num_steps=num_steps)
+      metrics.append(m)
+    return (np.stack([np.asarray(m.loss) for m in metrics]),
+            np.stack([np.asarray(m.grad_norm) for m in metrics]))
+
+  def evaluate(self) -> Dict[str, np.ndarray]:
+    losses = [evaluate(s.params, s.keys["eval"]) for evaluate, s in
+              zip(self._evaluate, self._states)]
+    return {name: np.asarray([l[name] for l in losses]) for name in losses[0]}
+
+  def run_state(self, index: int) -> TrainState:
+    return self._states[index]
+
+
+class _Together:
+  """The runs in one program (`sweep.train_steps`), `Forms.sweep_batch` of them vmapped
+  together: equal to the runs trained alone to float rounding."""
+
+  def __init__(self, states, specs, base, config, run, lora_config, train, grad_accum, forms,
+               view, feed):
+    self.state, self._feed, self._hyper = sweep.stack(states), feed, sweep.hyperparams(specs)
+    self.how = (f"in one program, {forms.sweep_batch or len(specs)} vmapped together")
+    self._steps = functools.partial(
+        sweep.train_steps, config=config,
+        make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
+        batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms)
+    self._evaluate = functools.partial(sweep.evaluate, config=config,
+                                       batch_size=train.batch_size, num_batches=train.eval_iters,
+                                       params_view=view, forms=forms)
+
+  def train(self, step: int, num_steps: int):
+    self.state, metrics = self._steps(self.state, self._feed.train(step, num_steps), step,
+                                      self._hyper, num_steps=num_steps)
+    return np.asarray(metrics.loss), np.asarray(metrics.grad_norm)
+
+  def evaluate(self) -> Dict[str, np.ndarray]:
+    return {name: np.asarray(self._evaluate(self.state.params, tokens, self.state.keys["eval"]))
+            for name, tokens in self._feed.eval.items()}
+
+  def run_state(self, index: int) -> TrainState:
+    return sweep.unstack(self.state, index)
+
+
 def run_dir(out_dir: str, name: str) -> pathlib.Path:
   """Where run `name` lives: `out_dir/<name>`, or the folder an older version of the
   sweep named `run<index>_<name>`, where only that one exists."""
@@ -238,7 +304,6 @@ def train_gpt_sweep(
   members = [m for m, _, _, _ in started]
   step = started[0][2]
   assert all(s == step for _, _, s, _ in started), "runs restored at different steps"
-  state = sweep.stack([s for _, s, _, _ in started])
   saved_end = started[0][3].get("optimizer", {}).get("decay_iters")
   if step and opt_config.decay_iters is None and saved_end != base.decay_iters:
     # As a single run: a resumed sweep keeps its schedule unless told otherwise.
@@ -252,19 +317,22 @@ def train_gpt_sweep(
                     f"optimizer's decay_iters to change that)")
   view = None if lora_config is None else lora.View(lora_config.scale_alpha)
   forms = forms or kernels.select(kernels.platform_of())
-  run_steps = functools.partial(
-      sweep.train_steps, config=config,
-      make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
-      batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms)
-  hyper = sweep.hyperparams(specs)
-  train_ids, val_ids = (batches.DeviceTokens(jnp.asarray(np.asarray(ids, np.int32)))
-                        for ids in (text.train, text.val))
+  plan = parallel.make_plan(devices, train.batch_size)
   call_length = loop.CallLengths(train)
+  feed = loop.make_feed(text, config, train, plan, start_step=step,
+                        steps_per_call=call_length)
+  if forms.sweep_batch == 1:
+    program = _OneByOne([s for _, s, _, _ in started], members, config, run, lora_config,
+                        train, grad_accum, plan, forms, view, feed)
+  else:
+    program = _Together([s for _, s, _, _ in started], specs, base, config, run, lora_config,
+                        train, grad_accum, forms, view, feed)
   tokens_per_step = train.batch_size * config.block_size  # per run
-  runs.print_line(f"sweep: {len(specs)} runs in one program, each in {run.out_dir}/<run>: "
+  runs.print_line(f"sweep: {len(specs)} runs {program.how}, each in {run.out_dir}/<run>: "
                   + ", ".join(m.spec.name for m in members))
   times: List[float] = []
   with contextlib.ExitStack() as stack:
+    stack.enter_context(contextlib.closing(feed))
     progress = stack.enter_context(progress_lib.Progress(
         train.max_iters, step, bar=train.progress))
     log = progress.write
@@ -274,11 +342,7 @@ def train_gpt_sweep(
           m.run.out_dir, resume_step=step or None, log=log, sinks=sinks(m.spec.name, m.meta)))
 
     def evaluate(step):
-      losses = {name: np.asarray(sweep.evaluate(
-          state.params, tokens, state.keys["eval"], config=config,
-          batch_size=train.batch_size, num_batches=train.eval_iters, params_view=view,
-          forms=forms))
-                for name, tokens in (("train_loss", train_ids), ("val_loss", val_ids))}
+      losses = program.evaluate()
       for i, m in enumerate(members):
         values = {name: float(v[i]) for name, v in losses.items()}
         m.monitor.log_eval(step, **values)
@@ -293,8 +357,7 @@ def train_gpt_sweep(
         evaluate(step)
       num_steps = call_length(step)
       start = time.perf_counter()
-      state, metrics = run_steps(state, train_ids, step, hyper, num_steps=num_steps)
-      losses = np.asarray(metrics.loss)  # [runs, num_steps]; waits for the steps
+      losses, grad_norms = program.train(step, num_steps)  # [runs, num_steps] each
       seconds = (time.perf_counter() - start) / num_steps
       times.append(seconds)
       for i, m in enumerate(members):
@@ -303,7 +366,6 @@ def train_gpt_sweep(
       best = sweep.best_run(losses[:, -1])
       progress.update_to(step, best=members[best].spec.name, loss=float(losses[best, -1]))
       if runs.every(train.log_interval, step, train.max_iters):
-        grad_norms = np.asarray(metrics.grad_norm)
         for i, m in enumerate(members):
           m.monitor.log_train(step, loss=losses[i, -1], lr=float(m.schedule(step - 1)),
                               grad_norm=float(grad_norms[i, -1]), ms_per_iter=1000 * seconds,
@@ -317,7 +379,7 @@ def train_gpt_sweep(
       if runs.every(train.checkpoint_every or train.eval_interval, step,
                     train.max_iters) or stop:
         for i, m in enumerate(members):
-          m.save(step, sweep.unstack(state, i), log)
+          m.save(step, program.run_state(i), log)
         for m in members:  # only now, so a step every run holds always survives
           runs.prune_checkpoints(m.run)
       stop_signals.raise_if(stop)
