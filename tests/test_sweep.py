@@ -138,6 +138,27 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   assert len({round(float(l), 4) for l in losses[:, -1]}) == 3
 
 
+@pytest.mark.slow  # ~1 min: 300 steps, four runs and their solos
+def test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps():
+  """The README's figure for `--sweep_batch` above 1 (measured: 4.4e-5 on the CPU)."""
+  config = dataclasses.replace(TINY, dropout=0.1)
+  base = dataclasses.replace(BASE, decay_iters=300)
+  data = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (600,)))
+  runs = sweep.expand(base, seed=0, grid={"learning_rate": (3e-3, 1e-2),
+                                          "weight_decay": (0.0, 0.1)})
+  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
+  params = sweep.stack([gpt.init_params(config, k[0]) for k in keys])
+  make = sweep.RunOptimizer(base)
+  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
+                     {"train": sweep.stack([k[1] for k in keys])})
+  _, metrics = sweep.train_steps(state, data, 0, sweep.hyperparams(runs), config=config,
+                                 make_optimizer=make, batch_size=4, num_steps=300,
+                                 forms=kernels.select("cpu", sweep_batch=0))
+  alone = np.stack([_solo(config, data.ids, spec, 300)[1] for spec in runs])
+  np.testing.assert_allclose(metrics.loss, alone, rtol=1e-4)
+  assert not np.array_equal(metrics.loss, alone)  # rounding does differ: the figure is real
+
+
 @pytest.mark.slow  # three programs compile
 def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   """Both runs vmapped at once (the GPU's form): the rate is a batched array."""

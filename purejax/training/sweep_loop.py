@@ -5,15 +5,28 @@
                               grid={"learning_rate": (3e-4, 1e-3, 3e-3)}, num_seeds=2)
 
 The runs (`sweep.expand`: every combination of the grid's values, each with
-`num_seeds` seeds from `train.seed`) train together, one vmapped step per
-call (`sweep.train_steps`). Each run lives in `out_dir/<run name>/` exactly
-as if it had been trained alone: its own `metrics.jsonl`, TensorBoard events
-(so TensorBoard shows the runs side by side under `--logdir out_dir`),
+`num_seeds` seeds from `train.seed`) train together: on a GPU in one
+vmapped program (`sweep.train_steps`), equal to each run alone to float
+rounding; where `Forms.sweep_batch` is 1 (the CPU), one after another, each
+in the program it compiles alone (`loop.run_program`), so bit for bit. Each
+run lives in `out_dir/<run name>/` (its settings: `learning_rate=0.001_seed=0`,
+so the same grid in any order finds the same runs) exactly as if it had
+been trained alone: its own `metrics.jsonl`, TensorBoard events (so
+TensorBoard shows the runs side by side under `--logdir out_dir`),
 checkpoints and `loss.png`, with the metadata of a single run of its seed,
 optimizer and model (its dropout, where the grid sweeps it). So one run can
-be resumed, sampled or exported on its own (`purejax.train --out_dir=out-sweep/<run> --resume` with that run's flags,
-`purejax.convert --from=purejax:out-sweep/<run>`); the whole sweep resumes
-with the same sweep flags and `--resume`.
+be resumed, sampled or exported on its own (`purejax.train
+--out_dir=out-sweep/<run> --resume` with that run's flags, `purejax.convert
+--from=purejax:out-sweep/<run>`).
+
+The whole sweep resumes with the same sweep flags and `--resume`, as one
+unit: its runs prune their older checkpoints only after all of them have
+saved a step, and a resume takes every run from the newest step all of
+them hold, so a sweep killed between its runs' writes goes on
+bit-identically. `out_dir/sweep.json` lists the runs; resuming with
+another grid is refused (the runs of one program share their step, so new
+runs cannot join old ones: they are a sweep of their own). Folders of
+earlier versions, `run<index>_<settings>`, are found and go on in place.
 
 The corpus must fit on the device: every run draws its own batches there.
 """
