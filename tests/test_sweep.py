@@ -12,7 +12,10 @@ from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import steps
 from purejax.data import batches
+from purejax.training import checkpoint
+from purejax.training import runs as runs_lib
 from purejax.training import sweep
+from purejax.training import sweep_loop
 from purejax.training.state import TrainState
 from conftest import TINY, random_tokens
 
@@ -46,6 +49,36 @@ def test_a_runs_name_is_its_settings_so_any_order_of_the_grid_names_the_same_run
   assert {r.name: r.opt_config for r in sweep.expand(BASE, seed=0, grid=backward)} == names
   with pytest.raises(ValueError, match="twice"):
     sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-3, 1e-3)})
+
+
+def test_a_sweep_resumes_from_the_newest_step_every_run_saved(tmp_path):
+  """Killed between its runs' writes of step 30: the first run holds it, the second not."""
+  members = [runs_lib.RunConfig(str(tmp_path / name), resume=True) for name in ("a", "b")]
+  state = {"w": np.zeros(2)}
+  for step in (10, 20, 30):
+    checkpoint.save(members[0].out_dir, step, state, {}, keep=4)
+  for step in (10, 20):
+    checkpoint.save(members[1].out_dir, step, state, {}, keep=4)
+  lines = []
+  assert sweep_loop.common_step(members[0], members, lines.append) == 20
+  assert "a at 30" in lines[0]
+  # a run with no checkpoint yet (killed in the first writes): every run starts anew
+  empty = runs_lib.RunConfig(str(tmp_path / "c"), resume=True)
+  assert sweep_loop.common_step(empty, members + [empty], lines.append) == -1
+  # runs that share no step are refused, not restarted
+  checkpoint.prune(members[1].out_dir, 1)
+  checkpoint.prune(members[0].out_dir, 1)
+  checkpoint.save(members[1].out_dir, 40, state, {}, keep=1)
+  with pytest.raises(ValueError, match="no step in common"):
+    sweep_loop.common_step(members[0], members, lines.append)
+
+
+def test_a_sweep_folder_of_an_earlier_version_is_found_by_its_settings(tmp_path):
+  (tmp_path / "run2_learning_rate=0.001_seed=0").mkdir()
+  assert sweep_loop.run_dir(str(tmp_path), "learning_rate=0.001_seed=0").name == (
+      "run2_learning_rate=0.001_seed=0")
+  assert sweep_loop.run_dir(str(tmp_path), "learning_rate=0.003_seed=0").name == (
+      "learning_rate=0.003_seed=0")
 
 
 @pytest.mark.parametrize("spec, message", [
