@@ -31,8 +31,9 @@ but batched matmuls, and the program's own fusions (its optimizer numbers
 are traced, the run alone bakes them in), may add in another order, so
 values agree to float rounding, not bit for bit (losses within 1e-4
 relative over 300 steps: 2e-7 after 20 steps, 4.4e-5 after 300 measured
-with all runs vmapped on a CPU; tested). What stays static, and so equal across the runs of one step,
-is the rest of the model config and the batch size. Where runs go one at a
+with all runs vmapped on a CPU; tested). What stays static, and so equal
+across the runs of one step, is the rest of the model config and the batch
+size. Where runs go one at a
 time (`Forms.sweep_batch` 1, the CPU's form), the sweep's loop
 (`sweep_loop`) runs each in the program it compiles alone instead, and is
 bit-identical to it.
