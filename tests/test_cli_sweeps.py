@@ -33,8 +33,8 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
   out = final(run_module("purejax.train", *args, "--sweep=learning_rate=1e-3,3e-3",
                          "--sweep_seeds=2", f"--out_dir={tmp_path / 'sweep'}"))
   names = [r["run"] for r in out["runs"]]
-  assert names == ["run0_learning_rate=0.001_seed=0", "run1_learning_rate=0.001_seed=1",
-                   "run2_learning_rate=0.003_seed=0", "run3_learning_rate=0.003_seed=1"]
+  assert names == ["learning_rate=0.001_seed=0", "learning_rate=0.001_seed=1",
+                   "learning_rate=0.003_seed=0", "learning_rate=0.003_seed=1"]
   for name in names:
     run_dir = tmp_path / "sweep" / name
     assert (run_dir / "ckpt_000000020.npz").exists()
@@ -59,9 +59,36 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
                              "--max_iters=40", "--lr_decay_iters=20", "--resume",
                              f"--out_dir={tmp_path / 'sweep' / names[3]}"))
   assert resumed["step"] == 40
-  # then the sweep's runs stand at different steps: said in one line
-  one_line_error(run_module("purejax.train", *args, *sweep_flags, "--max_iters=50"),
-                 "stopped at different steps")
+  # then the sweep goes on from the newest step all its runs saved, run 3's
+  # newer checkpoint recomputed
+  again = run_module("purejax.train", *args, *sweep_flags, "--max_iters=50")
+  assert [r["step"] for r in final(again)["runs"]] == [50] * 4
+  assert "from step 30, the newest all of them saved" in again.stdout
+
+
+def test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone(tmp_path,
+                                                                           text_file):
+  """300 steps at a high learning rate (3e-2), where any rounding difference would grow."""
+  args = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
+          "--max_iters=300", "--eval_interval=100", "--eval_iters=2", "--log_interval=1",
+          "--steps_per_call=25", "--sample_tokens=0", "--warmup_iters=0", "--dropout=0.1",
+          f"--dataset={text_file}"]
+  swept = tmp_path / "sweep"
+  final(run_module("purejax.train", *args, "--sweep=learning_rate=3e-3,3e-2",
+                   "--sweep_batch=1", f"--out_dir={swept}"))
+  alone = tmp_path / "alone"
+  final(run_module("purejax.train", *args, "--learning_rate=3e-2", f"--out_dir={alone}"))
+  losses = train_losses(alone)
+  assert len(losses) == 300 and losses[300] < losses[1] - 0.5  # it trained
+  run = swept / "learning_rate=0.03_seed=0"
+  assert train_losses(run) == losses  # bit for bit
+  saved = [checkpoint.list_checkpoints(d) for d in (run, alone)]
+  assert [s for s, _ in saved[0]] == [s for s, _ in saved[1]] == [300, 200, 100]
+  for (_, ours), (_, theirs) in zip(*saved):
+    a, b = checkpoint.read(ours)[0], checkpoint.read(theirs)[0]
+    assert sorted(a) == sorted(b)
+    for name in a:
+      np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
 def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path, text_file):
@@ -69,7 +96,7 @@ def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path
   out = final(run_module("purejax.train", *args, "--sweep=dropout=0,0.2", "--dropout=0.5",
                          "--max_iters=10", f"--out_dir={tmp_path}"))
   names = [r["run"] for r in out["runs"]]
-  assert names == ["run0_dropout=0_seed=0", "run1_dropout=0.2_seed=0"]
+  assert names == ["dropout=0_seed=0", "dropout=0.2_seed=0"]
   for name, rate in zip(names, (0.0, 0.2)):  # the grid's rate, not --dropout's
     _, manifest = checkpoint.read(checkpoint.list_checkpoints(tmp_path / name)[0][1])
     assert manifest["meta"]["config"]["dropout"] == rate

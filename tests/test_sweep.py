@@ -12,7 +12,10 @@ from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import steps
 from purejax.data import batches
+from purejax.training import checkpoint
+from purejax.training import runs as runs_lib
 from purejax.training import sweep
+from purejax.training import sweep_loop
 from purejax.training.state import TrainState
 from conftest import TINY, random_tokens
 
@@ -33,10 +36,49 @@ def test_parse_grid_and_expand_name_every_run():
   assert grid == {"learning_rate": (3e-4, 1e-3), "weight_decay": (0.0, 0.1)}
   runs = sweep.expand(BASE, seed=5, grid=grid, num_seeds=2)
   assert len(runs) == 8
-  assert runs[0].name == "run0_learning_rate=0.0003_weight_decay=0_seed=5"
+  assert runs[0].name == "learning_rate=0.0003_weight_decay=0_seed=5"
   assert [r.seed for r in runs[:2]] == [5, 6]
   assert runs[7].opt_config == dataclasses.replace(BASE, learning_rate=1e-3, weight_decay=0.1)
-  assert sweep.expand(BASE, seed=0, grid={}, num_seeds=3)[2].name == "run2_seed=2"
+  assert sweep.expand(BASE, seed=0, grid={}, num_seeds=3)[2].name == "seed=2"
+
+
+def test_a_runs_name_is_its_settings_so_any_order_of_the_grid_names_the_same_runs():
+  forward = sweep.parse_grid("learning_rate=3e-4,1e-3;weight_decay=0,0.1")
+  backward = sweep.parse_grid("weight_decay=0.1,0;learning_rate=1e-3,3e-4")
+  names = {r.name: r.opt_config for r in sweep.expand(BASE, seed=0, grid=forward)}
+  assert {r.name: r.opt_config for r in sweep.expand(BASE, seed=0, grid=backward)} == names
+  with pytest.raises(ValueError, match="twice"):
+    sweep.expand(BASE, seed=0, grid={"learning_rate": (1e-3, 1e-3)})
+
+
+def test_a_sweep_resumes_from_the_newest_step_every_run_saved(tmp_path):
+  """Killed between its runs' writes of step 30: the first run holds it, the second not."""
+  members = [runs_lib.RunConfig(str(tmp_path / name), resume=True) for name in ("a", "b")]
+  state = {"w": np.zeros(2)}
+  for step in (10, 20, 30):
+    checkpoint.save(members[0].out_dir, step, state, {}, keep=4)
+  for step in (10, 20):
+    checkpoint.save(members[1].out_dir, step, state, {}, keep=4)
+  lines = []
+  assert sweep_loop.common_step(members[0], members, lines.append) == 20
+  assert "a at 30" in lines[0]
+  # a run with no checkpoint yet (killed in the first writes): every run starts anew
+  empty = runs_lib.RunConfig(str(tmp_path / "c"), resume=True)
+  assert sweep_loop.common_step(empty, members + [empty], lines.append) == -1
+  # runs that share no step are refused, not restarted
+  checkpoint.prune(members[1].out_dir, 1)
+  checkpoint.prune(members[0].out_dir, 1)
+  checkpoint.save(members[1].out_dir, 40, state, {}, keep=1)
+  with pytest.raises(ValueError, match="no step in common"):
+    sweep_loop.common_step(members[0], members, lines.append)
+
+
+def test_a_sweep_folder_of_an_earlier_version_is_found_by_its_settings(tmp_path):
+  (tmp_path / "run2_learning_rate=0.001_seed=0").mkdir()
+  assert sweep_loop.run_dir(str(tmp_path), "learning_rate=0.001_seed=0").name == (
+      "run2_learning_rate=0.001_seed=0")
+  assert sweep_loop.run_dir(str(tmp_path), "learning_rate=0.003_seed=0").name == (
+      "learning_rate=0.003_seed=0")
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -55,8 +97,8 @@ def test_dropout_is_swept_as_a_model_number():
   assert grid == {"dropout": (0.0, 0.1), "learning_rate": (1e-3, 3e-3)}
   runs = sweep.expand(BASE, seed=0, grid=grid)
   assert [r.name for r in runs] == [
-      "run0_dropout=0_learning_rate=0.001_seed=0", "run1_dropout=0_learning_rate=0.003_seed=0",
-      "run2_dropout=0.1_learning_rate=0.001_seed=0", "run3_dropout=0.1_learning_rate=0.003_seed=0"]
+      "dropout=0_learning_rate=0.001_seed=0", "dropout=0_learning_rate=0.003_seed=0",
+      "dropout=0.1_learning_rate=0.001_seed=0", "dropout=0.1_learning_rate=0.003_seed=0"]
   assert runs[3].opt_config == dataclasses.replace(BASE, learning_rate=3e-3)
   hyper = sweep.hyperparams(runs)
   np.testing.assert_allclose(hyper["dropout"], [0.0, 0.0, 0.1, 0.1])
@@ -127,6 +169,27 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
     chex.assert_trees_all_close(sweep.unstack(p, i), solo_params, atol=PARAMS_ATOL, rtol=0)
   # the runs really differ (different settings and seeds train differently)
   assert len({round(float(l), 4) for l in losses[:, -1]}) == 3
+
+
+@pytest.mark.slow  # ~1 min: 300 steps, four runs and their solos
+def test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps():
+  """The README's figure for `--sweep_batch` above 1 (measured: 4.4e-5 on the CPU)."""
+  config = dataclasses.replace(TINY, dropout=0.1)
+  base = dataclasses.replace(BASE, decay_iters=300)
+  data = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (600,)))
+  runs = sweep.expand(base, seed=0, grid={"learning_rate": (3e-3, 1e-2),
+                                          "weight_decay": (0.0, 0.1)})
+  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
+  params = sweep.stack([gpt.init_params(config, k[0]) for k in keys])
+  make = sweep.RunOptimizer(base)
+  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
+                     {"train": sweep.stack([k[1] for k in keys])})
+  _, metrics = sweep.train_steps(state, data, 0, sweep.hyperparams(runs), config=config,
+                                 make_optimizer=make, batch_size=4, num_steps=300,
+                                 forms=kernels.select("cpu"), sweep_batch=0)
+  alone = np.stack([_solo(config, data.ids, spec, 300)[1] for spec in runs])
+  np.testing.assert_allclose(metrics.loss, alone, rtol=1e-4)
+  assert not np.array_equal(metrics.loss, alone)  # rounding does differ: the figure is real
 
 
 @pytest.mark.slow  # three programs compile

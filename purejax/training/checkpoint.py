@@ -104,9 +104,15 @@ def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int
     raise ValueError(f"keep must be >= 1, got {keep}.")
   path = checkpoint_path(out_dir, step)
   _write(path, step, state, meta)
+  prune(out_dir, keep)
+  return path
+
+
+def prune(out_dir: str, keep: int) -> None:
+  """Deletes all but the newest `keep` checkpoints of `out_dir` (a sweep prunes its
+  runs only after every run's checkpoint of a step is written)."""
   for _, old in list_checkpoints(out_dir)[keep:]:
     old.unlink(missing_ok=True)
-  return path
 
 
 def best_path(out_dir: str) -> pathlib.Path:
@@ -214,6 +220,7 @@ def restore_latest(
     out_dir: str, template: Any,
     check_meta: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None, *,
     renamed: Optional[Dict[str, str]] = None,
+    at_most: Optional[int] = None,
 ) -> Tuple[Optional[Restored], List[str]]:
   """Restores the newest checkpoint in `out_dir` that reads and verifies.
 
@@ -227,12 +234,16 @@ def restore_latest(
     check_meta: optional `f(meta, path)` that raises `CheckpointError` when
       the checkpoint belongs to another run; called before the structure check.
     renamed: old array names -> new ones (see `extract`).
+    at_most: consider only checkpoints of this step or older (a sweep resumes
+      every run from the newest step they all saved).
 
   Returns:
     `(restored or None if there is no valid checkpoint, warnings)`.
   """
   warnings = []
-  for _, path in list_checkpoints(out_dir):
+  for step, path in list_checkpoints(out_dir):
+    if at_most is not None and step > at_most:
+      continue
     try:
       arrays, manifest = read(path)
     except CheckpointError as e:
@@ -243,6 +254,18 @@ def restore_latest(
     return Restored(extract(arrays, template, path, renamed=renamed), manifest["meta"],
                     manifest["step"], path), warnings
   return None, warnings
+
+
+def valid_steps(out_dir: str) -> List[int]:
+  """Steps of the checkpoints in `out_dir` that read and verify, newest first."""
+  found = []
+  for step, path in list_checkpoints(out_dir):
+    try:
+      read(path)
+    except CheckpointError:
+      continue
+    found.append(step)
+  return found
 
 
 def latest_meta(out_dir: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:

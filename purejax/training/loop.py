@@ -30,6 +30,7 @@ from purejax.ops import kernels
 from purejax.training import flops
 from purejax.training import optim
 from purejax.training import parallel
+from purejax.training import progress as progress_lib
 from purejax.training import runs
 from purejax.training import state as state_lib
 from purejax.training import steps
@@ -129,8 +130,8 @@ class CallLengths:
     return min(self._train.steps_per_call, boundary - step)
 
 
-def _feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
-          ) -> batches.Feed:
+def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
+              ) -> batches.Feed:
   """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
   put = functools.partial(parallel.put, shardings=plan.replicated)
   if corpus_lib.fits_on_device(text):
@@ -143,8 +144,8 @@ def _feed(text, config, train, plan, *, start_step, steps_per_call, end_step=Non
       steps_per_call=steps_per_call)
 
 
-def _evaluate(params, eval_key, feed, config, train, plan, forms, view=None
-              ) -> Dict[str, float]:
+def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None
+                    ) -> Dict[str, float]:
   """Mean loss of `train.eval_iters` batches of each split, the same batches every time."""
   return {name: float(steps.evaluate(params, tokens, eval_key, config=config,
                                      batch_size=train.batch_size,
@@ -155,7 +156,8 @@ def _evaluate(params, eval_key, feed, config, train, plan, forms, view=None
 
 def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, config,
                          train, plan, forms, view=None) -> None:
-  losses = _evaluate(state.params, state.keys["eval"], feed, config, train, plan, forms, view)
+  losses = evaluate_splits(state.params, state.keys["eval"], feed, config, train, plan, forms,
+                           view)
   session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
               f"val loss {losses['val_loss']:.4f}")
   session.add_eval(step, state, {"step": step, **losses}, **losses)
@@ -219,23 +221,6 @@ class _Throughput:
     return 1000 * float(np.median(self.times[2:] or self.times)) if self.times else None
 
 
-class _Profiler:
-  """A `jax.profiler` trace of `GPTTrainConfig.profile_steps`, into `out_dir/profile`."""
-
-  def __init__(self, steps_range: Optional[Tuple[int, int]], out_dir: str):
-    self._range, self._dir = steps_range, str(pathlib.Path(out_dir) / "profile")
-
-  def before(self, step: int) -> None:
-    if self._range and step == self._range[0]:
-      jax.profiler.start_trace(self._dir)
-
-  def after(self, step: int, session: Session) -> None:
-    if self._range and step == self._range[1]:
-      jax.profiler.stop_trace()
-      session.log(f"profile of steps {self._range[0]}-{self._range[1]} in {self._dir} "
-                  f"(TensorBoard's profile plugin reads it)")
-
-
 def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:
   """One short line: size, shape and vocabulary (the whole config is in the checkpoints)."""
   return (f"{n_params / 1e6:.2f}M params (without position embeddings), {config.n_layer} "
@@ -266,6 +251,17 @@ def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config
   """The run's optimizer: NaN/Inf updates skipped with `run.skip_nonfinite`, and
   with LoRA only the adapters trained (`optim.frozen_base`)."""
   return sweep.RunOptimizer(opt_config, run.skip_nonfinite, lora_config is not None)()
+
+
+def run_program(state, plan, config, opt_config, run, lora_config, train, grad_accum_steps,
+                forms, view):
+  """`(state on the plan's devices, its jitted `steps.train_steps`)`: one run's program,
+  the same for a run alone and a run of a sweep taken one at a time (so they agree bitwise)."""
+  state, shardings = state_lib.shard(state, plan)
+  return state, parallel.sharded_step(
+      steps.train_steps, plan, shardings, config=config,
+      optimizer=run_optimizer(opt_config, run, lora_config), batch_size=train.batch_size,
+      grad_accum_steps=grad_accum_steps, forms=forms, params_view=view)
 
 
 def train_gpt(
@@ -334,13 +330,10 @@ def train_gpt(
       ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
       digest_extra=[devices.fsdp, devices.grad_accum_steps])
   resolved, meta = _keep_saved_schedule(resolved, opt_config, meta, saved)
-  state, shardings = state_lib.shard(state, plan)
-  train_steps = parallel.sharded_step(
-      steps.train_steps, plan, shardings, config=config,
-      optimizer=run_optimizer(resolved, run, lora_config), batch_size=train.batch_size,
-      grad_accum_steps=devices.grad_accum_steps, forms=forms, params_view=view)
+  state, train_steps = run_program(state, plan, config, resolved, run, lora_config, train,
+                                   devices.grad_accum_steps, forms, view)
   call_length = CallLengths(train)
-  feed = _feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
+  feed = make_feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
   runs.print_line(f"model: {_describe_model(config, n_params)}")
   if lora_config is not None:
     adapters = lora.num_params(template.params["adapters"])
@@ -351,7 +344,7 @@ def train_gpt(
   runs.print_line(f"optimizer: {optim.describe(resolved)}")
   throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
                            plan.num_devices)
-  profiler = _Profiler(train.profile_steps, run.out_dir)
+  profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
   with contextlib.closing(feed), Session(
       run, meta, saved, total=train.max_iters, start=step, bar=train.progress,
       keep_best=not train.always_save_checkpoint, sinks=sinks) as session:
@@ -365,7 +358,7 @@ def train_gpt(
                                    num_steps=num_steps)
       losses = np.asarray(metrics.loss)  # waits for the steps to finish
       seconds_per_step = (time.perf_counter() - start) / num_steps
-      profiler.after(step + num_steps, session)
+      profiler.after(step + num_steps, session.log)
       session.check_finite(losses, step)
       step += num_steps
       throughput.record(session, step, seconds_per_step, losses, metrics)
@@ -415,10 +408,10 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
   gpt.check_params(params, config)
   keys = state_lib.run_keys(train.seed)
   plan = parallel.make_plan(devices, train.batch_size)
-  feed = _feed(text, config, train, plan, start_step=0, steps_per_call=lambda _: 1,
+  feed = make_feed(text, config, train, plan, start_step=0, steps_per_call=lambda _: 1,
                end_step=0)
   try:
-    return _evaluate(parallel.put(params, plan.replicated), keys["eval"], feed, config,
+    return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
                      train, plan, forms or kernels.select(kernels.platform_of(plan)))
   finally:
     feed.close()

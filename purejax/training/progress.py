@@ -1,4 +1,5 @@
-"""A training loop's live progress bar (tqdm), drawn only on an interactive terminal.
+"""A training loop's live progress bar (tqdm), drawn only on an interactive terminal, and
+its profiler trace of chosen steps (`Profiler`).
 
     with progress.Progress(max_iters, initial=step) as bar:
       ...
@@ -10,9 +11,12 @@ prints plain lines, so logs stay free of carriage returns.
 """
 
 import os
+import pathlib
 import shutil
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
+
+import jax
 
 
 def _format_postfix(value: Any) -> str:
@@ -118,3 +122,21 @@ def _is_terminal(stream) -> bool:
     return stream.isatty()
   except (AttributeError, ValueError):  # no isatty, or a closed stream
     return False
+
+
+class Profiler:
+  """A `jax.profiler` trace of steps `(first, last)`, into `out_dir/profile`
+  (`GPTTrainConfig.profile_steps`)."""
+
+  def __init__(self, steps_range: Optional[Tuple[int, int]], out_dir: str):
+    self._range, self._dir = steps_range, str(pathlib.Path(out_dir) / "profile")
+
+  def before(self, step: int) -> None:
+    if self._range and step == self._range[0]:
+      jax.profiler.start_trace(self._dir)
+
+  def after(self, step: int, log: Callable[[str], None]) -> None:
+    if self._range and step == self._range[1]:
+      jax.profiler.stop_trace()
+      log(f"profile of steps {self._range[0]}-{self._range[1]} in {self._dir} "
+          f"(TensorBoard's profile plugin reads it)")

@@ -90,11 +90,12 @@ def start_or_resume(
     template: TrainState,
     meta: Dict[str, Any],
     *,
-    identity: Sequence[str] = ("model", "config", "optimizer", "batch_size", "seed"),
+    identity: Sequence[str] = ("model", "config", "optimizer", "batch_size", "seed", "lora"),
     saved_defaults: Optional[Dict[str, Dict[str, Any]]] = None,
     ignored: Optional[Dict[str, Sequence[str]]] = None,
     digest_extra: Any = None,
     log: Log = print_line,
+    at_most: Optional[int] = None,
 ) -> Tuple[TrainState, int, Dict[str, Any]]:
   """The state to start from: `template` at step 0, or the newest valid checkpoint.
 
@@ -114,6 +115,8 @@ def start_or_resume(
       a resumed run may change, e.g. where the schedule ends).
     digest_extra: further settings that must agree across processes.
     log: where the lines on what was found go.
+    at_most: resume from the newest valid checkpoint of this step or older
+      (a sweep's runs resume from the newest step they all saved).
 
   Returns:
     `(state, step, saved meta)`; the saved meta is `{}` on a fresh start.
@@ -124,14 +127,24 @@ def start_or_resume(
       digest, "the processes were started with different settings; pass the same "
       "settings to every process (only `process_id` differs).")
   state, step, saved = _start_or_resume(run, template, meta, identity,
-                                        saved_defaults or {}, ignored or {}, log)
+                                        saved_defaults or {}, ignored or {}, log, at_most)
   parallel.check_same_on_all_processes(
       step, f"the processes found different checkpoints in {run.out_dir}; with several "
       f"hosts `out_dir` must be one shared directory.")
   return state, step, saved
 
 
-def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log):
+def _difference(name: str, saved: Any, asked: Any) -> str:
+  """`"lora.alpha=8.0, this run has 16.0"`: the first field that differs, or the whole values."""
+  if isinstance(saved, dict) and isinstance(asked, dict):
+    for field in sorted(set(saved) | set(asked)):
+      if saved.get(field) != asked.get(field):
+        return (f"{name}.{field}={saved.get(field)!r}, this run has "
+                f"{name}.{field}={asked.get(field)!r}")
+  return f"{name}={saved!r}, this run has {name}={asked!r}"
+
+
+def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log, at_most):
   existing = checkpoint.list_checkpoints(run.out_dir)
   if not run.resume:
     if existing:
@@ -150,15 +163,17 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
       value = saved.get(name)
       if isinstance(value, dict) and name in saved_defaults:
         value = {**saved_defaults[name], **value}
-      if without_ignored(name, value) != without_ignored(name, meta.get(name)):
+      # as JSON holds them (a tuple reads back as a list)
+      saved_value = without_ignored(name, value)
+      asked = json.loads(json.dumps(without_ignored(name, meta.get(name)), default=str))
+      if saved_value != asked:
         raise checkpoint.CheckpointError(
-            f"{path} was trained with {name}={value!r}, this run has "
-            f"{meta.get(name)!r}; resume with the original settings or use another "
-            f"`out_dir`.")
+            f"{path} was trained with {_difference(name, saved_value, asked)}; resume "
+            f"with the original settings or use another `out_dir`.")
 
   restored, warnings = checkpoint.restore_latest(
       run.out_dir, state_lib.as_tree(template), check_meta=same_run,
-      renamed=state_lib.RENAMED)
+      renamed=state_lib.RENAMED, at_most=at_most)
   for warning in warnings:
     log(f"warning: {warning}")
   if restored is None:
@@ -169,12 +184,15 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
 
 
 def save_checkpoint(run: RunConfig, step: int, state: TrainState, meta: Dict[str, Any], *,
-                    best: bool = False, log: Log = print_line) -> pathlib.Path:
+                    best: bool = False, log: Log = print_line, prune: bool = True
+                    ) -> pathlib.Path:
   """Gathers `state` to the hosts (all processes), and process 0 writes it.
 
   The file holds whole arrays, whatever the sharding, so it restores on any
   number of devices. `best=True` writes the run's best checkpoint
-  (`checkpoint.best_path`) instead of one of the keep-K rotation.
+  (`checkpoint.best_path`) instead of one of the keep-K rotation. `prune=False`
+  keeps the older checkpoints until `prune_checkpoints` (a sweep's runs prune
+  only once all of them have saved the step, so a step they all hold survives).
   """
   tree = parallel.fetch(state_lib.as_tree(state))
   path = (checkpoint.best_path(run.out_dir) if best else
@@ -184,9 +202,16 @@ def save_checkpoint(run: RunConfig, step: int, state: TrainState, meta: Dict[str
       checkpoint.save_best(run.out_dir, step, tree, meta)
       log(f"saved {path} (lowest val loss so far)")
     else:
-      checkpoint.save(run.out_dir, step, tree, meta, keep=run.keep_checkpoints)
+      checkpoint.save(run.out_dir, step, tree, meta,
+                      keep=run.keep_checkpoints + (0 if prune else 1))
       log(f"saved {path}")
   return path
+
+
+def prune_checkpoints(run: RunConfig) -> None:
+  """Keeps the newest `run.keep_checkpoints` of the run's checkpoints (process 0 deletes)."""
+  if parallel.is_main_process():
+    checkpoint.prune(run.out_dir, run.keep_checkpoints)
 
 
 def every(interval: int, step: int, last: int) -> bool:

@@ -5,15 +5,28 @@
                               grid={"learning_rate": (3e-4, 1e-3, 3e-3)}, num_seeds=2)
 
 The runs (`sweep.expand`: every combination of the grid's values, each with
-`num_seeds` seeds from `train.seed`) train together, one vmapped step per
-call (`sweep.train_steps`). Each run lives in `out_dir/<run name>/` exactly
-as if it had been trained alone: its own `metrics.jsonl`, TensorBoard events
-(so TensorBoard shows the runs side by side under `--logdir out_dir`),
+`num_seeds` seeds from `train.seed`) train together: on a GPU in one
+vmapped program (`sweep.train_steps`), equal to each run alone to float
+rounding; where `sweep_batch` is 1 (the CPU), one after another, each
+in the program it compiles alone (`loop.run_program`), so bit for bit. Each
+run lives in `out_dir/<run name>/` (its settings: `learning_rate=0.001_seed=0`,
+so the same grid in any order finds the same runs) exactly as if it had
+been trained alone: its own `metrics.jsonl`, TensorBoard events (so
+TensorBoard shows the runs side by side under `--logdir out_dir`),
 checkpoints and `loss.png`, with the metadata of a single run of its seed,
 optimizer and model (its dropout, where the grid sweeps it). So one run can
-be resumed, sampled or exported on its own (`purejax.train --out_dir=out-sweep/<run> --resume` with that run's flags,
-`purejax.convert --from=purejax:out-sweep/<run>`); the whole sweep resumes
-with the same sweep flags and `--resume`.
+be resumed, sampled or exported on its own (`purejax.train
+--out_dir=out-sweep/<run> --resume` with that run's flags, `purejax.convert
+--from=purejax:out-sweep/<run>`).
+
+The whole sweep resumes with the same sweep flags and `--resume`, as one
+unit: its runs prune their older checkpoints only after all of them have
+saved a step, and a resume takes every run from the newest step all of
+them hold, so a sweep killed between its runs' writes goes on
+bit-identically. `out_dir/sweep.json` lists the runs; resuming with
+another grid is refused (the runs of one program share their step, so new
+runs cannot join old ones: they are a sweep of their own). Folders of
+earlier versions, `run<index>_<settings>`, are found and go on in place.
 
 The corpus must fit on the device: every run draws its own batches there.
 """
@@ -21,7 +34,9 @@ The corpus must fit on the device: every run draws its own batches there.
 import contextlib
 import dataclasses
 import functools
+import json
 import pathlib
+import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -29,12 +44,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import _files
 from purejax import gpt
 from purejax import lora
 from purejax import rng
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
+from purejax.training import checkpoint
 from purejax.training import loop
 from purejax.training import monitor as monitor_lib
 from purejax.training import nonfinite
@@ -61,16 +78,163 @@ class _Member:
   last_saved: Optional[str] = None
 
   def save(self, step: int, state: TrainState, log) -> None:
+    """Saves the run's checkpoint of `step`, keeping its older ones (`prune` after all runs)."""
     self.monitor.sync()
     self.last_saved = runs.save_checkpoint(self.run, step, state,
-                                           {**self.meta, "history": self.history}, log=log)
+                                           {**self.meta, "history": self.history}, log=log,
+                                           prune=False)
+
+
+class _OneByOne:
+  """The runs one after another, each in the program it compiles alone (`loop.run_program`),
+  so a run of the sweep is bit-identical to the run trained alone (`sweep_batch` 1)."""
+  how = "one at a time, each in its own program"
+
+  def __init__(self, states, members, config, run, lora_config, train, grad_accum, plan,
+               forms, view, feed):
+    self._states, self._programs, self._feed = [], [], feed
+    self._evaluate = [functools.partial(loop.evaluate_splits, feed=feed,
+                                        config=m.spec.model_config(config), train=train,
+                                        plan=plan, forms=forms, view=view) for m in members]
+    for state, m in zip(states, members):
+      state, program = loop.run_program(state, plan, m.spec.model_config(config),
+                                        m.spec.opt_config, run, lora_config, train, grad_accum,
+                                        forms, view)
+      self._states.append(state)
+      self._programs.append(program)
+
+  def train(self, step: int, num_steps: int):
+    """Runs `num_steps` steps of every run; `(losses, grad norms)`, `[runs, num_steps]` each."""
+    metrics = []
+    for i, program in enumerate(self._programs):
+      self._states[i], m = program(self._states[i], self._feed.train(step, num_steps), step,
+                                   num_steps=num_steps)
+      metrics.append(m)
+    return (np.stack([np.asarray(m.loss) for m in metrics]),
+            np.stack([np.asarray(m.grad_norm) for m in metrics]))
+
+  def evaluate(self) -> Dict[str, np.ndarray]:
+    losses = [evaluate(s.params, s.keys["eval"]) for evaluate, s in
+              zip(self._evaluate, self._states)]
+    return {name: np.asarray([l[name] for l in losses]) for name in losses[0]}
+
+  def run_state(self, index: int) -> TrainState:
+    return self._states[index]
+
+
+class _Together:
+  """The runs in one program (`sweep.train_steps`), `sweep_batch` of them vmapped
+  together: equal to the runs trained alone to float rounding."""
+
+  def __init__(self, states, specs, base, config, run, lora_config, train, grad_accum, forms,
+               sweep_batch, view, feed):
+    self.state, self._feed, self._hyper = sweep.stack(states), feed, sweep.hyperparams(specs)
+    self.how = f"in one program, {sweep_batch or len(specs)} vmapped together"
+    self._steps = functools.partial(
+        sweep.train_steps, config=config,
+        make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
+        batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms,
+        sweep_batch=sweep_batch)
+    self._evaluate = functools.partial(sweep.evaluate, config=config,
+                                       batch_size=train.batch_size, num_batches=train.eval_iters,
+                                       params_view=view, forms=forms, sweep_batch=sweep_batch)
+
+  def train(self, step: int, num_steps: int):
+    self.state, metrics = self._steps(self.state, self._feed.train(step, num_steps), step,
+                                      self._hyper, num_steps=num_steps)
+    return np.asarray(metrics.loss), np.asarray(metrics.grad_norm)
+
+  def evaluate(self) -> Dict[str, np.ndarray]:
+    return {name: np.asarray(self._evaluate(self.state.params, tokens, self.state.keys["eval"]))
+            for name, tokens in self._feed.eval.items()}
+
+  def run_state(self, index: int) -> TrainState:
+    return sweep.unstack(self.state, index)
+
+
+def run_dir(out_dir: str, name: str) -> pathlib.Path:
+  """Where run `name` lives: `out_dir/<name>`, or the folder an older version of the
+  sweep named `run<index>_<name>`, where only that one exists."""
+  folder = pathlib.Path(out_dir) / name
+  if not folder.exists() and folder.parent.is_dir():
+    legacy = [p for p in folder.parent.iterdir()
+              if re.fullmatch(rf"run\d+_{re.escape(name)}", p.name) and p.is_dir()]
+    if len(legacy) == 1:
+      return legacy[0]
+  return folder
+
+
+SWEEP_FILE = "sweep.json"
+
+
+def check_runs(run: RunConfig, names: Sequence[str]) -> None:
+  """A resumed sweep must have the runs its `out_dir/sweep.json` lists (`record_runs`).
+
+  The same grid in another order names the same runs (`sweep.run_name`).
+
+  Raises:
+    ValueError: resuming with runs the sweep in `out_dir` did not have, or without some it had.
+  """
+  path = pathlib.Path(run.out_dir) / SWEEP_FILE
+  if run.resume and path.exists():
+    saved = json.loads(path.read_text())["runs"]
+    added, dropped = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
+    if added or dropped:
+      change = "; ".join(f"{what} {', '.join(which)}" for what, which in
+                         (("adds", added), ("drops", dropped)) if which)
+      raise ValueError(f"the sweep in {run.out_dir} has other runs: this grid {change}. "
+                       f"Resume with its grid and seeds (in any order), or train the new "
+                       f"runs as a sweep of their own in another `out_dir`.")
+
+
+def record_runs(run: RunConfig, names: Sequence[str]) -> None:
+  """Writes the sweep's run names to `out_dir/sweep.json` (atomically)."""
+  path = pathlib.Path(run.out_dir) / SWEEP_FILE
+  if parallel.is_main_process():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _files.atomic_write_bytes(path, json.dumps({"runs": sorted(names)}, indent=1).encode())
+
+
+def common_step(run: RunConfig, members: Sequence[RunConfig], log) -> Optional[int]:
+  """The step every run resumes from: the newest at which all of them hold a valid checkpoint.
+
+  A sweep killed between its runs' checkpoint writes of a step resumes them
+  all from the step before (each run keeps it until all have saved the next:
+  `Member.save`, `runs.prune_checkpoints`), so the runs go on bit-identically.
+
+  Returns:
+    None for a fresh sweep (nothing to resume), -1 when some run saved none
+    yet (all start anew), else the step.
+
+  Raises:
+    ValueError: every run holds checkpoints, but of no step in common.
+  """
+  if not run.resume:
+    return None
+  saved = {m.out_dir: checkpoint.valid_steps(m.out_dir) for m in members}
+  if not any(saved.values()):
+    return None
+  if not all(saved.values()):
+    return -1
+  common = set.intersection(*(set(s) for s in saved.values()))
+  if not common:
+    raise ValueError(f"the sweep's runs hold checkpoints of no step in common "
+                     f"({ {pathlib.Path(d).name: s for d, s in saved.items()} }); resume "
+                     f"each run alone, or start the sweep anew in another `out_dir`.")
+  step = max(common)
+  ahead = [f"{pathlib.Path(d).name} at {s[0]}" for d, s in saved.items() if s[0] > step]
+  if ahead:
+    log(f"resuming every run of the sweep from step {step}, the newest all of them saved "
+        f"(it recomputes the newer checkpoints of {', '.join(ahead)})")
+  return step
 
 
 def _start(spec, config, text, train, run, init_params, init_from, lora_config, data,
-           grad_accum_steps):
-  """`(member, state, step, saved meta)`: the run's state, fresh or from its newest checkpoint,
-  built as `loop.train_gpt` builds a single run's (so the checkpoints are alike)."""
-  member_run = dataclasses.replace(run, out_dir=str(pathlib.Path(run.out_dir) / spec.name))
+           grad_accum_steps, at_most):
+  """`(member, state, step, saved meta)`: the run's state, fresh or from its newest checkpoint
+  of step `at_most` or older, built as `loop.train_gpt` builds a single run's (so the
+  checkpoints are alike)."""
+  member_run = dataclasses.replace(run, out_dir=str(run_dir(run.out_dir, spec.name)))
   member_train = dataclasses.replace(train, seed=spec.seed)
   keys = rng.split_named(jax.random.PRNGKey(spec.seed), ("params", "train", "eval", "sample"))
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
@@ -86,7 +250,8 @@ def _start(spec, config, text, train, run, init_params, init_from, lora_config, 
   state, step, saved = runs.start_or_resume(
       member_run, template, meta,
       saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
-      ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps])
+      ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps],
+      at_most=at_most)
   member = _Member(spec, member_run, meta, list(saved.get("history", [])),
                    optim.make_schedule(spec.opt_config))
   return member, state, step, saved
@@ -133,7 +298,8 @@ def train_gpt_sweep(
 
   Raises:
     ValueError: a corpus too large for the device, several devices, a bad
-      grid value, or runs that stopped at different steps.
+      grid value, a resume with another grid (other runs) than the sweep's,
+      or runs that hold checkpoints of no step in common.
   """
   loop.check_fits(config, text, train.batch_size)
   if not corpus_lib.fits_on_device(text):
@@ -145,15 +311,16 @@ def train_gpt_sweep(
   base = loop.resumable_optimizer(opt_config, train.max_iters)
   specs = sweep.expand(base, train.seed, grid, num_seeds)
   grad_accum = devices.grad_accum_steps
+  check_runs(run, [spec.name for spec in specs])
+  at_most = common_step(run, [dataclasses.replace(run, out_dir=str(run_dir(run.out_dir,
+                                                                          spec.name)))
+                              for spec in specs], runs.print_line)
   started = [_start(spec, config, text, train, run, init_params, init_from, lora_config,
-                    data, grad_accum) for spec in specs]
+                    data, grad_accum, at_most) for spec in specs]
+  record_runs(run, [spec.name for spec in specs])
   members = [m for m, _, _, _ in started]
-  starts = {m.spec.name: s for m, _, s, _ in started}
-  if len(set(starts.values())) > 1:
-    raise ValueError(f"the sweep's runs stopped at different steps ({starts}); resume the "
-                     f"runs behind alone to the same step, then the sweep.")
   step = started[0][2]
-  state = sweep.stack([s for _, s, _, _ in started])
+  assert all(s == step for _, _, s, _ in started), "runs restored at different steps"
   saved_end = started[0][3].get("optimizer", {}).get("decay_iters")
   if step and opt_config.decay_iters is None and saved_end != base.decay_iters:
     # As a single run: a resumed sweep keeps its schedule unless told otherwise.
@@ -168,20 +335,22 @@ def train_gpt_sweep(
   view = None if lora_config is None else lora.View(lora_config.scale_alpha)
   forms = forms or kernels.select(kernels.platform_of())
   sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(), sweep_batch)
-  run_steps = functools.partial(
-      sweep.train_steps, config=config,
-      make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
-      batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms,
-      sweep_batch=sweep_batch)
-  hyper = sweep.hyperparams(specs)
-  train_ids, val_ids = (batches.DeviceTokens(jnp.asarray(np.asarray(ids, np.int32)))
-                        for ids in (text.train, text.val))
+  plan = parallel.make_plan(devices, train.batch_size)
   call_length = loop.CallLengths(train)
+  feed = loop.make_feed(text, config, train, plan, start_step=step,
+                        steps_per_call=call_length)
+  if sweep_batch == 1:
+    program = _OneByOne([s for _, s, _, _ in started], members, config, run, lora_config,
+                        train, grad_accum, plan, forms, view, feed)
+  else:
+    program = _Together([s for _, s, _, _ in started], specs, base, config, run, lora_config,
+                        train, grad_accum, forms, sweep_batch, view, feed)
   tokens_per_step = train.batch_size * config.block_size  # per run
-  runs.print_line(f"sweep: {len(specs)} runs in one program, each in {run.out_dir}/<run>: "
+  runs.print_line(f"sweep: {len(specs)} runs {program.how}, each in {run.out_dir}/<run>: "
                   + ", ".join(m.spec.name for m in members))
   times: List[float] = []
   with contextlib.ExitStack() as stack:
+    stack.enter_context(contextlib.closing(feed))
     progress = stack.enter_context(progress_lib.Progress(
         train.max_iters, step, bar=train.progress))
     log = progress.write
@@ -191,11 +360,7 @@ def train_gpt_sweep(
           m.run.out_dir, resume_step=step or None, log=log, sinks=sinks(m.spec.name, m.meta)))
 
     def evaluate(step):
-      losses = {name: np.asarray(sweep.evaluate(
-          state.params, tokens, state.keys["eval"], config=config,
-          batch_size=train.batch_size, num_batches=train.eval_iters, params_view=view,
-          forms=forms, sweep_batch=sweep_batch))
-                for name, tokens in (("train_loss", train_ids), ("val_loss", val_ids))}
+      losses = program.evaluate()
       for i, m in enumerate(members):
         values = {name: float(v[i]) for name, v in losses.items()}
         m.monitor.log_eval(step, **values)
@@ -210,8 +375,7 @@ def train_gpt_sweep(
         evaluate(step)
       num_steps = call_length(step)
       start = time.perf_counter()
-      state, metrics = run_steps(state, train_ids, step, hyper, num_steps=num_steps)
-      losses = np.asarray(metrics.loss)  # [runs, num_steps]; waits for the steps
+      losses, grad_norms = program.train(step, num_steps)  # [runs, num_steps] each
       seconds = (time.perf_counter() - start) / num_steps
       times.append(seconds)
       for i, m in enumerate(members):
@@ -220,7 +384,6 @@ def train_gpt_sweep(
       best = sweep.best_run(losses[:, -1])
       progress.update_to(step, best=members[best].spec.name, loss=float(losses[best, -1]))
       if runs.every(train.log_interval, step, train.max_iters):
-        grad_norms = np.asarray(metrics.grad_norm)
         for i, m in enumerate(members):
           m.monitor.log_train(step, loss=losses[i, -1], lr=float(m.schedule(step - 1)),
                               grad_norm=float(grad_norms[i, -1]), ms_per_iter=1000 * seconds,
@@ -234,7 +397,9 @@ def train_gpt_sweep(
       if runs.every(train.checkpoint_every or train.eval_interval, step,
                     train.max_iters) or stop:
         for i, m in enumerate(members):
-          m.save(step, sweep.unstack(state, i), log)
+          m.save(step, program.run_state(i), log)
+        for m in members:  # only now, so a step every run holds always survives
+          runs.prune_checkpoints(m.run)
       stop_signals.raise_if(stop)
   if parallel.is_main_process():
     for m in members:
