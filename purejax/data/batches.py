@@ -221,20 +221,35 @@ class _ReadAhead:
     return HostWindows(self._put(windows))
 
 
+def train_windows_seed(seed: int) -> int:
+  """The host's seed of a run's training windows (`sample_windows(..., this, step)`).
+
+  A run's seed gives two disjoint host streams, training (even) and evaluation
+  (odd), so neither repeats the other's windows.
+  """
+  return 2 * seed
+
+
+def eval_windows_seed(seed: int) -> int:
+  """The host's seed of a run's fixed evaluation windows (`train_windows_seed` + 1)."""
+  return 2 * seed + 1
+
+
 def host_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable, *, block_size: int,
               batch_size: int, eval_batches: int, seed: int, start_step: int,
               end_step: int, steps_per_call: Callable[[int], int]) -> Feed:
   """Windows read by the host from the (memory-mapped) splits, one call ahead.
 
-  Training windows follow `(2 * seed, step)`; the evaluation's are fixed,
-  `eval_batches` of them per split from `(2 * seed + 1, i)`, read once.
+  Training windows follow `(train_windows_seed(seed), step)`; the evaluation's
+  are fixed, `eval_batches` of them per split from `(eval_windows_seed(seed), i)`,
+  read once.
   `steps_per_call(step)` is the length of the loop's call starting at `step`;
   the loop must ask for exactly those calls, in order.
   """
-  ahead = BatchPrefetcher(train_ids, block_size, batch_size, 2 * seed, start_step,
+  ahead = BatchPrefetcher(train_ids, block_size, batch_size, train_windows_seed(seed), start_step,
                           steps_per_call, end_step)
   evals = {name: HostWindows(put(np.stack([
-      sample_windows(ids, block_size, batch_size, 2 * seed + 1, i)
+      sample_windows(ids, block_size, batch_size, eval_windows_seed(seed), i)
       for i in range(eval_batches)])))
            for name, ids in (("train_loss", train_ids), ("val_loss", val_ids))}
   return Feed(_ReadAhead(ahead, put), evals, False, ahead.close)

@@ -30,11 +30,11 @@ from purejax.ops import kernels
 from purejax.training import flops
 from purejax.training import optim
 from purejax.training import parallel
+from purejax.training import plots
 from purejax.training import progress as progress_lib
 from purejax.training import runs
 from purejax.training import state as state_lib
 from purejax.training import steps
-from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
 from purejax.training.session import Session
@@ -250,7 +250,7 @@ trained_params = state_lib.trained_params  # (the sweeps' loop calls it by this 
 def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config=None):
   """The run's optimizer: NaN/Inf updates skipped with `run.skip_nonfinite`, and
   with LoRA only the adapters trained (`optim.frozen_base`)."""
-  return sweep.RunOptimizer(opt_config, run.skip_nonfinite, lora_config is not None)()
+  return optim.RunOptimizer(opt_config, run.skip_nonfinite, lora_config is not None)()
 
 
 def run_program(state, plan, config, opt_config, run, lora_config, train, grad_accum_steps,
@@ -379,22 +379,13 @@ def _finish(run, state, history, step, throughput, text, config, keys, train, fo
     metrics["ms_per_iter"] = ms
     runs.print_line(f"median {ms:.2f} ms/iter after compilation")
   if parallel.is_main_process():
-    plot_losses(run.out_dir)
+    plots.save_loss_plot(run.out_dir)
   if train.sample_tokens > 0:
     params = state.params if view is None else jax.jit(view)(state.params)
     sample = sample_text(params, text.tokenizer, config, keys["sample"],
                          train.sample_tokens, forms=forms)
     runs.print_line("---- sample ----\n" + sample)
   return metrics
-
-
-def plot_losses(out_dir: str) -> None:
-  """`out_dir/loss.png` of the run's losses, when matplotlib is installed."""
-  try:
-    from purejax.training import plots  # pylint: disable=import-outside-toplevel
-    plots.plot_runs([out_dir], pathlib.Path(out_dir) / "loss.png")
-  except ImportError:
-    pass  # matplotlib is optional: pip install purejax[plot]
 
 
 def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from purejax.training import nonfinite
+
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 
 
@@ -206,3 +208,27 @@ def frozen_base(optimizer: optax.GradientTransformation) -> optax.GradientTransf
             "adapters": jax.tree.map(lambda _: "trained", tree["adapters"])}
 
   return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptimizer:
+  """Builds one run's optimizer from its numbers: `train_steps`' `make_optimizer`.
+
+  Hashable (a static jit argument that compiles once for equal settings).
+
+  Attributes:
+    config: the settings the runs share.
+    skip_nonfinite: skip non-finite updates (`nonfinite.skip_nonfinite_updates`).
+    frozen_base: the params are LoRA's base and adapters; only the adapters
+      train (`frozen_base`).
+  """
+  config: OptimizerConfig
+  skip_nonfinite: bool = False
+  frozen_base: bool = False
+
+  def __call__(self, hyperparams: Optional[Mapping[str, chex.Array]] = None
+               ) -> optax.GradientTransformation:
+    optimizer = make_optimizer(self.config, hyperparams=hyperparams)
+    if self.frozen_base:
+      optimizer = frozen_base(optimizer)
+    return nonfinite.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer

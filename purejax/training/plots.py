@@ -116,3 +116,11 @@ def plot_runs(run_dirs: Sequence, out_path=None):
   if out_path is not None:
     figure.savefig(out_path, dpi=120)
   return figure
+
+
+def save_loss_plot(out_dir: str) -> None:
+  """`out_dir/loss.png` of the run's losses, when matplotlib is installed (a run's last act)."""
+  try:
+    plot_runs([out_dir], pathlib.Path(out_dir) / "loss.png")
+  except ImportError:
+    pass  # matplotlib is optional: pip install purejax[plot]

@@ -46,7 +46,6 @@ from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import state as state_lib
 from purejax.training import steps
-from purejax.training import sweep
 from purejax.training.state import TrainState
 
 
@@ -85,8 +84,8 @@ def step_windows(train_ids, key: chex.PRNGKey, update: int, *, config: gpt.GPTCo
       (`batches.host_feed`); None when they were drawn on the device.
   """
   if host_seed is not None:
-    return batches.sample_windows(train_ids, config.block_size, batch_size, 2 * host_seed,
-                                  update)
+    return batches.sample_windows(train_ids, config.block_size, batch_size,
+                                  batches.train_windows_seed(host_seed), update)
   batch_key, _ = jax.random.split(rng.fold_in_step(key, update))
   x, y = batches.sample_batch(batch_key, jnp.asarray(train_ids), config.block_size,
                               batch_size)
@@ -98,7 +97,8 @@ def tokens_for(train_ids, start, num_steps, config, batch_size, host_seed) -> ba
   if host_seed is None:
     return batches.DeviceTokens(jnp.asarray(train_ids))
   return batches.HostWindows(jnp.asarray(np.stack([
-      batches.sample_windows(train_ids, config.block_size, batch_size, 2 * host_seed, s)
+      batches.sample_windows(train_ids, config.block_size, batch_size,
+                             batches.train_windows_seed(host_seed), s)
       for s in range(start, start + num_steps)])))
 
 
@@ -283,7 +283,7 @@ def _restore(arrays, path, meta, config, params_key):
   key = jax.eval_shape(lambda: params_key)
   error = None
   for skip in (False, True):
-    optimizer = sweep.RunOptimizer(opt_config, skip, lora_config is not None)()
+    optimizer = optim.RunOptimizer(opt_config, skip, lora_config is not None)()
     template = TrainState(params, jax.eval_shape(optimizer.init, params),
                           {"train": key, "eval": key})
     try:

@@ -53,7 +53,6 @@ from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
 from purejax.training import optim
-from purejax.training import nonfinite
 from purejax.training import steps
 from purejax.training.state import TrainState
 
@@ -86,28 +85,8 @@ class RunSpec(NamedTuple):
     return dataclasses.replace(config, dropout=self.hyperparams[DROPOUT])
 
 
-@dataclasses.dataclass(frozen=True)
-class RunOptimizer:
-  """Builds one run's optimizer from its numbers: `train_steps`' `make_optimizer`.
-
-  Hashable (a static jit argument that compiles once for equal settings).
-
-  Attributes:
-    config: the settings the runs share.
-    skip_nonfinite: skip non-finite updates (`nonfinite.skip_nonfinite_updates`).
-    frozen_base: the params are LoRA's base and adapters; only the adapters
-      train (`optim.frozen_base`).
-  """
-  config: optim.OptimizerConfig
-  skip_nonfinite: bool = False
-  frozen_base: bool = False
-
-  def __call__(self, hyperparams: Optional[Mapping[str, chex.Array]] = None
-               ) -> optax.GradientTransformation:
-    optimizer = optim.make_optimizer(self.config, hyperparams=hyperparams)
-    if self.frozen_base:
-      optimizer = optim.frozen_base(optimizer)
-    return nonfinite.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer
+# One run's optimizer from its numbers lives with the optimizers; sweeps use it.
+RunOptimizer = optim.RunOptimizer
 
 
 def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:

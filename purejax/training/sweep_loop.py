@@ -57,9 +57,11 @@ from purejax.training import monitor as monitor_lib
 from purejax.training import nonfinite
 from purejax.training import optim
 from purejax.training import parallel
+from purejax.training import plots
 from purejax.training import progress as progress_lib
 from purejax.training import runs
 from purejax.training import signals as signals_lib
+from purejax.training import state as state_lib
 from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
@@ -132,7 +134,7 @@ class _Together:
     self.how = f"in one program, {sweep_batch or len(specs)} vmapped together"
     self._steps = functools.partial(
         sweep.train_steps, config=config,
-        make_optimizer=sweep.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
+        make_optimizer=optim.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
         batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms,
         sweep_batch=sweep_batch)
     self._evaluate = functools.partial(sweep.evaluate, config=config,
@@ -236,17 +238,15 @@ def _start(spec, config, text, train, run, init_params, init_from, lora_config, 
   checkpoints are alike)."""
   member_run = dataclasses.replace(run, out_dir=str(run_dir(run.out_dir, spec.name)))
   member_train = dataclasses.replace(train, seed=spec.seed)
-  keys = rng.split_named(jax.random.PRNGKey(spec.seed), ("params", "train", "eval", "sample"))
+  keys = state_lib.run_keys(spec.seed)
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
-  params, _ = loop.trained_params(params, jax.random.fold_in(keys["params"], 1), lora_config)
   # The run's own model config (its swept dropout), so that it resumes,
   # replays and exports alone as it trained here.
   meta = loop.gpt_meta(spec.model_config(config), text, spec.opt_config, member_train,
                        init_from, lora_config=lora_config, data=data,
                        grad_accum_steps=grad_accum_steps)
-  optimizer = loop.run_optimizer(spec.opt_config, run, lora_config)
-  template = TrainState(params, optimizer.init(params),
-                        {"train": keys["train"], "eval": keys["eval"]})
+  template, _ = state_lib.start_state(
+      params, keys, loop.run_optimizer(spec.opt_config, run, lora_config), lora_config)
   state, step, saved = runs.start_or_resume(
       member_run, template, meta,
       saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
@@ -403,7 +403,7 @@ def train_gpt_sweep(
       stop_signals.raise_if(stop)
   if parallel.is_main_process():
     for m in members:
-      loop.plot_losses(m.run.out_dir)
+      plots.save_loss_plot(m.run.out_dir)
   if times:
     runs.print_line(f"median {1000 * float(np.median(times[2:] or times)):.2f} ms/iter for "
                     f"{len(specs)} runs after compilation")
