@@ -375,3 +375,26 @@ def jitted_generate(
   if plan.tail:
     state = decodes(slide(state), plan.tail - 1)
   return state.tokens[0] if unbatched else state.tokens
+
+
+def sample_text(params: Params, tokenizer, config: gpt.GPTConfig, key: chex.PRNGKey,
+                num_tokens: int, prompt: str = "\n", *,
+                forms: Optional[kernels.Forms] = None) -> str:
+  """`num_tokens` sampled after `prompt` (temperature 0.8, top-k 200), decoded to text.
+
+  Args:
+    params, config: the model.
+    tokenizer: anything with `encode(str) -> ids`, `decode(ids) -> str` and
+      `vocab_size` (ids past it, a padded vocabulary's rows, are never sampled).
+    key: the sampling key.
+    num_tokens: tokens to sample.
+    prompt: the text to continue.
+    forms: as in `generate`.
+
+  Returns:
+    The prompt and its continuation, as text.
+  """
+  out = generate(params, jnp.asarray(tokenizer.encode(prompt)), config, key,
+                 max_new_tokens=num_tokens, temperature=0.8, top_k=200,
+                 valid_vocab=tokenizer.vocab_size, forms=forms)
+  return tokenizer.decode(out)

@@ -141,3 +141,15 @@ class GenerateTest(parameterized.TestCase):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="non-empty prompt"):
       decode.generate(params, jnp.zeros((1, 0), jnp.int32), TINY, jax.random.PRNGKey(0), 3)
+
+
+def test_sample_text_continues_the_prompt_as_text():
+  from purejax.data import tokenizers
+  tok = tokenizers.CharTokenizer.from_text("abcdefgh \n")
+  config = gpt.GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=8)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  text = decode.sample_text(params, tok, config, jax.random.PRNGKey(1), 12, prompt="abc")
+  assert text.startswith("abc") and len(text) == 3 + 12
+  assert set(text) <= set("abcdefgh \n")  # padded ids (10..15) are never sampled
+  again = decode.sample_text(params, tok, config, jax.random.PRNGKey(1), 12, prompt="abc")
+  assert again == text  # the key decides the sample

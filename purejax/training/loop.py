@@ -410,15 +410,9 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
 
 def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,
                 prompt: str = "\n", *, forms: Optional[kernels.Forms] = None) -> str:
-  """A sample of `num_tokens` after `prompt`, decoded (on process 0; '' elsewhere).
-
-  `forms`: how the model runs (default: those of the device it samples on).
-  """
+  """`decode.sample_text` of a run's (possibly sharded) params, on process 0; '' elsewhere."""
   # Whole params on one local device: sampling is one sequence, not worth a mesh.
   params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
   if not parallel.is_main_process():
     return ""
-  out = decode.generate(params, jnp.asarray(tokenizer.encode(prompt)), config, key,
-                        max_new_tokens=num_tokens, temperature=0.8, top_k=200,
-                        valid_vocab=tokenizer.vocab_size, forms=forms)
-  return tokenizer.decode(out)
+  return decode.sample_text(params, tokenizer, config, key, num_tokens, prompt, forms=forms)
