@@ -39,8 +39,8 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
     run_dir = tmp_path / "sweep" / name
     assert (run_dir / "ckpt_000000020.npz").exists()
     assert list(run_dir.glob("events.out.tfevents.*"))  # its own TensorBoard run
-  # run 3 trained alone: the same losses to float rounding (batched matmuls
-  # may add in another order), at every logged step
+  # run 3 trained alone: the same losses at every logged step (bit for bit on
+  # the CPU, test_a_run_of_a_sweep_one_at_a_time...; float rounding where vmapped)
   solo = tmp_path / "solo"
   final(run_module("purejax.train", *args, "--learning_rate=3e-3", "--seed=1",
                    f"--out_dir={solo}"))
