@@ -1,6 +1,6 @@
 """Chat templates: a conversation rendered and encoded as an instruct model was trained on.
 
-    fmt = chat.load_chat_format("path/to/model")          # tokenizer_config.json / chat_template.jinja
+    fmt = chat.load_chat_format("path/to/model")   # tokenizer_config.json, chat_template.jinja
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "What is the capital of France?"}]
     text = chat.render(fmt, messages, add_generation_prompt=True)   # str
