@@ -104,7 +104,7 @@ class Session:
       self.messages.pop()
       raise
     start = time.perf_counter()
-    fed = len(ids) - decode.common_prefix(self.conversation.ids, ids)
+    fed = max(1, len(ids) - decode.common_prefix(self.conversation.ids, ids))  # as extend
     logits, self.conversation = decode.extend(self.layers, self.rest, self.conversation, ids,
                                               self.config, forms=self.forms)
     key = jax.random.fold_in(jax.random.PRNGKey(self.args.seed), self.turns)

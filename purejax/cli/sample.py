@@ -68,6 +68,7 @@ def sample(args: flags.FlagValues) -> int:
     if args.top_p is not None and not 0 < args.top_p <= 1:
       raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
     forms_flags.forms_overrides(args)  # bad forms flags fail before loading weights
+    wanted = parse_stop_ids(args.stop_ids)
     params, config, tokenizer = load_model(args.out_dir, args.init_from, best=args.best,
                                            tokenizer_file=args.tokenizer_file)
     start = args.start
@@ -77,7 +78,7 @@ def sample(args: flags.FlagValues) -> int:
     if not start:
       raise ValueError("--start must not be empty.")
     params, config = models.adjust(params, config, args.block_size, args.dtype)
-    stops = stop_ids_of(args.stop_ids, tokenizer)
+    stops = stop_ids_of(wanted, tokenizer)
     forms = forms_flags.forms_from_flags(args)
     prompt = jnp.asarray(tokenizer.encode(start))
     if prompt.size == 0:
@@ -99,17 +100,23 @@ def sample(args: flags.FlagValues) -> int:
   return 0
 
 
-def stop_ids_of(flag, tokenizer) -> tuple:
-  """--stop_ids as ids: the model's end token(s) when not given, none for 'none'."""
+def parse_stop_ids(flag):
+  """--stop_ids as ids; None when not given (the model's), () for 'none'."""
   if flag is None:
-    return models.stop_ids(tokenizer)
+    return None
   if [v.lower() for v in flag] == ["none"]:
     return ()
   try:
-    ids = tuple(int(v) for v in flag)
+    return tuple(int(v) for v in flag)
   except ValueError:
     raise ValueError(f"--stop_ids={','.join(flag)} must be token ids (integers) or "
                      f"'none'.") from None
+
+
+def stop_ids_of(ids, tokenizer) -> tuple:
+  """The ids a sample ends at: `ids` (checked), or the model's end token(s) for None."""
+  if ids is None:
+    return models.stop_ids(tokenizer)
   bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
   if bad:
     raise ValueError(f"--stop_ids: {bad[0]} is not an id of the model's {tokenizer.vocab_size}.")
