@@ -83,8 +83,9 @@ def stop_ids(tokenizer, fmt: Optional[chat.ChatFormat] = None) -> Tuple[int, ...
 
 
 def chat_format(init_from: Optional[str], tokenizer) -> chat.ChatFormat:
-  """The chat template of the model `init_from` names, or of the folder its
-  tokenizer came from (a purejax run fine-tuned from a Hugging Face folder).
+  """The chat template of the model `init_from` names, of the folder its tokenizer
+  came from (a purejax run fine-tuned from a Hugging Face folder), or the one
+  its tokenizer spec records (a GGUF file's).
 
   Raises:
     chat.ChatTemplateError: the model has no template.
@@ -95,6 +96,9 @@ def chat_format(init_from: Optional[str], tokenizer) -> chat.ChatFormat:
     if (local / chat.TOKENIZER_CONFIG).is_file() or (local / chat.TEMPLATE_FILE).is_file():
       folder = local
   folder = folder or _folder_of(tokenizer)
+  recorded = chat.format_of_spec(tokenizer.spec(), tokenizer) if folder is None else None
+  if recorded is not None:  # a GGUF file's template, from its metadata
+    return recorded
   if folder is None:
     raise chat.ChatTemplateError(
         f"{init_from or 'this model'} has no chat template (its tokenizer is not a "
