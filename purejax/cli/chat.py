@@ -169,11 +169,26 @@ def converse(args: flags.FlagValues, stdin=None, stdout=None) -> int:
   interactive = stdin.isatty()
   if interactive:
     print(f"Chatting with {args.init_from} ({COMMANDS}).", file=sys.stderr)
+  try:
+    return _loop(session, args, stdin, stdout, interactive)
+  except KeyboardInterrupt:  # Ctrl-C: end the chat without a traceback
+    stdout.write("\n")
+    return 130
+
+
+def _loop(session: Session, args, stdin, stdout, interactive: bool) -> int:
+  """Reads messages and commands until /quit or the end of input."""
   while True:
-    if interactive:
-      stdout.write("> ")
-      stdout.flush()
-    line = stdin.readline()
+    if interactive and stdin is sys.stdin and stdout is sys.stdout:
+      try:
+        line = input("> ") + "\n"  # the terminal's line editing
+      except EOFError:
+        line = ""
+    else:
+      if interactive:
+        stdout.write("> ")
+        stdout.flush()
+      line = stdin.readline()
     if not line:  # Ctrl-D, or the end of piped input
       return 0
     text = line.rstrip("\n")
