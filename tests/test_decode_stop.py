@@ -20,6 +20,7 @@ def params():
   return sharpened_params(CONFIG)
 
 
+@pytest.mark.slow
 def test_each_row_stops_at_its_own_stop_id_and_says_where(params):
   prompts = random_tokens(jax.random.PRNGKey(4), (3, 4))
   key = jax.random.PRNGKey(0)
@@ -41,6 +42,7 @@ def test_each_row_stops_at_its_own_stop_id_and_says_where(params):
   assert (np.asarray(never.lengths) == 12).all() and not np.asarray(never.stopped).any()
 
 
+@pytest.mark.slow
 def test_stopping_works_across_cache_slides_and_unbatched(params):
   prompt = random_tokens(jax.random.PRNGKey(5), (30,))  # slides after two tokens
   plain = np.asarray(decode.generate(params, prompt, CONFIG, jax.random.PRNGKey(0), 40,
@@ -75,6 +77,7 @@ def feed_afresh(params, ids):
   return np.asarray(gpt.forward(params, jnp.asarray(ids)[None], CONFIG)[0, -1])
 
 
+@pytest.mark.slow
 def test_a_conversation_feeds_each_turn_once_and_equals_feeding_it_afresh(params):
   layers, rest = decode.model_part(params, CONFIG)
   conversation = decode.Conversation(decode.init_kv_cache(CONFIG, 1, 4))
@@ -96,6 +99,7 @@ def test_a_conversation_feeds_each_turn_once_and_equals_feeding_it_afresh(params
   assert decode.cache_length(conversation.cache) == 32  # grew 4 -> 8 -> 16 -> 32
 
 
+@pytest.mark.slow
 def test_an_edited_history_is_fed_from_where_it_differs(params):
   layers, rest = decode.model_part(params, CONFIG)
   conversation = decode.Conversation(decode.init_kv_cache(CONFIG, 1, 16))

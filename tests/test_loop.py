@@ -177,6 +177,7 @@ def test_logged_mfu_is_nanogpts_formula_over_the_given_peak(tmp_path):
                                rtol=1e-6)
 
 
+@pytest.mark.slow  # a short training run
 def test_a_schedule_that_does_not_fit_the_run_is_one_line_at_start_up(tmp_path, capsys):
   # nanoGPT's recipe warms up for 100 steps: a 20-step fine-tune never reaches its rate.
   recipe = loop.GPT_OPTIMIZER
