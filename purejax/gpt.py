@@ -47,6 +47,8 @@ from purejax import rng
 from purejax.gpt_config import ARCHITECTURES  # pylint: disable=unused-import
 from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
 from purejax.gpt_config import GPTConfig
+from purejax.gpt_config import depth_lr_scale  # pylint: disable=unused-import
+from purejax.gpt_config import depth_shape  # pylint: disable=unused-import
 
 Params = Dict[str, Any]
 
