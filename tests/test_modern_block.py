@@ -229,7 +229,8 @@ def test_embed_norm_with_a_scale_has_its_own_params():
                          norm="rmsnorm", embed_norm=True)
   params = gpt.init_params(config, jax.random.PRNGKey(0))
   params["ln_e"]["scale"] = jnp.full((16,), 3.0)
-  tokens = jnp.zeros((1, 4), jnp.int32)
+  params["wte"]["embedding"] = jnp.asarray(random((16, 16)))  # well above norm_eps
+  tokens = jnp.arange(4)[None]
   x = gpt.input_states(params, tokens, config)
   chex.assert_trees_all_close(jnp.sqrt(jnp.mean(x ** 2, -1)), jnp.full((1, 4), 3.0), rtol=1e-4)
 
@@ -263,7 +264,7 @@ def test_the_depth_rule_is_nanochats():
 def test_depth_sets_the_shape_and_scales_the_rates():
   args = train_cli.command.parse(["train", "--arch=nanochat", "--depth=2",
                                   "--learning_rate=0.01", "--min_lr=0.001"],
-                                 lambda a: train_cli.define_flags(a, "gpt"))
+                                 lambda a: train_cli.train_flags.define_flags(a, "gpt"))
   config = train_cli.gpt_config(args, vocab_size=40)
   assert (config.n_layer, config.n_embd, config.n_head) == (2, 128, 1)
   assert config.value_embeds and config.logit_softcap == 15.0
