@@ -17,7 +17,7 @@ it; tests/test_architecture.py checks that against this drawing):
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
                 matmul; `nn.dropout` is ops.dropout's)
-    gpt, gpt_config, mlp, decode, lora   the models (GPTConfig beside gpt);
+    gpt, gpt_config, gpt_init, mlp, decode, lora   the models (GPTConfig and init beside gpt);
                 sampling with a KV cache; low-rank adapters over any model's
                 params (below training and weights, which both use it)
     data/       tokenizers (and training them), corpora, batches, MNIST and TFDS

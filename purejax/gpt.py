@@ -8,13 +8,12 @@
 
 The architecture is GPT-2's: learned token and position embeddings,
 pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final
-LayerNorm and an output head tied to the token embedding. The Llama family
-(Llama, Mistral, Qwen2, SmolLM) is the same model with other options, one
-small function each: RMSNorm (`nn.rms_norm`), rotary positions (`nn.rope`),
-a SwiGLU MLP (`nn.swiglu`), fewer key/value heads than query heads
-(grouped-query attention), an untied output head, and no biases or Qwen2's
-query/key/value biases. The config (`GPTConfig`, and `ARCHITECTURES`, which
-names the option sets) is in `purejax/gpt_config.py`.
+LayerNorm and an output head tied to the token embedding. Other families are
+the same model with other options (`GPTConfig` and the named `ARCHITECTURES`,
+in `gpt_config.py`), each one small function: the Llama family's RMSNorm,
+rotary positions, SwiGLU, grouped-query attention, untied head and Qwen2's
+query/key/value biases; nanochat's parameter-free norms, QK-norm, ReLU^2,
+soft-capped logits and value embeddings. Params are made in `gpt_init.py`.
 
 The `n_layer` blocks share one structure, so their params are stacked on a
 leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
@@ -31,7 +30,6 @@ training steps in `purejax/training/steps.py`.
 """
 
 import functools
-import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import chex
@@ -49,108 +47,13 @@ from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
 from purejax.gpt_config import GPTConfig
 from purejax.gpt_config import depth_lr_scale  # pylint: disable=unused-import
 from purejax.gpt_config import depth_shape  # pylint: disable=unused-import
+# Initialisation lives beside this file (`gpt_init`); these are its names here.
+from purejax.gpt_init import init_block  # pylint: disable=unused-import
+from purejax.gpt_init import init_norm  # pylint: disable=unused-import
+from purejax.gpt_init import init_params
+from purejax.gpt_init import num_params  # pylint: disable=unused-import
 
 Params = Dict[str, Any]
-
-_DTYPES = gpt_config.DTYPES
-
-
-# ----------------------------------------------------------------------------
-# Initialisation
-
-
-def init_norm(config: GPTConfig) -> Params:
-  """Params of one of the model's norms (`config.norm`); with `norm_scale=False` it has none."""
-  dtype = _DTYPES[config.param_dtype]
-  if config.norm == "rmsnorm":
-    return nn.init_rms_norm(config.n_embd, dtype=dtype)
-  return nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype)
-
-
-def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
-  """Params of one transformer block (unstacked).
-
-  GPT-2 initialisation: weights N(0, 0.02^2), except the two projections that
-  write into the residual stream, scaled by 1/sqrt(2 * n_layer) so the
-  residual variance does not grow with depth (with `zero_init_proj`, zero).
-  With `norm_scale=False` there are no `ln_1`, `ln_2`. The key comes last, as
-  in every init function (`init_block(key, config)` works for one release,
-  deprecated).
-  """
-  config, key = rng.key_last("init_block", (config, key))
-  c, dtype = config.n_embd, _DTYPES[config.param_dtype]
-  keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
-  resid_scale = 0.0 if config.zero_init_proj else 0.02 / math.sqrt(2 * config.n_layer)
-  dense = functools.partial(nn.init_dense, bias=config.bias, dtype=dtype)
-  qkv_width = (config.n_head + 2 * config.kv_heads) * config.head_dim
-  fc_width = config.mlp_width * (2 if config.mlp == "swiglu" else 1)  # swiglu: gate, up
-  params = {
-      "ln_1": init_norm(config),
-      "attn": {
-          "qkv": nn.init_dense(c, qkv_width, keys["qkv"], scale=0.02, dtype=dtype,
-                               bias=config.bias or config.qkv_bias),
-          "proj": dense(c, c, keys["attn_proj"], scale=resid_scale),
-      },
-      "ln_2": init_norm(config),
-      "mlp": {
-          "fc": dense(c, fc_width, keys["fc"], scale=0.02),
-          "proj": dense(config.mlp_width, c, keys["mlp_proj"], scale=resid_scale),
-      },
-  }
-  if not config.norm_scale:
-    del params["ln_1"], params["ln_2"]
-  return params
-
-
-def init_params(config: GPTConfig, key: chex.PRNGKey) -> Params:
-  """All model params; block params are stacked on a leading `[n_layer]` axis.
-
-  Returns:
-    `{"wte": {"embedding": [vocab, embd]}, "wpe": {"embedding": [block, embd]},
-      "blocks": <init_block tree, each leaf with a leading [n_layer] axis>,
-      "ln_f": {...}}`. The output head reuses `wte` (tied embeddings); with
-    `tie_embeddings=False` it is `"lm_head": {"w": [embd, vocab]}`. With
-    `position="rope"` there is no `"wpe"`. With `norm_scale=False` there is
-    no `"ln_f"`; with `embed_norm` (and `norm_scale`) the embedding's norm is
-    `"ln_e"`; with `value_embeds`, `"value_embeds"` holds `"embedding"`
-    `[n_value_embeds, vocab, kv_heads * head_dim]`, N(0, 0.02^2), and
-    `"gate"` `[n_value_embeds, 12, kv_heads]`, zero (each gate starts at 1.5).
-  """
-  keys = rng.split_named(key, ("wte", "wpe", "blocks"))
-  dtype = _DTYPES[config.param_dtype]
-  block_keys = rng.layer_keys(keys["blocks"], config.n_layer)
-  params = {
-      "wte": nn.init_embedding(config.vocab_size, config.n_embd, keys["wte"], dtype=dtype),
-      "wpe": nn.init_embedding(config.block_size, config.n_embd, keys["wpe"], dtype=dtype),
-      "blocks": jax.vmap(lambda k: init_block(config, k))(block_keys),
-      "ln_f": init_norm(config),
-  }
-  if config.position != "learned":
-    del params["wpe"]
-  if not config.tie_embeddings:
-    params["lm_head"] = nn.init_dense(config.n_embd, config.vocab_size,
-                                      jax.random.fold_in(keys["wte"], 1), bias=False,
-                                      dtype=dtype)
-  if not config.norm_scale:
-    del params["ln_f"]
-  elif config.embed_norm:
-    params["ln_e"] = init_norm(config)
-  if config.value_embeds:
-    n, kv = config.n_value_embeds, config.kv_heads
-    table = nn.init_embedding(n * config.vocab_size, kv * config.head_dim,
-                              jax.random.fold_in(keys["wte"], 2), dtype=dtype)["embedding"]
-    params["value_embeds"] = {
-        "embedding": table.reshape(n, config.vocab_size, kv * config.head_dim),
-        "gate": jnp.zeros((n, gpt_config.VALUE_GATE_CHANNELS, kv), dtype)}
-  return params
-
-
-def num_params(params: Params, *, non_embedding: bool = True) -> int:
-  """Parameter count; like nanoGPT, leaves out position embeddings by default."""
-  total = sum(x.size for x in jax.tree.leaves(params))
-  if non_embedding and "wpe" in params:
-    total -= params["wpe"]["embedding"].size
-  return total
 
 
 # ----------------------------------------------------------------------------
@@ -202,8 +105,7 @@ def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
     frequencies = nn.rope_frequencies(d, config.rope_theta, config.rope_scaling)
     q, k = nn.rope(q, positions, frequencies), nn.rope(k, positions, frequencies)
   if config.qk_norm:
-    q = nn.rms_normalize(q, eps=config.norm_eps)
-    k = nn.rms_normalize(k, eps=config.norm_eps)
+    q, k = (nn.rms_normalize(a, eps=config.norm_eps) for a in (q, k))
   if value_embed is not None:
     rows, gate = value_embed
     logits = nn.dense({"w": gate}, x[..., :gate.shape[0]], compute_dtype=config.matmul_dtype,
@@ -395,16 +297,14 @@ def final_norm(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
 
 def value_embedding(params: Params, tokens: chex.Array, config: GPTConfig,
                     layer: chex.Numeric) -> Optional[ValueEmbed]:
-  """Layer `layer`'s value embedding of `tokens` `[batch, time]`, or None if it has none.
+  """Layer `layer`'s value embedding of `tokens` `[batch, time]` (table `layer // 2`), or None.
 
-  Layers `n_layer - 1, n_layer - 3, ...` have one (nanochat's `has_ve`);
-  layer `i`'s table is `i // 2`. With `layer` traced (the layer scan), every
-  layer gets its rows, zeroed where the layer has none.
+  A traced `layer` (the layer scan) gets rows on every layer, zero where
+  `config.has_value_embed` says it has none.
   """
-  if not config.value_embeds:
+  if not config.value_embeds or (isinstance(layer, int) and not config.has_value_embed(layer)):
     return None
-  if isinstance(layer, int) and not config.has_value_embed(layer):
-    return None
+  chex.assert_rank(tokens, 2)
   tables = params["value_embeds"]
   rows = tables["embedding"][layer // 2, tokens]  # a gather of the rows, not a table copy
   if not isinstance(layer, int):
@@ -439,11 +339,9 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
                tokens: Optional[chex.Array] = None) -> chex.Array:
   """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop.
 
-  `tokens` `[batch, time]` are needed only with `value_embeds`.
+  `tokens` `[batch, time]` are read only with `value_embeds`.
   """
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
-  if config.value_embeds and tokens is None:
-    raise ValueError("run_blocks: a config with value_embeds needs tokens=....")
 
   def layer(layer_params, h, layer_key, index=None):
     value_embed = None if index is None else value_embedding(params, tokens, config, index)
@@ -457,9 +355,9 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
     if not config.value_embeds:  # GPT-2's and Llama's scan, as it has always been
       x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1]), None), x,
                           (params["blocks"], layer_keys))
-      return x
-    x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], xs[2]), None), x,
-                        (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
+    else:
+      x, _ = jax.lax.scan(lambda h, xs: (layer(*xs[:1], h, *xs[1:]), None), x,
+                          (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
     return x
   for i in range(config.n_layer):
     layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])

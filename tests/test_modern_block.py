@@ -30,6 +30,11 @@ def random(shape, seed=0, scale=1.0):
   return (scale * np.random.default_rng(seed).normal(size=shape)).astype(np.float32)
 
 
+init = jax.jit(gpt.init_params, static_argnums=0)
+forward = jax.jit(gpt.forward, static_argnums=2)
+loss_of = jax.jit(gpt.loss, static_argnums=3)
+
+
 def randomised(params, scale=0.3):
   """Every leaf redrawn at random, so zero-initialised pieces (projections, gates) act too."""
   leaves, treedef = jax.tree.flatten(params)
@@ -99,7 +104,7 @@ def test_the_nanochat_block_equals_a_plain_numpy_forward():
   # Three layers (value embeddings on 0 and 2), two key/value heads for four queries.
   config = gpt.GPTConfig(vocab_size=40, block_size=12, n_layer=3, n_head=4, n_embd=32,
                          n_kv_head=2, **NANOCHAT)
-  params = randomised(gpt.init_params(config, jax.random.PRNGKey(0)))
+  params = randomised(init(config, jax.random.PRNGKey(0)))
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 12)), jnp.int32)
   want = np_nanochat_logits(params, np.asarray(tokens), config)
   for scan in (True, False):  # the layer scan indexes value tables by a traced layer
@@ -122,7 +127,7 @@ def test_the_nanochat_block_equals_a_plain_numpy_forward():
 def test_the_nanochat_params_are_nanochats():
   config = gpt.GPTConfig(vocab_size=40, block_size=8, n_layer=4, n_head=2, n_embd=32,
                          **NANOCHAT)
-  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  params = init(config, jax.random.PRNGKey(0))
   # No norm has params, no dense layer a bias; the head is its own matrix.
   assert set(params) == {"wte", "blocks", "lm_head", "value_embeds"}
   assert set(params["blocks"]) == {"attn", "mlp"}
@@ -149,7 +154,7 @@ def test_options_default_to_the_gpt2_block():
   assert (config.norm_scale, config.embed_norm, config.qk_norm, config.logit_softcap,
           config.zero_init_proj, config.value_embeds) == (True, False, False, None, False,
                                                           False)
-  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   assert set(params) == {"wte", "wpe", "blocks", "ln_f"}
 
 
@@ -197,37 +202,37 @@ def test_relu_squared_mlp_equals_numpy_and_transformers():
 def test_logit_softcap_bounds_the_logits_and_the_loss_reads_them():
   base = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
   capped = dataclasses.replace(base, logit_softcap=2.0)
-  params = randomised(gpt.init_params(base, jax.random.PRNGKey(0)), scale=1.0)
+  params = randomised(init(base, jax.random.PRNGKey(0)), scale=1.0)
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, (2, 8)), jnp.int32)
-  plain = np.asarray(gpt.forward(params, tokens, base), np.float64)
+  plain = np.asarray(forward(params, tokens, base), np.float64)
   assert np.abs(plain).max() > 2.0  # the cap has something to do
   want = 2.0 * np.tanh(plain / 2.0)
-  got = np.asarray(gpt.forward(params, tokens, capped))
+  got = np.asarray(forward(params, tokens, capped))
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
   assert np.abs(got).max() <= 2.0  # float32's tanh reaches 1 only when saturated
-  chex.assert_trees_all_close(float(gpt.loss(params, tokens, tokens, capped)),
+  chex.assert_trees_all_close(float(loss_of(params, tokens, tokens, capped)),
                               np_cross_entropy(want, np.asarray(tokens)), rtol=1e-5)
 
 
 def test_zero_initialised_projections_make_each_block_the_identity():
   config = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16,
                          zero_init_proj=True)
-  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  params = init(config, jax.random.PRNGKey(0))
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, (2, 8)), jnp.int32)
   x = np.asarray(params["wte"]["embedding"])[tokens] + np.asarray(params["wpe"]["embedding"])
   x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)  # ln_f at init
   want = x @ np.asarray(params["wte"]["embedding"]).T
-  chex.assert_trees_all_close(np.asarray(gpt.forward(params, tokens, config)), want,
+  chex.assert_trees_all_close(np.asarray(forward(params, tokens, config)), want,
                               rtol=1e-4, atol=1e-5)
   # Gradients still reach the projections (through the residual stream).
-  grads = jax.grad(gpt.loss)(params, tokens, tokens, config)
+  grads = jax.jit(jax.grad(gpt.loss), static_argnums=3)(params, tokens, tokens, config)
   assert np.abs(np.asarray(grads["blocks"]["mlp"]["proj"]["w"])).max() > 0
 
 
 def test_embed_norm_with_a_scale_has_its_own_params():
   config = gpt.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16,
                          norm="rmsnorm", embed_norm=True)
-  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  params = init(config, jax.random.PRNGKey(0))
   params["ln_e"]["scale"] = jnp.full((16,), 3.0)
   params["wte"]["embedding"] = jnp.asarray(random((16, 16)))  # well above norm_eps
   tokens = jnp.arange(4)[None]
@@ -281,6 +286,7 @@ def test_depth_with_a_shape_flag_is_a_one_line_error(capsys, tmp_path):
       "error: --depth sets the model's shape; drop --n_layer or drop --depth.")
 
 
+@pytest.mark.slow
 def test_the_nanochat_preset_trains(tmp_path, text_file, capsys):
   code = train_cli.run([
       "train", "--arch=nanochat", "--depth=1", f"--dataset={text_file}",

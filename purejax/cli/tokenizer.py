@@ -19,7 +19,6 @@ from absl import flags
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.data import bpe_train
-from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
 
@@ -49,12 +48,13 @@ def _check(args: flags.FlagValues) -> None:
   if args.dataset is None:
     raise ValueError("--dataset is required: a .txt file, a folder of them, or a TFDS name.")
   if args.train:
+    if args.vocab_size is not None:
+      bpe_train.check_vocab_size(args.vocab_size)
     for name in ("vocab_size", "out"):
       if args[name].value is None:
         raise ValueError(f"--train needs --{name} (e.g. --vocab_size=4096 --out=tok.json).")
     if args.tokenizer_file is not None:
       raise ValueError("--tokenizer_file is measured without --train; drop one of them.")
-    bpe_train.check_vocab_size(args.vocab_size)
     out = pathlib.Path(args.out).expanduser()
     if out.exists() and not args.overwrite:
       raise ValueError(f"--out={args.out} exists; pass --overwrite to replace it.")
@@ -71,8 +71,8 @@ def _check(args: flags.FlagValues) -> None:
 
 def tokenizer(args: flags.FlagValues) -> int:
   """Trains (or loads) the tokenizer and prints its compression on --dataset."""
-  text = lambda: corpus_lib.training_text(args.dataset, tfds_data_dir=args.tfds_data_dir,
-                                          tfds_manual_dir=args.tfds_manual_dir)
+  text = lambda: bpe_train.corpus_text(args.dataset, tfds_data_dir=args.tfds_data_dir,
+                                      tfds_manual_dir=args.tfds_manual_dir)
   try:
     _check(args)
     if args.train:

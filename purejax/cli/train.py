@@ -29,6 +29,7 @@ from purejax.cli import forms_flags
 from purejax.cli import train_flags
 from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
+from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.training import checkpoint
 from purejax.training import loop
@@ -177,6 +178,9 @@ def refuse_what_has_no_effect(args: Args) -> None:
 
 def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
   """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+  if (tokenizer is None and args.tokenizer_file is not None
+      and tokenizer_json.is_tokenizer_json(args.tokenizer_file)):
+    tokenizer = tokenizer_json.load(args.tokenizer_file)  # e.g. python -m purejax.tokenizer's
   # A model's own tokenizer was already built (with --tokenizer_file, if given).
   tokenizer_file = args.tokenizer_file if isinstance(tokenizer, (str, type(None))) else None
   return parallel.main_process_first(

@@ -143,9 +143,11 @@ def define_gpt_flags(args: flags.FlagValues) -> None:
                     "Tokenizer (default: the data's own: characters for text, meta.pkl "
                     "or GPT-2 BPE for .bin folders, the model's with --init_from).",
                     flag_values=args)
-  flags.DEFINE_string("tokenizer_file", None, "A local copy of GPT-2's encoding: a folder "
-                      "with vocab.bpe and encoder.json, or a .tiktoken file; or where an "
-                      "--init_from model's tokenizer.json is now.", flag_values=args)
+  flags.DEFINE_string("tokenizer_file", None, "A tokenizer.json to train on (python -m "
+                      "purejax.tokenizer --train makes one); a local copy of GPT-2's "
+                      "encoding: a folder with vocab.bpe and encoder.json, or a .tiktoken "
+                      "file; or where an --init_from model's tokenizer.json is now.",
+                      flag_values=args)
   flags.DEFINE_string("cache_dir", None, "Where tokenized text is cached (default: "
                       "$PUREJAX_CACHE_DIR or ~/.cache/purejax).", flag_values=args)
   flags.DEFINE_string("init_from", None, "Start from pretrained weights: gpt2, gpt2-medium, "

@@ -13,8 +13,13 @@ does the counting and merging; it is already the package that runs
 `tokenizer.json` files (`tokenizer_json`).
 """
 
-from typing import Iterable, Tuple
+import contextlib
+import os
+import pathlib
+import tempfile
+from typing import Iterable, Iterator, Optional, Tuple
 
+from purejax.data import corpus
 from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
 
@@ -99,3 +104,35 @@ def bytes_per_token(tok, texts: Iterable[str]) -> Tuple[float, int, int]:
   if not total_tokens:
     raise TokenizerError("the corpus holds no text to measure the tokenizer on.")
   return total_bytes / total_tokens, total_bytes, total_tokens
+
+
+@contextlib.contextmanager
+def corpus_text(dataset: str, *, tfds_data_dir: Optional[str] = None,
+                tfds_manual_dir: Optional[str] = None) -> Iterator[Iterator[str]]:
+  """The text `corpus.load_corpus(dataset)` trains on, as chunks of `str`, read by its own readers.
+
+  A .txt file or a folder of them is its whole text (`load_corpus` keeps
+  the last tenth of its tokens for validation); a TFDS dataset gives its
+  train split.
+
+  Yields:
+    An iterator of text chunks, valid inside the `with`.
+
+  Raises:
+    CorpusError: `dataset` is missing, empty, or already token ids (a nanoGPT
+      folder).
+  """
+  # pylint: disable=protected-access  # corpus's readers, so the text is what it tokenizes
+  path = pathlib.Path(dataset).expanduser()
+  if not path.exists():
+    if dataset.endswith((".txt", ".bin", os.sep)) or dataset.startswith((os.sep, ".", "~")):
+      raise corpus.CorpusError(f"`dataset={dataset}` does not exist; pass an existing .txt "
+                               f"file or folder, or a TFDS name.")
+    source = corpus._tfds_source(dataset, tfds_data_dir, tfds_manual_dir)
+  elif path.is_dir() and any((path / f).exists() for f in ("train.bin", "val.bin")):
+    raise corpus.CorpusError(f"`dataset={dataset}` is a nanoGPT folder of token ids, not "
+                             f"text; pass the text it was made from (a .txt file or folder).")
+  else:
+    source = corpus._file_source(path)
+  with tempfile.TemporaryDirectory() as scratch, source.open(pathlib.Path(scratch)) as parts:
+    yield corpus._text_chunks(parts[0])

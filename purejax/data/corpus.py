@@ -30,7 +30,6 @@ import numpy as np
 from purejax import _files
 from purejax.data import datasets
 from purejax.data import tokenize_files
-from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 
@@ -230,21 +229,14 @@ def _check_tokenizer(tokenizer, tokenizer_file: Optional[str]) -> None:
     raise CorpusError(f"tokenizer must be a name ({', '.join(tokenizers.TOKENIZERS)}) or a "
                       f"Tokenizer, got {type(tokenizer).__name__}.")
   if tokenizer_file is not None and not (tokenizer is None or tokenizer == "gpt2"):
-    raise CorpusError(f"`tokenizer_file` (GPT-2's encoding, or a tokenizer.json on its own) "
-                      f"does not apply to `tokenizer={tokenizer}`; drop one of them.")
-  if (tokenizer == "gpt2" and tokenizer_file is not None
-      and tokenizer_json.is_tokenizer_json(tokenizer_file)):
-    raise CorpusError(f"`tokenizer_file={tokenizer_file}` is a tokenizer.json, not GPT-2's "
-                      f"encoding; drop `tokenizer=gpt2` to train on it.")
+    raise CorpusError(f"`tokenizer_file` applies to `tokenizer=gpt2`, not {tokenizer!r}; "
+                      f"drop one of them.")
 
 
 def _resolve_tokenizer(tokenizer, tokenizer_file: Optional[str]) -> Optional[tokenizers.Tokenizer]:
-  """The tokenizer asked for (a file implies "gpt2", or is a tokenizer.json); None for
-  "char", built from the text."""
+  """The tokenizer asked for (a file implies "gpt2"); None for "char", built from the text."""
   if isinstance(tokenizer, tokenizers.Tokenizer):
     return tokenizer
-  if tokenizer is None and tokenizer_file and tokenizer_json.is_tokenizer_json(tokenizer_file):
-    return tokenizer_json.load(tokenizer_file)
   if (tokenizer or ("gpt2" if tokenizer_file else "char")) == "char":
     return None
   return tokenizers.gpt2_tokenizer(tokenizer_file)
@@ -448,37 +440,6 @@ def _load(dataset, tokenizer, tokenizer_file, cache_dir, tfds_data_dir, tfds_man
                       f"missing.")
   tok = _resolve_tokenizer(tokenizer, tokenizer_file)
   return _text_corpus(_file_source(path), tok, cache, progress)
-
-
-@contextlib.contextmanager
-def training_text(dataset: str, *, tfds_data_dir: Optional[str] = None,
-                  tfds_manual_dir: Optional[str] = None) -> Iterator[Iterator[str]]:
-  """The text `load_corpus(dataset)` trains on, as chunks of `str` (to train a tokenizer on).
-
-  A .txt file or a folder of them is its whole text (`load_corpus` keeps
-  the last tenth of its tokens for validation); a TFDS dataset gives its
-  train split.
-
-  Yields:
-    An iterator of text chunks, valid inside the `with`.
-
-  Raises:
-    CorpusError: `dataset` is missing, empty, or already token ids (a nanoGPT
-      folder).
-  """
-  path = pathlib.Path(dataset).expanduser()
-  if not path.exists():
-    if dataset.endswith((".txt", ".bin", os.sep)) or dataset.startswith((os.sep, ".", "~")):
-      raise CorpusError(f"`dataset={dataset}` does not exist; pass an existing .txt file or "
-                        f"folder, or a TFDS name.")
-    source = _tfds_source(dataset, tfds_data_dir, tfds_manual_dir)
-  elif path.is_dir() and any((path / f).exists() for f in ("train.bin", "val.bin")):
-    raise CorpusError(f"`dataset={dataset}` is a nanoGPT folder of token ids, not text; "
-                      f"pass the text it was made from (a .txt file or folder).")
-  else:
-    source = _file_source(path)
-  with tempfile.TemporaryDirectory() as scratch, source.open(pathlib.Path(scratch)) as parts:
-    yield _text_chunks(parts[0])
 
 
 def fits_on_device(corpus: Corpus, max_bytes: int = DEVICE_BYTES) -> bool:
