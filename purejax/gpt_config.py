@@ -190,6 +190,15 @@ class GPTConfig:
     return 4 * self.n_embd
 
   @property
+  def nanochat_options(self) -> tuple:
+    """The names of the nanochat options that change the math and are on (weight formats
+    of GPT-2 and Llama hold none of them)."""
+    on = dict(norm_scale=not self.norm_scale, embed_norm=self.embed_norm,
+              qk_norm=self.qk_norm, logit_softcap=self.logit_softcap is not None,
+              value_embeds=self.value_embeds, mlp=self.mlp == "relu2")
+    return tuple(name for name, is_on in on.items() if is_on)
+
+  @property
   def n_value_embeds(self) -> int:
     """Layers with a value embedding: every other one, counting back from the last."""
     return (self.n_layer + 1) // 2 if self.value_embeds else 0

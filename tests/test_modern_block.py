@@ -297,3 +297,18 @@ def test_the_nanochat_preset_trains(tmp_path, text_file, capsys):
   losses = [float(line.split("| loss ")[1].split()[0])
             for line in capsys.readouterr().out.splitlines() if "| loss " in line]
   assert len(losses) == 20 and losses[-1] < losses[0] - 0.5, losses
+
+
+def test_weight_formats_refuse_what_they_cannot_hold():
+  from purejax.weights import gpt2 as gpt2_format  # pylint: disable=import-outside-toplevel
+  from purejax.weights import llama as llama_format  # pylint: disable=import-outside-toplevel
+  nanochat = gpt.GPTConfig(**NANOCHAT)
+  assert nanochat.nanochat_options == ("norm_scale", "embed_norm", "qk_norm", "logit_softcap",
+                                       "value_embeds", "mlp")
+  llama_qk = gpt.GPTConfig(**gpt.ARCHITECTURES["llama"], qk_norm=True)
+  for config in (nanochat, llama_qk):
+    with pytest.raises(ValueError, match="Hugging Face has no class for it"):
+      llama_format.hf_config_dict(config)
+  with pytest.raises(ValueError, match=r"other options \['logit_softcap'\]"):
+    gpt2_format.check_architecture(gpt.GPTConfig(logit_softcap=30.0))
+  llama_format.hf_config_dict(gpt.GPTConfig(**gpt.ARCHITECTURES["llama"]))  # still exports
