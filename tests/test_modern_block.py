@@ -279,11 +279,16 @@ def test_depth_sets_the_shape_and_scales_the_rates():
   assert optimizer.min_lr == pytest.approx(0.001 * scale)
 
 
-def test_depth_with_a_shape_flag_is_a_one_line_error(capsys, tmp_path):
-  code = train_cli.run(["train", "--depth=2", "--n_layer=3", f"--out_dir={tmp_path}"])
+@pytest.mark.parametrize("flags, message", [
+    (["--n_layer=3"], "--depth sets the model's shape; drop --n_layer or drop --depth."),
+    (["--sweep=learning_rate=1e-3,3e-3"], "--sweep gives learning_rate as it is, but --depth "
+     "scales the rate flags by the width;"),
+])
+def test_depth_with_a_shape_flag_or_a_rate_sweep_is_a_one_line_error(capsys, tmp_path, flags,
+                                                                      message):
+  code = train_cli.run(["train", "--depth=2", *flags, f"--out_dir={tmp_path}"])
   assert code == train_cli.EXIT_ERROR
-  assert capsys.readouterr().err.strip().splitlines()[-1] == (
-      "error: --depth sets the model's shape; drop --n_layer or drop --depth.")
+  assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: " + message)
 
 
 @pytest.mark.slow

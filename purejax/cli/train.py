@@ -143,6 +143,10 @@ def sweep_grid(args: Args) -> Optional[dict]:
     if bad:
       raise ValueError(f"--sweep's {name}={bad[0]} is not a finite number; sweep finite "
                        f"values.")
+    if name in ("learning_rate", "min_lr") and args.depth is not None:
+      raise ValueError(f"--sweep gives {name} as it is, but --depth scales the rate flags by "
+                       f"the width; sweep without --depth (with --n_layer, --n_embd, "
+                       f"--n_head) or drop {name} from --sweep.")
     if name != sweep.DROPOUT and name not in used:
       raise ValueError(f"--sweep of {name} has no effect on --optimizer={args.optimizer} "
                        f"with --lr_schedule={args.lr_schedule}, which reads only "
