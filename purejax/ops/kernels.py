@@ -361,13 +361,11 @@ def tied_head_cross_entropy(
   dim = x.shape[-1]
   rows = x.reshape(-1, dim)
   flat_labels = labels.reshape(-1)
-
-  def head(h):
-    logits = matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
-    if softcap is None:  # GPT-2's program, untouched
-      return logits
-    return softcap * jnp.tanh(logits.astype(jnp.float32) / softcap)
+  head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
+  if softcap is not None:  # without it, GPT-2's program, untouched
+    uncapped = head
+    head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
   if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
     return cross_entropy(head(rows), flat_labels)
 
