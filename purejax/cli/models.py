@@ -56,8 +56,10 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
 
 def _folder_of(tokenizer) -> Optional[pathlib.Path]:
   """The model folder a tokenizer.json tokenizer was read from, if any."""
-  file = getattr(tokenizer, "encoding_file", None)
-  return pathlib.Path(file).parent if file and str(file).endswith(".json") else None
+  spec = tokenizer.spec() if hasattr(tokenizer, "spec") else None
+  if spec is None or spec.kind != "tokenizer.json" or not spec.encoding_file:
+    return None
+  return pathlib.Path(spec.encoding_file).parent
 
 
 def _single_id(tokenizer, text: Optional[str]) -> Optional[int]:
