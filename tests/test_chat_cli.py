@@ -108,3 +108,18 @@ def test_refusals_are_one_line(capsys, tmp_path):
     chat.load_chat_format(str(base))
   assert refusal(capsys, sample, "--stop_ids=a,b") == (
       "error: --stop_ids=a,b must be token ids (integers) or 'none'.")
+
+
+def test_the_end_token_of_each_kind_of_model(tmp_path):
+  import types
+  from purejax.cli import models
+  from purejax.data.tokenizer_spec import TokenizerSpec
+  gpt2 = TokenizerSpec("bpe", "gpt2", 50257, fingerprint="f", pat_str="p",
+                       special_tokens=(("<|endoftext|>", 50256),), encoding_file="encoder.json")
+  assert models.stop_ids(types.SimpleNamespace(spec=lambda: gpt2)) == (50256,)
+  chars = TokenizerSpec("char", "char", 3, chars="abc")
+  assert models.stop_ids(types.SimpleNamespace(spec=lambda: chars)) == ()
+  base = tmp_path / "base"  # a folder without a template: its generation_config's EOS
+  train_tokenizer_json(base, SHAKESPEARE[:5000])
+  (base / "generation_config.json").write_text(json.dumps({"eos_token_id": 1}))
+  assert models.stop_ids(tokenizer_json.load(str(base))) == (1,)
