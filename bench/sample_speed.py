@@ -81,7 +81,7 @@ def greedy_arms(folder: str, n: int):
     out["theirs"] = tokens.numpy()
     return (time.perf_counter() - start) / n
 
-  ours(), theirs()  # compile, warm up
+  ours()  # compile
   return {"purejax": ours, "transformers": theirs}, out, prompt.shape[1]
 
 
@@ -106,6 +106,7 @@ def conversation_turns(folder: str, turns: int, answer_tokens: int):
       answer.append(step.token)
     seconds.append(time.perf_counter() - start)
     contexts.append(len(conversation.ids))
+    print(f"  turn {turn}: {seconds[-1]:.2f} s (context {contexts[-1]} tokens)", flush=True)
     messages.append({"role": "assistant", "content": tok.decode(answer)})
   return seconds[1:], contexts[1:]
 
@@ -114,7 +115,8 @@ def main(argv):
   del argv
   folder = FLAGS.model
   arms, out, prompt_len = greedy_arms(folder, FLAGS.tokens)
-  times = harness.alternate(arms, FLAGS.rounds)
+  times = harness.alternate(arms, FLAGS.rounds, after_round=lambda t: print(
+      "round:", {k: f"{1 / v[-1]:.1f} tokens/s" for k, v in t.items() if v}, flush=True))
   rows = harness.summarise(times, "purejax", "s/token")
   same = bool(np.array_equal(out["ours"], out["theirs"]))
   speedup = rows["transformers"]["ratio"]
@@ -123,11 +125,9 @@ def main(argv):
   for name, row in rows.items():
     print(f"  {name:13s} {1 / row['median']:7.1f} tokens/s (median)")
   print(f"  purejax is {speedup:.2f}x transformers (median per-round ratio); "
-        f"same tokens: {same}")
+        f"same tokens: {same}", flush=True)
   turn_seconds, contexts = conversation_turns(folder, FLAGS.turns, FLAGS.turn_tokens)
   print(f"conversation, {FLAGS.turn_tokens} tokens answered per turn:")
-  for i, (s, c) in enumerate(zip(turn_seconds, contexts), 1):
-    print(f"  turn {i}: {s:.2f} s (context {c} tokens)")
   print(f"  last turn / first turn: {turn_seconds[-1] / turn_seconds[0]:.2f}")
   path = harness.unused_results_path(harness.RESULTS_DIR,
                                      f"{datetime.date.today()}-sample_speed")
