@@ -62,7 +62,8 @@ def optimizer_config(args: Args, total_steps: Optional[int] = None) -> optim.Opt
       name=args.optimizer, learning_rate=args.learning_rate, schedule=args.lr_schedule,
       warmup_iters=args.warmup_iters, decay_iters=decay,
       min_lr=args.min_lr, beta2=args.beta2, weight_decay=args.weight_decay,
-      grad_clip=args.grad_clip)
+      grad_clip=args.grad_clip, muon_learning_rate=args.muon_learning_rate,
+      muon_momentum=args.muon_momentum, muon_weight_decay=args.muon_weight_decay)
 
 
 def run_config(args: Args) -> runs.RunConfig:
@@ -141,6 +142,10 @@ def sweep_grid(args: Args) -> Optional[dict]:
 def refuse_what_has_no_effect(args: Args) -> None:
   """Flags given on the command line that the run would ignore: refused, not ignored."""
   given = lambda name: command.given(args, name)
+  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay"):
+    if given(name) and args.optimizer != "muon":
+      raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
+                       f"--optimizer=muon or drop --{name}.")
   if args.model != "gpt":
     return
   sweeping = args.sweep is not None or args.sweep_seeds > 1

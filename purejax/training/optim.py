@@ -2,6 +2,13 @@
 
 Both models train with `make_optimizer`, so the same flags mean the same
 thing for each.
+
+"muon" trains two groups of params, each with its own rate and decay
+(`muon_labels`): the hidden matrices of the GPT's blocks take Muon
+(momentum orthogonalised by Newton-Schulz, `muon_matrices`), everything
+else (embeddings, head, norms, biases) takes AdamW with the ordinary
+optimizer numbers. Both follow one schedule's shape: the Muon group's rate
+is the schedule scaled by `muon_learning_rate / learning_rate`.
 """
 
 import dataclasses
@@ -14,7 +21,7 @@ import optax
 
 from purejax.training import nonfinite
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +42,11 @@ class OptimizerConfig:
     weight_decay: decoupled weight decay ("adamw"), applied to weight
       matrices and embeddings only (`decay_mask`), never to biases or norms.
     grad_clip: clip the global gradient norm to this (0 disables).
+    muon_learning_rate: "muon": the Muon group's peak rate (Keller Jordan's
+      Muon default, 0.02, for updates scaled by `sqrt(max(1, out / in))`).
+    muon_momentum: "muon": the Muon group's Nesterov momentum (0.95).
+    muon_weight_decay: "muon": decoupled decay of the Muon group's matrices,
+      multiplied by its rate as Muon's reference does (default 0, as there).
   """
   name: str = "adamw"
   learning_rate: float = 1e-3
@@ -47,6 +59,9 @@ class OptimizerConfig:
   momentum: float = 0.9
   weight_decay: float = 0.0
   grad_clip: float = 0.0
+  muon_learning_rate: float = 0.02
+  muon_momentum: float = 0.95
+  muon_weight_decay: float = 0.0
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
@@ -65,6 +80,11 @@ class OptimizerConfig:
       raise ValueError("`weight_decay` and `grad_clip` must be >= 0.")
     if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
       raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}.")
+    if not (self.muon_learning_rate > 0 and 0 <= self.muon_momentum < 1
+            and self.muon_weight_decay >= 0):
+      raise ValueError(f"Muon needs `muon_learning_rate` > 0, `muon_momentum` in [0, 1) and "
+                       f"`muon_weight_decay` >= 0; got {self.muon_learning_rate}, "
+                       f"{self.muon_momentum} and {self.muon_weight_decay}.")
 
 
 def warmup_cosine_schedule(
@@ -123,7 +143,8 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
 
 # The numbers of an `OptimizerConfig` that may be arrays (`make_optimizer`'s
 # `hyperparams`): a sweep trains one run per value in one vmapped step.
-HYPERPARAMS = ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "momentum")
+HYPERPARAMS = ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "momentum",
+               "muon_learning_rate", "muon_momentum", "muon_weight_decay")
 
 
 def hyperparams_used(config: OptimizerConfig) -> Tuple[str, ...]:
@@ -131,10 +152,13 @@ def hyperparams_used(config: OptimizerConfig) -> Tuple[str, ...]:
 
   Every optimizer reads `learning_rate`; the cosine schedule reads `min_lr`;
   "momentum" reads `momentum`; "adam" the betas; "adamw" the betas and
-  `weight_decay`.
+  `weight_decay`; "muon" those of "adamw" (its AdamW group's) and the
+  `muon_` numbers.
   """
-  used = {"sgd": (), "momentum": ("momentum",), "adam": ("beta1", "beta2"),
-          "adamw": ("beta1", "beta2", "weight_decay")}[config.name]
+  adamw = ("beta1", "beta2", "weight_decay")
+  used = {"sgd": (), "momentum": ("momentum",), "adam": ("beta1", "beta2"), "adamw": adamw,
+          "muon": adamw + ("muon_learning_rate", "muon_momentum", "muon_weight_decay")
+          }[config.name]
   schedule = ("min_lr",) if config.schedule == "cosine" else ()
   return ("learning_rate",) + schedule + used
 
@@ -171,12 +195,106 @@ def make_optimizer(
     opt = optax.sgd(lr, momentum=config.momentum)
   elif config.name == "adam":
     opt = optax.adam(lr, b1=config.beta1, b2=config.beta2)
+  elif config.name == "muon":
+    opt = muon(config, lr, decay_mask_fn)
   else:
     opt = optax.adamw(lr, b1=config.beta1, b2=config.beta2,
                       weight_decay=config.weight_decay, mask=decay_mask_fn)
   if config.grad_clip > 0:
     opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
   return opt
+
+# Muon's Newton-Schulz iteration: Keller Jordan's quintic coefficients (optax's
+# default, (3.4445, -4.7750, 2.0315)) for this many steps.
+MUON_NS_STEPS = 5
+MUON, ADAMW = "muon", "adamw"
+
+
+def _dotted_path(path) -> Tuple[str, ...]:
+  return tuple(str(getattr(entry, "key", getattr(entry, "idx", entry))) for entry in path)
+
+
+def muon_labels(params) -> chex.ArrayTree:
+  """`"muon"` for the hidden matrices of the blocks, `"adamw"` for every other param.
+
+  A hidden matrix is a dense weight `w` (`[in, out]`, or `[n_layer, in, out]`
+  stacked over layers) under `blocks`, or, for LoRA's adapters
+  (`{"blocks.attn.qkv.w": {"a", "b"}}`), a factor of one. Embeddings, the
+  head, norms and biases are not: Muon's orthogonalised step is for the
+  matrices that map one hidden vector to another.
+  """
+  def label(path, leaf):
+    names = _dotted_path(path)
+    dotted = ".".join(names)
+    in_blocks = dotted.startswith("blocks.")
+    is_weight = names[-1] == "w" or (len(names) >= 2 and names[-2].endswith(".w"))
+    return MUON if in_blocks and is_weight and jnp.ndim(leaf) >= 2 else ADAMW
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def _matrix_dims(updates):
+  """How `scale_by_muon` reads each matrix: the last two axes are `[in, out]`; any
+  leading axis (the blocks' `[n_layer]`) is a batch axis, orthogonalised per layer."""
+  return jax.tree.map(
+      lambda x: optax.contrib.MuonDimensionNumbers(reduction_axis=x.ndim - 2,
+                                                   output_axis=x.ndim - 1), updates)
+
+
+def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
+                  weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None
+                  ) -> optax.GradientTransformation:
+  """Muon for a pytree of matrices `[..., in, out]`.
+
+  Each matrix's Nesterov momentum (`momentum`) is orthogonalised by
+  `MUON_NS_STEPS` Newton-Schulz steps, scaled by `sqrt(max(1, out / in))`
+  (Keller Jordan's rule, so `learning_rate` means what it means in Muon's
+  reference and in modded-nanogpt), decayed by `weight_decay` times the
+  rate (where `decay_mask_fn` says, all matrices if None), and stepped by
+  `learning_rate`. Leading axes are batch axes: a stacked
+  `[n_layer, in, out]` weight is `n_layer` matrices, each orthogonalised
+  alone (a `vmap` inside `optax.contrib.scale_by_muon`), never one
+  flattened matrix.
+
+  The Newton-Schulz products run in the momentum's dtype (float32).
+  """
+  return optax.chain(
+      optax.contrib.scale_by_muon(ns_steps=MUON_NS_STEPS, beta=momentum, nesterov=True,
+                                  weight_dimension_numbers=_matrix_dims),
+      # optax exports it only under contrib._muon (0.2.8); it is muon()'s own scaling.
+      optax.contrib._muon.scale_by_shape(weight_dimension_numbers=_matrix_dims),  # pylint: disable=protected-access
+      optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
+      optax.scale_by_learning_rate(learning_rate))
+
+
+def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable] = decay_mask
+         ) -> optax.GradientTransformation:
+  """`config`'s "muon": `muon_matrices` on the blocks' hidden matrices (`muon_labels`),
+  AdamW on the rest (`decay_mask_fn` choosing what decays), each group with
+  its own numbers, both on `schedule`'s shape.
+
+  Not `optax.contrib.muon`: its AdamW group would take Muon's Nesterov flag
+  (NAdam, where the references use Adam) and decay every non-matrix param
+  (norms and biases too), and it labels params by rank, which sends the
+  blocks' stacked `[n_layer, dim]` norm scales to Muon.
+
+  Raises:
+    ValueError (at `init`): the params hold no hidden matrices of blocks.
+  """
+  ratio = config.muon_learning_rate / config.learning_rate
+
+  def labels(params):
+    tree = muon_labels(params)
+    if MUON not in jax.tree.leaves(tree):
+      raise ValueError("--optimizer=muon found no hidden matrices to orthogonalise (dense "
+                       "weights `w` under the GPT's `blocks`); use adamw for this model.")
+    return tree
+
+  matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
+                           config.muon_weight_decay, decay_mask_fn)
+  rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
+                     weight_decay=config.weight_decay, mask=decay_mask_fn)
+  return optax.partition({MUON: matrices, ADAMW: rest}, labels)
 
 
 def describe(config: OptimizerConfig) -> str:
@@ -185,11 +303,15 @@ def describe(config: OptimizerConfig) -> str:
   if config.schedule == "cosine":
     parts[-1] += (f" (warmup {config.warmup_iters}, cosine to {config.min_lr:g} at step "
                   f"{config.decay_iters})")
-  if config.name in ("adam", "adamw"):
+  if config.name == "muon":
+    parts[0] = (f"muon (lr {config.muon_learning_rate:g}, momentum {config.muon_momentum:g}"
+                f"{f', weight decay {config.muon_weight_decay:g}' if config.muon_weight_decay else ''}"
+                f") on the blocks' matrices; adamw on the rest")
+  if config.name in ("adam", "adamw", "muon"):
     parts.append(f"betas {config.beta1:g}, {config.beta2:g}")
   elif config.name == "momentum":
     parts.append(f"momentum {config.momentum:g}")
-  if config.name == "adamw" and config.weight_decay:
+  if config.name in ("adamw", "muon") and config.weight_decay:
     parts.append(f"weight decay {config.weight_decay:g}")
   if config.grad_clip:
     parts.append(f"clip {config.grad_clip:g}")
