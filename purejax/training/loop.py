@@ -26,6 +26,7 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
+from purejax.data import tokenizers
 from purejax.ops import kernels
 from purejax.training import flops
 from purejax.training import optim
@@ -144,22 +145,45 @@ def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step
       steps_per_call=steps_per_call)
 
 
-def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None
-                    ) -> Dict[str, float]:
-  """Mean loss of `train.eval_iters` batches of each split, the same batches every time."""
-  return {name: float(steps.evaluate(params, tokens, eval_key, config=config,
-                                     batch_size=train.batch_size,
-                                     num_batches=train.eval_iters, plan=plan, forms=forms,
-                                     params_view=view))
-          for name, tokens in feed.eval.items()}
+def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None,
+                    byte_lengths=None) -> Dict[str, float]:
+  """Mean loss of `train.eval_iters` batches of each split, the same batches every time;
+  with `byte_lengths` (`tokenizers.byte_lengths`) also `val_bpb`, the val
+  batches' bits per UTF-8 byte (`steps.target_bytes`)."""
+  losses = {name: float(steps.evaluate(params, tokens, eval_key, config=config,
+                                       batch_size=train.batch_size,
+                                       num_batches=train.eval_iters, plan=plan, forms=forms,
+                                       params_view=view))
+            for name, tokens in feed.eval.items()}
+  if byte_lengths is not None and "val_loss" in losses:
+    losses["val_bpb"] = bits_per_byte(losses["val_loss"], feed.eval["val_loss"], eval_key,
+                                      byte_lengths, config, train)
+  return losses
+
+
+def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) -> float:
+  """`loss`, the mean of `steps.evaluate`'s batches of `tokens` drawn with `eval_key`, in
+  bits per UTF-8 byte: the sum of their tokens' losses over the bytes they decode to."""
+  counts = steps.target_bytes(tokens, eval_key, byte_lengths, block_size=config.block_size,
+                              batch_size=train.batch_size, num_batches=train.eval_iters)
+  num_bytes = int(np.sum(np.asarray(counts), dtype=np.int64))
+  num_tokens = train.eval_iters * train.batch_size * config.block_size
+  return loss * num_tokens / (np.log(2) * num_bytes) if num_bytes else float("nan")
+
+
+def device_byte_lengths(tokenizer, plan) -> Optional[jax.Array]:
+  """The tokenizer's bytes per id on the plan's devices, or None where it has no text."""
+  lengths = tokenizers.byte_lengths(tokenizer)
+  return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
 
 
 def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, config,
-                         train, plan, forms, view=None) -> None:
+                         train, plan, forms, view=None, byte_lengths=None) -> None:
   losses = evaluate_splits(state.params, state.keys["eval"], feed, config, train, plan, forms,
-                           view)
+                           view, byte_lengths)
+  bpb = f" | val bpb {losses['val_bpb']:.4f}" if "val_bpb" in losses else ""
   session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
-              f"val loss {losses['val_loss']:.4f}")
+              f"val loss {losses['val_loss']:.4f}{bpb}")
   session.add_eval(step, state, {"step": step, **losses}, **losses)
 
 
@@ -345,12 +369,14 @@ def train_gpt(
   throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
                            plan.num_devices)
   profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
+  byte_lengths = device_byte_lengths(text.tokenizer, plan)
   with contextlib.closing(feed), Session(
       run, meta, saved, total=train.max_iters, start=step, bar=train.progress,
       keep_best=not train.always_save_checkpoint, sinks=sinks) as session:
     while step < train.max_iters:
       if step % train.eval_interval == 0 and not session.evaluated_at(step):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
+                             byte_lengths)
       num_steps = call_length(step)
       profiler.before(step)
       start = time.perf_counter()
@@ -363,7 +389,8 @@ def train_gpt(
       step += num_steps
       throughput.record(session, step, seconds_per_step, losses, metrics)
       if runs.every(train.eval_interval, step, train.max_iters):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
+                             byte_lengths)
       session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
                                  train.max_iters), step, state)
   return _finish(run, state, session.history, step, throughput, text, config, keys, train,
@@ -403,7 +430,8 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                end_step=0)
   try:
     return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
-                     train, plan, forms or kernels.select(kernels.platform_of(plan)))
+                           train, plan, forms or kernels.select(kernels.platform_of(plan)),
+                           byte_lengths=device_byte_lengths(text.tokenizer, plan))
   finally:
     feed.close()
 

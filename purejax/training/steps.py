@@ -195,6 +195,41 @@ def evaluate(
   return total / num_batches
 
 
+@functools.partial(jax.jit, static_argnames=("block_size", "batch_size", "num_batches"))
+def target_bytes(
+    tokens: batches.Tokens,
+    key: chex.PRNGKey,
+    byte_lengths: chex.Array,
+    *,
+    block_size: int,
+    batch_size: int,
+    num_batches: int,
+) -> chex.Array:
+  """`[num_batches]` int32: the UTF-8 bytes the targets of `evaluate`'s batches decode to.
+
+  Given `evaluate`'s `tokens`, `key` and sizes, it draws the same batches, so
+  a mean loss `L` (nats per token) of `evaluate` is
+  `L * num_batches * batch_size * block_size / (ln 2 * sum(bytes))` bits per
+  byte: every token's loss over the bytes those tokens decode to.
+
+  Args:
+    byte_lengths: `[vocab]` int32, each id's bytes (`tokenizers.byte_lengths`).
+  """
+  if isinstance(tokens, batches.HostWindows):
+    chex.assert_shape(tokens.windows, (num_batches, batch_size, block_size + 1))
+    windows = tokens.windows
+  else:
+    windows = _per_step_windows(tokens, num_batches, None, batch_size)
+
+  def body(_, xs):
+    k, window = xs
+    _, y = _inputs_and_targets(tokens, window, k, block_size, batch_size)
+    return None, jnp.sum(byte_lengths[y], dtype=jnp.int32)
+
+  _, counts = jax.lax.scan(body, None, (jax.random.split(key, num_batches), windows))
+  return counts
+
+
 @functools.partial(
     jax.jit, static_argnames=("optimizer", "batch_size", "grad_accum_steps", "plan"),
     donate_argnums=0)

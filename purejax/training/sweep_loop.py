@@ -359,8 +359,14 @@ def train_gpt_sweep(
       m.monitor = stack.enter_context(monitor_lib.Monitor(
           m.run.out_dir, resume_step=step or None, log=log, sinks=sinks(m.spec.name, m.meta)))
 
+    byte_lengths = loop.device_byte_lengths(text.tokenizer, plan)
+
     def evaluate(step):
       losses = program.evaluate()
+      if byte_lengths is not None:  # each run draws its val batches with its own key
+        losses["val_bpb"] = np.asarray([loop.bits_per_byte(
+            float(loss), feed.eval["val_loss"], program.run_state(i).keys["eval"],
+            byte_lengths, config, train) for i, loss in enumerate(losses["val_loss"])])
       for i, m in enumerate(members):
         values = {name: float(v[i]) for name, v in losses.items()}
         m.monitor.log_eval(step, **values)
