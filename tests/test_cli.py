@@ -134,6 +134,12 @@ def test_non_finite_numbers_without_a_default_and_in_other_command_lines(capsys)
      "8) or drop --lora_alpha."),
     (["--lora_targets=*attn.qkv.w"], "--lora_targets has no effect without LoRA; add "
      "--lora_rank=R (e.g. 8) or drop --lora_targets."),
+    (["--muon_learning_rate=0.05"], "--muon_learning_rate has no effect on "
+     "--optimizer=adamw; add --optimizer=muon or drop --muon_learning_rate."),
+    (["--optimizer=muon", "--sweep=momentum=0.8,0.9"], "--sweep of momentum has no effect on "
+     "--optimizer=muon with --lr_schedule=cosine, which reads only learning_rate, min_lr, "
+     "beta1, beta2, weight_decay, muon_learning_rate, muon_momentum, muon_weight_decay; "
+     "drop momentum from --sweep or choose an optimizer that uses it."),
 ])
 def test_flags_that_would_have_no_effect_are_refused(capsys, tmp_path, args, message):
   assert refusal(capsys, train, *args, f"--out_dir={tmp_path}") == "error: " + message
@@ -142,21 +148,25 @@ def test_flags_that_would_have_no_effect_are_refused(capsys, tmp_path, args, mes
 @pytest.mark.parametrize("name", optim.OPTIMIZERS)
 def test_each_optimizer_reads_exactly_the_settings_it_is_said_to(name):
   # A setting is read when changing it changes the optimizer's first update.
+  import jax
   import jax.numpy as jnp
   base = optim.OptimizerConfig(name=name, warmup_iters=0, decay_iters=10, min_lr=1e-4,
                                beta1=0.5, beta2=0.6, momentum=0.5, weight_decay=0.5)
-  params = {"w": jnp.ones((2, 2))}
+  # a block's matrix (Muon's, under "muon") and an embedding (AdamW's)
+  params = {"blocks": {"w": jnp.ones((3, 2))}, "wte": {"embedding": jnp.ones((3, 2))}}
 
   def updates(**changed):
     optimizer = optim.make_optimizer(base, hyperparams=changed)
     state = optimizer.init(params)
-    for grad in (0.3, -0.1, 0.2):  # gradients that change, so Adam's moments matter
-      update, state = optimizer.update({"w": jnp.full((2, 2), grad)}, state, params)
-    return update["w"]
+    for i in range(3):  # gradients that change, so moments matter
+      grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(i), p.shape), params)
+      update, state = optimizer.update(grads, state, params)
+    return update
 
   unchanged = updates()
   read = {setting for setting in optim.HYPERPARAMS
-          if not jnp.allclose(updates(**{setting: 0.9}), unchanged)}
+          if not all(jax.tree.leaves(jax.tree.map(jnp.allclose, updates(**{setting: 0.9}),
+                                                  unchanged)))}
   assert read == set(optim.hyperparams_used(base))
   constant = optim.hyperparams_used(dataclasses.replace(base, schedule="constant"))
   assert set(constant) == read - {"min_lr"}

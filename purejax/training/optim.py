@@ -224,11 +224,10 @@ def muon_labels(params) -> chex.ArrayTree:
   matrices that map one hidden vector to another.
   """
   def label(path, leaf):
-    names = _dotted_path(path)
-    dotted = ".".join(names)
-    in_blocks = dotted.startswith("blocks.")
-    is_weight = names[-1] == "w" or (len(names) >= 2 and names[-2].endswith(".w"))
-    return MUON if in_blocks and is_weight and jnp.ndim(leaf) >= 2 else ADAMW
+    # LoRA's keys are dotted paths themselves: split them too.
+    names = ".".join(_dotted_path(path)).split(".")
+    is_weight = names[-1] == "w" or (names[-1] in ("a", "b") and names[-2:-1] == ["w"])
+    return MUON if "blocks" in names and is_weight and jnp.ndim(leaf) >= 2 else ADAMW
 
   return jax.tree_util.tree_map_with_path(label, params)
 
