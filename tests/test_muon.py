@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import TINY, TINY_FLAGS, refusal
+from conftest import TINY, TINY_FLAGS, TINY_GPT, assert_same_run, train_run
 from purejax import gpt
 from purejax import lora
 from purejax import mlp
@@ -123,3 +123,15 @@ def test_a_muon_run_resumes_and_sweeps_bit_identically(tmp_path, text_file, caps
     np.testing.assert_array_equal(resumed[name], value, err_msg=name)
   evals = [r for r in monitor.read_metrics(tmp_path / "resumed") if r["kind"] == "eval"]
   assert [r["step"] for r in evals] == [0, 10, 20] and all(r["val_bpb"] > 0 for r in evals)
+
+
+@pytest.mark.slow
+def test_muon_with_fsdp_and_accumulation_on_two_devices_matches_one(tmp_path, text_file):
+  # Each device holds a slice of every matrix along its largest side, the side the
+  # Newton-Schulz Gram products X X^T contract over: XLA all-reduces those
+  # [n_layer, d, d] partial products instead of gathering the matrices.
+  flags = [*TINY_GPT, "--optimizer=muon", f"--dataset={text_file}"]
+  train_run(tmp_path / "one", *flags)
+  train_run(tmp_path / "two", *flags, "--fsdp", "--grad_accum_steps=2", "--cpu_devices=2",
+            num_devices=2)
+  assert_same_run(tmp_path / "two", tmp_path / "one")
