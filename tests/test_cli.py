@@ -134,6 +134,9 @@ def test_non_finite_numbers_without_a_default_and_in_other_command_lines(capsys)
      "8) or drop --lora_alpha."),
     (["--lora_targets=*attn.qkv.w"], "--lora_targets has no effect without LoRA; add "
      "--lora_rank=R (e.g. 8) or drop --lora_targets."),
+    (["--model=mlp", "--optimizer=muon"], "--optimizer=muon orthogonalises the hidden "
+     "matrices of a GPT's blocks, which --model=mlp has none of; choose another "
+     "--optimizer (e.g. adamw)."),
     (["--muon_learning_rate=0.05"], "--muon_learning_rate has no effect on "
      "--optimizer=adamw; add --optimizer=muon or drop --muon_learning_rate."),
     (["--optimizer=muon", "--sweep=momentum=0.8,0.9"], "--sweep of momentum has no effect on "

@@ -147,6 +147,10 @@ def refuse_what_has_no_effect(args: Args) -> None:
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
                        f"--optimizer=muon or drop --{name}.")
   if args.model != "gpt":
+    if args.optimizer == "muon":
+      raise ValueError(f"--optimizer=muon orthogonalises the hidden matrices of a GPT's "
+                       f"blocks, which --model={args.model} has none of; choose another "
+                       f"--optimizer (e.g. adamw).")
     return
   sweeping = args.sweep is not None or args.sweep_seeds > 1
   if args.eval_only and sweeping:

@@ -285,7 +285,7 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable] = d
   def labels(params):
     tree = muon_labels(params)
     if MUON not in jax.tree.leaves(tree):
-      raise ValueError("--optimizer=muon found no hidden matrices to orthogonalise (dense "
+      raise ValueError("the optimizer muon found no hidden matrices to orthogonalise (dense "
                        "weights `w` under the GPT's `blocks`); use adamw for this model.")
     return tree
 
