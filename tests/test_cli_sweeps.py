@@ -189,3 +189,4 @@ def test_wandb_offline_holds_the_runs_metrics(tmp_path, text_file):
   rows = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")}
           for row in read_wandb_offline_history(out)}
   assert rows == logged
+  assert "eval/val_bpb" in logged[20]  # every evaluation's bits per byte too
