@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import TINY, TINY_FLAGS, TINY_GPT, assert_same_run, train_run
+from conftest import RTOL, TINY, TINY_FLAGS, TINY_GPT, newest, step_losses, train_run
 from purejax import gpt
 from purejax import lora
 from purejax import mlp
@@ -160,4 +160,11 @@ def test_muon_with_fsdp_and_accumulation_on_two_devices_matches_one(tmp_path, te
   train_run(tmp_path / "one", *flags)
   train_run(tmp_path / "two", *flags, "--fsdp", "--grad_accum_steps=2", "--cpu_devices=2",
             num_devices=2)
-  assert_same_run(tmp_path / "two", tmp_path / "one")
+  np.testing.assert_allclose(step_losses(tmp_path / "two"), step_losses(tmp_path / "one"),
+                             rtol=RTOL)
+  # The orthogonalisation maps a rounding difference of the gradient's sums to
+  # a full-size one of its direction: params agree to 1e-4, not AdamW's 2e-5.
+  (two, _), (one, _) = newest(tmp_path / "two"), newest(tmp_path / "one")
+  for name, value in one.items():
+    if "['params']" in name:
+      np.testing.assert_allclose(two[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
