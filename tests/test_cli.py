@@ -58,8 +58,8 @@ def no_training(monkeypatch):
     (["--sweep=learning_rate=1e-3,3e-3", "--sweep_batch=-2"],
      "--sweep_batch must be 'auto' or a non-negative integer, got '-2'."),
     (["--sweep=batch_size=4,8"], "'batch_size' cannot be swept in one program; choose among "
-     "('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'momentum', 'dropout') "
-     "(and seeds)."),
+     "('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'momentum', "
+     "'muon_learning_rate', 'muon_momentum', 'muon_weight_decay', 'dropout') (and seeds)."),
 ])
 def test_bad_flag_values(capsys, tmp_path, args, message):
   assert refusal(capsys, train, *args, f"--out_dir={tmp_path}") == "error: " + message
@@ -71,7 +71,7 @@ def test_bad_flag_values(capsys, tmp_path, args, message):
     (["--model=resnet"], "--model=resnet: value should be one of <gpt|mlp>"),
     (["--dtype=float64"], "--dtype=float64: value should be one of <float32|bfloat16>"),
     (["--optimizer=lion"], "--optimizer=lion: value should be one of "
-     "<sgd|momentum|adam|adamw>"),
+     "<sgd|momentum|adam|adamw|muon>"),
     (["--cpu_devices=0"], "--cpu_devices=0: 0 is not a positive integer"),
     (["--sweep_seeds=0"], "--sweep_seeds=0: 0 is not a positive integer"),
     (["--lerning_rate=1e-3"], "Unknown command line flag 'lerning_rate'. Did you mean: "
