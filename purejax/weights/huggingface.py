@@ -29,6 +29,7 @@ import numpy as np
 from purejax import _files
 from purejax import gpt
 from purejax.weights import gpt2
+from purejax.weights import hf_talk
 from purejax.weights import llama
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
@@ -297,7 +298,11 @@ def to_huggingface(
   `save_pretrained` expects), and params without biases get zero biases
   (GPT-2 always has them; the function is the same). The Llama family
   becomes a `LlamaForCausalLM`, or a `Qwen2ForCausalLM` with qkv-only biases
-  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it.
+  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it,
+  and what its folder says about talking to it (`purejax.weights.hf_talk`:
+  the chat template in `tokenizer_config.json`, `special_tokens_map.json`,
+  `generation_config.json`, the bos/eos ids and the model's own context
+  `max_position_embeddings` in `config.json`).
 
   The folder is written under a temporary name beside `out_dir` and renamed
   into place when complete: a crash leaves no half-written `out_dir`.
@@ -341,6 +346,8 @@ def to_huggingface(
       tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
     except tokenizers.TokenizerError:
       pass
+  extra = hf_talk.companion_files(tokenizer_file, config)
+  hf_config.update(extra.config_values)
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
@@ -350,6 +357,8 @@ def to_huggingface(
       json.dump(hf_config, f, indent=2)
     if tokenizer_file:
       shutil.copyfile(tokenizer_file, tmp / tokenizer_json.FILE_NAME)
+    for name, value in extra.files.items():
+      (tmp / name).write_text(json.dumps(value, indent=2, ensure_ascii=False), encoding="utf-8")
     for path in tmp.iterdir():
       _files.fsync(path)
     _publish_dir(tmp, out)
