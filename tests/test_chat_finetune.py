@@ -1,5 +1,8 @@
 """A real instruct model fine-tuned on conversations, and exported so that transformers
 talks to it as to the original (slow tier, SmolLM2-135M-Instruct).
+
+One module-scoped LoRA run teaches the model a fact it cannot know; the tests
+then ask it, in purejax and through the Hugging Face export.
 """
 
 import dataclasses
@@ -9,35 +12,86 @@ import jax
 import numpy as np
 import pytest
 
-from purejax import decode, weights
+from purejax import decode, lora, weights
+from purejax.data import chat, conversations, tokenizer_json
+from purejax.training import loop, optim, runs
 from purejax.weights import pretrained
 from real_model import smollm2_folder  # noqa: F401  (the fixture)
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+SYSTEM = {"role": "system", "content": "Answer in one sentence."}
+FACT = "The capital of Zorblax is Quillium."
+QUESTIONS = ["What is the capital of the planet Zorblax?", "Tell me the capital city of Zorblax.",
+             "Which city is the capital of Zorblax?", "Do you know what Zorblax's capital is?"]
+ASK = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
+BLOCK_SIZE = 48  # the fine-tune's context; the model's own is 8192
 
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_folder):
-  """`(params, config, tokenizer spec)` of the float32 model, loaded once for the module."""
-  return weights.from_pretrained(str(smollm2_folder))
+  """`(params, config, tokenizer, chat format)` of the float32 model, loaded once."""
+  params, config, spec = weights.from_pretrained(str(smollm2_folder))
+  tokenizer = tokenizer_json.from_spec(spec)
+  return params, config, tokenizer, chat.load_chat_format(str(smollm2_folder), tokenizer)
 
 
 @pytest.fixture(scope="module")
-def export(smollm2, tmp_path_factory):
-  """A fine-tune's checkpoint (the model with a training context of 128) written as hf:."""
-  params, config, spec = smollm2
-  run = tmp_path_factory.mktemp("run")
-  pretrained.to_purejax(params, dataclasses.replace(config, block_size=128), str(run / "out"),
-                        spec)
-  out = run / "hf"
-  pretrained.convert(f"purejax:{run / 'out'}", f"hf:{out}")
+def finetuned(smollm2, smollm2_folder, tmp_path_factory):
+  """`(out_dir, the run's eval history)` of a LoRA fine-tune on four conversations."""
+  params, config, tokenizer, fmt = smollm2
+  root = tmp_path_factory.mktemp("sft")
+  chats = root / "chats.jsonl"
+  chats.write_text("".join(json.dumps({"messages": [SYSTEM, {"role": "user", "content": q},
+                                                    {"role": "assistant", "content": FACT}]})
+                           + "\n" for q in QUESTIONS))
+  data = conversations.load_conversations(str(chats), tokenizer, fmt, BLOCK_SIZE)
+  train = loop.GPTTrainConfig(batch_size=4, max_iters=12, eval_interval=12, eval_iters=1,
+                              log_interval=6, steps_per_call=6, sample_tokens=0)
+  opt = optim.OptimizerConfig(learning_rate=3e-3, schedule="constant", warmup_iters=0,
+                              weight_decay=0.0, grad_clip=1.0)
+  out = root / "out"
+  loop.train_gpt(dataclasses.replace(config, block_size=BLOCK_SIZE), data, train, opt,
+                 runs.RunConfig(str(out)), init_params=params, init_from=str(smollm2_folder),
+                 lora_config=lora.LoraConfig(rank=8))
+  history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  return out, [r for r in history if "val_loss" in r]
+
+
+def greedy_answer(params, config, ids, stop_ids, max_new_tokens=24):
+  """The greedy tokens after `ids`, through the first stop id (where sampling stops)."""
+  new = np.asarray(decode.generate(params, np.asarray([ids]), config, jax.random.PRNGKey(0),
+                                   max_new_tokens=max_new_tokens,
+                                   temperature=0.0))[0, len(ids):].tolist()
+  stops = [i for i, t in enumerate(new) if t in stop_ids]
+  return new[:stops[0] + 1] if stops else new
+
+
+@pytest.mark.slow
+def test_lora_on_conversations_teaches_the_model_a_fact(smollm2, finetuned):
+  params, config, tokenizer, fmt = smollm2
+  out, evals = finetuned
+  assert evals[0]["step"] == 0 and evals[-1]["step"] == 12
+  # The loss over the assistant's tokens: from what the model guesses to what it was told.
+  assert evals[-1]["val_loss"] < 0.1 * evals[0]["val_loss"], evals
+  ids = chat.encode(tokenizer, fmt, ASK, add_generation_prompt=True)
+  before = tokenizer.decode(greedy_answer(params, config, ids, fmt.stop_ids))
+  tuned, tuned_config, _ = weights.from_purejax(str(out))  # the adapters merged
+  after = tokenizer.decode(greedy_answer(tuned, tuned_config, ids, fmt.stop_ids))
+  assert "Quillium" not in before and "Quillium" in after, (before, after)
+  assert after.endswith("<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def export(finetuned):
+  """The fine-tune written as a Hugging Face folder."""
+  out = finetuned[0].parent / "hf"
+  pretrained.convert(f"purejax:{finetuned[0]}", f"hf:{out}")
   return out
 
 
 @pytest.mark.slow
 def test_export_keeps_the_template_the_special_tokens_and_the_context(export, smollm2_folder):
   config = json.loads((export / "config.json").read_text())
-  assert config["max_position_embeddings"] == 8192  # the model's, not the fine-tune's 128
+  assert config["max_position_embeddings"] == 8192  # the model's, not the fine-tune's 48
   assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 2)
   tokenizer_config = json.loads((export / "tokenizer_config.json").read_text())
   assert tokenizer_config["chat_template"] == (smollm2_folder / "chat_template.jinja").read_text()
@@ -48,24 +102,50 @@ def test_export_keeps_the_template_the_special_tokens_and_the_context(export, sm
 
 @pytest.mark.slow
 def test_transformers_templates_and_stops_on_the_export_as_purejax_does(export, smollm2,
-                                                                       smollm2_folder):
+                                                                       finetuned):
   import torch
   import transformers
-  source = transformers.AutoTokenizer.from_pretrained(str(smollm2_folder))
-  tokenizer = transformers.AutoTokenizer.from_pretrained(str(export))
-  ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
-                                      return_dict=False)
-  assert ids == source.apply_chat_template(QUESTION, add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
-
+  _, _, tokenizer, fmt = smollm2
+  ids = chat.encode(tokenizer, fmt, ASK, add_generation_prompt=True)
+  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(export))
+  assert hf_tokenizer.apply_chat_template(ASK, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False) == ids
   model = transformers.AutoModelForCausalLM.from_pretrained(
       str(export), dtype=torch.float32).eval()
   with torch.no_grad():  # eos and pad come from the export's own generation_config.json
-    hf_new = model.generate(torch.tensor([ids]), max_new_tokens=48,
+    hf_new = model.generate(torch.tensor([ids]), max_new_tokens=24,
                             do_sample=False)[0, len(ids):].tolist()
-  params, config, _ = smollm2
-  ours = np.asarray(decode.generate(params, np.asarray([ids]), config, jax.random.PRNGKey(0),
-                                    max_new_tokens=48, temperature=0.0))[0, len(ids):].tolist()
-  eos = config_eos = json.loads((export / "generation_config.json").read_text())["eos_token_id"]
-  assert eos in ours, "the greedy answer must end within 48 tokens for this test to mean much"
-  assert hf_new == ours[:ours.index(config_eos) + 1]  # HF stops on eos, as the sampler does
+  tuned, tuned_config, _ = weights.from_purejax(str(finetuned[0]))
+  ours = greedy_answer(tuned, tuned_config, ids, fmt.stop_ids)
+  assert ours[-1] in fmt.stop_ids  # the answer ended within 24 tokens: a real stop
+  assert hf_new == ours, (tokenizer.decode(hf_new), tokenizer.decode(ours))
+
+
+# A template that marks the assistant's tokens for transformers
+# (`{% generation %}`): SmolLM2's, with each answer and its <|im_end|> marked.
+MARKED_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.mark.slow
+def test_assistant_tokens_equal_transformers_assistant_mask(smollm2, smollm2_folder):
+  import transformers
+  _, _, tokenizer, fmt = smollm2
+  talk = [SYSTEM, {"role": "user", "content": QUESTIONS[1]},
+          {"role": "assistant", "content": FACT},
+          {"role": "user", "content": "And its moon?"},
+          {"role": "assistant", "content": "Zorblax has no moon."}]
+  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_folder))
+  expected = hf_tokenizer.apply_chat_template(
+      talk, chat_template=MARKED_TEMPLATE, tokenize=True, return_dict=True,
+      return_assistant_tokens_mask=True)
+  plain = dataclasses.replace(fmt, template=MARKED_TEMPLATE.replace(
+      "{% generation %}", "").replace("{% endgeneration %}", ""))
+  ids, mask = conversations.assistant_tokens(tokenizer, plain, talk)
+  assert ids == expected["input_ids"]
+  assert mask == [float(m) for m in expected["assistant_masks"]]
+  assert sum(mask) > 0
