@@ -149,3 +149,29 @@ def test_assistant_tokens_equal_transformers_assistant_mask(smollm2, smollm2_fol
   assert ids == expected["input_ids"]
   assert mask == [float(m) for m in expected["assistant_masks"]]
   assert sum(mask) > 0
+
+
+@pytest.mark.slow
+def test_peft_loads_the_adapters_onto_the_base_with_equal_logits(finetuned, smollm2,
+                                                                 smollm2_folder):
+  import peft
+  import torch
+  import transformers
+  from purejax import gpt
+  out = finetuned[0].parent / "peft"
+  pretrained.convert(f"purejax:{finetuned[0]}", f"peft:{out}")
+  settings = json.loads((out / "adapter_config.json").read_text())
+  assert (settings["r"], settings["base_model_name_or_path"]) == (8, str(smollm2_folder))
+  base = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_folder),
+                                                           dtype=torch.float32)
+  model = peft.PeftModel.from_pretrained(base, str(out)).eval()
+  _, _, tokenizer, fmt = smollm2
+  ids = np.asarray([chat.encode(tokenizer, fmt, ASK, add_generation_prompt=True)])
+  with torch.no_grad():
+    expected = model(torch.from_numpy(ids)).logits.numpy()
+  tuned, tuned_config, _ = weights.from_purejax(str(finetuned[0]))
+  got = np.asarray(gpt.forward(tuned, ids, tuned_config))
+  scale = np.abs(expected).max()
+  assert np.abs(got - expected).max() <= 1e-4 * scale
+  untuned = np.asarray(gpt.forward(smollm2[0], ids, smollm2[1]))
+  assert np.abs(untuned - expected).max() > 100 * np.abs(got - expected).max()  # adapters count

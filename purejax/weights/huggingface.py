@@ -109,6 +109,9 @@ def _import_safetensors():
   return safetensors
 
 
+import_safetensors = _import_safetensors  # (the PEFT writer's too)
+
+
 def _read_safetensors(path: pathlib.Path) -> Dict[str, np.ndarray]:
   safetensors = _import_safetensors()
   try:
@@ -242,6 +245,9 @@ def _publish_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
   _files.fsync(out.parent)
   if old is not None:
     shutil.rmtree(old)
+
+
+publish_dir = _publish_dir  # (the PEFT writer's too)
 
 
 def _shards(tensors: Dict[str, np.ndarray], max_shard_bytes: int):
