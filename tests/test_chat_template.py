@@ -146,3 +146,16 @@ def test_ids_equal_transformers_apply_chat_template(smollm2_folder):
       assert chat.render(fmt, messages, add_generation_prompt=prompt) == (
           reference.apply_chat_template(messages, tokenize=False,
                                         add_generation_prompt=prompt))
+
+
+def test_a_template_recorded_in_a_tokenizer_spec_makes_a_format(folder):
+  # A GGUF file's tokenizer records its template, BOS/EOS and whether BOS is added.
+  import types
+  tok = tokenizer_json.load(str(folder))
+  spec = types.SimpleNamespace(chat_template=CHATML, bos_token="<s>", eos_token="</s>",
+                               add_bos=True, encoding_file="model.gguf", name="gguf")
+  fmt = chat.format_of_spec(spec, tok)
+  assert (fmt.add_bos, fmt.stop_ids, fmt.source) == (True, (1,), "model.gguf")
+  ids = chat.encode(tok, fmt, [{"role": "user", "content": "Hi"}])
+  assert ids[0] == 0 and ids.count(0) == 2  # the template's <s> first: BOS is not doubled
+  assert chat.format_of_spec(tok.spec()) is None  # a tokenizer.json spec records none

@@ -1,6 +1,6 @@
 """Chat templates: a conversation rendered and encoded as an instruct model was trained on.
 
-    fmt = chat.load_chat_format("path/to/model")          # tokenizer_config.json / chat_template.jinja
+    fmt = chat.load_chat_format("path/to/model")   # tokenizer_config.json, chat_template.jinja
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "What is the capital of France?"}]
     text = chat.render(fmt, messages, add_generation_prompt=True)   # str
@@ -159,6 +159,22 @@ def load_chat_format(folder: str, tokenizer=None) -> ChatFormat:
   return ChatFormat(template=template, bos_token=found.get("bos_token"),
                     eos_token=found.get("eos_token"), add_bos=False, special_tokens=named,
                     stop_ids=stop_ids_of_folder(str(root), eos_id), source=source)
+
+
+def format_of_spec(spec, tokenizer=None) -> Optional[ChatFormat]:
+  """The chat format a tokenizer spec records (`chat_template`, `bos_token`,
+  `eos_token`, `add_bos`: a GGUF file's metadata), or None when it has none.
+  The stop id is EOS's id in `tokenizer`, when given."""
+  template = getattr(spec, "chat_template", None)
+  if not template:
+    return None
+  bos, eos = getattr(spec, "bos_token", None), getattr(spec, "eos_token", None)
+  eos_ids = [int(i) for i in tokenizer.encode(eos)] if tokenizer is not None and eos else []
+  named = tuple((name, text) for name, text in (("bos_token", bos), ("eos_token", eos)) if text)
+  return ChatFormat(template=template, bos_token=bos, eos_token=eos,
+                    add_bos=bool(getattr(spec, "add_bos", False)), special_tokens=named,
+                    stop_ids=tuple(eos_ids) if len(eos_ids) == 1 else (),
+                    source=str(getattr(spec, "encoding_file", None) or spec.name))
 
 
 # ----------------------------------------------------------------------------

@@ -352,6 +352,8 @@ def train_gpt(
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
   runs.print_line(f"optimizer: {optim.describe(resolved)}")
+  for warning in optim.schedule_warnings(resolved, train.max_iters):
+    runs.print_line(f"warning: {warning}")
   throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
                            plan.num_devices)
   profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
