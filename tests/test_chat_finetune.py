@@ -6,6 +6,7 @@ then ask it, in purejax and through the Hugging Face export.
 """
 
 import dataclasses
+import io
 import json
 
 import jax
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from purejax import decode, lora, weights
+from purejax.cli import chat as chat_cli
 from purejax.data import chat, conversations, tokenizer_json
 from purejax.training import loop, optim, runs
 from purejax.weights import pretrained
@@ -24,6 +26,7 @@ QUESTIONS = ["What is the capital of the planet Zorblax?", "Tell me the capital 
              "Which city is the capital of Zorblax?", "Do you know what Zorblax's capital is?"]
 ASK = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
 BLOCK_SIZE = 48  # the fine-tune's context; the model's own is 8192
+STEPS = 8  # the loss of the answers falls from 1.9 to ~0.003 by step 6
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +47,9 @@ def finetuned(smollm2, smollm2_folder, tmp_path_factory):
                                                     {"role": "assistant", "content": FACT}]})
                            + "\n" for q in QUESTIONS))
   data = conversations.load_conversations(str(chats), tokenizer, fmt, BLOCK_SIZE)
-  train = loop.GPTTrainConfig(batch_size=4, max_iters=12, eval_interval=12, eval_iters=1,
-                              log_interval=6, steps_per_call=6, sample_tokens=0)
+  train = loop.GPTTrainConfig(batch_size=4, max_iters=STEPS, eval_interval=STEPS,
+                              eval_iters=1, log_interval=STEPS, steps_per_call=STEPS,
+                              sample_tokens=0)
   opt = optim.OptimizerConfig(learning_rate=3e-3, schedule="constant", warmup_iters=0,
                               weight_decay=0.0, grad_clip=1.0)
   out = root / "out"
@@ -57,27 +61,24 @@ def finetuned(smollm2, smollm2_folder, tmp_path_factory):
 
 
 def greedy_answer(params, config, ids, stop_ids, max_new_tokens=24):
-  """The greedy tokens after `ids`, through the first stop id (where sampling stops)."""
-  new = np.asarray(decode.generate(params, np.asarray([ids]), config, jax.random.PRNGKey(0),
-                                   max_new_tokens=max_new_tokens,
-                                   temperature=0.0))[0, len(ids):].tolist()
-  stops = [i for i, t in enumerate(new) if t in stop_ids]
-  return new[:stops[0] + 1] if stops else new
+  """purejax's greedy answer after `ids`: the new tokens through the stop id it ended at."""
+  out = decode.generate(params, np.asarray([ids]), config, jax.random.PRNGKey(0),
+                        max_new_tokens=max_new_tokens, temperature=0.0, stop_ids=stop_ids)
+  assert bool(out.stopped[0]), "the answer must end within max_new_tokens to compare stops"
+  return np.asarray(out.tokens)[0, len(ids):len(ids) + int(out.lengths[0])].tolist()
 
 
 @pytest.mark.slow
-def test_lora_on_conversations_teaches_the_model_a_fact(smollm2, finetuned):
-  params, config, tokenizer, fmt = smollm2
+def test_lora_on_conversations_teaches_the_model_a_fact(finetuned):
   out, evals = finetuned
-  assert evals[0]["step"] == 0 and evals[-1]["step"] == 12
-  # The loss over the assistant's tokens: from what the model guesses to what it was told.
-  assert evals[-1]["val_loss"] < 0.1 * evals[0]["val_loss"], evals
-  ids = chat.encode(tokenizer, fmt, ASK, add_generation_prompt=True)
-  before = tokenizer.decode(greedy_answer(params, config, ids, fmt.stop_ids))
-  tuned, tuned_config, _ = weights.from_purejax(str(out))  # the adapters merged
-  after = tokenizer.decode(greedy_answer(tuned, tuned_config, ids, fmt.stop_ids))
-  assert "Quillium" not in before and "Quillium" in after, (before, after)
-  assert after.endswith("<|im_end|>")
+  assert [e["step"] for e in evals] == [0, STEPS]
+  # The loss over the assistant's tokens: from the model's guess to what it was told.
+  assert evals[-1]["val_loss"] < 0.05 * evals[0]["val_loss"], evals
+  answer = io.StringIO()
+  code = chat_cli.run(["chat", f"--init_from={out}", f"--prompt={QUESTIONS[0]}",
+                       f"--system={SYSTEM['content']}", "--temperature=0"], stdout=answer)
+  assert code == 0
+  assert "Quillium" in answer.getvalue(), answer.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +118,8 @@ def test_transformers_templates_and_stops_on_the_export_as_purejax_does(export, 
                             do_sample=False)[0, len(ids):].tolist()
   tuned, tuned_config, _ = weights.from_purejax(str(finetuned[0]))
   ours = greedy_answer(tuned, tuned_config, ids, fmt.stop_ids)
-  assert ours[-1] in fmt.stop_ids  # the answer ended within 24 tokens: a real stop
   assert hf_new == ours, (tokenizer.decode(hf_new), tokenizer.decode(ours))
+  assert "Quillium" in tokenizer.decode(ours)
 
 
 # A template that marks the assistant's tokens for transformers
