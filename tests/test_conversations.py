@@ -162,3 +162,26 @@ def test_a_conversation_run_resumes_exactly(tmp_path):
                            runs.RunConfig(str(tmp_path / "b"), resume=True))
   assert resumed == {**whole, "ms_per_iter": resumed["ms_per_iter"]}
   assert whole["train_loss"] < 3.5  # it learns (ln(vocab) is 3.6)
+
+
+@pytest.mark.slow
+def test_a_sweep_trains_on_conversations_as_each_run_alone(tmp_path):
+  from purejax.training import sweep
+  _, rows = rows_of(tmp_path)
+  base = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=0, schedule="constant")
+  specs = sweep.expand(base, seed=0, grid={"learning_rate": (1e-2, 3e-2)})
+  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in specs]
+  params = sweep.stack([gpt.init_params(CONFIG, k[0]) for k in keys])
+  make = sweep.RunOptimizer(base)
+  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
+                     {"train": sweep.stack([k[1] for k in keys])})
+  _, metrics = sweep.train_steps(state, rows, 0, sweep.hyperparams(specs), config=CONFIG,
+                                 make_optimizer=make, batch_size=4, num_steps=3,
+                                 forms=FORMS, sweep_batch=0)
+  for i, spec in enumerate(specs):
+    optimizer = optim.make_optimizer(spec.opt_config)
+    own = gpt.init_params(CONFIG, keys[i][0])  # (the sweep's state was donated)
+    alone = TrainState(own, optimizer.init(own), {"train": keys[i][1]})
+    _, solo = steps.train_steps(alone, rows, 0, config=CONFIG, optimizer=optimizer,
+                                batch_size=4, num_steps=3, forms=FORMS)
+    np.testing.assert_allclose(metrics.loss[i], solo.loss, rtol=1e-4)
