@@ -84,8 +84,8 @@ def _per_step_windows(tokens: batches.Tokens, num: int, config: gpt.GPTConfig,
     chex.assert_shape(tokens.rows, (None, config.block_size + 1))
     chex.assert_shape(tokens.weights, (tokens.rows.shape[0], config.block_size))
     return None
-  raise TypeError(f"tokens must be batches.DeviceTokens, DeviceRows or HostWindows, got "
-                  f"{type(tokens).__name__}.")
+  raise TypeError(f"tokens must be batches.DeviceTokens, batches.DeviceRows or "
+                  f"batches.HostWindows, got {type(tokens).__name__}.")
 
 
 @functools.partial(
