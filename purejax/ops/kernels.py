@@ -341,6 +341,7 @@ def tied_head_cross_entropy(
     compute_dtype=None,
     chunk_rows: Optional[int] = None,
     forms: Optional[Forms] = None,
+    softcap: Optional[float] = None,
     weights: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Mean cross-entropy of `labels` under the logits `x @ table.T`.
@@ -360,6 +361,7 @@ def tied_head_cross_entropy(
     chunk_rows: rows per chunk, or None for the plain form. Chunks run only
       when they divide the rows and there are at least two.
     forms: forms for the matmul (default: see `matmul`).
+    softcap: None, or `c`: the logits are `c * tanh(logits / c)`, in float32.
     weights: optional per-label weights `labels.shape`, as in `cross_entropy`.
 
   Returns:
@@ -372,6 +374,9 @@ def tied_head_cross_entropy(
   flat_weights = None if weights is None else weights.reshape(-1)
   head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
+  if softcap is not None:  # without it, GPT-2's program, untouched
+    uncapped = head
+    head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
   if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
     return cross_entropy(head(rows), flat_labels, flat_weights)
 
