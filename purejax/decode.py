@@ -4,123 +4,26 @@
                    temperature=0.8, top_k=200)          # [batch, prompt + new]
 
 The model's own code is `purejax/gpt.py`; this module runs its blocks one
-token at a time against cached keys and values, and never the reverse.
+token at a time against cached keys and values (`purejax/kv_cache.py`), and
+never the reverse. `generate` samples a batch in one program; `prefill` and
+`step` continue a conversation kept in a cache, one token per call, for
+streaming it as it is decoded.
 """
 
 import functools
-import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from purejax.ops import attention
 from purejax.ops import kernels
 from purejax import gpt
-from purejax import nn
+from purejax import kv_cache
+from purejax.kv_cache import (KVCache, SlidingWindow, cache_length, grow_cache,  # noqa: F401
+                              init_kv_cache, sliding_window)
 
 Params = gpt.Params
-
-
-class KVCache(NamedTuple):
-  """Keys and values of past positions: one `[batch * kv_heads, block, head_dim]` array per layer.
-
-  Only the key/value heads are cached: with grouped-query attention
-  (`GPTConfig.n_kv_head`) the cache takes `n_kv_head / n_head` of the memory
-  a cache of every head would (a quarter for Llama 3 8B's 8 of 32 heads).
-
-  Batch and head share one axis because that is the layout XLA's batched
-  matmul wants: with `[batch, head, ...]` arrays XLA fused the cache update
-  into a reshape for the attention product as well as into the loop's
-  output, so it wrote the cache twice and copied all of it three times per
-  token.
-  """
-  k: Tuple[chex.Array, ...]
-  v: Tuple[chex.Array, ...]
-
-
-def _cache_layer_shape(config: gpt.GPTConfig, batch: int) -> Tuple[int, int, int]:
-  return (batch * config.kv_heads, config.block_size, config.head_dim)
-
-
-def init_kv_cache(config: gpt.GPTConfig, batch: int) -> KVCache:
-  """An empty (zero) cache for `batch` sequences."""
-  shape = _cache_layer_shape(config, batch)
-  zeros = tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
-  return KVCache(zeros, zeros)
-
-
-def _check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
-  layer_shape = _cache_layer_shape(config, batch)
-  want = KVCache(*[(layer_shape,) * config.n_layer] * 2)
-  got = jax.tree.map(jnp.shape, cache)
-  if got != want:
-    raise ValueError(f"KV cache of shapes {got}, but this config and batch need "
-                     f"{config.n_layer} layers of {layer_shape}; build it with "
-                     f"init_kv_cache(config, batch).")
-
-
-def _layers(params: Params, n_layer: int) -> Tuple[Params, ...]:
-  """Each layer's params, sliced from the stacked `params["blocks"]` (static slices).
-
-  Decoding runs the layers as an unrolled loop. Sliced inside the decode
-  loop, XLA copies each layer's weights for every token (that was most of
-  the time per token), so `generate` slices once, before the loop.
-  """
-  return tuple(jax.tree.map(lambda p, i=i: p[i], params["blocks"]) for i in range(n_layer))
-
-
-def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
-                   config: gpt.GPTConfig, forms: kernels.Forms) -> gpt.Attend:
-  """`gpt.Attend` for tokens at positions `pos, ...` through one layer's cache.
-
-  Their keys and values are written into the cache, and they attend to
-  every cached position up to their own; it carries out the updated
-  `(k_buf, v_buf)`. At a static `pos == 0` (a prompt or a refill) the cache
-  before them is empty, so with the "cudnn" form they attend among
-  themselves through cuDNN, as in training. One-token steps read the cache
-  with XLA's products: a single query has no `[time, time]` scores to
-  avoid, and the work is one pass over the cache.
-  """
-  kv, d = config.kv_heads, config.head_dim
-  # The GPU's forms multiply in the compute dtype; the CPU's in float32.
-  low_precision = forms.attention in ("xla", "cudnn")
-  compute_dtype = config.matmul_dtype if low_precision else None
-
-  def attend(q, k, v):
-    b, t = q.shape[:2]
-    k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, kv, t, d]
-    bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d), (0, pos, 0))
-            for buf, new in ((k_buf, k_new), (v_buf, v_new)))
-    if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0:
-      y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype)
-      return y, tuple(bufs)
-    q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
-    new_k_buf, new_v_buf = bufs
-    y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), new_k_buf.reshape(b, kv, -1, d),
-                                  new_v_buf.reshape(b, kv, -1, d), pos,
-                                  compute_dtype=compute_dtype)
-    return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
-
-  return attend
-
-
-def _forward_with_cache(layers, params, tokens, cache, pos, config, forms):
-  """`forward_with_cache` over per-layer params `layers` (`_layers`)."""
-  x = gpt.input_states(params, tokens, config, pos)
-  # Decoding does little work per layer, so a plain Python loop over the
-  # layers (unrolled in the compiled program) beats a scan's overhead.
-  ks, vs = [], []
-  for i, (layer, k_buf, v_buf) in enumerate(zip(layers, cache.k, cache.v)):
-    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms,
-                                  attend=_cached_attend(k_buf, v_buf, pos, config, forms),
-                                  start=pos,
-                                  value_embed=gpt.value_embedding(params, tokens, config, i))
-    ks.append(k_buf)
-    vs.append(v_buf)
-  x = gpt.final_norm(params, x[:, -1], config)
-  return gpt.logits_of(params, x, config, forms), KVCache(tuple(ks), tuple(vs))
 
 
 def forward_with_cache(
@@ -149,8 +52,8 @@ def forward_with_cache(
   """
   gpt.check_tokens(tokens, config)
   gpt.check_params(params, config)
-  _check_cache(cache, config, tokens.shape[0])
-  return _forward_with_cache(_layers(params, config.n_layer), params, tokens, cache, pos,
+  kv_cache.check_cache(cache, config, tokens.shape[0])
+  return kv_cache.forward(kv_cache.layers_of(params, config.n_layer), params, tokens, cache, pos,
                              config, forms or kernels.select(kernels.platform_of(params)))
 
 
@@ -198,48 +101,6 @@ def sample_logits(
   drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
   return jnp.where(temperature > 0, drawn, greedy)
 
-
-class SlidingWindow(NamedTuple):
-  """When the cache slides while decoding (see `sliding_window`).
-
-  Attributes:
-    window: prompt tokens the cache starts from (the prompt's last ones).
-    refill: tokens the cache is rebuilt from when it is full.
-    first: tokens decoded before the first slide.
-    period: tokens per slide cycle: one slide, then `period - 1` decodes.
-    full_periods: whole cycles after `first`.
-    tail: tokens of the last, partial cycle (0: none).
-  """
-  window: int
-  refill: int
-  first: int
-  period: int
-  full_periods: int
-  tail: int
-
-
-def sliding_window(prompt_len: int, max_new_tokens: int, block_size: int) -> SlidingWindow:
-  """The context policy of `generate`, worked out before the loop runs.
-
-  A prompt longer than `block_size` is conditioned on its last `block_size`
-  tokens (as nanoGPT crops). Tokens are decoded through the cache while it
-  has room. When it is full, the window *slides*: the cache is rebuilt from
-  the last `block_size // 2` tokens, with positions restarting at 0, and
-  decoding goes on. So every token sees between `block_size // 2` and
-  `block_size` tokens of context. nanoGPT instead recomputes the last
-  `block_size` tokens for every new token, which costs `block_size` times
-  more; within `block_size` tokens the two are identical.
-
-  The prompt length is static, so where the slides fall is known here, and
-  the decode loop becomes fixed-length scans with slides between them.
-  """
-  window, refill = min(prompt_len, block_size), max(block_size // 2, 1)
-  first = min(max_new_tokens, block_size - window)
-  period = 1 + block_size - refill  # one slide, then decodes until full
-  full_periods, tail = divmod(max_new_tokens - first, period)
-  return SlidingWindow(window, refill, first, period, full_periods, tail)
-
-
 class DecodeState(NamedTuple):
   """What the decode loop carries from one token to the next.
 
@@ -249,12 +110,31 @@ class DecodeState(NamedTuple):
     cache_len: positions filled in the cache.
     logits: `[batch, vocab]` next-token logits.
     index: how many new tokens are written.
+    lengths, done: with stop ids, `[batch]` new tokens up to and with each
+      row's stop token, and whether it has one (else None).
   """
   tokens: chex.Array
   cache: KVCache
   cache_len: chex.Array
   logits: chex.Array
   index: chex.Array
+  lengths: Optional[chex.Array] = None
+  done: Optional[chex.Array] = None
+
+
+class Generated(NamedTuple):
+  """What `generate` returns when given stop ids.
+
+  Attributes (unbatched like the prompt):
+    tokens: `[batch, prompt_len + max_new_tokens]`: the prompt, each row's new
+      tokens up to its stop token, then that stop token repeated.
+    lengths: `[batch]` new tokens of each row, its stop token included.
+    stopped: `[batch]` whether the row ended at a stop id (False: it ran to
+      `max_new_tokens`).
+  """
+  tokens: chex.Array
+  lengths: chex.Array
+  stopped: chex.Array
 
 
 def generate(
@@ -268,17 +148,26 @@ def generate(
     top_p: Optional[float] = None,
     valid_vocab: Optional[int] = None,
     *,
+    stop_ids: Optional[Sequence[int]] = None,
     forms: Optional[kernels.Forms] = None,
-) -> chex.Array:
+) -> Union[chex.Array, Generated]:
   """Continues `prompt` by `max_new_tokens` sampled tokens: `jitted_generate`, with
-  `forms` (None: those of the platform `params` live on, `kernels.select`)."""
+  `forms` (None: those of the platform `params` live on, `kernels.select`).
+
+  With `stop_ids` (e.g. a model's end-of-turn ids), each row stops at its
+  first stop id and the result is a `Generated` (tokens, lengths, stopped);
+  without, it is the tokens, as always.
+  """
   forms = forms or kernels.select(kernels.platform_of(params))
+  stops = None if stop_ids is None else tuple(int(i) for i in stop_ids)
+  if stops == ():
+    raise ValueError("`stop_ids` is empty; pass None to never stop early.")
   return jitted_generate(params, prompt, config, key, max_new_tokens, temperature, top_k,
-                         top_p, valid_vocab, forms=forms)
+                         top_p, valid_vocab, stop_ids=stops, forms=forms)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k",
-                                              "valid_vocab", "forms"))
+                                              "valid_vocab", "stop_ids", "forms"))
 def jitted_generate(
     params: Params,
     prompt: chex.Array,
@@ -290,14 +179,16 @@ def jitted_generate(
     top_p: Optional[float] = None,
     valid_vocab: Optional[int] = None,
     *,
+    stop_ids: Optional[Tuple[int, ...]] = None,
     forms: kernels.Forms,
-) -> chex.Array:
+) -> Union[chex.Array, Generated]:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
   One program for each static argument (`.lower` and `.trace` as `jax.jit`'s).
-  The whole decode loop is one `lax.scan` inside it; each step feeds
-  one token through the cache. Context beyond `block_size` follows
-  `sliding_window`.
+  The whole decode loop is one `lax.scan` inside it (a `lax.while_loop`
+  that ends when every row has stopped, with `stop_ids`); each step feeds
+  one token through the cache. The cache holds prompt plus new tokens,
+  up to `block_size`; context beyond follows `sliding_window`.
 
   Args:
     params: model params.
@@ -310,11 +201,12 @@ def jitted_generate(
     top_p: optional nucleus filter.
     valid_vocab: ids from this one on are never sampled (the padding of a
       padded vocabulary); None: every id of the model's.
+    stop_ids: ids that end a row (it is kept, and repeated after); static.
     forms: execution forms (`generate` chooses them when given none); static.
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
-    prompt followed by the new tokens.
+    prompt followed by the new tokens; with `stop_ids`, a `Generated`.
   """
   unbatched = prompt.ndim == 1
   if unbatched:
@@ -327,9 +219,10 @@ def jitted_generate(
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
   prompt = prompt.astype(jnp.int32)
   gpt.check_params(params, config)
-  layers = _layers(params, config.n_layer)  # once, outside the decode loop
-  plan = sliding_window(p, max_new_tokens, config.block_size)
-  feed = functools.partial(_forward_with_cache, layers, params, config=config, forms=forms)
+  layers = kv_cache.layers_of(params, config.n_layer)  # once, outside the decode loop
+  plan = kv_cache.sliding_window(p, max_new_tokens, config.block_size)
+  feed = functools.partial(kv_cache.forward, layers, params, config=config, forms=forms)
+  stops = None if stop_ids is None else jnp.asarray(stop_ids, jnp.int32)
 
   def noise(index):  # [batch, vocab] Gumbel noise of new token `index`
     return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
@@ -337,12 +230,16 @@ def jitted_generate(
   def sample_and_write(state: DecodeState, token_noise) -> Tuple[DecodeState, chex.Array]:
     token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise,
                           valid_vocab=valid_vocab)
+    if stops is not None:  # a stopped row repeats its stop token
+      last = jax.lax.dynamic_index_in_dim(state.tokens, p + state.index - 1, 1, False)
+      token = jnp.where(state.done, last, token)
+      state = state._replace(lengths=jnp.where(state.done, state.lengths, state.index + 1),
+                             done=state.done | jnp.isin(token, stops))
     tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, p + state.index))
     return state._replace(tokens=tokens, index=state.index + 1), token
 
   def decode(state: DecodeState, token_noise=None) -> Tuple[DecodeState, None]:
-    # Each new token is sampled, written, then fed back through the cache.
-    # (The last token's feed is wasted work, one step.)
+    # Each new token is sampled, written, then fed back (the last feed is wasted).
     if token_noise is None:
       token_noise = noise(state.index)
     state, token = sample_and_write(state, token_noise)
@@ -359,23 +256,176 @@ def jitted_generate(
   def decodes(state: DecodeState, n: int) -> DecodeState:
     if n == 0:
       return state
-    if forms.noise_ahead:
-      # One batch of noise per scan: on XLA CPU a draw inside the loop runs
-      # JAX's threefry as a rolled loop once per token (a third of the time).
-      ahead = jax.vmap(noise)(state.index + jnp.arange(n))  # [n, batch, vocab]
+    # One batch of noise per loop: on XLA CPU a draw inside the loop runs
+    # JAX's threefry as a rolled loop once per token (a third of the time).
+    ahead = jax.vmap(noise)(state.index + jnp.arange(n)) if forms.noise_ahead else None
+    if stops is not None:  # until every row has stopped
+      first = state.index
+      step = lambda s: decode(s, None if ahead is None else ahead[s.index - first])[0]
+      return jax.lax.while_loop(lambda s: (s.index < first + n) & ~jnp.all(s.done), step,
+                                state)
+    if ahead is not None:
       return jax.lax.scan(decode, state, ahead)[0]
     return jax.lax.scan(lambda s, _: decode(s), state, None, length=n)[0]
 
-  logits, cache = feed(prompt[:, p - plan.window:], init_kv_cache(config, b), 0)
+  def slides(state: DecodeState, n: int) -> DecodeState:
+    """`slide`, then `n` decodes; with stop ids, nothing once every row has stopped."""
+    if stops is None:
+      return decodes(slide(state), n)
+    return jax.lax.cond(jnp.all(state.done), lambda s: s, lambda s: decodes(slide(s), n), state)
+
+  # The cache holds what this call needs: a short call reads a short cache.
+  cache = init_kv_cache(config, b, min(config.block_size, plan.window + max_new_tokens))
+  logits, cache = feed(prompt[:, p - plan.window:], cache, 0)
   tokens = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
   state = DecodeState(tokens, cache, jnp.int32(plan.window), logits, jnp.int32(0))
+  if stops is not None:
+    state = state._replace(lengths=jnp.zeros(b, jnp.int32), done=jnp.zeros(b, bool))
   state = decodes(state, plan.first)
   if plan.full_periods:
-    state = jax.lax.scan(lambda s, _: (decodes(slide(s), plan.period - 1), None), state,
+    state = jax.lax.scan(lambda s, _: (slides(s, plan.period - 1), None), state,
                          None, length=plan.full_periods)[0]
   if plan.tail:
-    state = decodes(slide(state), plan.tail - 1)
-  return state.tokens[0] if unbatched else state.tokens
+    state = slides(state, plan.tail - 1)
+  tokens = state.tokens
+  if stops is not None:  # rows cut short by the while loop's end repeat their stop token
+    written = jnp.arange(max_new_tokens)[None, :] < state.lengths[:, None]
+    last = jnp.take_along_axis(tokens, p + state.lengths[:, None] - 1, axis=1)
+    tokens = tokens.at[:, p:].set(jnp.where(written | ~state.done[:, None],
+                                            tokens[:, p:], last))
+    lengths = jnp.where(state.done, state.lengths, max_new_tokens)
+    out = Generated(tokens, lengths, state.done)
+    return jax.tree.map(lambda a: a[0], out) if unbatched else out
+  return tokens[0] if unbatched else tokens
+
+
+# ----------------------------------------------------------------------------
+# A conversation kept in a cache: each turn feeds only its own tokens.
+
+
+class Conversation(NamedTuple):
+  """The tokens a cache holds the keys and values of, for one sequence.
+
+  `extend` and `stream` write into the cache in place (donated to XLA: a
+  copy per token would cost more than the token), so the conversation given
+  to them is used up; go on with the one they return.
+
+  Attributes:
+    cache: a batch-1 `KVCache` (`init_kv_cache(config, 1, length)`).
+    ids: the ids at positions `0 .. len(ids) - 1` of the cache.
+  """
+  cache: KVCache
+  ids: Tuple[int, ...] = ()
+
+
+class Step(NamedTuple):
+  """One streamed token: the token, the conversation holding it, the next logits."""
+  token: int
+  conversation: Conversation
+  logits: chex.Array
+
+
+def model_part(params: Params, config: gpt.GPTConfig) -> Tuple[Tuple[Params, ...], Params]:
+  """`(layers, rest)`: each layer's params, sliced once (`kv_cache.layers_of`), and
+  the params around them (embeddings, final norm, head), as `prefill` and `step` take them."""
+  gpt.check_params(params, config)
+  layers = tuple(jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config.n_layer)))
+  return layers, {k: v for k, v in params.items() if k != "blocks"}
+
+
+@functools.partial(jax.jit, static_argnames=("config", "forms"), donate_argnames=("cache",))
+def prefill(layers, rest: Params, tokens: chex.Array, cache: KVCache, pos: chex.Numeric,
+            count: chex.Numeric, config: gpt.GPTConfig, *, forms: kernels.Forms
+            ) -> Tuple[chex.Array, KVCache]:
+  """Feeds `tokens[:, :count]` `[batch, time]` at positions `pos, ...` (the rest is
+  padding, so a few lengths compile); the logits `[batch, vocab]` of token
+  `count - 1` and the cache. Needs `pos + time <= cache_length(cache)`."""
+  return kv_cache.forward(layers, rest, tokens, cache, pos, config, forms, last=count - 1)
+
+
+@functools.partial(jax.jit, static_argnames=("top_k", "valid_vocab", "config", "forms"),
+                   donate_argnames=("cache",))
+def step(layers, rest: Params, logits: chex.Array, cache: KVCache, pos: chex.Numeric,
+         key: chex.PRNGKey, temperature: chex.Numeric = 1.0, top_k: Optional[int] = None,
+         top_p: Optional[float] = None, valid_vocab: Optional[int] = None, *,
+         config: gpt.GPTConfig, forms: kernels.Forms
+         ) -> Tuple[chex.Array, chex.Array, KVCache]:
+  """Draws a token from `logits` `[batch, vocab]` (`sample_logits`) and feeds it at
+  `pos`: `(token [batch], its logits, cache)`."""
+  token = sample_logits(key, logits, temperature, top_k, top_p, valid_vocab=valid_vocab)
+  logits, cache = kv_cache.forward(layers, rest, token[:, None], cache, pos, config, forms)
+  return token, logits, cache
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+  """How many ids `a` and `b` share from the start."""
+  return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _room(conversation: Conversation, needed: int, config: gpt.GPTConfig) -> Conversation:
+  """`conversation` with room for `needed` positions (doubling: few lengths compile)."""
+  length = cache_length(conversation.cache)
+  if needed <= length:
+    return conversation
+  if needed > config.block_size:
+    raise ValueError(f"the conversation needs {needed} positions, more than the model's "
+                     f"context (block_size={config.block_size}); start a new one.")
+  while length < needed:
+    length *= 2
+  return conversation._replace(cache=grow_cache(conversation.cache,
+                                                min(length, config.block_size)))
+
+
+def extend(layers, rest: Params, conversation: Conversation, ids: Sequence[int],
+           config: gpt.GPTConfig, *, forms: kernels.Forms, pad_to: int = 64
+           ) -> Tuple[chex.Array, Conversation]:
+  """Brings `conversation` to the whole token sequence `ids` (a chat so far).
+
+  Only what differs from the tokens already cached is fed: the ids past the
+  longest common prefix, padded to a multiple of `pad_to`. A turn costs
+  its own tokens, and the result equals feeding all of `ids` afresh.
+
+  Returns:
+    `(logits [1, vocab] after the last id, conversation holding ids)`.
+  """
+  ids = tuple(int(i) for i in ids)
+  if not ids:
+    raise ValueError("`ids` is empty; a conversation needs at least one token.")
+  same = min(common_prefix(conversation.ids, ids), len(ids) - 1)  # feed one, for its logits
+  fresh = ids[same:]
+  padded = -(-len(fresh) // pad_to) * pad_to
+  _room(conversation, len(ids), config)  # raises past the model's context
+  conversation = _room(conversation, min(same + padded, config.block_size), config)
+  padded = min(padded, cache_length(conversation.cache) - same)
+  tokens = jnp.asarray([fresh + (0,) * (padded - len(fresh))], jnp.int32)
+  logits, cache = prefill(layers, rest, tokens, conversation.cache, jnp.int32(same),
+                          jnp.int32(len(fresh)), config, forms=forms)
+  return logits, Conversation(cache, ids)
+
+
+def stream(layers, rest: Params, conversation: Conversation, logits: chex.Array,
+           key: chex.PRNGKey, max_new_tokens: int, stop_ids: Sequence[int] = (),
+           temperature: float = 1.0, top_k: Optional[int] = None,
+           top_p: Optional[float] = None, valid_vocab: Optional[int] = None, *,
+           config: gpt.GPTConfig, forms: kernels.Forms) -> Iterator[Step]:
+  """Samples after `conversation` (whose next-token `logits` are given), one `Step`
+  per token as it is decoded, until a stop id (yielded too), `max_new_tokens`
+  or the model's context. Token i of the answer is drawn with
+  `fold_in(key, i)`; the cache grows as needed."""
+  stops = set(int(i) for i in stop_ids)
+  for index in range(max_new_tokens):
+    pos = len(conversation.ids)
+    if pos >= config.block_size:
+      return
+    conversation = _room(conversation, pos + 1, config)
+    token, logits, cache = step(layers, rest, logits, conversation.cache, jnp.int32(pos),
+                                jax.random.fold_in(key, index), temperature, top_k, top_p,
+                                valid_vocab, config=config, forms=forms)
+    token = int(token[0])
+    conversation = Conversation(cache, conversation.ids + (token,))
+    yield Step(token, conversation, logits)
+    if token in stops:
+      return
 
 
 def sample_text(params: Params, tokenizer, config: gpt.GPTConfig, key: chex.PRNGKey,
@@ -392,8 +442,7 @@ def sample_text(params: Params, tokenizer, config: gpt.GPTConfig, key: chex.PRNG
     prompt: the text to continue.
     forms: as in `generate`.
 
-  Returns:
-    The prompt and its continuation, as text.
+  Returns the prompt and its continuation, as text.
   """
   out = generate(params, jnp.asarray(tokenizer.encode(prompt)), config, key,
                  max_new_tokens=num_tokens, temperature=0.8, top_k=200,

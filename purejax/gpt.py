@@ -24,9 +24,9 @@ The config is the math alone. How it runs (attention form, remat, scan or
 unrolled layers, the mixed-precision matmul's backward, loss chunking) is a
 `kernels.Forms` passed as `forms=`; `forward` and `loss` called without one
 use the forms of the platform the params live on (`kernels.select`); every
-other function takes them as an argument. Sampling with a KV cache, which runs
-the same `block` through a cache-aware attention, is in `purejax/decode.py`,
-training steps in `purejax/training/steps.py`.
+other function takes them as an argument. Sampling (a KV cache through the
+same `block`) is in `purejax/decode.py`, training steps in
+`purejax/training/steps.py`.
 """
 
 import functools
@@ -41,7 +41,6 @@ from purejax.ops import kernels
 from purejax import gpt_config
 from purejax import nn
 from purejax import rng
-# The config and the named architectures live beside this file; they are the GPT's.
 from purejax.gpt_config import ARCHITECTURES  # pylint: disable=unused-import
 from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
 from purejax.gpt_config import GPTConfig
@@ -428,13 +427,16 @@ def loss(
     deterministic: bool = True,
     forms: Optional[kernels.Forms] = None,
     dropout: Optional[chex.Numeric] = None,
+    weights: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Mean next-token cross-entropy: tokens and targets `[batch, time]`.
 
-  Equals `cross_entropy(forward(...), targets)`; for a large vocabulary the
-  head and loss may run in chunks of rows (`forms.loss_chunk_rows`,
-  `kernels.tied_head_cross_entropy`), so the whole float32 logits never
-  exist at once. `forms` and `dropout` as in `forward`.
+  Equals `cross_entropy(forward(...), targets)`; a large vocabulary's head and
+  loss may run in chunks of rows (`kernels.tied_head_cross_entropy`). `forms`
+  and `dropout` as in `forward`. `weights` `[batch, time]`: the loss is
+  `mean(weights * losses)`; 0 takes a target out of loss and gradient (user
+  turns, padding); weights of mean 1 (`batches.normalized_weights`) average
+  the targets kept.
   """
   chex.assert_equal_shape((tokens, targets))
   forms = forms or kernels.select(kernels.platform_of(params))
@@ -442,4 +444,4 @@ def loss(
   return kernels.tied_head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms,
-      softcap=config.logit_softcap)
+      softcap=config.logit_softcap, weights=weights)

@@ -29,7 +29,7 @@ def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
                              f"--out_dir={tmp_path / 'b'}"))
   assert resumed["val_loss"] == straight["val_loss"] < 3.5, (straight, resumed)
   sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'a'}", "--start=ROMEO:",
-                      "--max_new_tokens=30", "--top_p=0.9")
+                      "--show_prompt", "--max_new_tokens=30", "--top_p=0.9")
   assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
 
 
@@ -73,5 +73,5 @@ def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file, caps
                             transformers.AutoModelForCausalLM.from_pretrained(folder)
                             .lm_head.weight.detach().numpy())  # fine-tuned weights
   sample = run_module("purejax.sample", f"--init_from={exported}", "--start=ROMEO:",
-                      "--max_new_tokens=10")
+                      "--show_prompt", "--max_new_tokens=10")
   assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]

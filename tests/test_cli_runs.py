@@ -91,7 +91,7 @@ def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file,
   assert converted.returncode == 0, converted.stderr[-2000:]
   transformers.GPT2LMHeadModel.from_pretrained(exported)
   sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'tuned'}", "--start=ROMEO:",
-                      "--max_new_tokens=10")
+                      "--show_prompt", "--max_new_tokens=10")
   assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
 
 

@@ -64,7 +64,7 @@ def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
   # val loss of 2.48; the recipe reaches ~2.33 here. A model whose attention
   # is broken sees one character and cannot get below the bigram's loss.
   assert metrics["val_loss"] < 2.40, metrics
-  sample = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO:",
+  sample = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO:", "--show_prompt",
                       "--num_samples=2", "--max_new_tokens=30")
   assert sample.returncode == 0, sample.stderr[-2000:]
   assert sample.stdout.count("ROMEO:") == 2

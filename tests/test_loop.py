@@ -176,3 +176,22 @@ def test_logged_mfu_is_nanogpts_formula_over_the_given_peak(tmp_path):
   for record in (r for r in monitor.read_metrics(tmp_path) if r["kind"] == "train"):
     np.testing.assert_allclose(record["mfu"], per_token * record["tokens_per_s"] / 1e12,
                                rtol=1e-6)
+
+
+def test_a_schedule_that_does_not_fit_the_run_is_one_line_at_start_up(tmp_path, capsys):
+  # nanoGPT's recipe warms up for 100 steps: a 20-step fine-tune never reaches its rate.
+  recipe = loop.GPT_OPTIMIZER
+  warnings = optim.schedule_warnings(dataclasses.replace(recipe, decay_iters=20), 20)
+  assert warnings == [
+      f"warmup_iters=100 >= max_iters=20: the run only warms up, to lr "
+      f"{recipe.learning_rate * 20 / 101:.3g} of {recipe.learning_rate:g}; lower "
+      f"warmup_iters (e.g. 2) for a full schedule.",
+      f"decay_iters=20 <= warmup_iters=100: no cosine decay; the rate drops from the warmup "
+      f"to min_lr {recipe.min_lr:g} at step 100; make decay_iters longer than the warmup."]
+  assert optim.schedule_warnings(dataclasses.replace(recipe, decay_iters=2000), 2000) == []
+  assert optim.schedule_warnings(dataclasses.replace(recipe, schedule="constant"), 5) == []
+  train(tmp_path, train_config=dataclasses.replace(FAST, max_iters=5, eval_interval=5),
+        opt=dataclasses.replace(OPT, warmup_iters=8))
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("warning: ")]
+  assert lines == [f"warning: {w}" for w in optim.schedule_warnings(
+      dataclasses.replace(OPT, warmup_iters=8, decay_iters=5), 5)] and len(lines) == 2

@@ -3,6 +3,7 @@
     python -m purejax.convert --from=hf:gpt2 --to=nanogpt:ckpt.pt
     python -m purejax.convert --from=purejax:out-gpt --to=hf:gpt2-finetuned
     python -m purejax.convert --from=purejax:out-llama --to=hf:llama-finetuned --dtype=bfloat16
+    python -m purejax.convert --from=purejax:out-lora --to=peft:my-adapter   # PEFT's format
 
 The library behind it is `purejax.weights` (`from_pretrained`, `convert`, one
 module per format); `purejax.convert` is that function.
@@ -23,7 +24,8 @@ def define_flags(args: flags.FlagValues) -> None:
       "from", None, "Source: hf:PATH_OR_NAME (a folder of GPT-2, Llama, Mistral or "
       "Qwen2, or a Hub id such as gpt2 or OWNER/MODEL from the Hugging Face cache), "
       "nanogpt:CKPT.pt, or purejax:OUT_DIR.", flag_values=args)
-  flags.DEFINE_string("to", None, "Target: hf:DIR, nanogpt:FILE.pt, or purejax:OUT_DIR.",
+  flags.DEFINE_string("to", None, "Target: hf:DIR, nanogpt:FILE.pt, purejax:OUT_DIR, or "
+                      "peft:DIR (a LoRA run's adapters in PEFT's format).",
                       flag_values=args)
   flags.DEFINE_string("meta", None, "nanoGPT meta.pkl of a character model "
                       "(default: beside the checkpoint).", flag_values=args)
@@ -41,7 +43,7 @@ def convert(args: flags.FlagValues) -> int:
   source, target = args["from"].value, args["to"].value
   try:
     for name, location in (("from", source), ("to", target)):  # name the flag, before any work
-      pretrained.parse_location(location, "--" + name)
+      pretrained.parse_location(location, "--" + name, target=name == "to")
     print(pretrained.convert(source, target, meta=args.meta, overwrite=args.overwrite,
                              trust_pickle=args.trust_pickle, dtype=args.dtype))
   except (ValueError, OSError, checkpoint.CheckpointError) as e:

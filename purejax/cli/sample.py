@@ -1,7 +1,11 @@
-r"""Samples text from a trained or pretrained GPT.
+r"""Samples text from a trained or pretrained GPT: prints each continuation of --start.
 
     python -m purejax.sample --out_dir=out-gpt --start="ROMEO:" --num_samples=2
     python -m purejax.sample --init_from=gpt2 --start="Hello, I'm a language model,"
+
+A sample ends at the model's end token (a model folder's
+`generation_config.json` or EOS, GPT-2's <|endoftext|>; --stop_ids overrides)
+or after --max_new_tokens. --show_prompt prints the prompt before it.
 """
 
 from typing import Sequence
@@ -11,12 +15,13 @@ import jax
 import jax.numpy as jnp
 
 from purejax import decode
-from purejax import weights
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
-from purejax.data import tokenizers
+from purejax.cli import models
 from purejax.training import checkpoint
+
+load_model = models.load_model  # where it has always been
 
 
 def define_flags(args: flags.FlagValues) -> None:
@@ -46,23 +51,15 @@ def define_flags(args: flags.FlagValues) -> None:
   flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1].", lower_bound=0.0,
                      upper_bound=1.0, flag_values=args)
   flags.DEFINE_integer("seed", 1337, "Sampling seed.", flag_values=args)
+  flags.DEFINE_list("stop_ids", None, "Token ids a sample ends at (default: the model's end "
+                    "token; 'none': run to --max_new_tokens).", flag_values=args)
+  flags.DEFINE_bool("show_prompt", False, "Print the prompt before each continuation.",
+                    flag_values=args)
+  flags.DEFINE_integer("block_size", None, "Context kept while sampling, at most the "
+                       "model's (default: the model's).", lower_bound=1, flag_values=args)
+  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Dtype of the matmuls "
+                    "(default: the model's).", flag_values=args)
   forms_flags.define_forms_flags(args, sweeps=False)
-
-
-def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None):
-  """`(params, config, tokenizer)` of `init_from` if given, else of the run in `out_dir`."""
-  if init_from:
-    params, config, spec = weights.from_pretrained(init_from)
-  elif best:
-    params, config, spec = weights.from_purejax(out_dir, best=True)
-  elif checkpoint.list_checkpoints(out_dir):
-    params, config, spec = weights.from_purejax(out_dir)
-  else:
-    raise checkpoint.CheckpointError(
-        f"no checkpoint in {out_dir}; train first with `python -m purejax.train "
-        f"--out_dir={out_dir}`, or pass --init_from=gpt2.")
-  tokenizer = tokenizers.from_spec(spec, encoding_file=tokenizer_file)
-  return jax.tree.map(jnp.asarray, params), config, tokenizer
 
 
 def sample(args: flags.FlagValues) -> int:
@@ -71,6 +68,7 @@ def sample(args: flags.FlagValues) -> int:
     if args.top_p is not None and not 0 < args.top_p <= 1:
       raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
     forms_flags.forms_overrides(args)  # bad forms flags fail before loading weights
+    wanted = parse_stop_ids(args.stop_ids)
     params, config, tokenizer = load_model(args.out_dir, args.init_from, best=args.best,
                                            tokenizer_file=args.tokenizer_file)
     start = args.start
@@ -79,6 +77,8 @@ def sample(args: flags.FlagValues) -> int:
         start = f.read()
     if not start:
       raise ValueError("--start must not be empty.")
+    params, config = models.adjust(params, config, args.block_size, args.dtype)
+    stops = stop_ids_of(wanted, tokenizer)
     forms = forms_flags.forms_from_flags(args)
     prompt = jnp.asarray(tokenizer.encode(start))
     if prompt.size == 0:
@@ -89,11 +89,38 @@ def sample(args: flags.FlagValues) -> int:
   out = decode.generate(params, prompts, config, jax.random.PRNGKey(args.seed),
                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_k=args.top_k or None, top_p=args.top_p,
-                        valid_vocab=tokenizer.vocab_size, forms=forms)
-  for row in out:
-    print(tokenizer.decode(row))
+                        valid_vocab=tokenizer.vocab_size, stop_ids=stops or None, forms=forms)
+  tokens, lengths, stopped = (out.tokens, out.lengths, out.stopped) if stops else (
+      out, [args.max_new_tokens] * len(out), [False] * len(out))
+  p = prompt.shape[0]
+  for row, length, ended in zip(tokens, lengths, stopped):
+    new = row[p:p + int(length) - int(bool(ended))]  # the end token itself is not shown
+    print((start if args.show_prompt else "") + tokenizer.decode(new))
     print("---------------")
   return 0
+
+
+def parse_stop_ids(flag):
+  """--stop_ids as ids; None when not given (the model's), () for 'none'."""
+  if flag is None:
+    return None
+  if [v.lower() for v in flag] == ["none"]:
+    return ()
+  try:
+    return tuple(int(v) for v in flag)
+  except ValueError:
+    raise ValueError(f"--stop_ids={','.join(flag)} must be token ids (integers) or "
+                     f"'none'.") from None
+
+
+def stop_ids_of(ids, tokenizer) -> tuple:
+  """The ids a sample ends at: `ids` (checked), or the model's end token(s) for None."""
+  if ids is None:
+    return models.stop_ids(tokenizer)
+  bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
+  if bad:
+    raise ValueError(f"--stop_ids: {bad[0]} is not an id of the model's {tokenizer.vocab_size}.")
+  return ids
 
 
 def run(argv: Sequence[str]) -> int:

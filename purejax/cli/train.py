@@ -27,6 +27,8 @@ from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import train_flags
+from purejax.data import chat
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
 from purejax.data import tokenizer_json
@@ -192,8 +194,11 @@ def refuse_what_has_no_effect(args: Args) -> None:
                        f"or drop --{name}.")
 
 
-def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
-  """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+def load_corpus(args: Args, tokenizer, block_size: Optional[int] = None):
+  """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first;
+  a `.jsonl` of conversations through the model's tokenizer and chat template."""
+  if conversations.is_conversations_file(args.dataset):
+    return load_conversations(args, tokenizer, block_size)
   if (tokenizer is None and args.tokenizer_file is not None
       and tokenizer_json.is_tokenizer_json(args.tokenizer_file)):
     tokenizer = tokenizer_json.load(args.tokenizer_file)  # e.g. python -m purejax.tokenizer's
@@ -205,6 +210,17 @@ def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
           cache_dir=args.cache_dir, tfds_data_dir=args.tfds_data_dir,
           tfds_manual_dir=args.tfds_manual_dir),
       errors=(ValueError, data_lib.DataUnavailableError))
+
+
+def load_conversations(args: Args, tokenizer, block_size: Optional[int]):
+  """`--dataset=FILE.jsonl`, rendered with the chat template beside the model's tokenizer.json."""
+  file = getattr(tokenizer, "encoding_file", None)
+  if not file or not file.endswith(tokenizer_json.FILE_NAME):
+    raise ValueError(f"--dataset={args.dataset} holds conversations, which need an instruct "
+                     f"model's tokenizer and chat template; pass --init_from=FOLDER of a "
+                     f"Hugging Face instruct model (or a run fine-tuned from one).")
+  fmt = chat.load_chat_format(os.path.dirname(file), tokenizer)
+  return conversations.load_conversations(args.dataset, tokenizer, fmt, block_size)
 
 
 def pretrained(args: Args, source: str, best: bool = False):
@@ -258,7 +274,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
     init_params, config, tokenizer = pretrained(args, init_from)
   else:
     tokenizer = args.tokenizer
-  text = load_corpus(args, tokenizer)
+  text = load_corpus(args, tokenizer, config.block_size if init_from else None)
   if not init_from:
     config = gpt_config(args, text.vocab_size)
   sinks = lambda run_name, meta: wandb_sinks(args, run_name, meta)
@@ -294,7 +310,7 @@ def eval_gpt(args: Args, run: runs.RunConfig, train: loop.GPTTrainConfig,
     raise ValueError(f"--eval_only: {run.out_dir} holds no checkpoint; train first, or "
                      f"pass --init_from=MODEL to evaluate pretrained weights.")
   params, config, tokenizer = pretrained(args, source, best=best)
-  text = load_corpus(args, tokenizer)
+  text = load_corpus(args, tokenizer, config.block_size)
   runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
   return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices,
                                                 forms=forms)}

@@ -5,5 +5,6 @@
 Hugging Face `tokenizer.json` files), `corpus` (`load_corpus`
 for TFDS text, `.txt` files and nanoGPT folders, and the token cache),
 `batches` (batches drawn on the device or read by the host), `datasets`
-(MNIST and Tiny Shakespeare through TFDS, an IDX reader).
+(MNIST and Tiny Shakespeare through TFDS, an IDX reader), `chat` (an instruct
+model's chat template, rendered and encoded as transformers does).
 """

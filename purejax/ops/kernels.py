@@ -307,12 +307,17 @@ def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
 # Cross-entropy under a tied output head
 
 
-def cross_entropy(logits: chex.Array, labels: chex.Array) -> chex.Array:
+def cross_entropy(logits: chex.Array, labels: chex.Array,
+                  weights: Optional[chex.Array] = None) -> chex.Array:
   """Mean cross-entropy of integer labels under `logits`, in float32.
 
   Args:
     logits: `[..., num_classes]`.
     labels: integers `[...]` in `[0, num_classes)`.
+    weights: optional `[...]` per-label weights: the loss is then
+      `mean(weights * per-label loss)`, over every label (a weight of 0 takes
+      a label out; weights of mean 1 make it the mean over the rest,
+      `batches.normalized_weights`). None: the plain mean.
 
   Returns:
     Scalar mean loss.
@@ -322,6 +327,9 @@ def cross_entropy(logits: chex.Array, labels: chex.Array) -> chex.Array:
   chex.assert_type(labels, int)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   picked = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  if weights is not None:
+    chex.assert_equal_shape((labels, weights))
+    picked = picked * weights.astype(jnp.float32)
   return -jnp.mean(picked)
 
 
@@ -334,6 +342,7 @@ def tied_head_cross_entropy(
     chunk_rows: Optional[int] = None,
     forms: Optional[Forms] = None,
     softcap: Optional[float] = None,
+    weights: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Mean cross-entropy of `labels` under the logits `x @ table.T`.
 
@@ -353,6 +362,7 @@ def tied_head_cross_entropy(
       when they divide the rows and there are at least two.
     forms: forms for the matmul (default: see `matmul`).
     softcap: None, or `c`: the logits are `c * tanh(logits / c)`, in float32.
+    weights: optional per-label weights `labels.shape`, as in `cross_entropy`.
 
   Returns:
     Scalar mean loss.
@@ -361,24 +371,28 @@ def tied_head_cross_entropy(
   dim = x.shape[-1]
   rows = x.reshape(-1, dim)
   flat_labels = labels.reshape(-1)
+  flat_weights = None if weights is None else weights.reshape(-1)
   head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
   if softcap is not None:  # without it, GPT-2's program, untouched
     uncapped = head
     head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
   if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
-    return cross_entropy(head(rows), flat_labels)
+    return cross_entropy(head(rows), flat_labels, flat_weights)
 
   @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
-  def chunk_loss(h, y):
+  def chunk_loss(h, y, *w):
     logits = head(h).astype(jnp.float32)  # [chunk, vocab]
     picked = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
-    return jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked)
+    losses = jax.nn.logsumexp(logits, axis=-1) - picked
+    return jnp.sum(losses * w[0].astype(jnp.float32) if w else losses)
 
   def body(total, chunk):
     return total + chunk_loss(*chunk), None
 
   chunks = (rows.reshape(n // chunk_rows, chunk_rows, dim),
             flat_labels.reshape(n // chunk_rows, chunk_rows))
+  if flat_weights is not None:  # (a plain batch's program is left as it was)
+    chunks += (flat_weights.reshape(n // chunk_rows, chunk_rows),)
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
   return total / n

@@ -25,6 +25,7 @@ from purejax import decode
 from purejax import gpt
 from purejax import lora
 from purejax.data import batches
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
 from purejax.ops import kernels
@@ -104,12 +105,17 @@ class GPTTrainConfig:
                          f"0 <= A < B <= `max_iters={self.max_iters}`.")
 
 
-def check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
+def check_fits(config: gpt.GPTConfig, text, batch_size: int) -> None:
   if config.vocab_size < text.vocab_size:
     raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
                      f"{text.vocab_size} ids of the data's tokenizer; use the model's "
                      f"own tokenizer (`tokenizer`) or a larger model vocabulary.")
-  if config.block_size >= min(len(text.train), len(text.val)):
+  if isinstance(text, conversations.Conversations):
+    if text.train[0].shape[1] != config.block_size + 1:
+      raise ValueError(f"the conversations are padded to {text.train[0].shape[1]} tokens, "
+                       f"not the model's block_size + 1 = {config.block_size + 1}; load "
+                       f"them with the model's block_size.")
+  elif config.block_size >= min(len(text.train), len(text.val)):
     raise ValueError(f"`block_size={config.block_size}` must be shorter than the "
                      f"validation text ({len(text.val)} tokens) and the training text "
                      f"({len(text.train)} tokens).")
@@ -135,6 +141,8 @@ def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step
               ) -> batches.Feed:
   """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
   put = functools.partial(parallel.put, shardings=plan.replicated)
+  if isinstance(text, conversations.Conversations):  # whole padded rows, on the device
+    return batches.rows_feed(text.train, text.val, put)
   if corpus_lib.fits_on_device(text):
     # Each device samples its rows of every batch from its own copy.
     return batches.device_feed(text.train, text.val, put)
@@ -313,7 +321,9 @@ def train_gpt(
   Args:
     config: the model; its `vocab_size` must cover the corpus's tokenizer.
     text: the corpus (`corpus.load_corpus`); small ones are put on every
-      device, larger ones are read by the host one call ahead.
+      device, larger ones are read by the host one call ahead. Or
+      conversations (`conversations.load_conversations`): whole padded rows
+      on every device, the loss over the assistant's tokens only.
     train: steps, evaluation, logging, checkpoints.
     opt_config: the optimizer; `decay_iters=None` ends the schedule at
       `max_iters` in a new run and keeps the saved run's end on resume.
@@ -366,6 +376,8 @@ def train_gpt(
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
   runs.print_line(f"optimizer: {optim.describe(resolved)}")
+  for warning in optim.schedule_warnings(resolved, train.max_iters):
+    runs.print_line(f"warning: {warning}")
   throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
                            plan.num_devices)
   profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)

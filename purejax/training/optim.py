@@ -13,7 +13,7 @@ is the schedule scaled by `muon_learning_rate / learning_rate`.
 
 import dataclasses
 import functools
-from typing import Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import chex
 import jax
@@ -349,6 +349,32 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable] = d
   rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
                      weight_decay=config.weight_decay, mask=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)
+
+
+def schedule_warnings(config: OptimizerConfig, max_iters: int) -> List[str]:
+  """What a run of `max_iters` steps would not do that its cosine schedule suggests.
+
+  A warmup as long as the run never reaches `learning_rate` (a short
+  fine-tune under a pretraining recipe's 100 warmup steps), and a cosine
+  ending before its warmup does never decays: the rate drops from the warmup
+  straight to `min_lr`. Both are kept as asked (a recipe that changed them
+  for short runs would train another schedule than the one logged) and
+  said in one line each at start-up, with the fix.
+  """
+  if config.schedule != "cosine":
+    return []
+  found = []
+  if config.warmup_iters >= max_iters > 0:
+    peak = config.learning_rate * max_iters / (config.warmup_iters + 1)
+    found.append(f"warmup_iters={config.warmup_iters} >= max_iters={max_iters}: the run "
+                 f"only warms up, to lr {peak:.3g} of {config.learning_rate:g}; lower "
+                 f"warmup_iters (e.g. {max(max_iters // 10, 1)}) for a full schedule.")
+  if config.decay_iters is not None and 0 < config.decay_iters <= config.warmup_iters:
+    found.append(f"decay_iters={config.decay_iters} <= warmup_iters={config.warmup_iters}: "
+                 f"no cosine decay; the rate drops from the warmup to min_lr "
+                 f"{config.min_lr:g} at step {config.warmup_iters}; make decay_iters longer "
+                 f"than the warmup.")
+  return found
 
 
 def describe(config: OptimizerConfig) -> str:

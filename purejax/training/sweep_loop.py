@@ -49,6 +49,7 @@ from purejax import gpt
 from purejax import lora
 from purejax import rng
 from purejax.data import batches
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import checkpoint
@@ -302,7 +303,7 @@ def train_gpt_sweep(
       or runs that hold checkpoints of no step in common.
   """
   loop.check_fits(config, text, train.batch_size)
-  if not corpus_lib.fits_on_device(text):
+  if not (isinstance(text, conversations.Conversations) or corpus_lib.fits_on_device(text)):
     raise ValueError(f"a sweep draws every run's batches on the device, and {text.source} "
                      f"does not fit there; train its runs one at a time.")
   if devices.fsdp or (devices.num_devices or 1) > 1:

@@ -27,6 +27,7 @@ from purejax.training import checkpoint
 from purejax.weights import gpt2
 from purejax.weights import huggingface
 from purejax.weights import nanogpt
+from purejax.weights import peft
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
@@ -47,8 +48,9 @@ def from_purejax(out_dir: str, *, best: bool = False
   return _read_purejax(out_dir, best)[:3]
 
 
-def _read_purejax(out_dir: str, best: bool = False):
-  """`from_purejax`'s values and the checkpoint's whole metadata."""
+def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
+  """`from_purejax`'s values and the checkpoint's whole metadata; with `merged=False`,
+  a LoRA run's params are `{"base": ..., "adapters": ...}` (`lora.trainable`)."""
   import jax  # pylint: disable=g-import-not-at-top
   if best:
     path = checkpoint.best_path(out_dir)
@@ -74,6 +76,8 @@ def _read_purejax(out_dir: str, best: bool = False):
                                                   jax.random.PRNGKey(0)), template["params"])
     template = {"params": lora.trainable(template["params"], adapters)}
   params = checkpoint.extract(arrays, template, out_dir)["params"]
+  if adapted and not merged:
+    return params, config, None, meta
   if adapted:
     alpha = lora.LoraConfig(adapted["rank"], adapted["alpha"]).scale_alpha
     params = lora.merge(params["base"], params["adapters"], alpha)
@@ -148,25 +152,47 @@ def _check_target(kind: str, path: str, overwrite: bool) -> None:
   if kind == "purejax":
     if checkpoint.list_checkpoints(str(target)):
       raise ConversionError(f"{target} already holds checkpoints; choose an empty folder.")
-  elif kind == "hf":
+  elif kind in ("hf", "peft"):
     huggingface.check_target(path, overwrite)
   else:
     nanogpt.check_target(path, overwrite)
 
 
 _SOURCES = ("hf", "nanogpt", "purejax")
+_TARGETS = _SOURCES + ("peft",)  # peft: a LoRA run's adapters alone
 
 
-def parse_location(value: Optional[str], what: str) -> Tuple[str, str]:
-  """`(kind, path)` of a `KIND:PATH` location; `what` names it in the error."""
+def parse_location(value: Optional[str], what: str, *, target: bool = False
+                   ) -> Tuple[str, str]:
+  """`(kind, path)` of a `KIND:PATH` location; `what` names it in the error; a
+  `target` may also be `peft:`."""
+  kinds = _TARGETS if target else _SOURCES
   if not value:
     raise ConversionError(f"{what} is required: KIND:PATH with KIND one of "
-                          f"{', '.join(_SOURCES)}.")
+                          f"{', '.join(kinds)}.")
   kind, sep, path = value.partition(":")
-  if not sep or kind not in _SOURCES or not path:
+  if not sep or kind not in kinds or not path:
     raise ConversionError(f"{what}={value or ''} must be KIND:PATH with KIND one of "
-                          f"{', '.join(_SOURCES)}.")
+                          f"{', '.join(kinds)}.")
   return kind, path
+
+
+def _to_peft(src_kind: str, src: str, dst: str, overwrite: bool) -> str:
+  """A LoRA run's adapters as a PEFT folder; the summary line."""
+  if src_kind != "purejax":
+    raise ConversionError(f"peft: targets take a purejax LoRA run's adapters; the source "
+                          f"is {src_kind}:{src}.")
+  tree, config, _, meta = _read_purejax(src, merged=False)
+  if not meta.get("lora"):
+    raise ConversionError(f"{src} is not a LoRA fine-tune (it has no adapters); export "
+                          f"it whole with hf:DIR.")
+  settings = lora.LoraConfig(meta["lora"]["rank"], meta["lora"]["alpha"],
+                             tuple(meta["lora"]["targets"]))
+  written = peft.to_peft(tree["adapters"], settings, config, dst,
+                         base_model=meta.get("init_from"), overwrite=overwrite)
+  return (f"wrote peft:{written} (LoRA rank {settings.rank}, alpha {settings.scale_alpha:g}, "
+          f"{lora.num_params(tree['adapters']) / 1e6:.3f}M adapter params; base "
+          f"{meta.get('init_from')}).")
 
 
 def convert(source: str, target: str, *, meta: Optional[str] = None,
@@ -177,8 +203,10 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
   `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's weights.
   """
   src_kind, src = parse_location(source, "source")
-  dst_kind, dst = parse_location(target, "target")
+  dst_kind, dst = parse_location(target, "target", target=True)
   _check_target(dst_kind, dst, overwrite)  # before a load that may take minutes
+  if dst_kind == "peft":
+    return _to_peft(src_kind, src, dst, overwrite)
   dataset = None  # the training data's name, which nanoGPT's sample.py looks for
   if src_kind == "hf":
     params, config, spec = huggingface.from_huggingface(src)

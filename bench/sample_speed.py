@@ -1,0 +1,145 @@
+"""Sampling speed on a real instruct model: purejax against transformers' `generate`.
+
+    python -m bench.sample_speed --model=path/to/SmolLM2-135M-Instruct --rounds=5
+
+Two measurements, each in one process:
+
+1. Greedy decoding of `--tokens` new tokens after a chat prompt, purejax's
+   `decode.generate` and transformers' `model.generate` (float32, PyTorch
+   on `--threads` threads) run alternately, A B A B ...; tokens/s of each,
+   the median per-round ratio, and whether the tokens are the same.
+2. A conversation of `--turns` turns through `decode.extend` and
+   `decode.stream` (the cache kept across turns, as `purejax.chat` runs it):
+   each turn's seconds, for the same length of question and answer. A turn
+   that re-fed the history would grow with the turn's number.
+
+The model is a Hugging Face folder (float32 weights, tokenizer.json, a chat
+template). Results go to `bench/results/<date>-sample_speed.json`.
+"""
+
+import datetime
+import os
+import pathlib
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import harness
+from purejax import decode
+from purejax import weights
+from purejax.data import chat
+from purejax.data import tokenizer_json
+from purejax.ops import kernels
+
+FLAGS = flags.FLAGS
+DEFAULT_MODEL = (pathlib.Path(os.environ.get("PUREJAX_MODEL_CACHE") or
+                              pathlib.Path.home() / ".cache" / "purejax-test-models")
+                 / "SmolLM2-135M-Instruct-f32")
+QUESTION = "Write a short story about a lighthouse keeper and a storm."
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("model", str(DEFAULT_MODEL), "A Hugging Face folder of the model.")
+  flags.DEFINE_integer("tokens", 200, "New tokens per greedy run.")
+  flags.DEFINE_integer("rounds", 5, "Alternated rounds of the two arms.")
+  flags.DEFINE_integer("threads", 2, "PyTorch's threads (the machine's cores).")
+  flags.DEFINE_integer("turns", 6, "Turns of the conversation measurement.")
+  flags.DEFINE_integer("turn_tokens", 24, "Tokens answered per turn.")
+
+
+def greedy_arms(folder: str, n: int):
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(FLAGS.threads)
+  params, config, _ = weights.from_pretrained(folder)
+  params = jax.tree.map(jnp.asarray, params)
+  tok = tokenizer_json.load(folder)
+  fmt = chat.load_chat_format(folder, tok)
+  prompt = np.asarray([chat.encode(tok, fmt, [{"role": "user", "content": QUESTION}],
+                                   add_generation_prompt=True)], np.int32)
+  model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  forms = kernels.select("cpu")
+  out = {}
+
+  def ours():
+    start = time.perf_counter()
+    tokens = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0), n,
+                             temperature=0.0, forms=forms)
+    out["ours"] = np.asarray(jax.block_until_ready(tokens))
+    return (time.perf_counter() - start) / n
+
+  def theirs():
+    start = time.perf_counter()
+    with torch.no_grad():
+      tokens = model.generate(torch.from_numpy(prompt).long(), max_new_tokens=n,
+                              min_new_tokens=n, do_sample=False, eos_token_id=None,
+                              pad_token_id=None)
+    out["theirs"] = tokens.numpy()
+    return (time.perf_counter() - start) / n
+
+  ours(), theirs()  # compile, warm up
+  return {"purejax": ours, "transformers": theirs}, out, prompt.shape[1]
+
+
+def conversation_turns(folder: str, turns: int, answer_tokens: int):
+  """Seconds of each turn of a greedy conversation kept in one cache."""
+  params, config, _ = weights.from_pretrained(folder)
+  tok = tokenizer_json.load(folder)
+  fmt = chat.load_chat_format(folder, tok)
+  forms = kernels.select("cpu")
+  layers, rest = decode.model_part(jax.tree.map(jnp.asarray, params), config)
+  conversation = decode.Conversation(decode.init_kv_cache(config, 1, 1024))
+  messages, seconds, contexts = [], [], []
+  for turn in range(turns + 1):  # turn 0 compiles
+    messages.append({"role": "user", "content": f"Question {turn}: {QUESTION}"})
+    ids = chat.encode(tok, fmt, messages, add_generation_prompt=True)
+    start = time.perf_counter()
+    logits, conversation = decode.extend(layers, rest, conversation, ids, config, forms=forms)
+    answer = []
+    for step in decode.stream(layers, rest, conversation, logits, jax.random.PRNGKey(0),
+                              answer_tokens, temperature=0.0, config=config, forms=forms):
+      conversation = step.conversation
+      answer.append(step.token)
+    seconds.append(time.perf_counter() - start)
+    contexts.append(len(conversation.ids))
+    messages.append({"role": "assistant", "content": tok.decode(answer)})
+  return seconds[1:], contexts[1:]
+
+
+def main(argv):
+  del argv
+  folder = FLAGS.model
+  arms, out, prompt_len = greedy_arms(folder, FLAGS.tokens)
+  times = harness.alternate(arms, FLAGS.rounds)
+  rows = harness.summarise(times, "purejax", "s/token")
+  same = bool(np.array_equal(out["ours"], out["theirs"]))
+  speedup = rows["transformers"]["ratio"]
+  print(f"greedy, {FLAGS.tokens} tokens after a {prompt_len}-token prompt, {FLAGS.rounds} "
+        f"alternated rounds:")
+  for name, row in rows.items():
+    print(f"  {name:13s} {1 / row['median']:7.1f} tokens/s (median)")
+  print(f"  purejax is {speedup:.2f}x transformers (median per-round ratio); "
+        f"same tokens: {same}")
+  turn_seconds, contexts = conversation_turns(folder, FLAGS.turns, FLAGS.turn_tokens)
+  print(f"conversation, {FLAGS.turn_tokens} tokens answered per turn:")
+  for i, (s, c) in enumerate(zip(turn_seconds, contexts), 1):
+    print(f"  turn {i}: {s:.2f} s (context {c} tokens)")
+  print(f"  last turn / first turn: {turn_seconds[-1] / turn_seconds[0]:.2f}")
+  path = harness.unused_results_path(harness.RESULTS_DIR,
+                                     f"{datetime.date.today()}-sample_speed")
+  harness.write_results(path, {"meta": {"model": pathlib.Path(folder).name,
+                                        "tokens": FLAGS.tokens, "threads": FLAGS.threads,
+                                        "same_tokens": same},
+                               "results": {"greedy": {"rows": rows},
+                                           "turns": {"seconds": turn_seconds,
+                                                     "contexts": contexts}}})
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

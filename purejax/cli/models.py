@@ -1,0 +1,106 @@
+"""What `purejax.sample` and `purejax.chat` share: the model a flag names, where it ends.
+
+    params, config, tokenizer = models.load_model("out-gpt", init_from="path/to/model")
+    params, config = models.adjust(params, config, block_size=1024, dtype="bfloat16")
+    stops = models.stop_ids(tokenizer)                  # the model's end-of-text ids
+    fmt = models.chat_format("path/to/model", tokenizer)  # its chat template
+"""
+
+import dataclasses
+import pathlib
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from purejax import gpt
+from purejax import weights
+from purejax.data import chat
+from purejax.data import tokenizers
+from purejax.training import checkpoint
+
+GPT2_END = "<|endoftext|>"
+
+
+def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None):
+  """`(params, config, tokenizer)` of `init_from` if given, else of the run in `out_dir`."""
+  if init_from:
+    params, config, spec = weights.from_pretrained(init_from)
+  elif best:
+    params, config, spec = weights.from_purejax(out_dir, best=True)
+  elif checkpoint.list_checkpoints(out_dir):
+    params, config, spec = weights.from_purejax(out_dir)
+  else:
+    raise checkpoint.CheckpointError(
+        f"no checkpoint in {out_dir}; train first with `python -m purejax.train "
+        f"--out_dir={out_dir}`, or pass --init_from=gpt2.")
+  tokenizer = tokenizers.from_spec(spec, encoding_file=tokenizer_file)
+  return jax.tree.map(jnp.asarray, params), config, tokenizer
+
+
+def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
+           dtype: Optional[str] = None) -> Tuple[dict, gpt.GPTConfig]:
+  """The model with a shorter context (`block_size`, for a smaller cache) and another
+  matmul dtype (`dtype`: "float32" or "bfloat16"); None keeps the model's."""
+  if block_size is not None:
+    if block_size < 1:
+      raise ValueError(f"`block_size={block_size}` must be positive.")
+    block_size = min(block_size, config.block_size)
+    if "wpe" in params:  # learned positions: only the first block_size rows are used
+      params = {**params, "wpe": {"embedding": params["wpe"]["embedding"][:block_size]}}
+    config = dataclasses.replace(config, block_size=block_size)
+  if dtype is not None:
+    config = dataclasses.replace(config, compute_dtype=dtype)
+  return params, config
+
+
+def _folder_of(tokenizer) -> Optional[pathlib.Path]:
+  """The model folder a tokenizer.json tokenizer was read from, if any."""
+  file = getattr(tokenizer, "encoding_file", None)
+  return pathlib.Path(file).parent if file and str(file).endswith(".json") else None
+
+
+def _single_id(tokenizer, text: Optional[str]) -> Optional[int]:
+  if not text:
+    return None
+  ids = [int(i) for i in tokenizer.encode(text)]
+  return ids[0] if len(ids) == 1 else None
+
+
+def stop_ids(tokenizer, fmt: Optional[chat.ChatFormat] = None) -> Tuple[int, ...]:
+  """The ids a model's text ends at: a chat format's, a model folder's
+  (`generation_config.json`, else its EOS), GPT-2's `<|endoftext|>`; () if none."""
+  if fmt is not None and fmt.stop_ids:
+    return fmt.stop_ids
+  folder = _folder_of(tokenizer)
+  if folder is not None:
+    try:
+      return chat.load_chat_format(str(folder), tokenizer).stop_ids
+    except chat.ChatTemplateError:  # a base model: its EOS, from the files it has
+      return chat.stop_ids_of_folder(str(folder))
+  special = dict(getattr(getattr(tokenizer, "spec", lambda: None)(), "special_tokens", ()) or ())
+  return (special[GPT2_END],) if GPT2_END in special else ()
+
+
+def chat_format(init_from: Optional[str], tokenizer) -> chat.ChatFormat:
+  """The chat template of the model `init_from` names, of the folder its tokenizer
+  came from (a purejax run fine-tuned from a Hugging Face folder), or the one
+  its tokenizer spec records (a GGUF file's).
+
+  Raises:
+    chat.ChatTemplateError: the model has no template.
+  """
+  folder = None
+  if init_from and pathlib.Path(init_from).expanduser().is_dir():
+    local = pathlib.Path(init_from).expanduser()
+    if (local / chat.TOKENIZER_CONFIG).is_file() or (local / chat.TEMPLATE_FILE).is_file():
+      folder = local
+  folder = folder or _folder_of(tokenizer)
+  recorded = chat.format_of_spec(tokenizer.spec(), tokenizer) if folder is None else None
+  if recorded is not None:  # a GGUF file's template, from its metadata
+    return recorded
+  if folder is None:
+    raise chat.ChatTemplateError(
+        f"{init_from or 'this model'} has no chat template (its tokenizer is not a "
+        f"tokenizer.json from a model folder); chat with an instruct model's folder.")
+  return chat.load_chat_format(str(folder), tokenizer)

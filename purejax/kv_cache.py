@@ -1,0 +1,207 @@
+"""The KV cache: keys and values of past positions, and a GPT run through it.
+
+    cache = kv_cache.init_kv_cache(config, batch=1, length=256)
+    logits, cache = kv_cache.forward(kv_cache.layers_of(params, config), params,
+                                     tokens, cache, pos, config, forms)
+
+The pieces `purejax.decode` samples with: the cache pytree, the model's
+blocks attending through it, and the sliding-window policy for context
+beyond `block_size`. Everything here is a pure function of a cache in and
+a cache out.
+"""
+
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from purejax.ops import attention
+from purejax.ops import kernels
+from purejax import gpt
+
+Params = gpt.Params
+
+
+class KVCache(NamedTuple):
+  """Keys and values of past positions: one `[batch * kv_heads, length, head_dim]` array per layer.
+
+  Only the key/value heads are cached: with grouped-query attention
+  (`GPTConfig.n_kv_head`) the cache takes `n_kv_head / n_head` of the memory
+  a cache of every head would (a quarter for Llama 3 8B's 8 of 32 heads).
+
+  Batch and head share one axis because that is the layout XLA's batched
+  matmul wants: with `[batch, head, ...]` arrays XLA fused the cache update
+  into a reshape for the attention product as well as into the loop's
+  output, so it wrote the cache twice and copied all of it three times per
+  token.
+  """
+  k: Tuple[chex.Array, ...]
+  v: Tuple[chex.Array, ...]
+
+
+def _cache_layer_shape(config: gpt.GPTConfig, batch: int, length: int) -> Tuple[int, int, int]:
+  return (batch * config.kv_heads, length, config.head_dim)
+
+
+def cache_length(cache: KVCache) -> int:
+  """Positions the cache has room for (static: its arrays' shape)."""
+  return cache.k[0].shape[1]
+
+
+def init_kv_cache(config: gpt.GPTConfig, batch: int, length: Optional[int] = None) -> KVCache:
+  """An empty (zero) cache for `batch` sequences of up to `length` positions.
+
+  Each decoded token reads every slot of the cache, so a cache no longer
+  than the call needs is faster: `generate` sizes it to prompt plus new
+  tokens. `length` defaults to the model's context, `block_size`.
+  """
+  length = config.block_size if length is None else length
+  if not 1 <= length <= config.block_size:
+    raise ValueError(f"a KV cache of {length} positions; give 1 to block_size="
+                     f"{config.block_size}.")
+  shape = _cache_layer_shape(config, batch, length)
+  # Separate arrays for keys and values: a cache donated to XLA (decode.step)
+  # must not hold one buffer twice.
+  zeros = lambda: tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
+  return KVCache(zeros(), zeros())
+
+
+def grow_cache(cache: KVCache, length: int) -> KVCache:
+  """`cache` with room for `length` positions (its own kept, new slots zero)."""
+  extra = length - cache_length(cache)
+  if extra < 0:
+    raise ValueError(f"grow_cache to {length} positions, fewer than the cache's "
+                     f"{cache_length(cache)}.")
+  pad = lambda a: jnp.pad(a, ((0, 0), (0, extra), (0, 0)))
+  return KVCache(tuple(map(pad, cache.k)), tuple(map(pad, cache.v)))
+
+
+def check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
+  length = cache_length(cache) if cache.k else config.block_size
+  layer_shape = _cache_layer_shape(config, batch, length)
+  want = KVCache(*[(layer_shape,) * config.n_layer] * 2)
+  got = jax.tree.map(jnp.shape, cache)
+  if got != want or length > config.block_size:
+    raise ValueError(f"KV cache of shapes {got}, but this config and batch need "
+                     f"{config.n_layer} layers of {_cache_layer_shape(config, batch, 'length')} "
+                     f"(length <= {config.block_size}); build it with "
+                     f"init_kv_cache(config, batch).")
+
+
+def layers_of(params: Params, n_layer: int) -> Tuple[Params, ...]:
+  """Each layer's params, sliced from the stacked `params["blocks"]` (static slices).
+
+  Decoding runs the layers as an unrolled loop. Sliced inside the decode
+  loop, XLA copies each layer's weights for every token (that was most of
+  the time per token), so the decode loops slice once, before the loop.
+  """
+  return tuple(jax.tree.map(lambda p, i=i: p[i], params["blocks"]) for i in range(n_layer))
+
+
+def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
+                   config: gpt.GPTConfig, forms: kernels.Forms) -> gpt.Attend:
+  """`gpt.Attend` for tokens at positions `pos, ...` through one layer's cache.
+
+  Their keys and values are written into the cache, and they attend to
+  every cached position up to their own; it carries out the updated
+  `(k_buf, v_buf)`. At a static `pos == 0` (a prompt or a refill) the cache
+  before them is empty, so with the "cudnn" form they attend among
+  themselves through cuDNN, as in training. One-token steps read the cache
+  with XLA's products: a single query has no `[time, time]` scores to
+  avoid, and the work is one pass over the cache.
+  """
+  kv, d = config.kv_heads, config.head_dim
+  # The GPU's forms multiply in the compute dtype; the CPU's in float32.
+  low_precision = forms.attention in ("xla", "cudnn")
+  compute_dtype = config.matmul_dtype if low_precision else None
+
+  def attend(q, k, v):
+    b, t = q.shape[:2]
+    k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, kv, t, d]
+    bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d), (0, pos, 0))
+            for buf, new in ((k_buf, k_new), (v_buf, v_new)))
+    if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0:
+      y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype)
+      return y, tuple(bufs)
+    q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
+    new_k_buf, new_v_buf = bufs
+    y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), new_k_buf.reshape(b, kv, -1, d),
+                                  new_v_buf.reshape(b, kv, -1, d), pos,
+                                  compute_dtype=compute_dtype)
+    return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
+
+  return attend
+
+
+def forward(layers, params, tokens, cache, pos, config, forms, last=None):
+  """`decode.forward_with_cache` over per-layer params `layers` (`layers_of`).
+
+  Args:
+    layers: `layers_of(params, config.n_layer)`.
+    params: the model's params (embeddings, final norm, head).
+    tokens: `[batch, time]` ids at positions `pos, ...`.
+    cache: the cache; positions `< pos` hold earlier tokens.
+    pos: position of `tokens[:, 0]` (may be traced).
+    config, forms: the model and how it runs.
+    last: which token's logits to return (may be traced; None: the last).
+
+  Returns:
+    `(logits [batch, vocab], cache)`.
+  """
+  x = gpt.input_states(params, tokens, config, pos)
+  # Decoding does little work per layer, so a plain Python loop over the
+  # layers (unrolled in the compiled program) beats a scan's overhead.
+  ks, vs = [], []
+  for i, (layer, k_buf, v_buf) in enumerate(zip(layers, cache.k, cache.v)):
+    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms,
+                                  attend=_cached_attend(k_buf, v_buf, pos, config, forms),
+                                  start=pos,
+                                  value_embed=gpt.value_embedding(params, tokens, config, i))
+    ks.append(k_buf)
+    vs.append(v_buf)
+  x = x[:, -1] if last is None else jax.lax.dynamic_index_in_dim(x, last, 1, keepdims=False)
+  x = gpt.final_norm(params, x, config)
+  return gpt.logits_of(params, x, config, forms), KVCache(tuple(ks), tuple(vs))
+
+
+class SlidingWindow(NamedTuple):
+  """When the cache slides while decoding (see `sliding_window`).
+
+  Attributes:
+    window: prompt tokens the cache starts from (the prompt's last ones).
+    refill: tokens the cache is rebuilt from when it is full.
+    first: tokens decoded before the first slide.
+    period: tokens per slide cycle: one slide, then `period - 1` decodes.
+    full_periods: whole cycles after `first`.
+    tail: tokens of the last, partial cycle (0: none).
+  """
+  window: int
+  refill: int
+  first: int
+  period: int
+  full_periods: int
+  tail: int
+
+
+def sliding_window(prompt_len: int, max_new_tokens: int, block_size: int) -> SlidingWindow:
+  """The context policy of `generate`, worked out before the loop runs.
+
+  A prompt longer than `block_size` is conditioned on its last `block_size`
+  tokens (as nanoGPT crops). Tokens are decoded through the cache while it
+  has room. When it is full, the window *slides*: the cache is rebuilt from
+  the last `block_size // 2` tokens, with positions restarting at 0, and
+  decoding goes on. So every token sees between `block_size // 2` and
+  `block_size` tokens of context. nanoGPT instead recomputes the last
+  `block_size` tokens for every new token, which costs `block_size` times
+  more; within `block_size` tokens the two are identical.
+
+  The prompt length is static, so where the slides fall is known here, and
+  the decode loop becomes fixed-length scans with slides between them.
+  """
+  window, refill = min(prompt_len, block_size), max(block_size // 2, 1)
+  first = min(max_new_tokens, block_size - window)
+  period = 1 + block_size - refill  # one slide, then decodes until full
+  full_periods, tail = divmod(max_new_tokens - first, period)
+  return SlidingWindow(window, refill, first, period, full_periods, tail)
