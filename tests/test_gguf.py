@@ -264,3 +264,25 @@ def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
   with pytest.raises(weights.ConversionError, match="neither GPT-2's"):
     weights.to_gguf(gpt.init_params(gpt2_like, jax.random.PRNGKey(0)), gpt2_like,
                     str(tmp_path / "z.gguf"), tokenizers.ids_spec(256))
+
+
+@pytest.mark.slow
+def test_written_files_load_in_transformers_with_purejaxs_logits(tmp_path):
+  # transformers' GGUF loader on each written type: the logits purejax computes
+  # from the same rounded weights (the f16/bf16/q8_0 values the file holds).
+  torch = pytest.importorskip("torch", reason="pip install -r bench/requirements.txt")
+  transformers = pytest.importorskip("transformers",
+                                     reason="pip install -r bench/requirements.txt")
+  write_gguf(tmp_path / "src.gguf", hf_state(random_params()))
+  params, config, spec = weights.from_gguf(str(tmp_path / "src.gguf"))
+  ids = np.random.default_rng(0).integers(0, 256, (2, 12))
+  for gguf_type in gguf_files.WRITE_TYPES:
+    out = weights.to_gguf(params, config, str(tmp_path / f"{gguf_type}.gguf"), spec,
+                          gguf_type=gguf_type)
+    back, _, _ = weights.from_gguf(str(out))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=out.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+      theirs = model(torch.from_numpy(ids)).logits.numpy()
+    ours = np.asarray(gpt.forward(back, ids, config))
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max(), gguf_type
