@@ -286,3 +286,52 @@ def test_written_files_load_in_transformers_with_purejaxs_logits(tmp_path):
       theirs = model(torch.from_numpy(ids)).logits.numpy()
     ours = np.asarray(gpt.forward(back, ids, config))
     assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max(), gguf_type
+
+
+def write_sentencepiece_gguf(path):
+  """A one-layer llama GGUF with a small SentencePiece vocabulary: byte tokens, scored
+  pieces and no merges (as Llama 2's files have)."""
+  pieces = ["▁", "a", "b", "h", "e", "l", "o", "w", "r", "d", "▁a", "ab", "▁ab", "he", "ll",
+            "llo", "hello", "▁hello", "▁w", "or", "▁wor", "ld", "▁world", "▁h", "el"]
+  tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+  w = gguf.GGUFWriter(str(path), "llama")
+  for add, value in [("add_context_length", 16), ("add_embedding_length", 64),
+                     ("add_block_count", 1), ("add_feed_forward_length", 64),
+                     ("add_head_count", 2), ("add_head_count_kv", 2),
+                     ("add_layer_norm_rms_eps", 1e-5)]:
+    getattr(w, add)(value)
+  w.add_tokenizer_model("llama")
+  w.add_token_list(tokens)
+  w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+  w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+  w.add_bos_token_id(1)
+  w.add_eos_token_id(2)
+  w.add_unk_token_id(0)
+  rng = np.random.default_rng(0)
+  shapes = {"token_embd.weight": (len(tokens), 64), "output_norm.weight": (64,)}
+  for name in ("attn_norm", "ffn_norm"):
+    shapes[f"blk.0.{name}.weight"] = (64,)
+  for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+    shapes[f"blk.0.{name}.weight"] = (64, 64)
+  for name, shape in shapes.items():
+    w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+@pytest.mark.slow
+def test_tokenizer_ids_equal_transformers_gguf_tokenizer(tmp_path):
+  # Both tokenizer models: SentencePiece BPE (merges from the scores, byte
+  # fallback, BOS by default) here, byte-level BPE on the real model.
+  transformers = pytest.importorskip("transformers",
+                                     reason="pip install -r bench/requirements.txt")
+  write_sentencepiece_gguf(tmp_path / "spm.gguf")
+  ours = gguf_tokenizer.load(str(tmp_path / "spm.gguf"))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
+  for text in ["hello world", "ab hello", "  hello\nworld é", "hellohello ab</s>"]:
+    ids = ours.encode(text).tolist()
+    assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+    assert ours.decode(ids) == theirs.decode(ids)
+  assert ours.add_bos and theirs("hi")["input_ids"][0] == 1
