@@ -260,6 +260,18 @@ def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
   write_gguf(tmp_path / "g.gguf", hf_state(random_params()), arch="gemma")
   assert "'gemma' model" in refusal(capsys, cli_convert, f"--from=gguf:{tmp_path}/g.gguf",
                                     f"--to=gguf:{tmp_path}/y.gguf")
+  folder = tmp_path / "hf"
+  assert cli_convert.run(["convert", f"--from=gguf:{src}", f"--to=hf:{folder}"]) == 0
+  _, _, folder_spec = weights.from_pretrained(str(folder))
+  assert folder_spec.kind == "tokenizer.json"  # the GGUF's tokenizer, as a file
+  text = "héllo </s>"
+  assert (tokenizers.from_spec(folder_spec).encode(text).tolist()
+          == gguf_tokenizer.load(str(src)).encode(text).tolist())
+  # and back: a byte-level tokenizer.json becomes GGUF metadata with the same ids
+  again = tmp_path / "again.gguf"
+  assert cli_convert.run(["convert", f"--from=hf:{folder}", f"--to=gguf:{again}"]) == 0
+  assert (gguf_tokenizer.load(str(again)).encode(text).tolist()
+          == gguf_tokenizer.load(str(src)).encode(text).tolist())
   gpt2_like = gpt.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32)
   with pytest.raises(weights.ConversionError, match="neither GPT-2's"):
     weights.to_gguf(gpt.init_params(gpt2_like, jax.random.PRNGKey(0)), gpt2_like,

@@ -297,7 +297,8 @@ def to_huggingface(
   `save_pretrained` expects), and params without biases get zero biases
   (GPT-2 always has them; the function is the same). The Llama family
   becomes a `LlamaForCausalLM`, or a `Qwen2ForCausalLM` with qkv-only biases
-  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it.
+  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it
+  (a GGUF file's tokenizer is written as one).
 
   The folder is written under a temporary name beside `out_dir` and renamed
   into place when complete: a crash leaves no half-written `out_dir`.
@@ -335,10 +336,15 @@ def to_huggingface(
   else:
     hf_config = llama.hf_config_dict(config, dtype)
     tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
-  tokenizer_file = None
+  tokenizer_file, tokenizer_text = None, None
   if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
     try:  # the model's own file, checked by its hash; a moved one is left out
       tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
+    except tokenizers.TokenizerError:
+      pass
+  elif tokenizer_spec and tokenizer_spec.kind == "gguf":
+    try:  # a GGUF's tokenizer, rebuilt, is written as a tokenizer.json
+      tokenizer_text = tokenizers.from_spec(tokenizer_spec).tokenizer.to_str()
     except tokenizers.TokenizerError:
       pass
   out = pathlib.Path(out_dir).expanduser().absolute()
@@ -350,6 +356,8 @@ def to_huggingface(
       json.dump(hf_config, f, indent=2)
     if tokenizer_file:
       shutil.copyfile(tokenizer_file, tmp / tokenizer_json.FILE_NAME)
+    if tokenizer_text:
+      (tmp / tokenizer_json.FILE_NAME).write_text(tokenizer_text, encoding="utf-8")
     for path in tmp.iterdir():
       _files.fsync(path)
     _publish_dir(tmp, out)
