@@ -333,6 +333,7 @@ def tied_head_cross_entropy(
     compute_dtype=None,
     chunk_rows: Optional[int] = None,
     forms: Optional[Forms] = None,
+    softcap: Optional[float] = None,
 ) -> chex.Array:
   """Mean cross-entropy of `labels` under the logits `x @ table.T`.
 
@@ -351,6 +352,7 @@ def tied_head_cross_entropy(
     chunk_rows: rows per chunk, or None for the plain form. Chunks run only
       when they divide the rows and there are at least two.
     forms: forms for the matmul (default: see `matmul`).
+    softcap: None, or `c`: the logits are `c * tanh(logits / c)`, in float32.
 
   Returns:
     Scalar mean loss.
@@ -361,6 +363,9 @@ def tied_head_cross_entropy(
   flat_labels = labels.reshape(-1)
   head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
+  if softcap is not None:  # without it, GPT-2's program, untouched
+    uncapped = head
+    head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
   if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
     return cross_entropy(head(rows), flat_labels)
 
