@@ -528,7 +528,7 @@ def test_cli_refuses_in_one_line(tmp_path, hf_folder, capsys):
   assert "--overwrite" in refusal(capsys, cli_convert, f"--from=hf:{hf_folder}",
                                   f"--to=hf:{hf_folder}")
   assert refusal(capsys, cli_convert, "--from=onnx:model", f"--to=hf:{tmp_path / 'x'}") == (
-      "error: --from=onnx:model must be KIND:PATH with KIND one of hf, nanogpt, purejax.")
+      "error: --from=onnx:model must be KIND:PATH with KIND one of hf, gguf, nanogpt, purejax.")
   edit_config(hf_folder, **MIXTRAL_CONFIG)
   assert "describes a 'mixtral' model" in refusal(
       capsys, cli_convert, f"--from=hf:{hf_folder}", f"--to=hf:{tmp_path / 'x'}")

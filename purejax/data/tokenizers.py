@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_check
 import numpy as np
 
 from purejax.data import bpe_files
+from purejax.data import gguf_tokenizer
 from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
 from purejax.data.tokenizer_spec import TokenizerSpec
@@ -390,6 +391,8 @@ def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> To
     return tok
   if spec.kind == "tokenizer.json":
     return tokenizer_json.from_spec(spec, encoding_file=encoding_file)
+  if spec.kind == "gguf":
+    return gguf_tokenizer.from_spec(spec, encoding_file=encoding_file)
   raise TokenizerError(
       f"this model records no tokenizer, only {spec.vocab_size} ids; name one "
       f"explicitly (`tokenizer`: {', '.join(TOKENIZERS)}).")

@@ -304,8 +304,8 @@ def to_huggingface(
   `save_pretrained` expects), and params without biases get zero biases
   (GPT-2 always has them; the function is the same). The Llama family
   becomes a `LlamaForCausalLM`, or a `Qwen2ForCausalLM` with qkv-only biases
-  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it,
-  and what its folder says about talking to it (`purejax.weights.hf_talk`:
+  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it
+  (a GGUF file's tokenizer is written as one), and what its folder says about talking to it (`purejax.weights.hf_talk`:
   the chat template in `tokenizer_config.json`, `special_tokens_map.json`,
   `generation_config.json`, the bos/eos ids and the model's own context
   `max_position_embeddings` in `config.json`).
@@ -346,10 +346,15 @@ def to_huggingface(
   else:
     hf_config = llama.hf_config_dict(config, dtype)
     tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
-  tokenizer_file = None
+  tokenizer_file, tokenizer_text = None, None
   if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
     try:  # the model's own file, checked by its hash; a moved one is left out
       tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
+    except tokenizers.TokenizerError:
+      pass
+  elif tokenizer_spec and tokenizer_spec.kind == "gguf":
+    try:  # a GGUF's tokenizer, rebuilt, is written as a tokenizer.json
+      tokenizer_text = tokenizers.from_spec(tokenizer_spec).tokenizer.to_str()
     except tokenizers.TokenizerError:
       pass
   extra = hf_talk.companion_files(tokenizer_file, config)
@@ -365,6 +370,8 @@ def to_huggingface(
       shutil.copyfile(tokenizer_file, tmp / tokenizer_json.FILE_NAME)
     for name, value in extra.files.items():
       (tmp / name).write_text(json.dumps(value, indent=2, ensure_ascii=False), encoding="utf-8")
+    if tokenizer_text:
+      (tmp / tokenizer_json.FILE_NAME).write_text(tokenizer_text, encoding="utf-8")
     for path in tmp.iterdir():
       _files.fsync(path)
     _publish_dir(tmp, out)

@@ -24,6 +24,7 @@ from purejax import lora
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.training import checkpoint
+from purejax.weights import gguf_files
 from purejax.weights import gpt2
 from purejax.weights import huggingface
 from purejax.weights import nanogpt
@@ -97,9 +98,10 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
   Args:
     source: `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` or a Hub id
       `OWNER/MODEL` of a Llama-family model (Hugging Face's cache); `KIND:PATH`
-      with KIND hf, nanogpt or purejax; or a path: a folder with `config.json`
-      (Hugging Face: GPT-2, Llama, Mistral, Qwen2), a folder of purejax
-      checkpoints, or a nanoGPT `.pt` file.
+      with KIND hf, gguf, nanogpt or purejax; or a path: a folder with
+      `config.json` (Hugging Face: GPT-2, Llama, Mistral, Qwen2), a `.gguf`
+      file (llama.cpp's: llama, mistral, qwen2, dequantized to float32), a
+      folder of purejax checkpoints, or a nanoGPT `.pt` file.
     trust_pickle: load `.pt` files with arbitrary pickled objects.
 
   Raises:
@@ -115,13 +117,17 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
       kind = "purejax"
     elif local.is_file() and local.suffix == ".pt":
       kind = "nanogpt"
+    elif local.suffix == ".gguf" or gguf_files.is_gguf(source):
+      kind = "gguf"
     if kind is None:
       raise ConversionError(
           f"`source={source}`: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
-          f"OWNER/MODEL, a Hugging Face folder (config.json), a purejax run directory "
-          f"(ckpt_*.npz) or a nanoGPT .pt file.")
+          f"OWNER/MODEL, a Hugging Face folder (config.json), a .gguf file, a purejax run "
+          f"directory (ckpt_*.npz) or a nanoGPT .pt file.")
   if kind == "hf":
     return huggingface.from_huggingface(path)
+  if kind == "gguf":
+    return gguf_files.from_gguf(path)
   if kind == "nanogpt":
     return nanogpt.from_nanogpt(path, allow_pickle=trust_pickle)
   return from_purejax(path)
@@ -154,11 +160,13 @@ def _check_target(kind: str, path: str, overwrite: bool) -> None:
       raise ConversionError(f"{target} already holds checkpoints; choose an empty folder.")
   elif kind in ("hf", "peft"):
     huggingface.check_target(path, overwrite)
+  elif kind == "gguf":
+    gguf_files.check_target(path, overwrite)
   else:
     nanogpt.check_target(path, overwrite)
 
 
-_SOURCES = ("hf", "nanogpt", "purejax")
+_SOURCES = ("hf", "gguf", "nanogpt", "purejax")
 _TARGETS = _SOURCES + ("peft",)  # peft: a LoRA run's adapters alone
 
 
@@ -197,10 +205,11 @@ def _to_peft(src_kind: str, src: str, dst: str, overwrite: bool) -> str:
 
 def convert(source: str, target: str, *, meta: Optional[str] = None,
             overwrite: bool = False, trust_pickle: bool = False,
-            dtype: str = "float32") -> str:
+            dtype: str = "float32", gguf_type: str = "f16") -> str:
   """Converts `source` to `target` (both `KIND:PATH`); returns a one-line summary.
 
-  `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's weights.
+  `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's
+  weights; `gguf_type` ("f16", "bf16" or "q8_0") that of a GGUF target's.
   """
   src_kind, src = parse_location(source, "source")
   dst_kind, dst = parse_location(target, "target", target=True)
@@ -210,6 +219,8 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
   dataset = None  # the training data's name, which nanoGPT's sample.py looks for
   if src_kind == "hf":
     params, config, spec = huggingface.from_huggingface(src)
+  elif src_kind == "gguf":
+    params, config, spec = gguf_files.from_gguf(src)
   elif src_kind == "nanogpt":
     params, config, spec = nanogpt.from_nanogpt(src, meta_path=meta, allow_pickle=trust_pickle)
   else:
@@ -220,6 +231,9 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
     written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
                                          overwrite=overwrite, tokenizer_spec=spec,
                                          dtype=dtype)
+  elif dst_kind == "gguf":
+    written = gguf_files.to_gguf(params, config, dst, spec, gguf_type=gguf_type,
+                                 overwrite=overwrite)
   elif dst_kind == "nanogpt":
     written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, dataset=dataset,
                                  overwrite=overwrite)
