@@ -216,7 +216,7 @@ def test_convert_names_the_flag_of_a_bad_location(capsys, tmp_path):
   assert refusal(capsys, convert, "--from=onnx:model", f"--to=hf:{tmp_path}") == (
       "error: --from=onnx:model must be KIND:PATH with KIND one of hf, gguf, nanogpt, purejax.")
   assert refusal(capsys, convert, f"--from=hf:{tmp_path}") == (
-      "error: --to is required: KIND:PATH with KIND one of hf, gguf, nanogpt, purejax.")
+      "error: --to is required: KIND:PATH with KIND one of hf, gguf, nanogpt, purejax, peft.")
 
 
 def test_replay_needs_its_run_and_step(capsys, tmp_path):

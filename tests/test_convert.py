@@ -572,5 +572,5 @@ def test_peft_takes_only_a_lora_runs_adapters(tmp_path):
     weights.convert(f"purejax:{tmp_path / 'run'}", f"peft:{tmp_path / 'adapter'}")
   with pytest.raises(weights.ConversionError, match="take a purejax LoRA run's adapters"):
     weights.convert(f"hf:{tmp_path}", f"peft:{tmp_path / 'adapter'}")
-  with pytest.raises(weights.ConversionError, match="KIND one of hf, nanogpt, purejax.$"):
+  with pytest.raises(weights.ConversionError, match="KIND one of hf, gguf, nanogpt, purejax.$"):
     weights.convert(f"peft:{tmp_path}", f"hf:{tmp_path / 'x'}")  # a target, not a source
