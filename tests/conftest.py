@@ -459,14 +459,49 @@ def _schedule_longest_first(config):
     config.option.maxschedchunk = 1
 
 
+# The longest tests' time budgets, in seconds of one test on a quiet 2-core
+# CPU inside the full suite (`pytest -n 2`; every parameter of a test has the
+# budget). docs/performance.md lists what each covers. The suite runs them
+# first, longest first, so the two workers end together.
+BUDGETS = {
+    "test_examples.py::test_shakespeare_gpt_lowers_its_val_loss_and_samples": 120,
+    ("test_integration.py::"
+     "test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples"): 70,
+    "test_sweep.py::test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps": 60,
+    "test_examples.py::test_mnist_mlp_reaches_97_percent_from_the_original_files": 60,
+    "test_sweep_resume.py::test_a_sweep_killed_six_times_at_random_ends_bit_identical": 60,
+    "test_resume.py::test_mlp_sigkill_then_resume_is_bit_identical": 45,
+    "test_scale_out.py::test_mlp_on_mnist_fsdp_four_devices_matches_one": 40,
+    "test_sweep_resume.py::test_a_lora_run_killed_six_times_at_random_ends_bit_identical": 40,
+    "test_cli_sweeps.py::test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone": 40,
+    "test_sweep.py::test_each_run_of_a_sweep_equals_the_run_trained_alone": 35,
+    "test_replay.py::test_the_replayed_step_computes_the_logged_loss_bit_for_bit": 35,
+    "test_cli_sweeps.py::test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone": 30,
+    "test_integration.py::test_tfds_mnist_equals_the_original_idx_files": 30,
+    "test_scale_out.py::test_two_processes_on_localhost_match_one_process": 30,
+    "test_scale_out.py::test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one": 30,
+    "test_sweep.py::test_a_sweep_over_dropout_trains_each_run_at_its_rate": 30,
+    "test_parallel.py::test_dropout_is_the_same_on_four_devices_as_on_one": 30,
+    "test_resume.py::test_signal_saves_and_exits_cleanly_then_resumes": 25,
+    "test_resume.py::test_sigkill_then_resume_is_bit_identical": 25,
+    "test_resume.py::test_resume_skips_a_corrupted_newest_checkpoint": 25,
+    "test_sweep_resume.py::test_a_sweep_killed_between_its_runs_writes_resumes_bit_identically": 25,
+    "test_scale_out.py::test_sigterm_to_one_process_saves_and_stops_all": 25,
+    "test_integration.py::test_mlp_one_epoch_on_mnist_reaches_95_percent": 25,
+    "test_cli_runs.py::test_progress_bar_on_a_terminal_and_plain_lines_otherwise": 25,
+    "test_cli_runs.py::test_metrics_survive_a_sigkill_and_resume_without_duplicates": 25,
+    "test_cli_llama.py::test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one": 25,
+}
+
+
+def _budget(item) -> float:
+  file_and_name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+  return BUDGETS.get(file_and_name, 0)
+
+
 def pytest_collection_modifyitems(items):
   # Integration tests are slow tests too.
   for item in items:
     if item.get_closest_marker("integration"):
       item.add_marker(pytest.mark.slow)
-  # The tests with a time budget (`@pytest.mark.budget(seconds)`, the longest
-  # ones) run first, longest first; the rest keep their order.
-  def budget(item):
-    marker = item.get_closest_marker("budget")
-    return -marker.args[0] if marker else 0
-  items.sort(key=budget)
+  items.sort(key=lambda item: -_budget(item))  # stable: the rest keep their order
