@@ -4,7 +4,7 @@ Each run is a subprocess with 4 (or 2 per process) CPU devices from
 `XLA_FLAGS=--xla_force_host_platform_device_count`. The run's metrics.jsonl
 holds every step's loss (`--log_interval=1`) and the checkpoint's meta the
 evaluation history, which the tests compare with a one-device run of the
-same flags (`one_device_gpt_run`, trained in-process).
+same flags, trained in-process (`one_device_gpt_run`, and the MLP's own).
 """
 
 import os
@@ -17,8 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, host_devices, newest,
-                      require_test_data, run_module, tiny_shakespeare_flags, train_run)
+from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, final, host_devices, newest,
+                      require_test_data, run_cli, run_module, tiny_shakespeare_flags, train_run)
+from purejax.cli import train
 from purejax.training import checkpoint
 from purejax.training import monitor
 
@@ -133,7 +134,7 @@ def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
   # 60000 / 3000 = 20 steps in one epoch.
   flags = ["--model=mlp", "--epochs=1", "--batch_size=3000", f"--tfds_data_dir={tfds_data_dir}",
            f"--tfds_manual_dir={mnist_dir}"]
-  train_run(tmp_path / "one", *flags)
+  final(run_cli(train, *flags, f"--out_dir={tmp_path / 'one'}"))  # this process: 1 device
   train_run(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
   (one_arrays, one_meta), (four_arrays, four_meta) = newest(tmp_path / "one"), newest(
       tmp_path / "four")
