@@ -491,6 +491,8 @@ BUDGETS = {
     "test_cli_runs.py::test_progress_bar_on_a_terminal_and_plain_lines_otherwise": 25,
     "test_cli_runs.py::test_metrics_survive_a_sigkill_and_resume_without_duplicates": 25,
     "test_cli_llama.py::test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one": 25,
+    "test_sweep.py::test_how_many_runs_are_vmapped_together_does_not_change_the_sweep": 25,
+    "test_gpt.py::test_attention_in_query_blocks_is_exact0": 25,
 }
 
 
