@@ -66,8 +66,8 @@ def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
   # val loss of 2.48; the recipe reaches ~2.33 here. A model whose attention
   # is broken sees one character and cannot get below the bigram's loss.
   assert metrics["val_loss"] < 2.40, metrics
-  sampled = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO:", "--show_prompt",
-                       "--num_samples=2", "--max_new_tokens=30")
+  sampled = run_module("purejax.sample", f"--out_dir={tmp_path}", "--start=ROMEO:",
+                       "--show_prompt", "--num_samples=2", "--max_new_tokens=30")
   assert sampled.returncode == 0, sampled.stderr[-2000:]
   assert sampled.stdout.count("ROMEO:") == 2
   assert "not in the model's vocabulary" in refusal(capsys, sample, f"--out_dir={tmp_path}",
