@@ -230,31 +230,51 @@ def read_program(compiled) -> ProgramPlan:
       collections.Counter(_COLLECTIVE.findall(hlo)), hlo)
 
 
-def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int,
-                  start: int, limit: int = 1 << 14) -> Optional[int]:
+def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, first: int,
+                  limit: int = 1 << 14) -> Optional[int]:
   """The largest batch, a multiple of `granule`, whose planned peak fits in `capacity`.
 
-  Doubles from `start` until a batch does not fit (or `limit`), then bisects
-  between the last that fit and the first that did not: about 2·log2(answer
-  / start) compiles. Assumes the peak grows with the batch.
+  The rule: a straight line through the peaks at `first` and twice `first`
+  guesses the answer; compiles at the guess and one granule above it
+  confirm it. Where the line was wrong, the search steps away from the
+  guess in doubling strides until it brackets the answer, then bisects. So
+  a peak that grows linearly with the batch costs four compiles. Assumes
+  the peak grows with the batch.
 
   Args:
     peak_at: planned peak bytes of the program at a batch (`ProgramPlan.peak_bytes`).
     capacity: bytes the program may use.
     granule: batches are multiples of it (devices x microbatches).
-    start: a first batch to try (rounded down to the granule, at least one granule).
+    first: a batch to start from (rounded down to the granule, at least one granule).
     limit: the largest batch tried.
 
   Returns:
     The batch, or None when one granule does not fit.
   """
   peak_at = functools.lru_cache(maxsize=None)(peak_at)
+  top = max(1, limit // granule)
   fits = lambda units: peak_at(units * granule) <= capacity
-  low, high = 0, max(1, start // granule)  # low fits (0: nothing known), high unknown
-  while fits(high):
-    low, high = high, 2 * high
-    if high * granule > limit:
-      return low * granule
+  a = min(max(1, first // granule), top)
+  b = min(2 * a, top)
+  slope = (peak_at(b * granule) - peak_at(a * granule)) / max(b - a, 1)
+  guess = a + int((capacity - peak_at(a * granule)) // slope) if slope > 0 else a
+  guess = min(max(guess, 1), top)
+  if fits(guess):  # climb: low fits, high does not
+    low, stride = guess, 1
+    while True:
+      high = low + stride
+      if high > top:
+        return low * granule
+      if not fits(high):
+        break
+      low, stride = high, 2 * stride
+  else:  # descend: high does not fit, low does (0: nothing does)
+    high, stride = guess, 1
+    while True:
+      low = max(high - stride, 0)
+      if low == 0 or fits(low):
+        break
+      high, stride = low, 2 * stride
   while high - low > 1:
     middle = (low + high) // 2
     low, high = (middle, high) if fits(middle) else (low, middle)
