@@ -111,13 +111,23 @@ def plan(args: Args) -> int:
            or "none"))
   if args.max_batch:
     granule = num_devices * args.grad_accum_steps
+    peaks = {args.batch_size: program.peak_bytes}
+
+    def peak_at(batch_size: int) -> int:
+      if batch_size not in peaks:
+        peaks[batch_size] = compile_at(batch_size).peak_bytes
+      return peaks[batch_size]
+
     try:
-      best = gpu_plan.largest_batch(lambda b: compile_at(b).peak_bytes, capacity, granule,
-                                    args.batch_size)
+      best = gpu_plan.largest_batch(peak_at, capacity, granule, args.batch_size)
     except ValueError as e:
       errors.fail(e, args)
-    print(f"largest batch that fits: {best if best else 'none'} (a multiple of {granule}; "
-          f"the largest whose planned peak is <= {_gib(capacity)}, found by compiling)")
+    above = (best or 0) + granule
+    print(f"largest batch that fits: {best or 'none'}"
+          + (f" (planned peak {_gib(peaks[best])})" if best else "")
+          + (f"; {above} plans {_gib(peaks[above])}" if above in peaks else "")
+          + f". Rule: the largest multiple of {granule} (devices x microbatches) whose "
+          f"planned peak is <= {_gib(capacity)}, found by compiling {len(peaks)} batches")
   per_token = flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
                                                 config.head_dim, config.block_size)
   step_flops = per_token * args.batch_size * config.block_size / num_devices
