@@ -354,19 +354,18 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
   """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop."""
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
 
-  def layer(layer_params, h, layer_key):
+  def layer(layer_params, h, layer_key, rate):  # the rate an argument: no tracer in a closure
     return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic, dropout=dropout)[0]
+                 deterministic=deterministic, dropout=rate)[0]
 
-  if forms.remat != "none":
-    layer = jax.checkpoint(layer, policy=kernels.REMAT_POLICIES[forms.remat])
+  layer = kernels.remat(layer, forms, config.matmul_dtype)
   if forms.scan_layers:
-    x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1]), None), x,
+    x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
                         (params["blocks"], layer_keys))
     return x
   for i in range(config.n_layer):
     layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i])
+    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout)
   return x
 
 

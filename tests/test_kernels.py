@@ -292,3 +292,47 @@ class GPTFormsTest(parameterized.TestCase):
     assert len(bf16) >= 15, operand_dtypes
     f32 = jax.make_jaxpr(grad, static_argnums=3)(params, tokens, tokens, TINY)
     assert not [d for d in dots(f32.jaxpr) if jnp.bfloat16 in d]
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients(scan_layers):
+  # "full_compute_dtype" is "full" remat with each block's saved input in
+  # bf16: the forward is the same program, the backward recomputes from the
+  # rounded input, so gradients agree with "full"'s to bf16 rounding.
+  config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=32,
+                         dropout=0.1, compute_dtype="bfloat16")
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 11)
+  key = jax.random.PRNGKey(2)
+
+  def value_and_grad(remat, config=config):
+    forms = kernels.select("cpu", remat=remat, scan_layers=scan_layers)
+    loss = lambda p: gpt.loss(p, tokens[:, :-1], tokens[:, 1:], config, key=key,
+                              deterministic=False, forms=forms)
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  (full, full_grads), (low, low_grads) = value_and_grad("full"), value_and_grad(
+      "full_compute_dtype")
+  assert float(low) == float(full)
+  chex.assert_trees_all_close(low_grads, full_grads, rtol=5e-2, atol=2e-3)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(low_grads),
+                                                       jax.tree.leaves(full_grads)))
+  # In float32 nothing is rounded: the gradients are "full"'s.
+  f32 = dataclasses.replace(config, compute_dtype="float32")
+  chex.assert_trees_all_equal(value_and_grad("full_compute_dtype", f32),
+                              value_and_grad("full", f32))
+
+
+def test_block_inputs_saved_in_bf16_take_a_traced_dropout_rate():
+  # A sweep's dropout is an array under vmap; the custom backward must take it.
+  config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16,
+                         compute_dtype="bfloat16")
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)
+  loss = lambda p, rate, remat: gpt.loss(
+      p, tokens[:, :-1], tokens[:, 1:], config, key=jax.random.PRNGKey(2),
+      deterministic=False, forms=kernels.select("cpu", remat=remat), dropout=rate)
+  rates = jnp.array([0.0, 0.2])
+  grads = {remat: jax.jit(jax.vmap(jax.grad(loss), (None, 0, None)), static_argnums=2)(
+      params, rates, remat) for remat in ("full", "full_compute_dtype")}
+  chex.assert_trees_all_close(grads["full_compute_dtype"], grads["full"], rtol=5e-2, atol=2e-3)

@@ -33,6 +33,8 @@ REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # "full", with the saved block input in the compute dtype (`remat`).
+    "full_compute_dtype": jax.checkpoint_policies.nothing_saveable,
 }
 # Platform names as devices and `jax.default_backend()` spell them -> select's.
 _PLATFORMS = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
@@ -60,8 +62,10 @@ class Forms:
       optimisation barrier; "plain" uses ordinary transposes.
     remat: what each block keeps for the backward pass (`REMAT_POLICIES`):
       "none" stores every activation; "full" stores only the block's input
-      and recomputes the rest; "dots" stores the matmul outputs and
-      recomputes the cheap elementwise ops.
+      and recomputes the rest; "full_compute_dtype" stores that input in
+      the compute dtype (bf16: half the bytes; the forward is unchanged,
+      the backward recomputes from the rounded input); "dots" stores the
+      matmul outputs and recomputes the cheap elementwise ops.
     scan_layers: run the blocks as one `lax.scan` (compile time flat in
       depth); False unrolls them, which compiles `n_layer` copies.
     loss_chunk_rows: the output head and cross-entropy run this many rows at
@@ -196,6 +200,36 @@ def platform_of(*trees: Any) -> str:
 
 # ----------------------------------------------------------------------------
 # Mixed-precision matmul
+
+
+def remat(fn, forms: Forms, compute_dtype):
+  """`fn(params, x, *rest) -> y` keeping for the backward pass what `forms.remat` says.
+
+  "full_compute_dtype" saves `x` cast to `compute_dtype` (a float32
+  residual stream in a bf16 run: half the bytes) and `params`; the forward
+  is `fn` itself, and the backward differentiates `fn` at the saved `x`, so
+  gradients differ from "full"'s by `x`'s rounding. `rest` (keys, rates)
+  gets no gradient.
+  """
+  if forms.remat == "none":
+    return fn
+  if forms.remat != "full_compute_dtype":
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[forms.remat])
+
+  @jax.custom_vjp
+  def saving_low(params, x, rest):
+    return fn(params, x, *rest)
+
+  def forward(params, x, rest):
+    return fn(params, x, *rest), (params, x.astype(compute_dtype or x.dtype), rest)
+
+  def backward(saved, g):
+    params, x_low, rest = saved
+    _, pullback = jax.vjp(lambda p, x: fn(p, x, *rest), params, x_low.astype(g.dtype))
+    return (*pullback(g), jax.tree.map(lambda _: None, rest))
+
+  saving_low.defvjp(forward, backward)
+  return lambda params, x, *rest: saving_low(params, x, rest)
 
 
 def row_major_transpose(a: chex.Array) -> chex.Array:
