@@ -93,6 +93,18 @@ def test_gpt2_train_step_runs_cudnn_attention_both_ways_within_its_budget(gpt2_s
   assert gpt2_step.alias_bytes >= 3 * 4 * n_params
 
 
+def test_block_inputs_saved_in_bf16_plan_less_memory(h100, gpt2_step):
+  # remat "full" keeps each block's float32 input (12 x [12, 1024, 768],
+  # 432 MiB); "full_compute_dtype" keeps it in bf16, half of that.
+  low = gpu_plan.read_program(gpu_plan.compile_train_step(
+      GPT2, h100, batch_size=GPT2_BATCH, opt_config=OPTIMIZER,
+      forms=kernels.select("gpu", remat="full_compute_dtype")))
+  assert low.custom_calls[gpu_plan.CUDNN_BACKWARD] == 1, low.custom_calls
+  saved = GPT2.n_layer * GPT2_BATCH * GPT2.block_size * GPT2.n_embd * 2  # the bf16 half saved
+  assert low.temp_bytes <= gpt2_step.temp_bytes - 0.9 * saved, (
+      low.temp_bytes / GIB, gpt2_step.temp_bytes / GIB)
+
+
 def compile_on(devices, traced_fn, *args):
   """`traced_fn(*args)` with every array argument placed on `devices[0]`, compiled."""
   sharding = jax.sharding.SingleDeviceSharding(devices[0])
