@@ -294,6 +294,7 @@ class GPTFormsTest(parameterized.TestCase):
     assert not [d for d in dots(f32.jaxpr) if jnp.bfloat16 in d]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients(scan_layers):
   # "full_compute_dtype" is "full" remat with each block's saved input in
@@ -323,6 +324,7 @@ def test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients(s
                               value_and_grad("full", f32))
 
 
+@pytest.mark.slow
 def test_block_inputs_saved_in_bf16_take_a_traced_dropout_rate():
   # A sweep's dropout is an array under vmap; the custom backward must take it.
   config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16,
