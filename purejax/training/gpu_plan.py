@@ -25,6 +25,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from purejax import gpt
@@ -36,7 +37,9 @@ from purejax.training import parallel
 from purejax.training import state as state_lib
 from purejax.training import steps
 
-PLUGIN_INSTALL = "pip install jax-cuda12-plugin jax-cuda12-pjrt nvidia-cuda-nvcc-cu12"
+# The plugin must match jaxlib's version exactly.
+PLUGIN_INSTALL = (f"pip install jax-cuda12-plugin=={jaxlib.__version__} "
+                  f"jax-cuda12-pjrt=={jaxlib.__version__} nvidia-cuda-nvcc-cu12")
 _TARGET_DIR = pathlib.Path(__file__).parent / "gpu_targets"
 # Card name -> its XLA target config file (the file's first lines say where it comes from).
 TARGETS: Dict[str, str] = {
