@@ -215,7 +215,8 @@ class MatmulTest(parameterized.TestCase):
 
 class TiedHeadLossTest(parameterized.TestCase):
 
-  @parameterized.product(chunk_rows=[4, 8, 12], compute_dtype=[None, jnp.bfloat16])
+  # 24 rows: chunks of 5 and 7 leave a shorter last chunk.
+  @parameterized.product(chunk_rows=[4, 5, 7, 8, 12], compute_dtype=[None, jnp.bfloat16])
   def test_chunked_equals_plain_values_and_gradients(self, chunk_rows, compute_dtype):
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
     table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
@@ -238,6 +239,16 @@ class TiedHeadLossTest(parameterized.TestCase):
     shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
               for v in eqn.outvars]
     assert (16, 1000) in shapes and (64, 1000) not in shapes
+
+  def test_rows_left_over_make_a_shorter_chunk_not_the_whole_logits(self):
+    x = jnp.ones((70, 8))  # 4 chunks of 16 and 6 rows left over
+    table = jnp.ones((1000, 8))
+    labels = jnp.zeros((70,), jnp.int32)
+    grad = jax.grad(lambda x: kernels.tied_head_cross_entropy(x, table, labels,
+                                                              chunk_rows=16))
+    shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
+              for v in eqn.outvars]
+    assert (16, 1000) in shapes and (6, 1000) in shapes and (70, 1000) not in shapes
 
   def test_plain_form_is_cross_entropy_of_the_logits(self):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4))

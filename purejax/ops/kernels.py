@@ -382,8 +382,9 @@ def tied_head_cross_entropy(
     table: `[vocab, dim]` embedding table (the tied head).
     labels: integers `x.shape[:-1]`.
     compute_dtype: as in `matmul`.
-    chunk_rows: rows per chunk, or None for the plain form. Chunks run only
-      when they divide the rows and there are at least two.
+    chunk_rows: rows per chunk, or None for the plain form. Chunks run when
+      there are more rows than one chunk; the rows left over after the whole
+      chunks make one shorter chunk.
     forms: forms for the matmul (default: see `matmul`).
 
   Returns:
@@ -395,7 +396,7 @@ def tied_head_cross_entropy(
   flat_labels = labels.reshape(-1)
   head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
-  if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
+  if chunk_rows is None or n <= chunk_rows:
     return cross_entropy(head(rows), flat_labels)
 
   @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
@@ -407,7 +408,12 @@ def tied_head_cross_entropy(
   def body(total, chunk):
     return total + chunk_loss(*chunk), None
 
-  chunks = (rows.reshape(n // chunk_rows, chunk_rows, dim),
-            flat_labels.reshape(n // chunk_rows, chunk_rows))
+  # Whole chunks in the scan; rows that do not fill one (an odd batch at
+  # GPT-2's T=1024 and 2048-row chunks) run after it as one shorter chunk.
+  whole = n - n % chunk_rows
+  chunks = (rows[:whole].reshape(whole // chunk_rows, chunk_rows, dim),
+            flat_labels[:whole].reshape(whole // chunk_rows, chunk_rows))
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
+  if whole < n:
+    total = total + chunk_loss(rows[whole:], flat_labels[whole:])
   return total / n
