@@ -7,7 +7,8 @@
 Dumps the optimised HLO (`jax.jit(f).lower(...).compile().as_text()`) of
 the train step of bench cases a and b (`bench/run.py`: nanoGPT's CPU recipe
 4L/128 T=64 batch 12, and 6L/384 T=256 batch 16) in float32 and bfloat16,
-and of `decode.generate` (case c: 1000 tokens from a one-token prompt), each
+and of `decode.generate` (case c: 1000 tokens from a one-token prompt), and
+the same three for the Llama block at case a's size, each
 normalised: instruction and computation names stripped, metadata dropped,
 lines sorted. Identical files mean identical programs up to naming.
 """
@@ -101,6 +102,12 @@ def programs():
       out[f"train_{case}_{name}"] = train_hlo(
           dataclasses.replace(config, compute_dtype=dtype), batch_size, num_steps)
   out["generate_c"] = generate_hlo(_CASES["a"][0])
+  # The Llama block at case a's size: its programs too must not move when options are added.
+  llama = dataclasses.replace(_CASES["a"][0], **gpt.ARCHITECTURES["llama"])
+  for dtype, name in (("float32", "fp32"), ("bfloat16", "bf16")):
+    out[f"train_llama_{name}"] = train_hlo(dataclasses.replace(llama, compute_dtype=dtype),
+                                           *_CASES["a"][1:])
+  out["generate_llama"] = generate_hlo(llama)
   return out
 
 

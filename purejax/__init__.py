@@ -17,14 +17,14 @@ it; tests/test_architecture.py checks that against this drawing):
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
                 matmul; `nn.dropout` is ops.dropout's)
-    gpt, gpt_config, mlp, decode, lora   the models (GPTConfig beside gpt);
+    gpt, gpt_config, gpt_init, mlp, decode, lora   the models (GPTConfig and init beside gpt);
                 sampling with a KV cache; low-rank adapters over any model's
                 params (below training and weights, which both use it)
-    data/       tokenizers, corpora, batches, MNIST and TFDS
+    data/       tokenizers (and training them), corpora, batches, MNIST and TFDS
     training/   state, steps, optimizer, devices, checkpoints, metrics, the loops,
                 sweeps, replayed steps
     weights/    pretrained weights in and out, one module per format
-    cli/, train, sample, plot, convert, replay, plan   the command lines, the only layer
+    cli/, train, sample, plot, convert, replay, tokenizer, plan   the command lines, the only layer
                 that speaks of --flags: `purejax.cli.<cmd>` is `python -m
                 purejax.<cmd>` (the top-level modules only give them those names;
                 `purejax.convert` itself is the function `weights.convert`)

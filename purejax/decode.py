@@ -108,17 +108,18 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
 
 def _forward_with_cache(layers, params, tokens, cache, pos, config, forms):
   """`forward_with_cache` over per-layer params `layers` (`_layers`)."""
-  x = gpt.embed(params, tokens, pos)
+  x = gpt.input_states(params, tokens, config, pos)
   # Decoding does little work per layer, so a plain Python loop over the
   # layers (unrolled in the compiled program) beats a scan's overhead.
   ks, vs = [], []
-  for layer, k_buf, v_buf in zip(layers, cache.k, cache.v):
+  for i, (layer, k_buf, v_buf) in enumerate(zip(layers, cache.k, cache.v)):
     x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms,
                                   attend=_cached_attend(k_buf, v_buf, pos, config, forms),
-                                  start=pos)
+                                  start=pos,
+                                  value_embed=gpt.value_embedding(params, tokens, config, i))
     ks.append(k_buf)
     vs.append(v_buf)
-  x = gpt.norm(params["ln_f"], x[:, -1], config)
+  x = gpt.final_norm(params, x[:, -1], config)
   return gpt.logits_of(params, x, config, forms), KVCache(tuple(ks), tuple(vs))
 
 

@@ -8,13 +8,12 @@
 
 The architecture is GPT-2's: learned token and position embeddings,
 pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final
-LayerNorm and an output head tied to the token embedding. The Llama family
-(Llama, Mistral, Qwen2, SmolLM) is the same model with other options, one
-small function each: RMSNorm (`nn.rms_norm`), rotary positions (`nn.rope`),
-a SwiGLU MLP (`nn.swiglu`), fewer key/value heads than query heads
-(grouped-query attention), an untied output head, and no biases or Qwen2's
-query/key/value biases. The config (`GPTConfig`, and `ARCHITECTURES`, which
-names the option sets) is in `purejax/gpt_config.py`.
+LayerNorm and an output head tied to the token embedding. Other families are
+the same model with other options (`GPTConfig` and the named `ARCHITECTURES`,
+in `gpt_config.py`), each one small function: the Llama family's RMSNorm,
+rotary positions, SwiGLU, grouped-query attention, untied head and Qwen2's
+query/key/value biases; nanochat's parameter-free norms, QK-norm, ReLU^2,
+soft-capped logits and value embeddings. Params are made in `gpt_init.py`.
 
 The `n_layer` blocks share one structure, so their params are stacked on a
 leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
@@ -31,7 +30,6 @@ training steps in `purejax/training/steps.py`.
 """
 
 import functools
-import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import chex
@@ -47,88 +45,15 @@ from purejax import rng
 from purejax.gpt_config import ARCHITECTURES  # pylint: disable=unused-import
 from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
 from purejax.gpt_config import GPTConfig
+from purejax.gpt_config import depth_lr_scale  # pylint: disable=unused-import
+from purejax.gpt_config import depth_shape  # pylint: disable=unused-import
+# Initialisation lives beside this file (`gpt_init`); these are its names here.
+from purejax.gpt_init import init_block  # pylint: disable=unused-import
+from purejax.gpt_init import init_norm  # pylint: disable=unused-import
+from purejax.gpt_init import init_params
+from purejax.gpt_init import num_params  # pylint: disable=unused-import
 
 Params = Dict[str, Any]
-
-_DTYPES = gpt_config.DTYPES
-
-
-# ----------------------------------------------------------------------------
-# Initialisation
-
-
-def init_norm(config: GPTConfig) -> Params:
-  """Params of one of the model's norms (`config.norm`)."""
-  dtype = _DTYPES[config.param_dtype]
-  if config.norm == "rmsnorm":
-    return nn.init_rms_norm(config.n_embd, dtype=dtype)
-  return nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype)
-
-
-def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
-  """Params of one transformer block (unstacked).
-
-  GPT-2 initialisation: weights N(0, 0.02^2), except the two projections that
-  write into the residual stream, scaled by 1/sqrt(2 * n_layer) so the
-  residual variance does not grow with depth. The key comes last, as in every
-  init function (`init_block(key, config)` works for one release, deprecated).
-  """
-  config, key = rng.key_last("init_block", (config, key))
-  c, dtype = config.n_embd, _DTYPES[config.param_dtype]
-  keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
-  resid_scale = 0.02 / math.sqrt(2 * config.n_layer)
-  dense = functools.partial(nn.init_dense, bias=config.bias, dtype=dtype)
-  qkv_width = (config.n_head + 2 * config.kv_heads) * config.head_dim
-  fc_width = config.mlp_width * (2 if config.mlp == "swiglu" else 1)  # swiglu: gate, up
-  return {
-      "ln_1": init_norm(config),
-      "attn": {
-          "qkv": nn.init_dense(c, qkv_width, keys["qkv"], scale=0.02, dtype=dtype,
-                               bias=config.bias or config.qkv_bias),
-          "proj": dense(c, c, keys["attn_proj"], scale=resid_scale),
-      },
-      "ln_2": init_norm(config),
-      "mlp": {
-          "fc": dense(c, fc_width, keys["fc"], scale=0.02),
-          "proj": dense(config.mlp_width, c, keys["mlp_proj"], scale=resid_scale),
-      },
-  }
-
-
-def init_params(config: GPTConfig, key: chex.PRNGKey) -> Params:
-  """All model params; block params are stacked on a leading `[n_layer]` axis.
-
-  Returns:
-    `{"wte": {"embedding": [vocab, embd]}, "wpe": {"embedding": [block, embd]},
-      "blocks": <init_block tree, each leaf with a leading [n_layer] axis>,
-      "ln_f": {...}}`. The output head reuses `wte` (tied embeddings); with
-    `tie_embeddings=False` it is `"lm_head": {"w": [embd, vocab]}`. With
-    `position="rope"` there is no `"wpe"`.
-  """
-  keys = rng.split_named(key, ("wte", "wpe", "blocks"))
-  dtype = _DTYPES[config.param_dtype]
-  block_keys = rng.layer_keys(keys["blocks"], config.n_layer)
-  params = {
-      "wte": nn.init_embedding(config.vocab_size, config.n_embd, keys["wte"], dtype=dtype),
-      "wpe": nn.init_embedding(config.block_size, config.n_embd, keys["wpe"], dtype=dtype),
-      "blocks": jax.vmap(lambda k: init_block(config, k))(block_keys),
-      "ln_f": init_norm(config),
-  }
-  if config.position != "learned":
-    del params["wpe"]
-  if not config.tie_embeddings:
-    params["lm_head"] = nn.init_dense(config.n_embd, config.vocab_size,
-                                      jax.random.fold_in(keys["wte"], 1), bias=False,
-                                      dtype=dtype)
-  return params
-
-
-def num_params(params: Params, *, non_embedding: bool = True) -> int:
-  """Parameter count; like nanoGPT, leaves out position embeddings by default."""
-  total = sum(x.size for x in jax.tree.leaves(params))
-  if non_embedding and "wpe" in params:
-    total -= params["wpe"]["embedding"].size
-  return total
 
 
 # ----------------------------------------------------------------------------
@@ -141,19 +66,30 @@ def num_params(params: Params, *, non_embedding: bool = True) -> int:
 Attend = Callable[[chex.Array, chex.Array, chex.Array], Tuple[chex.Array, Any]]
 
 
-def norm(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
-  """The model's norm (`config.norm`) over the last axis of `x`."""
+def norm(params: Optional[Params], x: chex.Array, config: GPTConfig) -> chex.Array:
+  """The model's norm (`config.norm`) over the last axis of `x`; `params` None with `norm_scale=False`."""
+  if not config.norm_scale:
+    return nn.rms_normalize(x, eps=config.norm_eps)
   if config.norm == "rmsnorm":
     return nn.rms_norm(params, x, eps=config.norm_eps)
   return nn.layer_norm(params, x, eps=config.norm_eps)
 
 
+# A layer's value embedding (`value_embedding`): its rows for the tokens
+# `[batch, time, kv_heads * head_dim]` and its gate `[12, kv_heads]`.
+ValueEmbed = Tuple[chex.Array, chex.Array]
+
+
 def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
-              start: chex.Numeric = 0) -> Tuple[chex.Array, chex.Array, chex.Array]:
+              start: chex.Numeric = 0, value_embed: Optional[ValueEmbed] = None,
+              ) -> Tuple[chex.Array, chex.Array, chex.Array]:
   """Queries `[batch, time, n_head, head_dim]`, keys and values `[batch, time, kv_heads, head_dim]`.
 
   With `position="rope"`, queries and keys are rotated by their positions
-  `start, start + 1, ...` (`start` may be traced).
+  `start, start + 1, ...` (`start` may be traced); with `qk_norm`, each
+  head's queries and keys are then RMS-normalised. With `value_embed`, the
+  values get its rows, gated per key/value head by
+  `3 * sigmoid(x[..., :12] @ gate)` (nanochat's value embeddings).
   """
   b, t, _ = x.shape
   h, kv, d = config.n_head, config.kv_heads, config.head_dim
@@ -168,6 +104,14 @@ def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
     positions = start + jnp.arange(t)
     frequencies = nn.rope_frequencies(d, config.rope_theta, config.rope_scaling)
     q, k = nn.rope(q, positions, frequencies), nn.rope(k, positions, frequencies)
+  if config.qk_norm:
+    q, k = (nn.rms_normalize(a, eps=config.norm_eps) for a in (q, k))
+  if value_embed is not None:
+    rows, gate = value_embed
+    logits = nn.dense({"w": gate}, x[..., :gate.shape[0]], compute_dtype=config.matmul_dtype,
+                      forms=forms)  # [b, t, kv]
+    scale = gpt_config.VALUE_GATE_RANGE * jax.nn.sigmoid(logits.astype(jnp.float32))
+    v = v + (scale[..., None] * rows.reshape(b, t, kv, d)).astype(v.dtype)
   return q, k, v
 
 
@@ -192,7 +136,8 @@ def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex
 
 
 def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
-                   attend: Attend, start: chex.Numeric = 0) -> Tuple[chex.Array, Any]:
+                   attend: Attend, start: chex.Numeric = 0,
+                   value_embed: Optional[ValueEmbed] = None) -> Tuple[chex.Array, Any]:
   """Multi-head self-attention of `x` `[batch, time, embd]` through `attend`.
 
   Args:
@@ -203,19 +148,20 @@ def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kern
     attend: the attention proper (`causal_attend`, or decoding's through a
       KV cache).
     start: position of `x[:, 0]` (RoPE's; may be traced).
+    value_embed: this layer's value embedding (`value_embedding`), or None.
 
   Returns:
     `([batch, time, embd], what attend carries out)`.
   """
-  q, k, v = qkv_heads(params, x, config, forms, start)
+  q, k, v = qkv_heads(params, x, config, forms, start, value_embed)
   y, carry = attend(q, k, v)
   return merge_heads(params, y, config, forms), carry
 
 
 def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) -> chex.Array:
-  """Position-wise `proj(act(fc(x)))`: `[..., embd] -> [..., embd]`; act is GELU or SwiGLU."""
+  """Position-wise `proj(act(fc(x)))`: `[..., embd] -> [..., embd]`; act is GELU, SwiGLU or ReLU^2."""
   dense = functools.partial(nn.dense, compute_dtype=config.matmul_dtype, forms=forms)
-  activation = nn.swiglu if config.mlp == "swiglu" else nn.gelu
+  activation = {"swiglu": nn.swiglu, "relu2": nn.relu_squared}.get(config.mlp, nn.gelu)
   return dense(params["proj"], activation(dense(params["fc"], x)))
 
 
@@ -230,6 +176,7 @@ def block(
     attend: Optional[Attend] = None,
     start: chex.Numeric = 0,
     dropout: Optional[chex.Numeric] = None,
+    value_embed: Optional[ValueEmbed] = None,
 ) -> Tuple[chex.Array, Any]:
   """One pre-norm transformer block: `[batch, time, embd]` -> same.
 
@@ -245,6 +192,7 @@ def block(
     start: position of `x[:, 0]`, for RoPE (decoding's cache position).
     dropout: the drop rate, a float or a scalar array (`forward`); None:
       `config.dropout`.
+    value_embed: this layer's value embedding (`value_embedding`), or None.
 
   Returns:
     `(block output [batch, time, embd], what attend carries out)`.
@@ -253,11 +201,11 @@ def block(
   if attend is None:
     attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic,
                            dropout=dropout)
-  attn_out, carry = self_attention(params["attn"], norm(params["ln_1"], x, config), config,
-                                   forms, attend, start)
+  attn_out, carry = self_attention(params["attn"], norm(params.get("ln_1"), x, config), config,
+                                   forms, attend, start, value_embed)
   rate = _rate(config, dropout)
   x = x + nn.dropout(keys[1], attn_out, rate, deterministic=deterministic)
-  mlp_out = mlp(params["mlp"], norm(params["ln_2"], x, config), config, forms)
+  mlp_out = mlp(params["mlp"], norm(params.get("ln_2"), x, config), config, forms)
   return x + nn.dropout(keys[2], mlp_out, rate, deterministic=deterministic), carry
 
 
@@ -333,12 +281,49 @@ def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.A
   return nn.embed(params["wte"], tokens) + positions
 
 
+def input_states(params: Params, tokens: chex.Array, config: GPTConfig,
+                 start: chex.Numeric = 0) -> chex.Array:
+  """What the first block reads: `embed`, then the norm with `embed_norm`: `[batch, time, embd]`."""
+  x = embed(params, tokens, start)
+  if config.embed_norm:
+    x = norm(params.get("ln_e"), x, config)
+  return x
+
+
+def final_norm(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
+  """The norm after the last block (`ln_f`), over `[..., embd]`."""
+  return norm(params.get("ln_f"), x, config)
+
+
+def value_embedding(params: Params, tokens: chex.Array, config: GPTConfig,
+                    layer: chex.Numeric) -> Optional[ValueEmbed]:
+  """Layer `layer`'s value embedding of `tokens` `[batch, time]` (table `layer // 2`), or None.
+
+  A traced `layer` (the layer scan) gets rows on every layer, zero where
+  `config.has_value_embed` says it has none.
+  """
+  if not config.value_embeds or (isinstance(layer, int) and not config.has_value_embed(layer)):
+    return None
+  chex.assert_rank(tokens, 2)
+  tables = params["value_embeds"]
+  rows = tables["embedding"][layer // 2, tokens]  # a gather of the rows, not a table copy
+  if not isinstance(layer, int):
+    rows = rows * (layer % 2 == (config.n_layer - 1) % 2).astype(rows.dtype)
+  return rows, tables["gate"][layer // 2]
+
+
 def logits_of(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms
               ) -> chex.Array:
-  """The output head over final hidden states `[..., embd]`: float32 `[..., vocab]`."""
+  """The output head over final hidden states `[..., embd]`: float32 `[..., vocab]`.
+
+  With `logit_softcap`, soft-capped (`nn.softcap`).
+  """
   logits = nn.embedding_logits({"embedding": head_table(params)}, x,
                                compute_dtype=config.matmul_dtype, forms=forms)
-  return logits.astype(jnp.float32)
+  logits = logits.astype(jnp.float32)
+  if config.logit_softcap is not None:
+    logits = nn.softcap(logits, config.logit_softcap)
+  return logits
 
 
 def head_table(params: Params) -> chex.Array:
@@ -350,22 +335,35 @@ def head_table(params: Params) -> chex.Array:
 
 def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kernels.Forms,
                key: Optional[chex.PRNGKey], deterministic: bool,
-               dropout: Optional[chex.Numeric] = None) -> chex.Array:
-  """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop."""
+               dropout: Optional[chex.Numeric] = None,
+               tokens: Optional[chex.Array] = None) -> chex.Array:
+  """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop.
+
+  `tokens` `[batch, time]` are read only with `value_embeds`.
+  """
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
 
-  def layer(layer_params, h, layer_key, rate):  # the rate an argument: no tracer in a closure
+  def layer(layer_params, h, layer_key, rate, index=None):  # the rate an argument: see remat
+    value_embed = None if index is None else value_embedding(params, tokens, config, index)
     return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic, dropout=rate)[0]
+                 deterministic=deterministic, dropout=rate, value_embed=value_embed)[0]
 
-  layer = kernels.remat(layer, forms, config.matmul_dtype)
+  if config.value_embeds and forms.remat == "full_compute_dtype":  # they read params in a closure
+    raise ValueError("remat='full_compute_dtype' does not take value_embeds; use remat='full'.")
+  layer = kernels.remat(layer, forms, config.matmul_dtype,
+                        static_argnums=() if forms.scan_layers else (4,))
   if forms.scan_layers:
-    x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
-                        (params["blocks"], layer_keys))
+    if not config.value_embeds:  # GPT-2's and Llama's scan, as it has always been
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
+                          (params["blocks"], layer_keys))
+    else:
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2]), None), x,
+                          (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
     return x
   for i in range(config.n_layer):
     layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout)
+    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout,
+              i if config.value_embeds else None)
   return x
 
 
@@ -378,11 +376,11 @@ def _hidden_states(params, tokens, config, forms, key, deterministic, dropout) -
   if not deterministic and key is None:
     raise ValueError("forward: pass key=... for dropout, or deterministic=True.")
   keys = (None, None) if deterministic else jax.random.split(key)
-  x = embed(params, tokens)  # [b, t, c]
+  x = input_states(params, tokens, config)  # [b, t, c]
   x = nn.dropout(keys[0], x, rate, deterministic=deterministic)
   x = run_blocks(params, x, config, forms=forms, key=keys[1], deterministic=deterministic,
-                 dropout=dropout)
-  return norm(params["ln_f"], x, config)
+                 dropout=dropout, tokens=tokens)
+  return final_norm(params, x, config)
 
 
 def forward(
@@ -444,4 +442,5 @@ def loss(
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
   return kernels.tied_head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,
-      chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms)
+      chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms,
+      softcap=config.logit_softcap)

@@ -22,7 +22,11 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 EXECUTION_FIELDS = ("remat", "attn_block", "attention", "scan_layers")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "relu2")
+# Value embeddings (`value_embeds=True`): each gate reads this many leading
+# channels of the attention's input, and its sigmoid is scaled to (0, 3).
+VALUE_GATE_CHANNELS = 12
+VALUE_GATE_RANGE = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +55,11 @@ class GPTConfig:
     rope_theta: RoPE's base wavelength.
     rope_scaling: None, or how RoPE's frequencies are stretched
       (`nn.RopeScaling`; a Hugging Face `rope_scaling` dict is accepted).
-    mlp: "gelu" (`proj(gelu(fc(x)))`, GPT-2) or "swiglu"
-      (`proj(silu(gate(x)) * up(x))`, Llama; gate and up are one matmul).
-    mlp_hidden: the MLP's hidden width; None: 4 * n_embd for "gelu", and for
+    mlp: "gelu" (`proj(gelu(fc(x)))`, GPT-2), "swiglu"
+      (`proj(silu(gate(x)) * up(x))`, Llama; gate and up are one matmul) or
+      "relu2" (`proj(relu(fc(x))^2)`, nanochat and modded-nanogpt).
+    mlp_hidden: the MLP's hidden width; None: 4 * n_embd for "gelu" and
+      "relu2", and for
       "swiglu" 8/3 * n_embd rounded up to a multiple of 8, which keeps the
       parameter count of the 4x GELU MLP (as the Llama paper does).
     n_kv_head: key/value heads, dividing `n_head` (grouped-query attention:
@@ -63,6 +69,25 @@ class GPTConfig:
       gives it its own `[n_embd, vocab_size]` weights (`params["lm_head"]`).
     qkv_bias: biases on the query/key/value projection even when `bias` is
       False (Qwen2).
+    norm_scale: whether the norms have a learned scale (`"scale"`); False:
+      nanochat's parameter-free RMSNorm (`nn.rms_normalize`), and the params
+      hold no `ln_1`, `ln_2`, `ln_f`. Only with `norm="rmsnorm"`.
+    embed_norm: normalise the token embeddings before the first block
+      (nanochat; with `norm_scale`, its scale is `params["ln_e"]`).
+    qk_norm: RMS-normalise each head's queries and keys (after RoPE, as
+      nanochat; RoPE keeps a head's norm, so before is the same) without a
+      learned scale: attention logits are then bounded by `sqrt(head_dim)`.
+    logit_softcap: None, or `c` in `c * tanh(logits / c)`, which bounds the
+      output logits to (-c, c) (Gemma 2; nanochat uses 15).
+    zero_init_proj: start the two projections that write into the residual
+      stream (attention's and the MLP's `proj`) at zero, so every block begins
+      as the identity (nanochat, modded-nanogpt).
+    value_embeds: nanochat's value embeddings (ResFormer-style value
+      residuals): every other layer, counting back from the last, adds a token
+      embedding of its own to the attention values, per key/value head
+      gated by `3 * sigmoid(x[..., :12] @ gate)` of the block's normed input
+      (`params["value_embeds"]`: `"embedding"` `[n_value_embeds, vocab,
+      kv_heads * head_dim]` and `"gate"` `[n_value_embeds, 12, kv_heads]`).
     param_dtype: dtype of the stored params ("float32").
     compute_dtype: dtype of the matmuls ("float32" or "bfloat16"); LayerNorm,
       softmax and the loss always run in float32.
@@ -84,6 +109,12 @@ class GPTConfig:
   n_kv_head: Optional[int] = None
   tie_embeddings: bool = True
   qkv_bias: bool = False
+  norm_scale: bool = True
+  embed_norm: bool = False
+  qk_norm: bool = False
+  logit_softcap: Optional[float] = None
+  zero_init_proj: bool = False
+  value_embeds: bool = False
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
 
@@ -127,6 +158,15 @@ class GPTConfig:
       if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"GPTConfig.{name} must be None or a positive integer, got "
                          f"{value!r}.")
+    if not self.norm_scale and self.norm != "rmsnorm":
+      raise ValueError("norm_scale=False is a parameter-free RMSNorm; add norm='rmsnorm' "
+                       "or drop norm_scale=False.")
+    if self.logit_softcap is not None and not self.logit_softcap > 0:
+      raise ValueError(f"GPTConfig.logit_softcap must be None or positive, got "
+                       f"{self.logit_softcap!r} (nanochat uses 15.0).")
+    if self.value_embeds and self.n_embd < VALUE_GATE_CHANNELS:
+      raise ValueError(f"value_embeds' gates read {VALUE_GATE_CHANNELS} channels, but "
+                       f"n_embd={self.n_embd}; widen the model or drop value_embeds.")
     if self.n_head % self.kv_heads:
       raise ValueError(f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}; "
                        f"each key/value head serves a whole group of query heads.")
@@ -150,6 +190,24 @@ class GPTConfig:
     return 4 * self.n_embd
 
   @property
+  def nanochat_options(self) -> tuple:
+    """The names of the nanochat options that change the math and are on (weight formats
+    of GPT-2 and Llama hold none of them)."""
+    on = dict(norm_scale=not self.norm_scale, embed_norm=self.embed_norm,
+              qk_norm=self.qk_norm, logit_softcap=self.logit_softcap is not None,
+              value_embeds=self.value_embeds, mlp=self.mlp == "relu2")
+    return tuple(name for name, is_on in on.items() if is_on)
+
+  @property
+  def n_value_embeds(self) -> int:
+    """Layers with a value embedding: every other one, counting back from the last."""
+    return (self.n_layer + 1) // 2 if self.value_embeds else 0
+
+  def has_value_embed(self, layer: int) -> bool:
+    """Whether layer `layer` (0-based) adds a value embedding; its table is `layer // 2`."""
+    return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
+
+  @property
   def matmul_dtype(self):
     """Operand dtype of the matmuls; None when they run in float32."""
     return None if self.compute_dtype == "float32" else DTYPES[self.compute_dtype]
@@ -168,7 +226,39 @@ class GPTConfig:
 # "llama" is the Llama block at the size it is given: RMSNorm, rotary
 # positions, SwiGLU, no biases; its head stays tied, as in SmolLM and Llama
 # 3.2's small models, so at a small vocabulary it has the GPT's parameter count.
+# "nanochat" is nanochat's GPT (karpathy/nanochat, nanochat/gpt.py): rotary
+# positions, parameter-free RMSNorm (also right after the token embedding),
+# QK-norm, a ReLU^2 MLP, no biases, zero-initialised residual projections, an
+# untied head, logits soft-capped at 15, and value embeddings. Its sliding
+# windows, per-layer residual scalars, smear and backout are not options here.
 ARCHITECTURES: Dict[str, Dict[str, Any]] = {
     "gpt2": {},
     "llama": dict(norm="rmsnorm", norm_eps=1e-5, position="rope", mlp="swiglu", bias=False),
+    "nanochat": dict(norm="rmsnorm", norm_scale=False, embed_norm=True, position="rope",
+                     mlp="relu2", bias=False, qk_norm=True, logit_softcap=15.0,
+                     zero_init_proj=True, tie_embeddings=False, value_embeds=True),
 }
+
+# nanochat's depth rule (scripts/base_train.py): width = depth * 64 rounded up
+# to whole 128-wide heads; as many heads as fit; AdamW rates scaled by
+# (width / 768) ** -0.5, the width its rates were tuned at.
+DEPTH_ASPECT_RATIO = 64
+DEPTH_HEAD_DIM = 128
+DEPTH_REFERENCE_WIDTH = 768
+
+
+def depth_shape(depth: int) -> Dict[str, int]:
+  """`n_layer`, `n_embd` and `n_head` of a model `depth` blocks deep (nanochat's rule).
+
+  `n_embd = ceil(depth * 64 / 128) * 128`, `n_head = n_embd / 128`: every head
+  is 128 wide, e.g. depth 12 -> width 768, 6 heads; depth 20 -> 1280, 10.
+  """
+  if not isinstance(depth, int) or depth < 1:
+    raise ValueError(f"depth must be a positive integer, got {depth!r}.")
+  width = -(-depth * DEPTH_ASPECT_RATIO // DEPTH_HEAD_DIM) * DEPTH_HEAD_DIM
+  return dict(n_layer=depth, n_embd=width, n_head=width // DEPTH_HEAD_DIM)
+
+
+def depth_lr_scale(n_embd: int) -> float:
+  """The learning-rate factor at width `n_embd`: `(n_embd / 768) ** -0.5` (nanochat's AdamW rule)."""
+  return (n_embd / DEPTH_REFERENCE_WIDTH) ** -0.5

@@ -141,6 +141,24 @@ def rms_norm(params: Params, x: chex.Array, *, eps: float = 1e-6) -> chex.Array:
   return (normed.astype(x.dtype) * params["scale"]).astype(x.dtype)
 
 
+def rms_normalize(x: chex.Array, *, eps: float = 1e-6) -> chex.Array:
+  """RMSNorm without a learned scale: `x / sqrt(mean(x^2) + eps)` over the last axis.
+
+  nanochat's norm (`F.rms_norm` with no weight), and QK-norm's over each
+  head. Statistics in float32, as `rms_norm`; returns `x.dtype`.
+
+  Args:
+    x: `[..., dim]`.
+    eps: added to the mean square.
+
+  Returns:
+    `[..., dim]`, same dtype as `x`.
+  """
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+          ).astype(x.dtype)
+
+
 # ----------------------------------------------------------------------------
 # Embedding
 
@@ -291,6 +309,16 @@ def rope(x: chex.Array, positions: chex.Array, frequencies: chex.Array) -> chex.
 
 def relu(x: chex.Array) -> chex.Array:
   return jnp.maximum(x, 0)
+
+
+def relu_squared(x: chex.Array) -> chex.Array:
+  """`relu(x)^2`, the MLP activation of modded-nanogpt and nanochat."""
+  return jnp.square(jnp.maximum(x, 0))
+
+
+def softcap(logits: chex.Array, cap: float) -> chex.Array:
+  """`cap * tanh(logits / cap)`: logits smoothly bounded to (-cap, cap) (Gemma 2, nanochat)."""
+  return cap * jnp.tanh(logits / cap)
 
 
 def gelu(x: chex.Array) -> chex.Array:

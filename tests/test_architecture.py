@@ -136,7 +136,7 @@ def test_the_top_level_command_names_only_run_their_cli_module():
            if name.count(".") == 1 and order[name.split(".")[1]] == order["cli"]
            and name != "purejax.cli"]
   assert sorted(names) == ["purejax.convert", "purejax.plan", "purejax.plot", "purejax.replay",
-                           "purejax.sample", "purejax.train"]
+                           "purejax.sample", "purejax.tokenizer", "purejax.train"]
   for name in names:
     command = name.split(".")[1]
     assert [target for target, _ in imports_of(known[name], known)] == [

@@ -29,6 +29,7 @@ from purejax.cli import forms_flags
 from purejax.cli import train_flags
 from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
+from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.training import checkpoint
 from purejax.training import loop
@@ -58,11 +59,20 @@ def optimizer_config(args: Args, total_steps: Optional[int] = None) -> optim.Opt
   """The optimizer flags; the schedule ends at `--lr_decay_iters`, else `total_steps`
   (None: the training loop's choice, see `loop.train_gpt`)."""
   decay = args.lr_decay_iters if args.lr_decay_iters is not None else total_steps
+  scale = depth_lr_scale(args)
   return optim.OptimizerConfig(
-      name=args.optimizer, learning_rate=args.learning_rate, schedule=args.lr_schedule,
+      name=args.optimizer, learning_rate=args.learning_rate * scale, schedule=args.lr_schedule,
       warmup_iters=args.warmup_iters, decay_iters=decay,
-      min_lr=args.min_lr, beta2=args.beta2, weight_decay=args.weight_decay,
+      min_lr=args.min_lr * scale, beta2=args.beta2, weight_decay=args.weight_decay,
       grad_clip=args.grad_clip)
+
+
+def depth_lr_scale(args: Args) -> float:
+  """The rates' factor under `--depth` (`gpt_config.depth_lr_scale`); 1 without it."""
+  depth = args["depth"].value if "depth" in args else None
+  if depth is None:
+    return 1.0
+  return gpt.depth_lr_scale(gpt.depth_shape(depth)["n_embd"])
 
 
 def run_config(args: Args) -> runs.RunConfig:
@@ -77,7 +87,8 @@ def parallel_config(args: Args) -> parallel.ParallelConfig:
 
 
 # Flags that define the architecture: with --init_from it comes from the weights.
-ARCHITECTURE_FLAGS = ("arch", "n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "bias")
+ARCHITECTURE_FLAGS = ("arch", "depth", "n_layer", "n_head", "n_kv_head", "n_embd", "block_size",
+                      "bias")
 
 
 def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
@@ -89,9 +100,11 @@ def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
   arch = dict(gpt.ARCHITECTURES[args.arch])
   if args["bias"].present or "bias" not in arch:
     arch["bias"] = args.bias
+  shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+  if args.depth is not None:
+    shape = gpt.depth_shape(args.depth)
   return gpt.GPTConfig(vocab_size=vocab_size, block_size=args.block_size,
-                       n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                       n_kv_head=args.n_kv_head, **arch, **tunable)
+                       n_kv_head=args.n_kv_head, **shape, **arch, **tunable)
 
 
 def gpt_train_config(args: Args) -> loop.GPTTrainConfig:
@@ -130,6 +143,10 @@ def sweep_grid(args: Args) -> Optional[dict]:
     if bad:
       raise ValueError(f"--sweep's {name}={bad[0]} is not a finite number; sweep finite "
                        f"values.")
+    if name in ("learning_rate", "min_lr") and args.depth is not None:
+      raise ValueError(f"--sweep gives {name} as it is, but --depth scales the rate flags by "
+                       f"the width; sweep without --depth (with --n_layer, --n_embd, "
+                       f"--n_head) or drop {name} from --sweep.")
     if name != sweep.DROPOUT and name not in used:
       raise ValueError(f"--sweep of {name} has no effect on --optimizer={args.optimizer} "
                        f"with --lr_schedule={args.lr_schedule}, which reads only "
@@ -143,6 +160,10 @@ def refuse_what_has_no_effect(args: Args) -> None:
   given = lambda name: command.given(args, name)
   if args.model != "gpt":
     return
+  shape_flags = [f"--{name}" for name in ("n_layer", "n_embd", "n_head") if given(name)]
+  if args.depth is not None and shape_flags:
+    raise ValueError(f"--depth sets the model's shape; drop {' and '.join(shape_flags)} or "
+                     f"drop --depth.")
   sweeping = args.sweep is not None or args.sweep_seeds > 1
   if args.eval_only and sweeping:
     raise ValueError("--eval_only evaluates one model, not a sweep; drop --sweep and "
@@ -161,6 +182,9 @@ def refuse_what_has_no_effect(args: Args) -> None:
 
 def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
   """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+  if (tokenizer is None and args.tokenizer_file is not None
+      and tokenizer_json.is_tokenizer_json(args.tokenizer_file)):
+    tokenizer = tokenizer_json.load(args.tokenizer_file)  # e.g. python -m purejax.tokenizer's
   # A model's own tokenizer was already built (with --tokenizer_file, if given).
   tokenizer_file = args.tokenizer_file if isinstance(tokenizer, (str, type(None))) else None
   return parallel.main_process_first(

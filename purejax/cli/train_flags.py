@@ -90,8 +90,15 @@ def define_gpt_flags(args: flags.FlagValues) -> None:
   define_optimizer_flags(args, loop.GPT_OPTIMIZER)
   flags.DEFINE_integer("batch_size", train.batch_size, "Sequences per step.", flag_values=args)
   flags.DEFINE_enum("arch", "gpt2", list(gpt.ARCHITECTURES),
-                    "The block: gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, "
-                    "RoPE, SwiGLU, no biases); see gpt.ARCHITECTURES.", flag_values=args)
+                    "The block: gpt2 (LayerNorm, learned positions, GELU), llama (RMSNorm, "
+                    "RoPE, SwiGLU, no biases) or nanochat (parameter-free RMSNorm, RoPE, "
+                    "QK-norm, ReLU^2, value embeddings, soft-capped logits, untied head); "
+                    "see gpt.ARCHITECTURES.", flag_values=args)
+  flags.DEFINE_integer("depth", None, "Blocks; sets --n_layer, --n_embd and --n_head by "
+                       "nanochat's rule (width = depth * 64 rounded up to whole 128-wide "
+                       "heads) and scales --learning_rate and --min_lr by (width / 768) ** "
+                       "-0.5, so they are the rates at width 768.", lower_bound=1,
+                       flag_values=args)
   flags.DEFINE_integer("n_kv_head", None, "Key/value heads, dividing --n_head (grouped-"
                        "query attention; 1: multi-query). Default: --n_head.", flag_values=args)
   flags.DEFINE_integer("n_layer", model.n_layer, "Transformer blocks.", flag_values=args)
@@ -136,9 +143,11 @@ def define_gpt_flags(args: flags.FlagValues) -> None:
                     "Tokenizer (default: the data's own: characters for text, meta.pkl "
                     "or GPT-2 BPE for .bin folders, the model's with --init_from).",
                     flag_values=args)
-  flags.DEFINE_string("tokenizer_file", None, "A local copy of GPT-2's encoding: a folder "
-                      "with vocab.bpe and encoder.json, or a .tiktoken file; or where an "
-                      "--init_from model's tokenizer.json is now.", flag_values=args)
+  flags.DEFINE_string("tokenizer_file", None, "A tokenizer.json to train on (python -m "
+                      "purejax.tokenizer --train makes one); a local copy of GPT-2's "
+                      "encoding: a folder with vocab.bpe and encoder.json, or a .tiktoken "
+                      "file; or where an --init_from model's tokenizer.json is now.",
+                      flag_values=args)
   flags.DEFINE_string("cache_dir", None, "Where tokenized text is cached (default: "
                       "$PUREJAX_CACHE_DIR or ~/.cache/purejax).", flag_values=args)
   flags.DEFINE_string("init_from", None, "Start from pretrained weights: gpt2, gpt2-medium, "

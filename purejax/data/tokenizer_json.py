@@ -47,6 +47,15 @@ def _file_of(path: str) -> pathlib.Path:
   return p
 
 
+def is_tokenizer_json(path: str) -> bool:
+  """Whether `path` names a tokenizer.json: a .json file other than GPT-2's
+  `encoder.json`, or a folder holding `tokenizer.json`."""
+  p = pathlib.Path(path).expanduser()
+  if p.is_dir():  # GPT-2's own files (vocab.bpe) come first
+    return (p / FILE_NAME).is_file() and not (p / "vocab.bpe").is_file()
+  return p.suffix == ".json" and p.name != "encoder.json"
+
+
 def fingerprint(path: pathlib.Path) -> str:
   """sha256 of the file's bytes."""
   return hashlib.sha256(path.read_bytes()).hexdigest()

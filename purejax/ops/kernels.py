@@ -202,19 +202,21 @@ def platform_of(*trees: Any) -> str:
 # Mixed-precision matmul
 
 
-def remat(fn, forms: Forms, compute_dtype):
+def remat(fn, forms: Forms, compute_dtype, static_argnums=()):
   """`fn(params, x, *rest) -> y` keeping for the backward pass what `forms.remat` says.
 
   "full_compute_dtype" saves `x` cast to `compute_dtype` (a float32
   residual stream in a bf16 run: half the bytes) and `params`; the forward
   is `fn` itself, and the backward differentiates `fn` at the saved `x`, so
   gradients differ from "full"'s by `x`'s rounding. `rest` (keys, rates)
-  gets no gradient.
+  gets no gradient, so everything differentiated must be an argument: `fn`
+  may not close over traced values. `static_argnums` as `jax.checkpoint`'s.
   """
   if forms.remat == "none":
     return fn
   if forms.remat != "full_compute_dtype":
-    return jax.checkpoint(fn, policy=REMAT_POLICIES[forms.remat])
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[forms.remat],
+                          static_argnums=static_argnums)
 
   @jax.custom_vjp
   def saving_low(params, x, rest):
@@ -367,6 +369,7 @@ def tied_head_cross_entropy(
     compute_dtype=None,
     chunk_rows: Optional[int] = None,
     forms: Optional[Forms] = None,
+    softcap: Optional[float] = None,
 ) -> chex.Array:
   """Mean cross-entropy of `labels` under the logits `x @ table.T`.
 
@@ -386,6 +389,7 @@ def tied_head_cross_entropy(
       there are more rows than one chunk; the rows left over after the whole
       chunks make one shorter chunk.
     forms: forms for the matmul (default: see `matmul`).
+    softcap: None, or `c`: the logits are `c * tanh(logits / c)`, in float32.
 
   Returns:
     Scalar mean loss.
@@ -396,6 +400,9 @@ def tied_head_cross_entropy(
   flat_labels = labels.reshape(-1)
   head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
+  if softcap is not None:  # without it, GPT-2's program, untouched
+    uncapped = head
+    head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
   if chunk_rows is None or n <= chunk_rows:
     return cross_entropy(head(rows), flat_labels)
 

@@ -114,7 +114,8 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
 
 def is_family(config: gpt.GPTConfig) -> bool:
   """Whether `config` is a Llama-family model (what `hf_config_dict` can describe)."""
-  return (config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
+  return ((config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
+          and not config.nanochat_options)
 
 
 def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, Any]:
@@ -125,9 +126,10 @@ def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, A
   """
   if not is_family(config):
     raise ConversionError(
-        f"this model (norm={config.norm}, position={config.position}, mlp={config.mlp}) is "
-        f"neither GPT-2's architecture nor the Llama family's (rmsnorm, rope, swiglu); "
-        f"Hugging Face has no class for it.")
+        f"this model (norm={config.norm}, position={config.position}, mlp={config.mlp}, "
+        f"other options {list(config.nanochat_options)}) is neither GPT-2's architecture nor "
+        f"the Llama family's (rmsnorm, rope, swiglu, no other options); Hugging Face has no "
+        f"class for it.")
   qwen2 = config.qkv_bias and not config.bias
   out = {
       "architectures": [MODEL_TYPES["qwen2" if qwen2 else "llama"]],
