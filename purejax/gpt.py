@@ -342,25 +342,26 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
   """
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
 
-  def layer(layer_params, h, layer_key, index=None):
+  def layer(layer_params, h, layer_key, rate, index=None):  # the rate an argument: see remat
     value_embed = None if index is None else value_embedding(params, tokens, config, index)
     return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic, dropout=dropout, value_embed=value_embed)[0]
+                 deterministic=deterministic, dropout=rate, value_embed=value_embed)[0]
 
-  if forms.remat != "none":
-    layer = jax.checkpoint(layer, policy=kernels.REMAT_POLICIES[forms.remat],
-                           static_argnums=() if forms.scan_layers else (3,))
+  if config.value_embeds and forms.remat == "full_compute_dtype":  # they read params in a closure
+    raise ValueError("remat='full_compute_dtype' does not take value_embeds; use remat='full'.")
+  layer = kernels.remat(layer, forms, config.matmul_dtype,
+                        static_argnums=() if forms.scan_layers else (4,))
   if forms.scan_layers:
     if not config.value_embeds:  # GPT-2's and Llama's scan, as it has always been
-      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1]), None), x,
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
                           (params["blocks"], layer_keys))
     else:
-      x, _ = jax.lax.scan(lambda h, xs: (layer(*xs[:1], h, *xs[1:]), None), x,
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2]), None), x,
                           (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
     return x
   for i in range(config.n_layer):
     layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i],
+    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout,
               i if config.value_embeds else None)
   return x
 
