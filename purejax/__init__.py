@@ -25,7 +25,7 @@ it; tests/test_architecture.py checks that against this drawing):
     training/   state, steps, optimizer, devices, checkpoints, metrics, the loops,
                 sweeps, replayed steps
     weights/    pretrained weights in and out, one module per format
-    cli/, train, sample, chat, plot, convert, replay, tokenizer   the command lines, the only layer
+    cli/, train, sample, chat, plot, convert, replay, tokenizer, plan   the command lines, the only layer
                 that speaks of --flags: `purejax.cli.<cmd>` is `python -m
                 purejax.<cmd>` (the top-level modules only give them those names;
                 `purejax.convert` itself is the function `weights.convert`)

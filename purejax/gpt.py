@@ -24,9 +24,9 @@ The config is the math alone. How it runs (attention form, remat, scan or
 unrolled layers, the mixed-precision matmul's backward, loss chunking) is a
 `kernels.Forms` passed as `forms=`; `forward` and `loss` called without one
 use the forms of the platform the params live on (`kernels.select`); every
-other function takes them as an argument. Sampling with a KV cache, which runs
-the same `block` through a cache-aware attention, is in `purejax/decode.py`,
-training steps in `purejax/training/steps.py`.
+other function takes them as an argument. Sampling (a KV cache through the
+same `block`) is in `purejax/decode.py`, training steps in
+`purejax/training/steps.py`.
 """
 
 import functools
@@ -41,7 +41,6 @@ from purejax.ops import kernels
 from purejax import gpt_config
 from purejax import nn
 from purejax import rng
-# The config and the named architectures live beside this file; they are the GPT's.
 from purejax.gpt_config import ARCHITECTURES  # pylint: disable=unused-import
 from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
 from purejax.gpt_config import GPTConfig
@@ -343,25 +342,26 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
   """
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
 
-  def layer(layer_params, h, layer_key, index=None):
+  def layer(layer_params, h, layer_key, rate, index=None):  # the rate an argument: see remat
     value_embed = None if index is None else value_embedding(params, tokens, config, index)
     return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic, dropout=dropout, value_embed=value_embed)[0]
+                 deterministic=deterministic, dropout=rate, value_embed=value_embed)[0]
 
-  if forms.remat != "none":
-    layer = jax.checkpoint(layer, policy=kernels.REMAT_POLICIES[forms.remat],
-                           static_argnums=() if forms.scan_layers else (3,))
+  if config.value_embeds and forms.remat == "full_compute_dtype":  # they read params in a closure
+    raise ValueError("remat='full_compute_dtype' does not take value_embeds; use remat='full'.")
+  layer = kernels.remat(layer, forms, config.matmul_dtype,
+                        static_argnums=() if forms.scan_layers else (4,))
   if forms.scan_layers:
     if not config.value_embeds:  # GPT-2's and Llama's scan, as it has always been
-      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1]), None), x,
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
                           (params["blocks"], layer_keys))
     else:
-      x, _ = jax.lax.scan(lambda h, xs: (layer(*xs[:1], h, *xs[1:]), None), x,
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2]), None), x,
                           (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
     return x
   for i in range(config.n_layer):
     layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i],
+    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout,
               i if config.value_embeds else None)
   return x
 
@@ -428,13 +428,16 @@ def loss(
     deterministic: bool = True,
     forms: Optional[kernels.Forms] = None,
     dropout: Optional[chex.Numeric] = None,
+    weights: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Mean next-token cross-entropy: tokens and targets `[batch, time]`.
 
-  Equals `cross_entropy(forward(...), targets)`; for a large vocabulary the
-  head and loss may run in chunks of rows (`forms.loss_chunk_rows`,
-  `kernels.tied_head_cross_entropy`), so the whole float32 logits never
-  exist at once. `forms` and `dropout` as in `forward`.
+  Equals `cross_entropy(forward(...), targets)`; a large vocabulary's head and
+  loss may run in chunks of rows (`kernels.tied_head_cross_entropy`). `forms`
+  and `dropout` as in `forward`. `weights` `[batch, time]`: the loss is
+  `mean(weights * losses)`; 0 takes a target out of loss and gradient (user
+  turns, padding); weights of mean 1 (`batches.normalized_weights`) average
+  the targets kept.
   """
   chex.assert_equal_shape((tokens, targets))
   forms = forms or kernels.select(kernels.platform_of(params))
@@ -442,4 +445,4 @@ def loss(
   return kernels.tied_head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms,
-      softcap=config.logit_softcap)
+      softcap=config.logit_softcap, weights=weights)

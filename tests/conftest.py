@@ -12,14 +12,18 @@ subprocesses, several devices or the real data are marked `slow`.
 
 import base64
 import collections
+import contextlib
+import io
 import json
 import os
 import pathlib
 import re
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -28,6 +32,7 @@ import numpy as np
 import pytest
 
 from purejax import gpt
+from purejax.cli import train as train_cli
 from purejax.data import batches
 from purejax.ops import kernels
 from purejax.training import checkpoint
@@ -55,13 +60,15 @@ def require_test_data(name: str) -> pathlib.Path:
 
 # Tiny Shakespeare as the package ships it: the tests' text for tokenizers and corpora.
 SHAKESPEARE = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_text(encoding="utf-8")
+# The text of `text_file` and of the shared char GPT (`char_gpt_run`).
+CHAR_GPT_TEXT = SHAKESPEARE[:40_000]
 
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
   """A 40,000-character `.txt` corpus, as a user's own text file."""
   path = tmp_path_factory.mktemp("text") / "plays.txt"
-  path.write_text(SHAKESPEARE[:40_000])
+  path.write_text(CHAR_GPT_TEXT)
   return path
 
 
@@ -150,6 +157,22 @@ def no_network(monkeypatch):
 
 # ----------------------------------------------------------------------------
 # Command-line runs and what they write
+
+
+def run_cli(command, *argv: str) -> subprocess.CompletedProcess:
+  """Runs a command line (`purejax.cli.<name>`, e.g. `train`) in this process with
+  `argv`, as `python -m` runs it: its exit code and what it printed.
+
+  For runs whose story needs no process of their own (no kill or signal, no
+  other device count, no hidden module): the interpreter, JAX and the
+  compiled programs are already here, so a tiny run takes a second or two
+  instead of a process's start. `run_module` runs the few true end-to-end ones.
+  """
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = command.run([command.__name__, *argv])
+  return subprocess.CompletedProcess([command.__name__, *argv], code, out.getvalue(),
+                                     err.getvalue())
 
 
 def final(process):
@@ -263,6 +286,41 @@ TINY_GPT = ["--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
 RTOL = 1e-5
 
 
+# ----------------------------------------------------------------------------
+# Trained runs the tests share: one of each kind per test process (session
+# scope), trained in-process. Each is read-only to the tests (a test that
+# changes a run trains or copies its own). Under pytest-xdist each worker
+# trains its own: a second or two here, less than a lock across processes
+# would cost the worker that waits.
+
+@pytest.fixture(scope="session")
+def char_gpt_run(tmp_path_factory):
+  """A tiny char-level GPT (`TINY_FLAGS`) trained 100 steps on `CHAR_GPT_TEXT`: a
+  base to fine-tune or resume from; its newest checkpoint is step 100's."""
+  folder = tmp_path_factory.mktemp("char_gpt")
+  text = folder / "plays.txt"
+  text.write_text(CHAR_GPT_TEXT)
+  final(run_cli(train_cli, *TINY_FLAGS, *SHORT_FLAGS, "--max_iters=100", "--learning_rate=1e-2",
+                f"--dataset={text}", f"--out_dir={folder / 'run'}"))
+  return folder / "run"
+
+
+def tiny_shakespeare_flags(tfds_data_dir):
+  """Flags of a run on TFDS's tiny_shakespeare, prepared from the test data."""
+  return [f"--tfds_manual_dir={require_test_data('tinyshakespeare')}",
+          f"--tfds_data_dir={tfds_data_dir}"]
+
+
+@pytest.fixture(scope="session")
+def one_device_gpt_run(tmp_path_factory, tfds_data_dir):
+  """`TINY_GPT` on one device, on tiny_shakespeare: what the runs across devices and
+  processes must match (`assert_same_run`)."""
+  out_dir = tmp_path_factory.mktemp("gpt_1dev")
+  final(run_cli(train_cli, *TINY_GPT, *tiny_shakespeare_flags(tfds_data_dir),
+                f"--out_dir={out_dir}"))
+  return out_dir
+
+
 def host_devices(n):
   return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
 
@@ -353,13 +411,94 @@ def train_step_hlo(forms, config=GPT2, batch=GPT2_BATCH, platform="cuda") -> str
 # Tiers
 
 
+# The full suite keeps one compilation cache per test run, on disk, shared by
+# the run's pytest processes and every command line they start. A program is
+# compiled once per run: a `python -m purejax.train` that compiles what an
+# earlier run (in-process or not) compiled loads XLA's output for it (the
+# cache's key holds the program, XLA's flags and the devices) in a fraction of
+# a second instead of compiling it for seconds. The cache is removed with the
+# run, so every test run compiles everything once, from scratch.
+_COMPILE_CACHE = "JAX_COMPILATION_CACHE_DIR"
+
+
 def pytest_configure(config):
-  # The fast tier (-m "not slow") is for quick feedback while editing: XLA
-  # compiles its many small programs without its optimisation passes, which
-  # halves the tier's time. The full suite (what CI runs) compiles as users do.
   if config.option.markexpr.replace(" ", "") == "notslow":
+    # The fast tier (-m "not slow") is for quick feedback while editing: XLA
+    # compiles its many small programs without its optimisation passes, which
+    # halves the tier's time. The full suite (what CI runs) compiles as users do.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_backend_optimization_level=0").strip()
+  elif not hasattr(config, "workerinput") and _COMPILE_CACHE not in os.environ:
+    # The first process (pytest, or xdist's controller) makes the cache; xdist's
+    # workers and all subprocesses inherit the variables. Every program is
+    # kept, however small (JAX keeps only those that compiled for a second).
+    config.purejax_compile_cache = tempfile.mkdtemp(prefix="purejax-tests-xla-")
+    os.environ.update({_COMPILE_CACHE: config.purejax_compile_cache,
+                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"})
+  if _COMPILE_CACHE in os.environ:  # this process imported JAX before they were set
+    jax.config.update("jax_compilation_cache_dir", os.environ[_COMPILE_CACHE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  _schedule_longest_first(config)
+
+
+def pytest_unconfigure(config):
+  cache = getattr(config, "purejax_compile_cache", None)
+  if cache:
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+def _schedule_longest_first(config):
+  # Under pytest-xdist (-n 2) each worker asks for one more test as it ends
+  # one, in the order `pytest_collection_modifyitems` leaves (rather than
+  # taking a quarter of the suite in a block at the start): with the longest
+  # tests first, the two workers finish together.
+  if (config.pluginmanager.hasplugin("xdist") and config.getoption("dist") == "load"
+      and config.getoption("maxschedchunk") is None):
+    config.option.maxschedchunk = 1
+
+
+# The longest tests' time budgets, in seconds of one test on a quiet 2-core
+# CPU inside the full suite (`pytest -n 2`; every parameter of a test has the
+# budget). docs/performance.md lists what each covers. The suite runs them
+# first, longest first, so the two workers end together.
+BUDGETS = {
+    "test_examples.py::test_shakespeare_gpt_lowers_its_val_loss_and_samples": 120,
+    ("test_integration.py::"
+     "test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples"): 70,
+    "test_sweep.py::test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps": 60,
+    "test_examples.py::test_mnist_mlp_reaches_97_percent_from_the_original_files": 60,
+    "test_sweep_resume.py::test_a_sweep_killed_six_times_at_random_ends_bit_identical": 60,
+    "test_resume.py::test_mlp_sigkill_then_resume_is_bit_identical": 45,
+    "test_scale_out.py::test_mlp_on_mnist_fsdp_four_devices_matches_one": 40,
+    "test_sweep_resume.py::test_a_lora_run_killed_six_times_at_random_ends_bit_identical": 40,
+    "test_cli_sweeps.py::test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone": 40,
+    "test_sweep.py::test_each_run_of_a_sweep_equals_the_run_trained_alone": 35,
+    "test_replay.py::test_the_replayed_step_computes_the_logged_loss_bit_for_bit": 35,
+    "test_cli_sweeps.py::test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone": 30,
+    "test_integration.py::test_tfds_mnist_equals_the_original_idx_files": 30,
+    "test_scale_out.py::test_two_processes_on_localhost_match_one_process": 30,
+    "test_scale_out.py::test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one": 30,
+    "test_sweep.py::test_a_sweep_over_dropout_trains_each_run_at_its_rate": 30,
+    "test_parallel.py::test_dropout_is_the_same_on_four_devices_as_on_one": 30,
+    "test_resume.py::test_signal_saves_and_exits_cleanly_then_resumes": 25,
+    "test_resume.py::test_sigkill_then_resume_is_bit_identical": 25,
+    "test_resume.py::test_resume_skips_a_corrupted_newest_checkpoint": 25,
+    "test_sweep_resume.py::test_a_sweep_killed_between_its_runs_writes_resumes_bit_identically": 25,
+    "test_scale_out.py::test_sigterm_to_one_process_saves_and_stops_all": 25,
+    "test_integration.py::test_mlp_one_epoch_on_mnist_reaches_95_percent": 25,
+    "test_cli_runs.py::test_progress_bar_on_a_terminal_and_plain_lines_otherwise": 25,
+    "test_cli_runs.py::test_metrics_survive_a_sigkill_and_resume_without_duplicates": 25,
+    "test_cli_llama.py::test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one": 25,
+    "test_sweep.py::test_how_many_runs_are_vmapped_together_does_not_change_the_sweep": 25,
+    "test_gpt.py::test_attention_in_query_blocks_is_exact0": 25,
+}
+
+
+def _budget(item) -> float:
+  file_and_name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+  return BUDGETS.get(file_and_name, 0)
 
 
 def pytest_collection_modifyitems(items):
@@ -367,3 +506,4 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if item.get_closest_marker("integration"):
       item.add_marker(pytest.mark.slow)
+  items.sort(key=lambda item: -_budget(item))  # stable: the rest keep their order

@@ -135,7 +135,7 @@ def test_the_top_level_command_names_only_run_their_cli_module():
   names = [name for name in known
            if name.count(".") == 1 and order[name.split(".")[1]] == order["cli"]
            and name != "purejax.cli"]
-  assert sorted(names) == ["purejax.chat", "purejax.convert", "purejax.plot",
+  assert sorted(names) == ["purejax.chat", "purejax.convert", "purejax.plan", "purejax.plot",
                            "purejax.replay", "purejax.sample", "purejax.tokenizer",
                            "purejax.train"]
   for name in names:
@@ -164,6 +164,7 @@ def test_ops_sit_below_the_layers_and_import_nothing_above_them():
 FORMS_ENTRY_POINTS = {
     "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
     "purejax.cli.replay",             # the replay command line
+    "purejax.cli.plan",               # the GPU plan's command line (always GPU forms)
     "purejax.training.loop",          # train_gpt, evaluate_gpt
     "purejax.training.sweep_loop",    # train_gpt_sweep
     "purejax.gpt",                    # forward, loss

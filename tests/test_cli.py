@@ -58,8 +58,8 @@ def no_training(monkeypatch):
     (["--sweep=learning_rate=1e-3,3e-3", "--sweep_batch=-2"],
      "--sweep_batch must be 'auto' or a non-negative integer, got '-2'."),
     (["--sweep=batch_size=4,8"], "'batch_size' cannot be swept in one program; choose among "
-     "('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'momentum', 'dropout') "
-     "(and seeds)."),
+     "('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'momentum', "
+     "'muon_learning_rate', 'muon_momentum', 'muon_weight_decay', 'dropout') (and seeds)."),
 ])
 def test_bad_flag_values(capsys, tmp_path, args, message):
   assert refusal(capsys, train, *args, f"--out_dir={tmp_path}") == "error: " + message
@@ -71,7 +71,7 @@ def test_bad_flag_values(capsys, tmp_path, args, message):
     (["--model=resnet"], "--model=resnet: value should be one of <gpt|mlp>"),
     (["--dtype=float64"], "--dtype=float64: value should be one of <float32|bfloat16>"),
     (["--optimizer=lion"], "--optimizer=lion: value should be one of "
-     "<sgd|momentum|adam|adamw>"),
+     "<sgd|momentum|adam|adamw|muon>"),
     (["--cpu_devices=0"], "--cpu_devices=0: 0 is not a positive integer"),
     (["--sweep_seeds=0"], "--sweep_seeds=0: 0 is not a positive integer"),
     (["--lerning_rate=1e-3"], "Unknown command line flag 'lerning_rate'. Did you mean: "
@@ -134,6 +134,15 @@ def test_non_finite_numbers_without_a_default_and_in_other_command_lines(capsys)
      "8) or drop --lora_alpha."),
     (["--lora_targets=*attn.qkv.w"], "--lora_targets has no effect without LoRA; add "
      "--lora_rank=R (e.g. 8) or drop --lora_targets."),
+    (["--model=mlp", "--optimizer=muon"], "--optimizer=muon orthogonalises the hidden "
+     "matrices of a GPT's blocks, which --model=mlp has none of; choose another "
+     "--optimizer (e.g. adamw)."),
+    (["--muon_learning_rate=0.05"], "--muon_learning_rate has no effect on "
+     "--optimizer=adamw; add --optimizer=muon or drop --muon_learning_rate."),
+    (["--optimizer=muon", "--sweep=momentum=0.8,0.9"], "--sweep of momentum has no effect on "
+     "--optimizer=muon with --lr_schedule=cosine, which reads only learning_rate, min_lr, "
+     "beta1, beta2, weight_decay, muon_learning_rate, muon_momentum, muon_weight_decay; "
+     "drop momentum from --sweep or choose an optimizer that uses it."),
 ])
 def test_flags_that_would_have_no_effect_are_refused(capsys, tmp_path, args, message):
   assert refusal(capsys, train, *args, f"--out_dir={tmp_path}") == "error: " + message
@@ -142,21 +151,25 @@ def test_flags_that_would_have_no_effect_are_refused(capsys, tmp_path, args, mes
 @pytest.mark.parametrize("name", optim.OPTIMIZERS)
 def test_each_optimizer_reads_exactly_the_settings_it_is_said_to(name):
   # A setting is read when changing it changes the optimizer's first update.
+  import jax
   import jax.numpy as jnp
   base = optim.OptimizerConfig(name=name, warmup_iters=0, decay_iters=10, min_lr=1e-4,
                                beta1=0.5, beta2=0.6, momentum=0.5, weight_decay=0.5)
-  params = {"w": jnp.ones((2, 2))}
+  # a block's matrix (Muon's, under "muon") and an embedding (AdamW's)
+  params = {"blocks": {"w": jnp.ones((3, 2))}, "wte": {"embedding": jnp.ones((3, 2))}}
 
   def updates(**changed):
     optimizer = optim.make_optimizer(base, hyperparams=changed)
     state = optimizer.init(params)
-    for grad in (0.3, -0.1, 0.2):  # gradients that change, so Adam's moments matter
-      update, state = optimizer.update({"w": jnp.full((2, 2), grad)}, state, params)
-    return update["w"]
+    for i in range(3):  # gradients that change, so moments matter
+      grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(i), p.shape), params)
+      update, state = optimizer.update(grads, state, params)
+    return update
 
   unchanged = updates()
   read = {setting for setting in optim.HYPERPARAMS
-          if not jnp.allclose(updates(**{setting: 0.9}), unchanged)}
+          if not all(jax.tree.leaves(jax.tree.map(jnp.allclose, updates(**{setting: 0.9}),
+                                                  unchanged)))}
   assert read == set(optim.hyperparams_used(base))
   constant = optim.hyperparams_used(dataclasses.replace(base, schedule="constant"))
   assert set(constant) == read - {"min_lr"}
@@ -201,9 +214,9 @@ def test_sample_refuses_a_checkpoint_of_another_model(capsys, tmp_path):
 
 def test_convert_names_the_flag_of_a_bad_location(capsys, tmp_path):
   assert refusal(capsys, convert, "--from=onnx:model", f"--to=hf:{tmp_path}") == (
-      "error: --from=onnx:model must be KIND:PATH with KIND one of hf, nanogpt, purejax.")
+      "error: --from=onnx:model must be KIND:PATH with KIND one of hf, gguf, nanogpt, purejax.")
   assert refusal(capsys, convert, f"--from=hf:{tmp_path}") == (
-      "error: --to is required: KIND:PATH with KIND one of hf, nanogpt, purejax.")
+      "error: --to is required: KIND:PATH with KIND one of hf, gguf, nanogpt, purejax, peft.")
 
 
 def test_replay_needs_its_run_and_step(capsys, tmp_path):

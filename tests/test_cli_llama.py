@@ -1,7 +1,8 @@
 """The Llama family from the command line: --arch from scratch, a Llama folder fine-tuned.
 
-Each test runs `python -m purejax.train`, `sample` or `convert` in a
-subprocess on a tiny model and a corpus the test writes itself.
+Each test runs the `purejax.train`, `sample` or `convert` command line in-process
+(`run_cli`) on a tiny model and a corpus the test writes itself; a run on four
+devices is `python -m purejax.train` with four host devices.
 """
 
 import json
@@ -10,32 +11,31 @@ import numpy as np
 import pytest
 
 from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, TINY_GPT, assert_same_run, final,
-                      refusal, run_module, train_run, train_tokenizer_json)
+                      refusal, run_cli, train_run, train_tokenizer_json)
+from purejax.cli import convert
+from purejax.cli import sample
 from purejax.cli import train
 
 pytestmark = pytest.mark.slow
-
-
 
 
 def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
   args = [*TINY_FLAGS, "--arch=llama", "--n_kv_head=1", f"--dataset={text_file}",
           "--lr_decay_iters=20", "--eval_interval=10", "--log_interval=5",
           "--steps_per_call=5", "--learning_rate=1e-2"]
-  straight = final(run_module("purejax.train", *args, "--max_iters=20",
-                              f"--out_dir={tmp_path / 'a'}"))
-  final(run_module("purejax.train", *args, "--max_iters=10", f"--out_dir={tmp_path / 'b'}"))
-  resumed = final(run_module("purejax.train", *args, "--max_iters=20", "--resume",
-                             f"--out_dir={tmp_path / 'b'}"))
+  straight = final(run_cli(train, *args, "--max_iters=20", f"--out_dir={tmp_path / 'a'}"))
+  final(run_cli(train, *args, "--max_iters=10", f"--out_dir={tmp_path / 'b'}"))
+  resumed = final(run_cli(train, *args, "--max_iters=20", "--resume",
+                          f"--out_dir={tmp_path / 'b'}"))
   assert resumed["val_loss"] == straight["val_loss"] < 3.5, (straight, resumed)
-  sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'a'}", "--start=ROMEO:",
-                      "--show_prompt", "--max_new_tokens=30", "--top_p=0.9")
-  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
+  sampled = run_cli(sample, f"--out_dir={tmp_path / 'a'}", "--start=ROMEO:", "--show_prompt",
+                    "--max_new_tokens=30", "--top_p=0.9")
+  assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr[-2000:]
 
 
 def test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one(tmp_path, text_file):
   flags = [*TINY_GPT, "--arch=llama", "--n_kv_head=2", f"--dataset={text_file}"]
-  train_run(tmp_path / "one", *flags)
+  final(run_cli(train, *flags, f"--out_dir={tmp_path / 'one'}"))  # this process: 1 device
   train_run(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
   assert_same_run(tmp_path / "four", tmp_path / "one")
 
@@ -55,14 +55,13 @@ def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file, caps
       capsys, train, f"--init_from={folder}", "--tokenizer=char", f"--out_dir={tmp_path / 'x'}")
   args = [f"--dataset={text_file}", "--batch_size=8", "--eval_iters=4", "--block_size=32",
           "--sample_tokens=10", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT_FLAGS]
-  before = final(run_module("purejax.train", f"--init_from={folder}", "--eval_only", *args,
-                            f"--out_dir={tmp_path / 'eval'}"))
-  tuned = final(run_module("purejax.train", f"--init_from={folder}", *args,
-                           f"--out_dir={tmp_path / 'tuned'}"))
+  before = final(run_cli(train, f"--init_from={folder}", "--eval_only", *args,
+                         f"--out_dir={tmp_path / 'eval'}"))
+  tuned = final(run_cli(train, f"--init_from={folder}", *args, f"--out_dir={tmp_path / 'tuned'}"))
   assert tuned["val_loss"] < before["val_loss"] - 0.5, (before, tuned)
   exported = tmp_path / "exported"
-  converted = run_module("purejax.convert", f"--from=purejax:{tmp_path / 'tuned'}",
-                         f"--to=hf:{exported}", "--dtype=bfloat16")
+  converted = run_cli(convert, f"--from=purejax:{tmp_path / 'tuned'}", f"--to=hf:{exported}",
+                      "--dtype=bfloat16")
   assert converted.returncode == 0, converted.stderr[-2000:]
   assert (exported / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
   config = json.loads((exported / "config.json").read_text())
@@ -72,6 +71,6 @@ def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file, caps
   assert not np.array_equal(model.lm_head.weight.float().detach().numpy(),
                             transformers.AutoModelForCausalLM.from_pretrained(folder)
                             .lm_head.weight.detach().numpy())  # fine-tuned weights
-  sample = run_module("purejax.sample", f"--init_from={exported}", "--start=ROMEO:",
-                      "--show_prompt", "--max_new_tokens=10")
-  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
+  sampled = run_cli(sample, f"--init_from={exported}", "--start=ROMEO:", "--show_prompt",
+                    "--max_new_tokens=10")
+  assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr[-2000:]

@@ -1,8 +1,9 @@
 """The command line as a user drives it: own corpora, pretrained weights, what a run shows.
 
-Each test runs `python -m purejax.train` or `python -m purejax.sample` in a
-subprocess on a tiny model and a corpus the test writes itself; what it must
-refuse, it refuses in-process (`purejax.cli.train.run`).
+Each test runs the `purejax.train` (and `sample`, `convert`) command line on a tiny
+model and a corpus the test writes itself: in-process (`run_cli`, and `refusal` for
+what it must refuse), or as `python -m purejax.train` where the story needs a
+process of its own (a terminal, a SIGKILL, modules hidden from the interpreter).
 """
 
 import json
@@ -18,7 +19,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, SHORT_FLAGS, TINY_FLAGS, final, refusal, run_module
+from conftest import REPO_ROOT, SHORT_FLAGS, TINY_FLAGS, final, refusal, run_cli
+from purejax.cli import convert
+from purejax.cli import sample
 from purejax.cli import train
 from purejax.training import checkpoint
 from purejax.training import monitor
@@ -28,13 +31,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_text_file_trains_and_its_tokens_are_cached(tmp_path, text_file):
-  cache = tmp_path / "cache"
-  args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}", f"--cache_dir={cache}"]
-  metrics = final(run_module("purejax.train", *args, f"--out_dir={tmp_path / 'a'}"))
+  cache, own_text = tmp_path / "cache", tmp_path / "plays.txt"
+  own_text.write_text(text_file.read_text())  # this test changes it
+  args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={own_text}", f"--cache_dir={cache}"]
+  metrics = final(run_cli(train, *args, f"--out_dir={tmp_path / 'a'}"))
   assert metrics["step"] == 20 and metrics["val_loss"] < 4.0
   assert len(list(cache.glob("*.tokens"))) == 1
-  text_file.write_text(text_file.read_text() + "\nA changed line.\n")
-  final(run_module("purejax.train", *args, f"--out_dir={tmp_path / 'b'}"))
+  own_text.write_text(own_text.read_text() + "\nA changed line.\n")
+  final(run_cli(train, *args, f"--out_dir={tmp_path / 'b'}"))
   assert len(list(cache.glob("*.tokens"))) == 2  # the changed file was tokenized again
 
 
@@ -49,8 +53,8 @@ def test_a_nanogpt_bin_folder_trains_unchanged(tmp_path, capsys):
   ids[14000:].tofile(folder / "val.bin")
   with open(folder / "meta.pkl", "wb") as f:
     pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
-  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={folder}",
-                   f"--out_dir={tmp_path / 'run'}", "--learning_rate=1e-2"))
+  final(run_cli(train, *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={folder}",
+                f"--out_dir={tmp_path / 'run'}", "--learning_rate=1e-2"))
   evals = [r["val_loss"] for r in monitor.read_metrics(tmp_path / "run") if r["kind"] == "eval"]
   assert evals[-1] < evals[0] - 0.5, evals  # it learned from the .bin ids
   bad = ids.copy()
@@ -77,25 +81,22 @@ def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file,
       capsys, train, f"--init_from={hf}", "--n_layer=3", f"--out_dir={tmp_path / 'x'}")
   args = ["--tokenizer=char", f"--dataset={text_file}", "--batch_size=8", "--eval_iters=4",
           "--sample_tokens=20", "--learning_rate=1e-2", "--warmup_iters=5", *SHORT_FLAGS]
-  before = final(run_module("purejax.train", f"--init_from={hf}", "--eval_only", *args,
-                            f"--out_dir={tmp_path / 'eval'}"))
-  tuned = final(run_module("purejax.train", f"--init_from={hf}", *args,
-                           f"--out_dir={tmp_path / 'tuned'}"))
+  before = final(run_cli(train, f"--init_from={hf}", "--eval_only", *args,
+                         f"--out_dir={tmp_path / 'eval'}"))
+  tuned = final(run_cli(train, f"--init_from={hf}", *args, f"--out_dir={tmp_path / 'tuned'}"))
   assert tuned["val_loss"] < before["val_loss"] - 0.5, (before, tuned)
-  after = final(run_module("purejax.train", "--eval_only", *args,
-                           f"--out_dir={tmp_path / 'tuned'}"))
+  after = final(run_cli(train, "--eval_only", *args, f"--out_dir={tmp_path / 'tuned'}"))
   np.testing.assert_allclose(after["val_loss"], tuned["val_loss"], rtol=1e-5)
   exported = tmp_path / "exported"
-  converted = run_module("purejax.convert", f"--from=purejax:{tmp_path / 'tuned'}",
-                         f"--to=hf:{exported}")
+  converted = run_cli(convert, f"--from=purejax:{tmp_path / 'tuned'}", f"--to=hf:{exported}")
   assert converted.returncode == 0, converted.stderr[-2000:]
   transformers.GPT2LMHeadModel.from_pretrained(exported)
-  sample = run_module("purejax.sample", f"--out_dir={tmp_path / 'tuned'}", "--start=ROMEO:",
-                      "--show_prompt", "--max_new_tokens=10")
-  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
+  sampled = run_cli(sample, f"--out_dir={tmp_path / 'tuned'}", "--start=ROMEO:", "--show_prompt",
+                    "--max_new_tokens=10")
+  assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr[-2000:]
 
 
-def test_data_errors_are_one_line(tmp_path, text_file, capsys):
+def test_data_errors_are_one_line(tmp_path, text_file, char_gpt_run, capsys):
   out = f"--out_dir={tmp_path / 'run'}"
   assert "does not exist" in refusal(capsys, train, "--dataset=/no/such/file.txt", out)
   assert "has no effect" in refusal(capsys, train, f"--dataset={text_file}",
@@ -105,29 +106,26 @@ def test_data_errors_are_one_line(tmp_path, text_file, capsys):
   assert "--init_from=/no/such/model" in refusal(capsys, train, "--init_from=/no/such/model",
                                                  out)
   # A char model meets text with characters it has never seen.
-  final(run_module("purejax.train", *TINY_FLAGS, "--max_iters=5", "--eval_interval=5",
-                   f"--dataset={text_file}", f"--out_dir={tmp_path / 'char'}"))
   other = tmp_path / "other.txt"
   other.write_text("Ünïcödé text the model has never seen. " * 200)
   assert "not in the model's vocabulary" in refusal(
-      capsys, train, f"--init_from={tmp_path / 'char'}", f"--dataset={other}", out)
+      capsys, train, f"--init_from={char_gpt_run}", f"--dataset={other}", out)
   assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("ckpt_*"))
 
 
 def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_file):
-  args = [sys.executable, "-m", "purejax.train", *TINY_FLAGS, "--max_iters=40",
-          "--eval_interval=20", "--log_interval=10", "--steps_per_call=5",
-          f"--dataset={text_file}"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", COLUMNS="120")
-  piped = subprocess.run(args + [f"--out_dir={tmp_path / 'piped'}"], capture_output=True,
-                         text=True, cwd=REPO_ROOT, env=env, timeout=600)
+  flags = [*TINY_FLAGS, "--max_iters=40", "--eval_interval=20", "--log_interval=10",
+           "--steps_per_call=5", f"--dataset={text_file}"]
+  piped = run_cli(train, *flags, f"--out_dir={tmp_path / 'piped'}")  # not a terminal
   assert piped.returncode == 0, piped.stderr[-2000:]
   assert "\r" not in piped.stdout + piped.stderr
   assert "step    40 | loss" in piped.stdout
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", COLUMNS="120")
   pid, fd = pty.fork()
   if pid == 0:  # the child runs the training on the terminal
     os.chdir(REPO_ROOT)
-    os.execve(sys.executable, args + [f"--out_dir={tmp_path / 'tty'}"], env)
+    os.execve(sys.executable, [sys.executable, "-m", "purejax.train", *flags,
+                               f"--out_dir={tmp_path / 'tty'}"], env)
   output = b""
   while True:
     try:
@@ -147,12 +145,11 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_fil
 
 def test_metrics_survive_a_sigkill_and_resume_without_duplicates(tmp_path, text_file):
   out_dir = tmp_path / "run"
-  args = [sys.executable, "-m", "purejax.train", *TINY_FLAGS, "--max_iters=200",
-          "--eval_interval=20", "--log_interval=5", "--steps_per_call=5",
-          f"--dataset={text_file}", f"--out_dir={out_dir}"]
+  flags = [*TINY_FLAGS, "--max_iters=200", "--eval_interval=20", "--log_interval=5",
+           "--steps_per_call=5", f"--dataset={text_file}", f"--out_dir={out_dir}"]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  process = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+  process = subprocess.Popen([sys.executable, "-m", "purejax.train", *flags], cwd=REPO_ROOT,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.monotonic() + 300
   while not checkpoint.list_checkpoints(str(out_dir)) or len(
       monitor.read_metrics(out_dir)) < 12:
@@ -164,8 +161,7 @@ def test_metrics_survive_a_sigkill_and_resume_without_duplicates(tmp_path, text_
   complete = lines if (out_dir / "metrics.jsonl").read_text().endswith("\n") else lines[:-1]
   for line in complete:
     json.loads(line)  # every complete line is valid JSON
-  resumed = subprocess.run(args + ["--resume"], cwd=REPO_ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
+  resumed = run_cli(train, *flags, "--resume")  # in-process: the kill is the story
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   records = monitor.read_metrics(out_dir)
   for kind in ("train", "eval"):

@@ -1,7 +1,8 @@
 """Sweeps, LoRA fine-tunes, replayed steps and W&B logging, driven from the command line.
 
-Each test runs `python -m purejax.train` (and `purejax.replay`, `purejax.convert`)
-in a subprocess on a tiny model and a text the test writes itself.
+Each test runs the `purejax.train` command line (and `replay`, `convert`) in-process
+(`run_cli`) on a tiny model and a text the test writes itself; the W&B run is a
+true `python -m purejax.train`, with W&B's mode set in its environment.
 """
 
 import pathlib
@@ -11,17 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final, one_line_error,
-                      read_wandb_offline_history, refusal, run_module)
+from conftest import (CHAR_GPT_TEXT, SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final,
+                      read_wandb_offline_history, refusal, run_cli, run_module)
 from purejax import gpt
 from purejax import lora
+from purejax.cli import convert
 from purejax.cli import replay
+from purejax.cli import train
 from purejax.training import checkpoint
 from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
-
-
 
 
 def train_losses(out_dir):
@@ -30,7 +31,7 @@ def train_losses(out_dir):
 
 def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_file):
   args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}", "--dropout=0.1"]
-  out = final(run_module("purejax.train", *args, "--sweep=learning_rate=1e-3,3e-3",
+  out = final(run_cli(train, *args, "--sweep=learning_rate=1e-3,3e-3",
                          "--sweep_seeds=2", f"--out_dir={tmp_path / 'sweep'}"))
   names = [r["run"] for r in out["runs"]]
   assert names == ["learning_rate=0.001_seed=0", "learning_rate=0.001_seed=1",
@@ -42,7 +43,7 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
   # run 3 trained alone: the same losses at every logged step (bit for bit on
   # the CPU, test_a_run_of_a_sweep_one_at_a_time...; float rounding where vmapped)
   solo = tmp_path / "solo"
-  final(run_module("purejax.train", *args, "--learning_rate=3e-3", "--seed=1",
+  final(run_cli(train, *args, "--learning_rate=3e-3", "--seed=1",
                    f"--out_dir={solo}"))
   swept = train_losses(tmp_path / "sweep" / names[3])
   alone = train_losses(solo)
@@ -51,17 +52,17 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
   # the whole sweep goes on, keeping its schedule
   sweep_flags = ["--sweep=learning_rate=1e-3,3e-3", "--sweep_seeds=2",
                  f"--out_dir={tmp_path / 'sweep'}", "--resume"]
-  more = run_module("purejax.train", *args, *sweep_flags, "--max_iters=30")
+  more = run_cli(train, *args, *sweep_flags, "--max_iters=30")
   assert [r["step"] for r in final(more)["runs"]] == [30] * 4
   assert "keeping the sweep's schedule: it ends at step 20" in more.stdout
   # one run of the sweep goes on by itself, with that run's flags
-  resumed = final(run_module("purejax.train", *args, "--learning_rate=3e-3", "--seed=1",
+  resumed = final(run_cli(train, *args, "--learning_rate=3e-3", "--seed=1",
                              "--max_iters=40", "--lr_decay_iters=20", "--resume",
                              f"--out_dir={tmp_path / 'sweep' / names[3]}"))
   assert resumed["step"] == 40
   # then the sweep goes on from the newest step all its runs saved, run 3's
   # newer checkpoint recomputed
-  again = run_module("purejax.train", *args, *sweep_flags, "--max_iters=50")
+  again = run_cli(train, *args, *sweep_flags, "--max_iters=50")
   assert [r["step"] for r in final(again)["runs"]] == [50] * 4
   assert "from step 30, the newest all of them saved" in again.stdout
 
@@ -74,10 +75,10 @@ def test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone(tmp_pa
           "--steps_per_call=25", "--sample_tokens=0", "--warmup_iters=0", "--dropout=0.1",
           f"--dataset={text_file}"]
   swept = tmp_path / "sweep"
-  final(run_module("purejax.train", *args, "--sweep=learning_rate=3e-3,3e-2",
+  final(run_cli(train, *args, "--sweep=learning_rate=3e-3,3e-2",
                    "--sweep_batch=1", f"--out_dir={swept}"))
   alone = tmp_path / "alone"
-  final(run_module("purejax.train", *args, "--learning_rate=3e-2", f"--out_dir={alone}"))
+  final(run_cli(train, *args, "--learning_rate=3e-2", f"--out_dir={alone}"))
   losses = train_losses(alone)
   assert len(losses) == 300 and losses[300] < losses[1] - 0.5  # it trained
   run = swept / "learning_rate=0.03_seed=0"
@@ -93,7 +94,7 @@ def test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone(tmp_pa
 
 def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path, text_file):
   args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}"]
-  out = final(run_module("purejax.train", *args, "--sweep=dropout=0,0.2", "--dropout=0.5",
+  out = final(run_cli(train, *args, "--sweep=dropout=0,0.2", "--dropout=0.5",
                          "--max_iters=10", f"--out_dir={tmp_path}"))
   names = [r["run"] for r in out["runs"]]
   assert names == ["dropout=0_seed=0", "dropout=0.2_seed=0"]
@@ -102,29 +103,27 @@ def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path
     assert manifest["meta"]["config"]["dropout"] == rate
   # run 1 goes on alone with its own flags (its saved config matches them) ...
   run_dir = tmp_path / names[1]
-  final(run_module("purejax.train", *args, "--dropout=0.2", "--lr_decay_iters=10",
+  final(run_cli(train, *args, "--dropout=0.2", "--lr_decay_iters=10",
                    "--resume", f"--out_dir={run_dir}"))
   # ... and a step it trained alone replays from the saved config: with any
   # other rate its loss would not come out bit for bit
-  replayed = run_module("purejax.replay", f"--out_dir={run_dir}", "--step=15")
+  replayed = run_cli(replay, f"--out_dir={run_dir}", "--step=15")
   assert replayed.returncode == 0, replayed.stderr[-2000:]
   assert "bit for bit the logged loss" in replayed.stdout
 
 
-def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, text_file):
+def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, char_gpt_run):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  base_dir, tuned_dir = tmp_path / "base", tmp_path / "tuned"
-  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, "--max_iters=100",
-                   f"--dataset={text_file}", "--learning_rate=1e-2", f"--out_dir={base_dir}"))
+  base_dir, tuned_dir = char_gpt_run, tmp_path / "tuned"
   unseen = tmp_path / "unseen.txt"  # a text the base has not seen, same characters
-  seen = set(SHAKESPEARE[:40_000])
+  seen = set(CHAR_GPT_TEXT)
   unseen.write_text("".join(c for c in SHAKESPEARE[-40_000:] if c in seen))
-  tuned = run_module("purejax.train", "--eval_iters=4", "--batch_size=8", "--sample_tokens=0",
-                     "--max_iters=100", "--eval_interval=100", "--learning_rate=3e-2",
-                     "--warmup_iters=0", "--lr_schedule=constant", f"--init_from={base_dir}",
-                     f"--dataset={unseen}", "--lora_rank=4", "--lora_alpha=8",
-                     f"--out_dir={tuned_dir}")
+  tuned = run_cli(train, "--eval_iters=4", "--batch_size=8", "--sample_tokens=0",
+                  "--max_iters=100", "--eval_interval=100", "--learning_rate=3e-2",
+                  "--warmup_iters=0", "--lr_schedule=constant", f"--init_from={base_dir}",
+                  f"--dataset={unseen}", "--lora_rank=4", "--lora_alpha=8",
+                  f"--out_dir={tuned_dir}")
   metrics = final(tuned)
   assert "LoRA:" in tuned.stdout
   evals = [r for r in monitor.read_metrics(tuned_dir) if r["kind"] == "eval"]
@@ -136,8 +135,8 @@ def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, text_fil
   assert not any("mu" in name and "['base']" in name for name in arrays)
   # the merged export reloads in transformers with the LoRA forward's logits
   exported = tmp_path / "hf"
-  convert = run_module("purejax.convert", f"--from=purejax:{tuned_dir}", f"--to=hf:{exported}")
-  assert convert.returncode == 0, convert.stderr[-2000:]
+  converted = run_cli(convert, f"--from=purejax:{tuned_dir}", f"--to=hf:{exported}")
+  assert converted.returncode == 0, converted.stderr[-2000:]
   _, manifest = checkpoint.read(checkpoint.list_checkpoints(tuned_dir)[0][1])
   config = gpt.GPTConfig.from_dict(manifest["meta"]["config"])
   params = _lora_params(arrays, config)
@@ -160,9 +159,9 @@ def _lora_params(arrays, config):
 
 def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file, capsys):
   out = tmp_path / "run"
-  final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}",
+  final(run_cli(train, *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}",
                    "--dropout=0.1", "--grad_accum_steps=2", f"--out_dir={out}"))
-  replayed = run_module("purejax.replay", f"--out_dir={out}", "--step=15")
+  replayed = run_cli(replay, f"--out_dir={out}", "--step=15")
   assert replayed.returncode == 0, replayed.stderr[-2000:]
   assert "bit for bit the logged loss" in replayed.stdout
   report = np.load(out / "replay" / "step_000000015.npz")
@@ -189,3 +188,4 @@ def test_wandb_offline_holds_the_runs_metrics(tmp_path, text_file):
   rows = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")}
           for row in read_wandb_offline_history(out)}
   assert rows == logged
+  assert "eval/val_bpb" in logged[20]  # every evaluation's bits per byte too

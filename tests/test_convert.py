@@ -528,7 +528,7 @@ def test_cli_refuses_in_one_line(tmp_path, hf_folder, capsys):
   assert "--overwrite" in refusal(capsys, cli_convert, f"--from=hf:{hf_folder}",
                                   f"--to=hf:{hf_folder}")
   assert refusal(capsys, cli_convert, "--from=onnx:model", f"--to=hf:{tmp_path / 'x'}") == (
-      "error: --from=onnx:model must be KIND:PATH with KIND one of hf, nanogpt, purejax.")
+      "error: --from=onnx:model must be KIND:PATH with KIND one of hf, gguf, nanogpt, purejax.")
   edit_config(hf_folder, **MIXTRAL_CONFIG)
   assert "describes a 'mixtral' model" in refusal(
       capsys, cli_convert, f"--from=hf:{hf_folder}", f"--to=hf:{tmp_path / 'x'}")
@@ -563,3 +563,14 @@ def test_every_format_checks_its_tensors_with_one_helper():
                            r"the weights and its config do not belong together"):
     tensors.float32_tensors(state, {"w": (2, 3)}, source="x.bin", needs="the model",
                             partner="its config")
+
+
+def test_peft_takes_only_a_lora_runs_adapters(tmp_path):
+  save_purejax_run(tmp_path / "run", random_params(CONFIG), CONFIG, "".join(
+      chr(32 + i) for i in range(101)))
+  with pytest.raises(weights.ConversionError, match="not a LoRA fine-tune"):
+    weights.convert(f"purejax:{tmp_path / 'run'}", f"peft:{tmp_path / 'adapter'}")
+  with pytest.raises(weights.ConversionError, match="take a purejax LoRA run's adapters"):
+    weights.convert(f"hf:{tmp_path}", f"peft:{tmp_path / 'adapter'}")
+  with pytest.raises(weights.ConversionError, match="KIND one of hf, gguf, nanogpt, purejax.$"):
+    weights.convert(f"peft:{tmp_path}", f"hf:{tmp_path / 'x'}")  # a target, not a source

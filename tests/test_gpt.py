@@ -106,7 +106,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(gpt.forward(params, tokens, TINY), unrolled,
                                 rtol=1e-5, atol=1e-5)
 
-  @parameterized.parameters("full", "dots")
+  @parameterized.parameters("full", "dots", "full_compute_dtype")  # float32: nothing rounds
   @pytest.mark.slow
   def test_remat_gives_the_same_loss_and_gradients(self, policy):
     params = sharpened_params(TINY)

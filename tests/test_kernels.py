@@ -215,7 +215,8 @@ class MatmulTest(parameterized.TestCase):
 
 class TiedHeadLossTest(parameterized.TestCase):
 
-  @parameterized.product(chunk_rows=[4, 8, 12], compute_dtype=[None, jnp.bfloat16])
+  # 24 rows: chunks of 5 and 7 leave a shorter last chunk.
+  @parameterized.product(chunk_rows=[4, 5, 7, 8, 12], compute_dtype=[None, jnp.bfloat16])
   def test_chunked_equals_plain_values_and_gradients(self, chunk_rows, compute_dtype):
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
     table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
@@ -238,6 +239,16 @@ class TiedHeadLossTest(parameterized.TestCase):
     shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
               for v in eqn.outvars]
     assert (16, 1000) in shapes and (64, 1000) not in shapes
+
+  def test_rows_left_over_make_a_shorter_chunk_not_the_whole_logits(self):
+    x = jnp.ones((70, 8))  # 4 chunks of 16 and 6 rows left over
+    table = jnp.ones((1000, 8))
+    labels = jnp.zeros((70,), jnp.int32)
+    grad = jax.grad(lambda x: kernels.tied_head_cross_entropy(x, table, labels,
+                                                              chunk_rows=16))
+    shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
+              for v in eqn.outvars]
+    assert (16, 1000) in shapes and (6, 1000) in shapes and (70, 1000) not in shapes
 
   def test_plain_form_is_cross_entropy_of_the_logits(self):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4))
@@ -292,3 +303,49 @@ class GPTFormsTest(parameterized.TestCase):
     assert len(bf16) >= 15, operand_dtypes
     f32 = jax.make_jaxpr(grad, static_argnums=3)(params, tokens, tokens, TINY)
     assert not [d for d in dots(f32.jaxpr) if jnp.bfloat16 in d]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients(scan_layers):
+  # "full_compute_dtype" is "full" remat with each block's saved input in
+  # bf16: the forward is the same program, the backward recomputes from the
+  # rounded input, so gradients agree with "full"'s to bf16 rounding.
+  config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=32,
+                         dropout=0.1, compute_dtype="bfloat16")
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 11)
+  key = jax.random.PRNGKey(2)
+
+  def value_and_grad(remat, config=config):
+    forms = kernels.select("cpu", remat=remat, scan_layers=scan_layers)
+    loss = lambda p: gpt.loss(p, tokens[:, :-1], tokens[:, 1:], config, key=key,
+                              deterministic=False, forms=forms)
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  (full, full_grads), (low, low_grads) = value_and_grad("full"), value_and_grad(
+      "full_compute_dtype")
+  assert float(low) == float(full)
+  chex.assert_trees_all_close(low_grads, full_grads, rtol=5e-2, atol=2e-3)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(low_grads),
+                                                       jax.tree.leaves(full_grads)))
+  # In float32 nothing is rounded: the gradients are "full"'s.
+  f32 = dataclasses.replace(config, compute_dtype="float32")
+  chex.assert_trees_all_equal(value_and_grad("full_compute_dtype", f32),
+                              value_and_grad("full", f32))
+
+
+@pytest.mark.slow
+def test_block_inputs_saved_in_bf16_take_a_traced_dropout_rate():
+  # A sweep's dropout is an array under vmap; the custom backward must take it.
+  config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16,
+                         compute_dtype="bfloat16")
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)
+  loss = lambda p, rate, remat: gpt.loss(
+      p, tokens[:, :-1], tokens[:, 1:], config, key=jax.random.PRNGKey(2),
+      deterministic=False, forms=kernels.select("cpu", remat=remat), dropout=rate)
+  rates = jnp.array([0.0, 0.2])
+  grads = {remat: jax.jit(jax.vmap(jax.grad(loss), (None, 0, None)), static_argnums=2)(
+      params, rates, remat) for remat in ("full", "full_compute_dtype")}
+  chex.assert_trees_all_close(grads["full_compute_dtype"], grads["full"], rtol=5e-2, atol=2e-3)

@@ -71,7 +71,8 @@ def test_tensorboard_reads_back_the_logged_scalars(tmp_path):
   events.Reload()
   records = monitor.read_metrics(tmp_path)
   for tag, kind, name in (("train/loss", "train", "loss"), ("train/lr", "train", "lr"),
-                          ("eval/val_loss", "eval", "val_loss")):
+                          ("eval/val_loss", "eval", "val_loss"),
+                          ("eval/val_bpb", "eval", "val_bpb")):
     logged = [(r["step"], r[name]) for r in records if r["kind"] == kind]
     read = [(e.step, e.value) for e in events.Scalars(tag)]
     assert [s for s, _ in read] == [s for s, _ in logged]

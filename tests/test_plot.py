@@ -83,13 +83,14 @@ def test_a_run_still_writing_is_plotted_without_its_partial_line(runs):
   assert train.steps == [r["step"] for r in records if r["kind"] == "train"]
 
 
-@pytest.mark.slow  # a subprocess or a long one; the full suite runs it
+@pytest.mark.slow  # renders a PNG with matplotlib; the full suite runs it
 @needs_matplotlib
-def test_cli_writes_the_png(runs, tmp_path):
+def test_cli_writes_the_png(runs, tmp_path, capsys):
   out = tmp_path / "both.png"
-  result = run_module("purejax.plot", *[str(path) for path, _ in runs.values()], f"--out={out}")
-  assert result.returncode == 0, result.stderr
-  assert result.stdout == f"wrote {out}\n"
+  capsys.readouterr()
+  assert plot.run([*[str(path) for path, _ in runs.values()], f"--out={out}"]) == 0
+  result = capsys.readouterr()
+  assert result.out == f"wrote {out}\n", result.err
   assert out.read_bytes().startswith(b"\x89PNG")
 
 

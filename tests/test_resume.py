@@ -1,8 +1,10 @@
 """Exact resume: a run killed at any moment and resumed ends bit-identical.
 
-Each test drives `python -m purejax.train` in a subprocess on a tiny GPT,
-as a user's run would be killed. Checkpoint writes are held open for
-a moment (tests/slow_writes.py runs the CLI so) so kills can land inside them.
+A run that is killed or signalled is `python -m purejax.train` in a subprocess
+on a tiny GPT, as a user's run would be killed. Checkpoint writes are held open
+for a moment (tests/slow_writes.py runs the CLI so) so kills can land inside
+them. Runs with no kill in their story (the references, resumes, refusals) run
+the command line in-process (`run_cli`).
 """
 
 import json
@@ -16,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require_test_data
+from conftest import REPO_ROOT, require_test_data, run_cli
+from purejax.cli import train as train_cli
 from purejax.training import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -30,11 +33,10 @@ TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_
         "--sample_tokens=0", "--dropout=0.1"]
 
 
-@pytest.fixture(scope="module")
-def data_flags(tmp_path_factory):
+@pytest.fixture(scope="session")
+def data_flags(tfds_data_dir):
   text_dir = require_test_data("tinyshakespeare")
-  return [f"--tfds_manual_dir={text_dir}",
-          f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_resume')}"]
+  return [f"--tfds_manual_dir={text_dir}", f"--tfds_data_dir={tfds_data_dir}"]
 
 
 def train(*args, write_delay):
@@ -54,6 +56,12 @@ def finish(process, timeout=600):
   return process.returncode, out, err
 
 
+def run_here(out_dir, data_flags, *extra):
+  """The run in this process, for runs that are not killed: (exit code, stdout, stderr)."""
+  done = run_cli(train_cli, *TINY, *data_flags, f"--out_dir={out_dir}", *extra)
+  return done.returncode, done.stdout, done.stderr
+
+
 def wait_for(predicate, process, timeout=300):
   deadline = time.monotonic() + timeout
   while not predicate():
@@ -68,10 +76,10 @@ def final_arrays(out_dir):
   return checkpoint.read(steps[0][1])[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory, data_flags):
   out_dir = tmp_path_factory.mktemp("uninterrupted")
-  code, out, err = finish(start(out_dir, data_flags, write_delay=0))
+  code, out, err = run_here(out_dir, data_flags)
   assert code == 0, err[-2000:]
   return final_arrays(out_dir)
 
@@ -108,7 +116,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, data_flags, uninterrupte
   if kill_point == "during_a_checkpoint_write":
     # The interrupted write left only a temp file; the newest valid checkpoint is 20.
     assert checkpoint.list_checkpoints(str(out_dir))[0][0] == 20
-  code, out, err = finish(start(out_dir, data_flags, "--resume"))
+  code, out, err = run_here(out_dir, data_flags, "--resume")
   assert code == 0, err[-2000:]
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
 
@@ -125,7 +133,7 @@ def test_signal_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, unint
   assert f"stopped by {signal.Signals(signum).name}" in out
   stopped_at = checkpoint.list_checkpoints(str(out_dir))[0][0]
   assert 10 <= stopped_at <= 60
-  code, out, err = finish(start(out_dir, data_flags, "--resume"))
+  code, out, err = run_here(out_dir, data_flags, "--resume")
   assert code == 0, err[-2000:]
   assert "resumed from" in out and f"at step {stopped_at}" in out
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
@@ -139,7 +147,7 @@ def test_resume_skips_a_corrupted_newest_checkpoint(tmp_path, data_flags, uninte
   process.wait()
   newest = checkpoint.list_checkpoints(str(out_dir))[0][1]
   newest.write_bytes(newest.read_bytes()[:100])  # truncate it
-  code, out, err = finish(start(out_dir, data_flags, "--resume"))
+  code, out, err = run_here(out_dir, data_flags, "--resume")
   assert code == 0, err[-2000:]
   assert "warning: skipping" in out and newest.name in out
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
@@ -147,12 +155,11 @@ def test_resume_skips_a_corrupted_newest_checkpoint(tmp_path, data_flags, uninte
 
 def test_resume_with_other_flags_is_refused(tmp_path, data_flags):
   out_dir = tmp_path / "run"
-  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--max_iters=10")
   assert code == 0, err[-2000:]
-  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", "--n_embd=32",
-                              "--resume", write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--max_iters=10", "--n_embd=32", "--resume")
   assert code == 1 and "resume with the original settings" in err
-  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--max_iters=10")
   assert code == 1 and "pass --resume" in err  # never silently overwrites a run
 
 
@@ -162,7 +169,7 @@ def test_checkpoint_from_before_a_new_config_field_resumes(tmp_path, data_flags)
   # they moved to kernels.Forms; both still resume.
   out_dir = tmp_path / "run"
   decay = "--lr_decay_iters=30"  # the schedule must not change with --max_iters
-  code, _, err = finish(start(out_dir, data_flags, "--max_iters=10", decay, write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--max_iters=10", decay)
   assert code == 0, err[-2000:]
   path = checkpoint.list_checkpoints(str(out_dir))[0][1]
   with np.load(path) as npz:
@@ -174,23 +181,20 @@ def test_checkpoint_from_before_a_new_config_field_resumes(tmp_path, data_flags)
   payload[MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
   with open(path, "wb") as f:
     np.savez(f, **payload)
-  code, out, err = finish(start(out_dir, data_flags, "--max_iters=20", decay, "--resume",
-                                write_delay=0))
+  code, out, err = run_here(out_dir, data_flags, "--max_iters=20", decay, "--resume")
   assert code == 0, err[-2000:]
   assert "resumed from" in out
-  code, _, err = finish(start(out_dir, data_flags, "--max_iters=30", decay, "--resume",
-                              "--dtype=bfloat16", write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--max_iters=30", decay, "--resume",
+                          "--dtype=bfloat16")
   assert code == 1 and "compute_dtype" in err  # the model's math still has to match
 
 
 def resumed_with(out_dir, data_flags, forms_flags, *extra):
   """A run to step 60 that changes its forms at step 30."""
   schedule = "--lr_decay_iters=60"  # as the 60-step runs resolve it
-  code, _, err = finish(start(out_dir, data_flags, "--max_iters=30", schedule, *extra,
-                              write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--max_iters=30", schedule, *extra)
   assert code == 0, err[-2000:]
-  code, out, err = finish(start(out_dir, data_flags, "--resume", *forms_flags, *extra,
-                                write_delay=0))
+  code, out, err = run_here(out_dir, data_flags, "--resume", *forms_flags, *extra)
   assert code == 0, err[-2000:]
   assert "resumed from" in out
   return final_arrays(out_dir)
@@ -209,7 +213,7 @@ def test_resume_with_other_remat_and_attention_continues_the_run(tmp_path, data_
   # dropout: the blocked form draws its attention masks per query block.
   no_dropout = "--dropout=0"
   whole = tmp_path / "whole"
-  code, _, err = finish(start(whole, data_flags, no_dropout, write_delay=0))
+  code, _, err = run_here(whole, data_flags, no_dropout)
   assert code == 0, err[-2000:]
   resumed = resumed_with(tmp_path / "run", data_flags, ["--remat=full", "--attention=plain"],
                          no_dropout)
@@ -222,8 +226,7 @@ def test_resume_with_other_remat_and_attention_continues_the_run(tmp_path, data_
 
 def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):
   out_dir = tmp_path / "run"
-  code, _, err = finish(start(out_dir, data_flags, "--learning_rate=1e30", "--grad_clip=0",
-                              write_delay=0))
+  code, _, err = run_here(out_dir, data_flags, "--learning_rate=1e30", "--grad_clip=0")
   assert code == 2, err[-2000:]
   assert "loss is nan at step" in err and "no checkpoint was saved" in err
   assert "Traceback" not in err
@@ -233,25 +236,20 @@ def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):
 MLP_FLAGS = ["--model=mlp", "--layer_sizes=784,32,10", "--epochs=4", "--batch_size=256"]
 
 
-def test_mlp_sigkill_then_resume_is_bit_identical(tmp_path, tmp_path_factory):
+def test_mlp_sigkill_then_resume_is_bit_identical(tmp_path, tfds_data_dir):
   mnist_dir = require_test_data("mnist")
-  flags = MLP_FLAGS + [f"--tfds_manual_dir={mnist_dir}",
-                       f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_mlp')}"]
-
-  def mlp_run(out_dir, *extra, write_delay=0.5):
-    return train(*flags, f"--out_dir={out_dir}", *extra, write_delay=write_delay)
-
+  flags = MLP_FLAGS + [f"--tfds_manual_dir={mnist_dir}", f"--tfds_data_dir={tfds_data_dir}"]
   whole = tmp_path / "whole"
-  code, _, err = finish(mlp_run(whole, write_delay=0))
-  assert code == 0, err[-2000:]
+  done = run_cli(train_cli, *flags, f"--out_dir={whole}")
+  assert done.returncode == 0, done.stderr[-2000:]
   killed = tmp_path / "killed"
-  process = mlp_run(killed)
+  process = train(*flags, f"--out_dir={killed}", write_delay=0.5)
   wait_for(has_checkpoint(killed, 2), process)
   process.send_signal(signal.SIGKILL)
   process.wait()
-  code, out, err = finish(mlp_run(killed, "--resume"))
-  assert code == 0, err[-2000:]
-  assert "resumed from" in out
+  done = run_cli(train_cli, *flags, f"--out_dir={killed}", "--resume")
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "resumed from" in done.stdout
   a = checkpoint.read(checkpoint.checkpoint_path(str(whole), 4))[0]
   b = checkpoint.read(checkpoint.checkpoint_path(str(killed), 4))[0]
   assert_bit_identical(a, b)

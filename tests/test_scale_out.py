@@ -4,7 +4,7 @@ Each run is a subprocess with 4 (or 2 per process) CPU devices from
 `XLA_FLAGS=--xla_force_host_platform_device_count`. The run's metrics.jsonl
 holds every step's loss (`--log_interval=1`) and the checkpoint's meta the
 evaluation history, which the tests compare with a one-device run of the
-same flags.
+same flags, trained in-process (`one_device_gpt_run`, and the MLP's own).
 """
 
 import os
@@ -17,33 +17,25 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, host_devices, newest,
-                      require_test_data, run_module, train_run)
+from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, final, host_devices, newest,
+                      require_test_data, run_cli, run_module, tiny_shakespeare_flags, train_run)
+from purejax.cli import train
 from purejax.training import checkpoint
 from purejax.training import monitor
 
 pytestmark = pytest.mark.slow
 
-@pytest.fixture(scope="module")
-def text_flags(tmp_path_factory):
-  text_dir = require_test_data("tinyshakespeare")
-  return [f"--tfds_manual_dir={text_dir}",
-          f"--tfds_data_dir={tmp_path_factory.mktemp('tfds_scale')}"]
-
-
-@pytest.fixture(scope="module")
-def one_device_run(tmp_path_factory, text_flags):
-  out_dir = tmp_path_factory.mktemp("gpt_1dev")
-  train_run(out_dir, *TINY_GPT, *text_flags)
-  return out_dir
+@pytest.fixture(scope="session")
+def text_flags(tfds_data_dir):
+  return tiny_shakespeare_flags(tfds_data_dir)
 
 
 def test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one(
-    tmp_path, text_flags, one_device_run):
+    tmp_path, text_flags, one_device_gpt_run):
   four = tmp_path / "four"
   process = train_run(four, *TINY_GPT, *text_flags, "--fsdp", num_devices=4)
   assert "4 device(s)" in process.stdout and "split (FSDP)" in process.stdout
-  assert_same_run(four, one_device_run)
+  assert_same_run(four, one_device_gpt_run)
 
   # The step-10 checkpoint of the 4-device FSDP run resumes on 1 device.
   resumed = tmp_path / "resumed"
@@ -52,21 +44,21 @@ def test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one(
   shutil.copy(four / monitor.METRICS_FILE, resumed)
   process = train_run(resumed, *TINY_GPT, *text_flags, "--resume", num_devices=1)
   assert "resumed from" in process.stdout and "1 device(s)" in process.stdout
-  assert_same_run(resumed, one_device_run)
+  assert_same_run(resumed, one_device_gpt_run)
 
 
 def test_accumulated_microbatches_on_four_devices_match_one_device(
-    tmp_path, text_flags, one_device_run):
+    tmp_path, text_flags, one_device_gpt_run):
   train_run(tmp_path, *TINY_GPT, *text_flags, "--grad_accum_steps=2", num_devices=4)
-  assert_same_run(tmp_path, one_device_run)
+  assert_same_run(tmp_path, one_device_gpt_run)
 
 
 def test_cpu_devices_flag_splits_the_host_and_matches_one_device(
-    tmp_path, text_flags, one_device_run):
+    tmp_path, text_flags, one_device_gpt_run):
   # XLA_FLAGS asks for 1 device here; --cpu_devices overrides it.
   process = train_run(tmp_path, *TINY_GPT, *text_flags, "--cpu_devices=2", num_devices=1)
   assert "2 device(s)" in process.stdout and "2 devices x 1 microbatches x 4" in process.stdout
-  assert_same_run(tmp_path, one_device_run)
+  assert_same_run(tmp_path, one_device_gpt_run)
 
 
 def _free_port():
@@ -75,7 +67,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_device_run):
+def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_device_gpt_run):
   out_dir = tmp_path / "two_processes"
   flags = [*TINY_GPT, *text_flags, f"--out_dir={out_dir}",
            f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2"]
@@ -100,7 +92,7 @@ def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_
   for our_line in ("device(s)", "model: ", "step ", "saved ", "final {"):
     assert our_line in outputs[0][0], our_line
     assert our_line not in outputs[1][0], outputs[1][0][-2000:]
-  assert_same_run(out_dir, one_device_run)
+  assert_same_run(out_dir, one_device_gpt_run)
 
 
 def test_processes_started_with_different_flags_are_refused(tmp_path, text_flags):
@@ -142,7 +134,7 @@ def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
   # 60000 / 3000 = 20 steps in one epoch.
   flags = ["--model=mlp", "--epochs=1", "--batch_size=3000", f"--tfds_data_dir={tfds_data_dir}",
            f"--tfds_manual_dir={mnist_dir}"]
-  train_run(tmp_path / "one", *flags)
+  final(run_cli(train, *flags, f"--out_dir={tmp_path / 'one'}"))  # this process: 1 device
   train_run(tmp_path / "four", *flags, "--fsdp", "--grad_accum_steps=2", num_devices=4)
   (one_arrays, one_meta), (four_arrays, four_meta) = newest(tmp_path / "one"), newest(
       tmp_path / "four")

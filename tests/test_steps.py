@@ -98,6 +98,6 @@ class TrainStepsTest(parameterized.TestCase):
 
   def test_bare_arrays_are_refused_with_the_types_to_use(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    with pytest.raises(TypeError, match="DeviceTokens or batches.HostWindows"):
+    with pytest.raises(TypeError, match="DeviceTokens, batches.DeviceRows or batches.HostWindows"):
       steps.evaluate(params, jnp.zeros((100,), jnp.int32), jax.random.PRNGKey(0),
                      config=TINY, batch_size=2, num_batches=1, forms=CPU_FORMS)

@@ -1,8 +1,10 @@
 """A sweep, and a LoRA fine-tune, killed at any moment and resumed end bit-identical.
 
-Each test drives `python -m purejax.train` in a subprocess on a tiny GPT with
-every checkpoint write held open a moment (tests/slow_writes.py), so that a
-SIGKILL can land between the runs' writes of one step, or inside one.
+The runs that are killed are `python -m purejax.train` subprocesses on a tiny
+GPT with every checkpoint write held open a moment (tests/slow_writes.py), so
+that a SIGKILL can land between the runs' writes of one step, or inside one.
+What needs no process of its own (the references, the last resume, refusals)
+runs the command line in-process (`run_cli`).
 """
 
 import os
@@ -16,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, TINY_FLAGS, final, one_line_error, run_module
+from conftest import CHAR_GPT_TEXT, REPO_ROOT, TINY_FLAGS, final, one_line_error, run_cli
+from purejax.cli import train as train_cli
 from purejax.training import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -74,15 +77,17 @@ def assert_bit_identical(a, b):
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-@pytest.fixture(scope="module")
-def args(text_file):
-  return [*TINY_FLAGS, *STEPS, f"--dataset={text_file}"]
+@pytest.fixture(scope="session")
+def args(tmp_path_factory):
+  text = tmp_path_factory.mktemp("sweep_text") / "plays.txt"
+  text.write_text(CHAR_GPT_TEXT)
+  return [*TINY_FLAGS, *STEPS, f"--dataset={text}"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def uninterrupted_sweep(tmp_path_factory, args):
   out_dir = tmp_path_factory.mktemp("sweep")
-  final(run_module("purejax.train", *args, *SWEEP, f"--out_dir={out_dir}"))
+  final(run_cli(train_cli, *args, *SWEEP, f"--out_dir={out_dir}"))
   return {name: final_arrays(out_dir / name) for name in RUNS}
 
 
@@ -95,7 +100,7 @@ def test_a_sweep_killed_between_its_runs_writes_resumes_bit_identically(
   assert wait_for(lambda: newest(first) == 20 and writing(second)(), process)
   kill(process)
   assert (newest(first), newest(second)) == (20, 15)  # 15: the step both runs hold
-  resumed = run_module("purejax.train", *args, *SWEEP, f"--out_dir={out_dir}", "--resume")
+  resumed = run_cli(train_cli, *args, *SWEEP, f"--out_dir={out_dir}", "--resume")
   final(resumed)
   assert "from step 15, the newest all of them saved" in resumed.stdout
   for name in RUNS:
@@ -104,15 +109,16 @@ def test_a_sweep_killed_between_its_runs_writes_resumes_bit_identically(
 
 def kill_loop(command, run_dirs, kills, seed):
   """Runs `command` (then with `--resume`) killing it `kills` times at random moments, every
-  other kill inside a checkpoint write; then lets it finish. Returns how many kills landed."""
+  other kill inside a checkpoint write, of each run in turn; then lets it finish (in-process).
+  Returns how many kills landed."""
   rng = random.Random(seed)
   resume, landed = [], 0
   for k in range(kills):
     process = train(*command, *resume, write_delay=0.2)
     resume = ["--resume"]
     before = max(newest(d) for d in run_dirs)
-    if k % 2:  # inside a write: of any run, at any of its moments
-      target = rng.choice(run_dirs)
+    if k % 2:  # inside a write: of each run in turn, at any of its moments
+      target = run_dirs[(k // 2) % len(run_dirs)]
       ready = wait_for(writing(target), process)
       time.sleep(rng.uniform(0, 0.15))
     else:  # anywhere after some progress: mid-step, between writes
@@ -122,17 +128,17 @@ def kill_loop(command, run_dirs, kills, seed):
       break  # it finished before this kill
     kill(process)
     landed += 1
-  process = train(*command, *resume, write_delay=0)
-  out, err = process.communicate(timeout=600)
-  assert process.returncode == 0, out[-1000:] + err[-2000:]
+  final(run_cli(train_cli, *command, *resume))
   return landed
 
 
-def test_a_sweep_killed_ten_times_at_random_ends_bit_identical(tmp_path, args,
+def test_a_sweep_killed_six_times_at_random_ends_bit_identical(tmp_path, args,
                                                                uninterrupted_sweep):
+  # Six kills: three anywhere after progress, three inside a write (the first
+  # run's, the second's, the first's again).
   out_dir = tmp_path / "sweep"
   assert kill_loop([*args, *SWEEP, f"--out_dir={out_dir}"], [out_dir / n for n in RUNS],
-                   kills=10, seed=0) == 10
+                   kills=6, seed=0) == 6
   for name in RUNS:
     assert_bit_identical(final_arrays(out_dir / name), uninterrupted_sweep[name])
 
@@ -140,25 +146,19 @@ def test_a_sweep_killed_ten_times_at_random_ends_bit_identical(tmp_path, args,
 LORA = ["--lora_rank=2", "--lora_alpha=4", "--learning_rate=1e-2"]
 
 
-@pytest.fixture(scope="module")
-def base_run(tmp_path_factory, args):
-  out_dir = tmp_path_factory.mktemp("base")
-  final(run_module("purejax.train", *args, "--max_iters=10", f"--out_dir={out_dir}"))
-  return out_dir
-
-
-@pytest.fixture(scope="module")
-def lora_args(text_file, base_run):
-  """A fine-tune of `base_run` (its architecture comes from its weights)."""
+@pytest.fixture(scope="session")
+def lora_args(args, char_gpt_run):
+  """A fine-tune of the shared char GPT (its architecture comes from its weights)."""
+  dataset = [a for a in args if a.startswith("--dataset=")]
   return ["--batch_size=4", "--eval_iters=2", "--sample_tokens=0", "--warmup_iters=2", *STEPS,
-          *LORA, f"--dataset={text_file}", f"--init_from={base_run}"]
+          *LORA, *dataset, f"--init_from={char_gpt_run}"]
 
 
-def test_a_lora_run_killed_ten_times_at_random_ends_bit_identical(tmp_path, lora_args):
+def test_a_lora_run_killed_six_times_at_random_ends_bit_identical(tmp_path, lora_args):
   alone = tmp_path / "alone"
-  final(run_module("purejax.train", *lora_args, f"--out_dir={alone}"))
+  final(run_cli(train_cli, *lora_args, f"--out_dir={alone}"))
   killed = tmp_path / "killed"
-  assert kill_loop([*lora_args, f"--out_dir={killed}"], [killed], kills=10, seed=1) == 10
+  assert kill_loop([*lora_args, f"--out_dir={killed}"], [killed], kills=6, seed=1) == 6
   assert_bit_identical(final_arrays(killed), final_arrays(alone))
 
 
@@ -170,21 +170,21 @@ def test_a_lora_run_killed_ten_times_at_random_ends_bit_identical(tmp_path, lora
 def test_a_lora_run_resumed_with_other_adapters_is_refused(tmp_path, lora_args, changed,
                                                            named):
   short = [*lora_args, "--max_iters=5", f"--out_dir={tmp_path}"]
-  final(run_module("purejax.train", *short))
-  one_line_error(run_module("purejax.train", *short, changed, "--resume"), named,
+  final(run_cli(train_cli, *short))
+  one_line_error(run_cli(train_cli, *short, changed, "--resume"), named,
                  "resume with the original settings")
 
 
 def test_a_sweep_resumes_with_its_grid_in_any_order_and_refuses_another(tmp_path, text_file):
   args = [*TINY_FLAGS, "--max_iters=5", "--eval_interval=5", "--steps_per_call=5",
           f"--dataset={text_file}", f"--out_dir={tmp_path}"]
-  final(run_module("purejax.train", *args, "--sweep=learning_rate=1e-3,3e-3;dropout=0,0.1"))
+  final(run_cli(train_cli, *args, "--sweep=learning_rate=1e-3,3e-3;dropout=0,0.1"))
   assert {p.name for p in tmp_path.iterdir() if p.is_dir()} == {
       f"dropout={d}_learning_rate={lr}_seed=0" for d in ("0", "0.1") for lr in ("0.001", "0.003")}
-  resumed = final(run_module("purejax.train", *args, "--max_iters=10", "--resume",
+  resumed = final(run_cli(train_cli, *args, "--max_iters=10", "--resume",
                              "--sweep=dropout=0.1,0;learning_rate=3e-3,1e-3"))
   assert [r["step"] for r in resumed["runs"]] == [10] * 4
   assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 4  # the same runs went on
-  one_line_error(run_module("purejax.train", *args, "--max_iters=15", "--resume",
+  one_line_error(run_cli(train_cli, *args, "--max_iters=15", "--resume",
                             "--sweep=dropout=0,0.1;learning_rate=1e-3,1e-2"),
                  "adds dropout=0.1_learning_rate=0.01_seed=0", "drops", "another --out_dir")

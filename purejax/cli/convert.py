@@ -3,6 +3,8 @@
     python -m purejax.convert --from=hf:gpt2 --to=nanogpt:ckpt.pt
     python -m purejax.convert --from=purejax:out-gpt --to=hf:gpt2-finetuned
     python -m purejax.convert --from=purejax:out-llama --to=hf:llama-finetuned --dtype=bfloat16
+    python -m purejax.convert --from=purejax:out-lora --to=peft:my-adapter   # PEFT's format
+    python -m purejax.convert --from=purejax:out-llama --to=gguf:finetuned.gguf --gguf_type=q8_0
 
 The library behind it is `purejax.weights` (`from_pretrained`, `convert`, one
 module per format); `purejax.convert` is that function.
@@ -22,14 +24,19 @@ def define_flags(args: flags.FlagValues) -> None:
   flags.DEFINE_string(
       "from", None, "Source: hf:PATH_OR_NAME (a folder of GPT-2, Llama, Mistral or "
       "Qwen2, or a Hub id such as gpt2 or OWNER/MODEL from the Hugging Face cache), "
-      "nanogpt:CKPT.pt, or purejax:OUT_DIR.", flag_values=args)
-  flags.DEFINE_string("to", None, "Target: hf:DIR, nanogpt:FILE.pt, or purejax:OUT_DIR.",
-                      flag_values=args)
+      "gguf:FILE.gguf (llama, mistral, qwen2), nanogpt:CKPT.pt, or purejax:OUT_DIR.",
+      flag_values=args)
+  flags.DEFINE_string("to", None, "Target: hf:DIR, gguf:FILE.gguf, nanogpt:FILE.pt, "
+                      "purejax:OUT_DIR, or peft:DIR (a LoRA run's adapters in PEFT's "
+                      "format).", flag_values=args)
   flags.DEFINE_string("meta", None, "nanoGPT meta.pkl of a character model "
                       "(default: beside the checkpoint).", flag_values=args)
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                     "Dtype of the weights an hf: target gets.", flag_values=args)
-  flags.DEFINE_bool("overwrite", False, "Replace an existing hf:DIR or nanogpt:FILE.",
+  flags.DEFINE_enum("gguf_type", "f16", ["f16", "bf16", "q8_0"],
+                    "Type of the matrices a gguf: target gets (1-D tensors stay float32).",
+                    flag_values=args)
+  flags.DEFINE_bool("overwrite", False, "Replace an existing hf:DIR, gguf:FILE or nanogpt:FILE.",
                     flag_values=args)
   flags.DEFINE_bool("trust_pickle", False,
                     "Load .pt files with arbitrary pickled objects (trusted files only).",
@@ -41,9 +48,10 @@ def convert(args: flags.FlagValues) -> int:
   source, target = args["from"].value, args["to"].value
   try:
     for name, location in (("from", source), ("to", target)):  # name the flag, before any work
-      pretrained.parse_location(location, "--" + name)
+      pretrained.parse_location(location, "--" + name, target=name == "to")
     print(pretrained.convert(source, target, meta=args.meta, overwrite=args.overwrite,
-                             trust_pickle=args.trust_pickle, dtype=args.dtype))
+                             trust_pickle=args.trust_pickle, dtype=args.dtype,
+                             gguf_type=args.gguf_type))
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
     errors.fail(e, args)
   return 0

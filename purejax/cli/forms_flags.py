@@ -28,7 +28,9 @@ def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
                       flag_values=args)
   flags.DEFINE_enum("remat", _AUTO, [_AUTO, *kernels.REMAT_POLICIES],
                     "What each block keeps for the backward pass: none (everything), "
-                    "full (only its input), dots (the matmul outputs).", flag_values=args)
+                    "full (only its input), full_compute_dtype (its input in the compute dtype: "
+                    "bf16 halves it; gradients to bf16 rounding), dots (the matmul outputs).",
+                    flag_values=args)
   flags.DEFINE_enum("scan_layers", _AUTO, [_AUTO, "true", "false"],
                     "Run the blocks as one lax.scan (false: an unrolled loop).",
                     case_sensitive=False, flag_values=args)

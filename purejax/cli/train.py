@@ -27,6 +27,8 @@ from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import train_flags
+from purejax.data import chat
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
 from purejax.data import tokenizer_json
@@ -64,7 +66,11 @@ def optimizer_config(args: Args, total_steps: Optional[int] = None) -> optim.Opt
       name=args.optimizer, learning_rate=args.learning_rate * scale, schedule=args.lr_schedule,
       warmup_iters=args.warmup_iters, decay_iters=decay,
       min_lr=args.min_lr * scale, beta2=args.beta2, weight_decay=args.weight_decay,
-      grad_clip=args.grad_clip)
+      grad_clip=args.grad_clip,
+      # Muon's rate is not scaled by width: its update's scale follows each
+      # matrix's shape already (nanochat scales only its AdamW rates).
+      muon_learning_rate=args.muon_learning_rate, muon_momentum=args.muon_momentum,
+      muon_weight_decay=args.muon_weight_decay)
 
 
 def depth_lr_scale(args: Args) -> float:
@@ -158,7 +164,15 @@ def sweep_grid(args: Args) -> Optional[dict]:
 def refuse_what_has_no_effect(args: Args) -> None:
   """Flags given on the command line that the run would ignore: refused, not ignored."""
   given = lambda name: command.given(args, name)
+  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay"):
+    if given(name) and args.optimizer != "muon":
+      raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
+                       f"--optimizer=muon or drop --{name}.")
   if args.model != "gpt":
+    if args.optimizer == "muon":
+      raise ValueError(f"--optimizer=muon orthogonalises the hidden matrices of a GPT's "
+                       f"blocks, which --model={args.model} has none of; choose another "
+                       f"--optimizer (e.g. adamw).")
     return
   shape_flags = [f"--{name}" for name in ("n_layer", "n_embd", "n_head") if given(name)]
   if args.depth is not None and shape_flags:
@@ -180,8 +194,11 @@ def refuse_what_has_no_effect(args: Args) -> None:
                        f"or drop --{name}.")
 
 
-def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
-  """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first."""
+def load_corpus(args: Args, tokenizer, block_size: Optional[int] = None):
+  """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first;
+  a `.jsonl` of conversations through the model's tokenizer and chat template."""
+  if conversations.is_conversations_file(args.dataset):
+    return load_conversations(args, tokenizer, block_size)
   if (tokenizer is None and args.tokenizer_file is not None
       and tokenizer_json.is_tokenizer_json(args.tokenizer_file)):
     tokenizer = tokenizer_json.load(args.tokenizer_file)  # e.g. python -m purejax.tokenizer's
@@ -193,6 +210,17 @@ def load_corpus(args: Args, tokenizer) -> corpus_lib.Corpus:
           cache_dir=args.cache_dir, tfds_data_dir=args.tfds_data_dir,
           tfds_manual_dir=args.tfds_manual_dir),
       errors=(ValueError, data_lib.DataUnavailableError))
+
+
+def load_conversations(args: Args, tokenizer, block_size: Optional[int]):
+  """`--dataset=FILE.jsonl`, rendered with the chat template beside the model's tokenizer.json."""
+  file = getattr(tokenizer, "encoding_file", None)
+  if not file or not file.endswith(tokenizer_json.FILE_NAME):
+    raise ValueError(f"--dataset={args.dataset} holds conversations, which need an instruct "
+                     f"model's tokenizer and chat template; pass --init_from=FOLDER of a "
+                     f"Hugging Face instruct model (or a run fine-tuned from one).")
+  fmt = chat.load_chat_format(os.path.dirname(file), tokenizer)
+  return conversations.load_conversations(args.dataset, tokenizer, fmt, block_size)
 
 
 def pretrained(args: Args, source: str, best: bool = False):
@@ -246,7 +274,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
     init_params, config, tokenizer = pretrained(args, init_from)
   else:
     tokenizer = args.tokenizer
-  text = load_corpus(args, tokenizer)
+  text = load_corpus(args, tokenizer, config.block_size if init_from else None)
   if not init_from:
     config = gpt_config(args, text.vocab_size)
   sinks = lambda run_name, meta: wandb_sinks(args, run_name, meta)
@@ -282,7 +310,7 @@ def eval_gpt(args: Args, run: runs.RunConfig, train: loop.GPTTrainConfig,
     raise ValueError(f"--eval_only: {run.out_dir} holds no checkpoint; train first, or "
                      f"pass --init_from=MODEL to evaluate pretrained weights.")
   params, config, tokenizer = pretrained(args, source, best=best)
-  text = load_corpus(args, tokenizer)
+  text = load_corpus(args, tokenizer, config.block_size)
   runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
   return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices,
                                                 forms=forms)}

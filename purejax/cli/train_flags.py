@@ -82,6 +82,14 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                      flag_values=args)
   flags.DEFINE_float("grad_clip", defaults.grad_clip, "Global gradient-norm clip (0: off).",
                      flag_values=args)
+  # Muon trains the GPT blocks' matrices with these; the other params take AdamW's flags.
+  flags.DEFINE_float("muon_learning_rate", defaults.muon_learning_rate, "--optimizer=muon: "
+                     "peak rate of the blocks' matrices (on --lr_schedule's shape).",
+                     flag_values=args)
+  flags.DEFINE_float("muon_momentum", defaults.muon_momentum, "--optimizer=muon: Nesterov "
+                     "momentum of the blocks' matrices.", flag_values=args)
+  flags.DEFINE_float("muon_weight_decay", defaults.muon_weight_decay, "--optimizer=muon: "
+                     "decay of the blocks' matrices (times their rate).", flag_values=args)
 
 
 def define_gpt_flags(args: flags.FlagValues) -> None:

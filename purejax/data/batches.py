@@ -20,6 +20,7 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -43,7 +44,25 @@ class HostWindows(NamedTuple):
   windows: chex.Array
 
 
-Tokens = Union[DeviceTokens, HostWindows]
+class DeviceRows(NamedTuple):
+  """Fixed rows on the device, one example each, with a weight per target.
+
+  The form of conversations (`purejax.data.conversations`): each row is one
+  conversation, padded; a step draws whole rows (`sample_rows`), never a
+  window across two, and only the weighted targets (the assistant's
+  tokens) count in the loss.
+
+  Attributes:
+    rows: `[num_rows, block_size + 1]` int32 ids; a row's first
+      `block_size` are the inputs, its last `block_size` the targets.
+    weights: `[num_rows, block_size]` float32, each target's weight (0 or 1:
+      whether the loss counts it).
+  """
+  rows: chex.Array
+  weights: chex.Array
+
+
+Tokens = Union[DeviceTokens, HostWindows, DeviceRows]
 
 
 def sample_batch(
@@ -65,6 +84,30 @@ def sample_batch(
   take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, block_size + 1))
   windows = take(starts)  # [batch, block + 1]
   return windows[:, :-1], windows[:, 1:]
+
+
+def sample_rows(key: chex.PRNGKey, data: DeviceRows, batch_size: int
+                ) -> Tuple[chex.Array, chex.Array, chex.Array]:
+  """Random rows of `data`, drawn on the device (with replacement, like `sample_batch`).
+
+  Returns:
+    `(inputs, targets, weights)`, each `[batch_size, block_size]`; the
+    weights as stored (`normalized_weights` turns them into a mean).
+  """
+  picked = jax.random.randint(key, (batch_size,), 0, data.rows.shape[0])
+  rows = data.rows[picked]
+  return rows[:, :-1], rows[:, 1:], data.weights[picked]
+
+
+def normalized_weights(weights: chex.Array) -> chex.Array:
+  """`weights` scaled to mean 1 over the whole batch (all zero: left zero).
+
+  `gpt.loss` averages `weights * losses` over every position, so with these
+  it is the mean over the weighted targets, and any cut of the batch into
+  equal parts (microbatches, devices) averages back to that same mean.
+  """
+  weights = weights.astype(jnp.float32)
+  return weights * (weights.size / jnp.maximum(jnp.sum(weights), 1.0))
 
 
 def sample_windows(tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
@@ -195,6 +238,15 @@ def device_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable) -> Fe
   """Both splits on every device (`put`), where each step draws its own batch."""
   train_ids, val_ids = put((np.asarray(train_ids, np.int32), np.asarray(val_ids, np.int32)))
   train, val = DeviceTokens(train_ids), DeviceTokens(val_ids)
+  return Feed(lambda step, num_steps: train, {"train_loss": train, "val_loss": val}, True,
+              lambda: None)
+
+
+def rows_feed(train: Tuple[np.ndarray, np.ndarray], val: Tuple[np.ndarray, np.ndarray],
+              put: Callable) -> Feed:
+  """Fixed rows with target weights (`DeviceRows`) of both splits on every device."""
+  train, val = (DeviceRows(*put((np.asarray(rows, np.int32), np.asarray(w, np.float32))))
+                for rows, w in (train, val))
   return Feed(lambda step, num_steps: train, {"train_loss": train, "val_loss": val}, True,
               lambda: None)
 

@@ -95,9 +95,43 @@ class JSONTokenizer:
           f"of the model's padded vocabulary?); mask ids >= {self.vocab_size} when sampling.")
     return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
+  def byte_lengths(self) -> np.ndarray:
+    """`[vocab_size]` int32: the bytes each id decodes to; 0 for added special tokens.
+
+    A byte-level BPE's token spells one byte per character (GPT-2's
+    printable alphabet); a byte-fallback token `<0xHH>` is one byte; any other
+    token counts the UTF-8 bytes of its decoded text.
+    """
+    special = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()
+               if t.special}
+    alphabet = set(_byte_level_alphabet())
+    byte_level = "ByteLevel" in type(self.tokenizer.decoder).__name__ or (
+        self.tokenizer.decoder is not None and "ByteLevel" in str(self.tokenizer.decoder))
+    lengths = []
+    for i in range(self.vocab_size):
+      token = self.tokenizer.id_to_token(i)
+      if token is None or token in special:
+        lengths.append(0)
+      elif byte_level and set(token) <= alphabet:
+        lengths.append(len(token))
+      elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        lengths.append(1)
+      else:
+        lengths.append(len(self.tokenizer.decode([i], skip_special_tokens=False)
+                           .encode("utf-8")))
+    return np.asarray(lengths, np.int32)
+
   def spec(self) -> TokenizerSpec:
     return TokenizerSpec("tokenizer.json", self.name, self.vocab_size,
                          fingerprint=self.fingerprint, encoding_file=self.encoding_file)
+
+
+def _byte_level_alphabet() -> str:
+  """GPT-2's byte-level alphabet: one printable character per byte value."""
+  printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+               + list(range(ord("®"), ord("ÿ") + 1)))
+  extra = [b for b in range(256) if b not in printable]
+  return "".join(map(chr, printable + [256 + n for n in range(len(extra))]))
 
 
 def load(path: str) -> JSONTokenizer:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_check
 import numpy as np
 
 from purejax.data import bpe_files
+from purejax.data import gguf_tokenizer
 from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
 from purejax.data.tokenizer_spec import TokenizerSpec
@@ -123,6 +124,21 @@ class CharTokenizer:
   def spec(self) -> TokenizerSpec:
     return TokenizerSpec("char", self.name, self.vocab_size, chars=self.chars)
 
+  def byte_lengths(self) -> np.ndarray:
+    """`[vocab_size]` int32: the UTF-8 bytes of each id's character."""
+    return np.asarray([len(c.encode("utf-8")) for c in self.chars], np.int32)
+
+
+def byte_lengths(tokenizer: Tokenizer) -> Optional[np.ndarray]:
+  """`[vocab_size]` int32: how many UTF-8 bytes each id decodes to, for bits per byte.
+
+  A byte-level BPE token's own bytes (which may be part of a character);
+  special tokens, which stand for no text, count 0. None for a tokenizer that
+  cannot say (ids without text).
+  """
+  lengths = getattr(tokenizer, "byte_lengths", None)
+  return None if lengths is None else lengths()
+
 
 def _check_ids(ids: Any, vocab_size: int) -> np.ndarray:
   ids = np.asarray(ids).reshape(-1)
@@ -189,6 +205,14 @@ class BPETokenizer:
   def decode(self, ids: Any) -> str:
     """Ids -> text; bytes that are not valid UTF-8 decode to U+FFFD."""
     return self.encoding.decode(_check_ids(ids, self.vocab_size).tolist())
+
+  def byte_lengths(self) -> np.ndarray:
+    """`[vocab_size]` int32: the bytes each id decodes to; 0 for special tokens
+    (`<|endoftext|>` stands for no text)."""
+    special = {i for _, i in self.special_tokens} | set(
+        getattr(self.encoding, "_special_tokens", {}).values())
+    return np.asarray([0 if i in special else len(self.encoding.decode_single_token_bytes(i))
+                       for i in range(self.vocab_size)], np.int32)
 
   def spec(self) -> TokenizerSpec:
     return TokenizerSpec("bpe", self.name, self.vocab_size, fingerprint=self.fingerprint,
@@ -367,6 +391,8 @@ def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> To
     return tok
   if spec.kind == "tokenizer.json":
     return tokenizer_json.from_spec(spec, encoding_file=encoding_file)
+  if spec.kind == "gguf":
+    return gguf_tokenizer.from_spec(spec, encoding_file=encoding_file)
   raise TokenizerError(
       f"this model records no tokenizer, only {spec.vocab_size} ids; name one "
       f"explicitly (`tokenizer`: {', '.join(TOKENIZERS)}).")

@@ -33,6 +33,8 @@ REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # "full", with the saved block input in the compute dtype (`remat`).
+    "full_compute_dtype": jax.checkpoint_policies.nothing_saveable,
 }
 # Platform names as devices and `jax.default_backend()` spell them -> select's.
 _PLATFORMS = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
@@ -60,8 +62,10 @@ class Forms:
       optimisation barrier; "plain" uses ordinary transposes.
     remat: what each block keeps for the backward pass (`REMAT_POLICIES`):
       "none" stores every activation; "full" stores only the block's input
-      and recomputes the rest; "dots" stores the matmul outputs and
-      recomputes the cheap elementwise ops.
+      and recomputes the rest; "full_compute_dtype" stores that input in
+      the compute dtype (bf16: half the bytes; the forward is unchanged,
+      the backward recomputes from the rounded input); "dots" stores the
+      matmul outputs and recomputes the cheap elementwise ops.
     scan_layers: run the blocks as one `lax.scan` (compile time flat in
       depth); False unrolls them, which compiles `n_layer` copies.
     loss_chunk_rows: the output head and cross-entropy run this many rows at
@@ -198,6 +202,38 @@ def platform_of(*trees: Any) -> str:
 # Mixed-precision matmul
 
 
+def remat(fn, forms: Forms, compute_dtype, static_argnums=()):
+  """`fn(params, x, *rest) -> y` keeping for the backward pass what `forms.remat` says.
+
+  "full_compute_dtype" saves `x` cast to `compute_dtype` (a float32
+  residual stream in a bf16 run: half the bytes) and `params`; the forward
+  is `fn` itself, and the backward differentiates `fn` at the saved `x`, so
+  gradients differ from "full"'s by `x`'s rounding. `rest` (keys, rates)
+  gets no gradient, so everything differentiated must be an argument: `fn`
+  may not close over traced values. `static_argnums` as `jax.checkpoint`'s.
+  """
+  if forms.remat == "none":
+    return fn
+  if forms.remat != "full_compute_dtype":
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[forms.remat],
+                          static_argnums=static_argnums)
+
+  @jax.custom_vjp
+  def saving_low(params, x, rest):
+    return fn(params, x, *rest)
+
+  def forward(params, x, rest):
+    return fn(params, x, *rest), (params, x.astype(compute_dtype or x.dtype), rest)
+
+  def backward(saved, g):
+    params, x_low, rest = saved
+    _, pullback = jax.vjp(lambda p, x: fn(p, x, *rest), params, x_low.astype(g.dtype))
+    return (*pullback(g), jax.tree.map(lambda _: None, rest))
+
+  saving_low.defvjp(forward, backward)
+  return lambda params, x, *rest: saving_low(params, x, rest)
+
+
 def row_major_transpose(a: chex.Array) -> chex.Array:
   """Swaps the last two axes of `a`, writing the data out in row-major order.
 
@@ -307,12 +343,17 @@ def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
 # Cross-entropy under a tied output head
 
 
-def cross_entropy(logits: chex.Array, labels: chex.Array) -> chex.Array:
+def cross_entropy(logits: chex.Array, labels: chex.Array,
+                  weights: Optional[chex.Array] = None) -> chex.Array:
   """Mean cross-entropy of integer labels under `logits`, in float32.
 
   Args:
     logits: `[..., num_classes]`.
     labels: integers `[...]` in `[0, num_classes)`.
+    weights: optional `[...]` per-label weights: the loss is then
+      `mean(weights * per-label loss)`, over every label (a weight of 0 takes
+      a label out; weights of mean 1 make it the mean over the rest,
+      `batches.normalized_weights`). None: the plain mean.
 
   Returns:
     Scalar mean loss.
@@ -322,6 +363,9 @@ def cross_entropy(logits: chex.Array, labels: chex.Array) -> chex.Array:
   chex.assert_type(labels, int)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   picked = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  if weights is not None:
+    chex.assert_equal_shape((labels, weights))
+    picked = picked * weights.astype(jnp.float32)
   return -jnp.mean(picked)
 
 
@@ -334,6 +378,7 @@ def tied_head_cross_entropy(
     chunk_rows: Optional[int] = None,
     forms: Optional[Forms] = None,
     softcap: Optional[float] = None,
+    weights: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Mean cross-entropy of `labels` under the logits `x @ table.T`.
 
@@ -349,10 +394,12 @@ def tied_head_cross_entropy(
     table: `[vocab, dim]` embedding table (the tied head).
     labels: integers `x.shape[:-1]`.
     compute_dtype: as in `matmul`.
-    chunk_rows: rows per chunk, or None for the plain form. Chunks run only
-      when they divide the rows and there are at least two.
+    chunk_rows: rows per chunk, or None for the plain form. Chunks run when
+      there are more rows than one chunk; the rows left over after the whole
+      chunks make one shorter chunk.
     forms: forms for the matmul (default: see `matmul`).
     softcap: None, or `c`: the logits are `c * tanh(logits / c)`, in float32.
+    weights: optional per-label weights `labels.shape`, as in `cross_entropy`.
 
   Returns:
     Scalar mean loss.
@@ -361,24 +408,34 @@ def tied_head_cross_entropy(
   dim = x.shape[-1]
   rows = x.reshape(-1, dim)
   flat_labels = labels.reshape(-1)
+  flat_weights = None if weights is None else weights.reshape(-1)
   head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
   n = rows.shape[0]
   if softcap is not None:  # without it, GPT-2's program, untouched
     uncapped = head
     head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
-  if chunk_rows is None or n % chunk_rows or n <= chunk_rows:
-    return cross_entropy(head(rows), flat_labels)
+  if chunk_rows is None or n <= chunk_rows:
+    return cross_entropy(head(rows), flat_labels, flat_weights)
 
   @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
-  def chunk_loss(h, y):
+  def chunk_loss(h, y, *w):
     logits = head(h).astype(jnp.float32)  # [chunk, vocab]
     picked = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
-    return jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked)
+    losses = jax.nn.logsumexp(logits, axis=-1) - picked
+    return jnp.sum(losses * w[0].astype(jnp.float32) if w else losses)
 
   def body(total, chunk):
     return total + chunk_loss(*chunk), None
 
-  chunks = (rows.reshape(n // chunk_rows, chunk_rows, dim),
-            flat_labels.reshape(n // chunk_rows, chunk_rows))
+  # Whole chunks in the scan; rows that do not fill one (an odd batch at
+  # GPT-2's T=1024 and 2048-row chunks) run after it as one shorter chunk.
+  whole = n - n % chunk_rows
+  chunks = (rows[:whole].reshape(whole // chunk_rows, chunk_rows, dim),
+            flat_labels[:whole].reshape(whole // chunk_rows, chunk_rows))
+  if flat_weights is not None:  # (a plain batch's program is left as it was)
+    chunks += (flat_weights[:whole].reshape(whole // chunk_rows, chunk_rows),)
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
+  if whole < n:
+    rest = () if flat_weights is None else (flat_weights[whole:],)
+    total = total + chunk_loss(rows[whole:], flat_labels[whole:], *rest)
   return total / n

@@ -25,7 +25,9 @@ from purejax import decode
 from purejax import gpt
 from purejax import lora
 from purejax.data import batches
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
+from purejax.data import tokenizers
 from purejax.ops import kernels
 from purejax.training import flops
 from purejax.training import optim
@@ -103,12 +105,17 @@ class GPTTrainConfig:
                          f"0 <= A < B <= `max_iters={self.max_iters}`.")
 
 
-def check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
+def check_fits(config: gpt.GPTConfig, text, batch_size: int) -> None:
   if config.vocab_size < text.vocab_size:
     raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
                      f"{text.vocab_size} ids of the data's tokenizer; use the model's "
                      f"own tokenizer (`tokenizer`) or a larger model vocabulary.")
-  if config.block_size >= min(len(text.train), len(text.val)):
+  if isinstance(text, conversations.Conversations):
+    if text.train[0].shape[1] != config.block_size + 1:
+      raise ValueError(f"the conversations are padded to {text.train[0].shape[1]} tokens, "
+                       f"not the model's block_size + 1 = {config.block_size + 1}; load "
+                       f"them with the model's block_size.")
+  elif config.block_size >= min(len(text.train), len(text.val)):
     raise ValueError(f"`block_size={config.block_size}` must be shorter than the "
                      f"validation text ({len(text.val)} tokens) and the training text "
                      f"({len(text.train)} tokens).")
@@ -134,6 +141,8 @@ def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step
               ) -> batches.Feed:
   """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
   put = functools.partial(parallel.put, shardings=plan.replicated)
+  if isinstance(text, conversations.Conversations):  # whole padded rows, on the device
+    return batches.rows_feed(text.train, text.val, put)
   if corpus_lib.fits_on_device(text):
     # Each device samples its rows of every batch from its own copy.
     return batches.device_feed(text.train, text.val, put)
@@ -144,22 +153,45 @@ def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step
       steps_per_call=steps_per_call)
 
 
-def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None
-                    ) -> Dict[str, float]:
-  """Mean loss of `train.eval_iters` batches of each split, the same batches every time."""
-  return {name: float(steps.evaluate(params, tokens, eval_key, config=config,
-                                     batch_size=train.batch_size,
-                                     num_batches=train.eval_iters, plan=plan, forms=forms,
-                                     params_view=view))
-          for name, tokens in feed.eval.items()}
+def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None,
+                    byte_lengths=None) -> Dict[str, float]:
+  """Mean loss of `train.eval_iters` batches of each split, the same batches every time;
+  with `byte_lengths` (`tokenizers.byte_lengths`) also `val_bpb`, the val
+  batches' bits per UTF-8 byte (`steps.target_bytes`)."""
+  losses = {name: float(steps.evaluate(params, tokens, eval_key, config=config,
+                                       batch_size=train.batch_size,
+                                       num_batches=train.eval_iters, plan=plan, forms=forms,
+                                       params_view=view))
+            for name, tokens in feed.eval.items()}
+  if byte_lengths is not None and "val_loss" in losses:
+    losses["val_bpb"] = bits_per_byte(losses["val_loss"], feed.eval["val_loss"], eval_key,
+                                      byte_lengths, config, train)
+  return losses
+
+
+def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) -> float:
+  """`loss`, the mean of `steps.evaluate`'s batches of `tokens` drawn with `eval_key`, in
+  bits per UTF-8 byte: the sum of their tokens' losses over the bytes they decode to."""
+  counts = steps.target_bytes(tokens, eval_key, byte_lengths, block_size=config.block_size,
+                              batch_size=train.batch_size, num_batches=train.eval_iters)
+  num_bytes = int(np.sum(np.asarray(counts), dtype=np.int64))
+  num_tokens = train.eval_iters * train.batch_size * config.block_size
+  return loss * num_tokens / (np.log(2) * num_bytes) if num_bytes else float("nan")
+
+
+def device_byte_lengths(tokenizer, plan) -> Optional[jax.Array]:
+  """The tokenizer's bytes per id on the plan's devices, or None where it has no text."""
+  lengths = tokenizers.byte_lengths(tokenizer)
+  return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
 
 
 def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, config,
-                         train, plan, forms, view=None) -> None:
+                         train, plan, forms, view=None, byte_lengths=None) -> None:
   losses = evaluate_splits(state.params, state.keys["eval"], feed, config, train, plan, forms,
-                           view)
+                           view, byte_lengths)
+  bpb = f" | val bpb {losses['val_bpb']:.4f}" if "val_bpb" in losses else ""
   session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
-              f"val loss {losses['val_loss']:.4f}")
+              f"val loss {losses['val_loss']:.4f}{bpb}")
   session.add_eval(step, state, {"step": step, **losses}, **losses)
 
 
@@ -289,7 +321,9 @@ def train_gpt(
   Args:
     config: the model; its `vocab_size` must cover the corpus's tokenizer.
     text: the corpus (`corpus.load_corpus`); small ones are put on every
-      device, larger ones are read by the host one call ahead.
+      device, larger ones are read by the host one call ahead. Or
+      conversations (`conversations.load_conversations`): whole padded rows
+      on every device, the loss over the assistant's tokens only.
     train: steps, evaluation, logging, checkpoints.
     opt_config: the optimizer; `decay_iters=None` ends the schedule at
       `max_iters` in a new run and keeps the saved run's end on resume.
@@ -347,12 +381,14 @@ def train_gpt(
   throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
                            plan.num_devices)
   profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
+  byte_lengths = device_byte_lengths(text.tokenizer, plan)
   with contextlib.closing(feed), Session(
       run, meta, saved, total=train.max_iters, start=step, bar=train.progress,
       keep_best=not train.always_save_checkpoint, sinks=sinks) as session:
     while step < train.max_iters:
       if step % train.eval_interval == 0 and not session.evaluated_at(step):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
+                             byte_lengths)
       num_steps = call_length(step)
       profiler.before(step)
       start = time.perf_counter()
@@ -365,7 +401,8 @@ def train_gpt(
       step += num_steps
       throughput.record(session, step, seconds_per_step, losses, metrics)
       if runs.every(train.eval_interval, step, train.max_iters):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
+        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
+                             byte_lengths)
       session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
                                  train.max_iters), step, state)
   return _finish(run, state, session.history, step, throughput, text, config, keys, train,
@@ -405,7 +442,8 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                end_step=0)
   try:
     return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
-                     train, plan, forms or kernels.select(kernels.platform_of(plan)))
+                           train, plan, forms or kernels.select(kernels.platform_of(plan)),
+                           byte_lengths=device_byte_lengths(text.tokenizer, plan))
   finally:
     feed.close()
 

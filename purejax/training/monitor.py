@@ -22,7 +22,7 @@ Files in `out_dir`:
 * `events.out.tfevents.*`: the same scalars for TensorBoard
   (`tensorboard --logdir OUT_DIR`), tagged `train/loss`, `train/lr`,
   `train/grad_norm`, `train/tokens_per_s`, `train/mfu`, `eval/train_loss`,
-  `eval/val_loss` (`<kind>/<name>`).
+  `eval/val_loss`, `eval/val_bpb` (`<kind>/<name>`).
 
 TensorBoard writer: tensorboardX, not `tf.summary`. tensorboardX is pure
 Python (protobuf, numpy) and imports in about 0.1 s; TensorFlow takes

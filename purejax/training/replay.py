@@ -36,6 +36,7 @@ from purejax import gpt
 from purejax import lora
 from purejax import rng
 from purejax.data import batches
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
@@ -348,6 +349,9 @@ def replay_run(out_dir: str, step: int, *, forms: kernels.Forms, dataset: Option
   dataset = dataset or meta.get("data")
   if dataset is None:
     raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass `dataset`.")
+  if conversations.is_conversations_file(dataset):
+    raise ValueError(f"{out_dir} was trained on conversations ({dataset}); replay takes "
+                     f"runs on text only.")
   state, optimizer, view = _restore(arrays, path, meta, config, jax.random.PRNGKey(0))
   if not before:
     state, view = _initial_state(out_dir, step, kept[-1][0], meta, config, optimizer)

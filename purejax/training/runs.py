@@ -21,6 +21,7 @@ import zlib
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from purejax.training import checkpoint
+from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import state as state_lib
 from purejax.training.state import TrainState
@@ -110,7 +111,7 @@ def start_or_resume(
       continue the same computation; a difference names the key.
     saved_defaults: `{meta key: {field: default}}` filled into a saved dict
       before comparing, so a checkpoint saved before a field existed counts
-      as trained with that field's default.
+      as trained with that field's default (the optimizer's always are).
     ignored: `{meta key: [field, ...]}` left out of the comparison (settings
       a resumed run may change, e.g. where the schedule ends).
     digest_extra: further settings that must agree across processes.
@@ -126,8 +127,10 @@ def start_or_resume(
   parallel.check_same_on_all_processes(
       digest, "the processes were started with different settings; pass the same "
       "settings to every process (only `process_id` differs).")
+  saved_defaults = {"optimizer": dataclass_defaults(optim.OptimizerConfig),
+                    **(saved_defaults or {})}
   state, step, saved = _start_or_resume(run, template, meta, identity,
-                                        saved_defaults or {}, ignored or {}, log, at_most)
+                                        saved_defaults, ignored or {}, log, at_most)
   parallel.check_same_on_all_processes(
       step, f"the processes found different checkpoints in {run.out_dir}; with several "
       f"hosts `out_dir` must be one shared directory.")

@@ -55,10 +55,21 @@ def _update(params, opt_state, loss_fn, batch, *, optimizer, grad_accum_steps, p
 
 def _inputs_and_targets(tokens: batches.Tokens, window, key, block_size, batch_size):
   """One step's `(inputs, targets)` `[batch, block]`: drawn from the device's ids, or
-  cut from the host's `window` `[batch, block + 1]`."""
+  cut from the host's `window` `[batch, block + 1]`; or, for `DeviceRows`,
+  `(inputs, targets, weights)` with the weights of mean 1 over the batch."""
   if isinstance(tokens, batches.HostWindows):
     return window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
+  if isinstance(tokens, batches.DeviceRows):
+    x, y, weights = batches.sample_rows(key, tokens, batch_size)
+    return x, y, batches.normalized_weights(weights)
   return batches.sample_batch(key, tokens.ids, block_size, batch_size)
+
+
+def _loss(params, batch, config, **kwargs):
+  """`gpt.loss` of a batch `(inputs, targets)` or `(inputs, targets, weights)`."""
+  if len(batch) == 3:
+    kwargs["weights"] = batch[2]
+  return gpt.loss(params, batch[0], batch[1], config, **kwargs)
 
 
 def _per_step_windows(tokens: batches.Tokens, num: int, config: gpt.GPTConfig,
@@ -69,8 +80,12 @@ def _per_step_windows(tokens: batches.Tokens, num: int, config: gpt.GPTConfig,
     return tokens.windows
   if isinstance(tokens, batches.DeviceTokens):
     return None
-  raise TypeError(f"tokens must be batches.DeviceTokens or batches.HostWindows, got "
-                  f"{type(tokens).__name__}.")
+  if isinstance(tokens, batches.DeviceRows):
+    chex.assert_shape(tokens.rows, (None, config.block_size + 1))
+    chex.assert_shape(tokens.weights, (tokens.rows.shape[0], config.block_size))
+    return None
+  raise TypeError(f"tokens must be batches.DeviceTokens, batches.DeviceRows or "
+                  f"batches.HostWindows, got {type(tokens).__name__}.")
 
 
 @functools.partial(
@@ -105,7 +120,10 @@ def train_steps(
     tokens: `DeviceTokens`, the training ids on the device, from which each
       step draws random windows (`batches.sample_batch`); or `HostWindows`,
       `[num_steps, batch_size, block_size + 1]` windows the host read
-      (`batches.sample_windows`) for corpora too large for the device.
+      (`batches.sample_windows`) for corpora too large for the device; or
+      `DeviceRows`, fixed rows (conversations) with per-target weights, from
+      which each step draws whole rows (`batches.sample_rows`) and averages
+      the loss over the weighted targets of the whole batch.
     step: global index of the first step.
     config: model config.
     optimizer: optax `GradientTransformation`.
@@ -138,10 +156,10 @@ def train_steps(
     batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
     batch = _inputs_and_targets(tokens, window, batch_key, config.block_size, batch_size)
 
-    def microbatch_loss(params, xy, index):
-      return gpt.loss(_view(params_view, params), *xy, config,
-                      key=jax.random.fold_in(dropout_key, index), deterministic=False,
-                      forms=forms, dropout=dropout)
+    def microbatch_loss(params, xy, index):  # (the weights, if any, are cut with the rows)
+      return _loss(_view(params_view, params), xy, config,
+                   key=jax.random.fold_in(dropout_key, index), deterministic=False,
+                   forms=forms, dropout=dropout)
 
     params, opt_state, loss, grads = _update(
         params, opt_state, microbatch_loss, batch, optimizer=optimizer,
@@ -185,14 +203,49 @@ def evaluate(
 
   def body(total, xs):
     k, window = xs
-    x, y = _inputs_and_targets(tokens, window, k, config.block_size, batch_size)
+    batch = _inputs_and_targets(tokens, window, k, config.block_size, batch_size)
     if plan is not None:
-      x, y = parallel.constrain((x, y), plan.batch)
-    return total + gpt.loss(_view(params_view, params), x, y, config, forms=forms), None
+      batch = parallel.constrain(batch, plan.batch)
+    return total + _loss(_view(params_view, params), batch, config, forms=forms), None
 
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
                           (jax.random.split(key, num_batches), windows))
   return total / num_batches
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "batch_size", "num_batches"))
+def target_bytes(
+    tokens: batches.Tokens,
+    key: chex.PRNGKey,
+    byte_lengths: chex.Array,
+    *,
+    block_size: int,
+    batch_size: int,
+    num_batches: int,
+) -> chex.Array:
+  """`[num_batches]` int32: the UTF-8 bytes the targets of `evaluate`'s batches decode to.
+
+  Given `evaluate`'s `tokens`, `key` and sizes, it draws the same batches, so
+  a mean loss `L` (nats per token) of `evaluate` is
+  `L * num_batches * batch_size * block_size / (ln 2 * sum(bytes))` bits per
+  byte: every token's loss over the bytes those tokens decode to.
+
+  Args:
+    byte_lengths: `[vocab]` int32, each id's bytes (`tokenizers.byte_lengths`).
+  """
+  if isinstance(tokens, batches.HostWindows):
+    chex.assert_shape(tokens.windows, (num_batches, batch_size, block_size + 1))
+    windows = tokens.windows
+  else:
+    windows = _per_step_windows(tokens, num_batches, None, batch_size)
+
+  def body(_, xs):
+    k, window = xs
+    _, y = _inputs_and_targets(tokens, window, k, block_size, batch_size)
+    return None, jnp.sum(byte_lengths[y], dtype=jnp.int32)
+
+  _, counts = jax.lax.scan(body, None, (jax.random.split(key, num_batches), windows))
+  return counts
 
 
 @functools.partial(

@@ -41,7 +41,7 @@ bit-identical to it.
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import chex
 import jax
@@ -263,7 +263,7 @@ def _over_runs(fn: Callable, carried: Any, xs: Any, batch: Optional[int]) -> Tup
 
 def _train_steps(
     state: TrainState,
-    tokens: batches.DeviceTokens,
+    tokens: Union[batches.DeviceTokens, batches.DeviceRows],
     step: chex.Numeric,
     hyperparams: Mapping[str, chex.Array],
     *,
@@ -300,7 +300,7 @@ def _train_steps(
     `(state, StepMetrics)`, both with the leading runs axis; metrics are
     `[runs, num_steps]`.
   """
-  if not isinstance(tokens, batches.DeviceTokens):
+  if not isinstance(tokens, (batches.DeviceTokens, batches.DeviceRows)):
     raise TypeError("a sweep draws its batches on the device (batches.DeviceTokens); load "
                     "a corpus that fits in device memory (host-read batches differ per run).")
 

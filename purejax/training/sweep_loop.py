@@ -49,6 +49,7 @@ from purejax import gpt
 from purejax import lora
 from purejax import rng
 from purejax.data import batches
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import checkpoint
@@ -302,7 +303,7 @@ def train_gpt_sweep(
       or runs that hold checkpoints of no step in common.
   """
   loop.check_fits(config, text, train.batch_size)
-  if not corpus_lib.fits_on_device(text):
+  if not (isinstance(text, conversations.Conversations) or corpus_lib.fits_on_device(text)):
     raise ValueError(f"a sweep draws every run's batches on the device, and {text.source} "
                      f"does not fit there; train its runs one at a time.")
   if devices.fsdp or (devices.num_devices or 1) > 1:
@@ -359,8 +360,14 @@ def train_gpt_sweep(
       m.monitor = stack.enter_context(monitor_lib.Monitor(
           m.run.out_dir, resume_step=step or None, log=log, sinks=sinks(m.spec.name, m.meta)))
 
+    byte_lengths = loop.device_byte_lengths(text.tokenizer, plan)
+
     def evaluate(step):
       losses = program.evaluate()
+      if byte_lengths is not None:  # each run draws its val batches with its own key
+        losses["val_bpb"] = np.asarray([loop.bits_per_byte(
+            float(loss), feed.eval["val_loss"], program.run_state(i).keys["eval"],
+            byte_lengths, config, train) for i, loss in enumerate(losses["val_loss"])])
       for i, m in enumerate(members):
         values = {name: float(v[i]) for name, v in losses.items()}
         m.monitor.log_eval(step, **values)

@@ -29,6 +29,7 @@ import numpy as np
 from purejax import _files
 from purejax import gpt
 from purejax.weights import gpt2
+from purejax.weights import hf_talk
 from purejax.weights import llama
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
@@ -106,6 +107,9 @@ def _import_safetensors():
     raise ConversionError("Hugging Face weights need the safetensors package: pip install "
                           "safetensors.") from None
   return safetensors
+
+
+import_safetensors = _import_safetensors  # (the PEFT writer's too)
 
 
 def _read_safetensors(path: pathlib.Path) -> Dict[str, np.ndarray]:
@@ -243,6 +247,9 @@ def _publish_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
     shutil.rmtree(old)
 
 
+publish_dir = _publish_dir  # (the PEFT writer's too)
+
+
 def _shards(tensors: Dict[str, np.ndarray], max_shard_bytes: int):
   """`tensors` cut, in order, into dicts of at most `max_shard_bytes` (one tensor at least)."""
   shards, size = [{}], 0
@@ -297,7 +304,11 @@ def to_huggingface(
   `save_pretrained` expects), and params without biases get zero biases
   (GPT-2 always has them; the function is the same). The Llama family
   becomes a `LlamaForCausalLM`, or a `Qwen2ForCausalLM` with qkv-only biases
-  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it.
+  (`purejax.weights.llama`), with the model's `tokenizer.json` beside it
+  (a GGUF file's tokenizer is written as one), and what its folder says about talking to it (`purejax.weights.hf_talk`:
+  the chat template in `tokenizer_config.json`, `special_tokens_map.json`,
+  `generation_config.json`, the bos/eos ids and the model's own context
+  `max_position_embeddings` in `config.json`).
 
   The folder is written under a temporary name beside `out_dir` and renamed
   into place when complete: a crash leaves no half-written `out_dir`.
@@ -335,12 +346,19 @@ def to_huggingface(
   else:
     hf_config = llama.hf_config_dict(config, dtype)
     tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
-  tokenizer_file = None
+  tokenizer_file, tokenizer_text = None, None
   if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
     try:  # the model's own file, checked by its hash; a moved one is left out
       tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
     except tokenizers.TokenizerError:
       pass
+  elif tokenizer_spec and tokenizer_spec.kind == "gguf":
+    try:  # a GGUF's tokenizer, rebuilt, is written as a tokenizer.json
+      tokenizer_text = tokenizers.from_spec(tokenizer_spec).tokenizer.to_str()
+    except tokenizers.TokenizerError:
+      pass
+  extra = hf_talk.companion_files(tokenizer_file, config)
+  hf_config.update(extra.config_values)
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
@@ -350,6 +368,10 @@ def to_huggingface(
       json.dump(hf_config, f, indent=2)
     if tokenizer_file:
       shutil.copyfile(tokenizer_file, tmp / tokenizer_json.FILE_NAME)
+    for name, value in extra.files.items():
+      (tmp / name).write_text(json.dumps(value, indent=2, ensure_ascii=False), encoding="utf-8")
+    if tokenizer_text:
+      (tmp / tokenizer_json.FILE_NAME).write_text(tokenizer_text, encoding="utf-8")
     for path in tmp.iterdir():
       _files.fsync(path)
     _publish_dir(tmp, out)

@@ -252,19 +252,24 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
   return params
 
 
+def fused_projections(config: gpt.GPTConfig):
+  """`((sublayer, dense), Hugging Face projections side by side in it, where they split)`
+  for each dense layer of a block (q, k, v in `attn.qkv`; gate, up in `mlp.fc`)."""
+  h, kv, d, f = config.n_head, config.kv_heads, config.head_dim, config.mlp_width
+  return ((("attn", "qkv"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+           (h * d, (h + kv) * d)),
+          (("attn", "proj"), ("self_attn.o_proj",), ()),
+          (("mlp", "fc"), ("mlp.gate_proj", "mlp.up_proj"), (f,)),
+          (("mlp", "proj"), ("mlp.down_proj",), ()))
+
+
 def state_from_params(params: Params, config: gpt.GPTConfig,
                       dtype: Optional[Any] = np.float32) -> Dict[str, np.ndarray]:
   """Hugging Face's state dict (`[out, in]` weights) of Llama-family params, in `dtype`."""
   gpt.check_params(params, config)
   hf_config_dict(config)  # refuses configs outside the family
-  h, kv, d, f = config.n_head, config.kv_heads, config.head_dim, config.mlp_width
   blocks = params["blocks"]
-  # (purejax dense layer, the Hugging Face projections side by side in it, where they split)
-  fused = ((("attn", "qkv"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-            (h * d, (h + kv) * d)),
-           (("attn", "proj"), ("self_attn.o_proj",), ()),
-           (("mlp", "fc"), ("mlp.gate_proj", "mlp.up_proj"), (f,)),
-           (("mlp", "proj"), ("mlp.down_proj",), ()))
+  fused = fused_projections(config)
   state = {"model.embed_tokens.weight": params["wte"]["embedding"],
            "model.norm.weight": params["ln_f"]["scale"]}
   if not config.tie_embeddings:

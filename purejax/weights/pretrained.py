@@ -24,9 +24,11 @@ from purejax import lora
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.training import checkpoint
+from purejax.weights import gguf_files
 from purejax.weights import gpt2
 from purejax.weights import huggingface
 from purejax.weights import nanogpt
+from purejax.weights import peft
 from purejax.weights.errors import ConversionError
 
 Params = Dict[str, Any]
@@ -47,8 +49,9 @@ def from_purejax(out_dir: str, *, best: bool = False
   return _read_purejax(out_dir, best)[:3]
 
 
-def _read_purejax(out_dir: str, best: bool = False):
-  """`from_purejax`'s values and the checkpoint's whole metadata."""
+def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
+  """`from_purejax`'s values and the checkpoint's whole metadata; with `merged=False`,
+  a LoRA run's params are `{"base": ..., "adapters": ...}` (`lora.trainable`)."""
   import jax  # pylint: disable=g-import-not-at-top
   if best:
     path = checkpoint.best_path(out_dir)
@@ -74,6 +77,8 @@ def _read_purejax(out_dir: str, best: bool = False):
                                                   jax.random.PRNGKey(0)), template["params"])
     template = {"params": lora.trainable(template["params"], adapters)}
   params = checkpoint.extract(arrays, template, out_dir)["params"]
+  if adapted and not merged:
+    return params, config, None, meta
   if adapted:
     alpha = lora.LoraConfig(adapted["rank"], adapted["alpha"]).scale_alpha
     params = lora.merge(params["base"], params["adapters"], alpha)
@@ -93,9 +98,10 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
   Args:
     source: `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` or a Hub id
       `OWNER/MODEL` of a Llama-family model (Hugging Face's cache); `KIND:PATH`
-      with KIND hf, nanogpt or purejax; or a path: a folder with `config.json`
-      (Hugging Face: GPT-2, Llama, Mistral, Qwen2), a folder of purejax
-      checkpoints, or a nanoGPT `.pt` file.
+      with KIND hf, gguf, nanogpt or purejax; or a path: a folder with
+      `config.json` (Hugging Face: GPT-2, Llama, Mistral, Qwen2), a `.gguf`
+      file (llama.cpp's: llama, mistral, qwen2, dequantized to float32), a
+      folder of purejax checkpoints, or a nanoGPT `.pt` file.
     trust_pickle: load `.pt` files with arbitrary pickled objects.
 
   Raises:
@@ -111,13 +117,17 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
       kind = "purejax"
     elif local.is_file() and local.suffix == ".pt":
       kind = "nanogpt"
+    elif local.suffix == ".gguf" or gguf_files.is_gguf(source):
+      kind = "gguf"
     if kind is None:
       raise ConversionError(
           f"`source={source}`: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
-          f"OWNER/MODEL, a Hugging Face folder (config.json), a purejax run directory "
-          f"(ckpt_*.npz) or a nanoGPT .pt file.")
+          f"OWNER/MODEL, a Hugging Face folder (config.json), a .gguf file, a purejax run "
+          f"directory (ckpt_*.npz) or a nanoGPT .pt file.")
   if kind == "hf":
     return huggingface.from_huggingface(path)
+  if kind == "gguf":
+    return gguf_files.from_gguf(path)
   if kind == "nanogpt":
     return nanogpt.from_nanogpt(path, allow_pickle=trust_pickle)
   return from_purejax(path)
@@ -148,40 +158,69 @@ def _check_target(kind: str, path: str, overwrite: bool) -> None:
   if kind == "purejax":
     if checkpoint.list_checkpoints(str(target)):
       raise ConversionError(f"{target} already holds checkpoints; choose an empty folder.")
-  elif kind == "hf":
+  elif kind in ("hf", "peft"):
     huggingface.check_target(path, overwrite)
+  elif kind == "gguf":
+    gguf_files.check_target(path, overwrite)
   else:
     nanogpt.check_target(path, overwrite)
 
 
-_SOURCES = ("hf", "nanogpt", "purejax")
+_SOURCES = ("hf", "gguf", "nanogpt", "purejax")
+_TARGETS = _SOURCES + ("peft",)  # peft: a LoRA run's adapters alone
 
 
-def parse_location(value: Optional[str], what: str) -> Tuple[str, str]:
-  """`(kind, path)` of a `KIND:PATH` location; `what` names it in the error."""
+def parse_location(value: Optional[str], what: str, *, target: bool = False
+                   ) -> Tuple[str, str]:
+  """`(kind, path)` of a `KIND:PATH` location; `what` names it in the error; a
+  `target` may also be `peft:`."""
+  kinds = _TARGETS if target else _SOURCES
   if not value:
     raise ConversionError(f"{what} is required: KIND:PATH with KIND one of "
-                          f"{', '.join(_SOURCES)}.")
+                          f"{', '.join(kinds)}.")
   kind, sep, path = value.partition(":")
-  if not sep or kind not in _SOURCES or not path:
+  if not sep or kind not in kinds or not path:
     raise ConversionError(f"{what}={value or ''} must be KIND:PATH with KIND one of "
-                          f"{', '.join(_SOURCES)}.")
+                          f"{', '.join(kinds)}.")
   return kind, path
+
+
+def _to_peft(src_kind: str, src: str, dst: str, overwrite: bool) -> str:
+  """A LoRA run's adapters as a PEFT folder; the summary line."""
+  if src_kind != "purejax":
+    raise ConversionError(f"peft: targets take a purejax LoRA run's adapters; the source "
+                          f"is {src_kind}:{src}.")
+  tree, config, _, meta = _read_purejax(src, merged=False)
+  if not meta.get("lora"):
+    raise ConversionError(f"{src} is not a LoRA fine-tune (it has no adapters); export "
+                          f"it whole with hf:DIR.")
+  settings = lora.LoraConfig(meta["lora"]["rank"], meta["lora"]["alpha"],
+                             tuple(meta["lora"]["targets"]))
+  written = peft.to_peft(tree["adapters"], settings, config, dst,
+                         base_model=meta.get("init_from"), overwrite=overwrite)
+  return (f"wrote peft:{written} (LoRA rank {settings.rank}, alpha {settings.scale_alpha:g}, "
+          f"{lora.num_params(tree['adapters']) / 1e6:.3f}M adapter params; base "
+          f"{meta.get('init_from')}).")
 
 
 def convert(source: str, target: str, *, meta: Optional[str] = None,
             overwrite: bool = False, trust_pickle: bool = False,
-            dtype: str = "float32") -> str:
+            dtype: str = "float32", gguf_type: str = "f16") -> str:
   """Converts `source` to `target` (both `KIND:PATH`); returns a one-line summary.
 
-  `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's weights.
+  `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's
+  weights; `gguf_type` ("f16", "bf16" or "q8_0") that of a GGUF target's.
   """
   src_kind, src = parse_location(source, "source")
-  dst_kind, dst = parse_location(target, "target")
+  dst_kind, dst = parse_location(target, "target", target=True)
   _check_target(dst_kind, dst, overwrite)  # before a load that may take minutes
+  if dst_kind == "peft":
+    return _to_peft(src_kind, src, dst, overwrite)
   dataset = None  # the training data's name, which nanoGPT's sample.py looks for
   if src_kind == "hf":
     params, config, spec = huggingface.from_huggingface(src)
+  elif src_kind == "gguf":
+    params, config, spec = gguf_files.from_gguf(src)
   elif src_kind == "nanogpt":
     params, config, spec = nanogpt.from_nanogpt(src, meta_path=meta, allow_pickle=trust_pickle)
   else:
@@ -192,6 +231,9 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
     written = huggingface.to_huggingface(params, config, dst, valid_vocab=valid,
                                          overwrite=overwrite, tokenizer_spec=spec,
                                          dtype=dtype)
+  elif dst_kind == "gguf":
+    written = gguf_files.to_gguf(params, config, dst, spec, gguf_type=gguf_type,
+                                 overwrite=overwrite)
   elif dst_kind == "nanogpt":
     written = nanogpt.to_nanogpt(params, config, dst, tokenizer_spec=spec, dataset=dataset,
                                  overwrite=overwrite)

@@ -1,0 +1,159 @@
+r"""Plans a training run on a GPU you do not have: memory, the largest batch, a speed floor.
+
+    python -m purejax.plan --gpu=h100 --n_layer=12 --n_head=12 --n_embd=768 \
+        --block_size=1024 --vocab_size=50304 --bias=false --dtype=bfloat16 --batch_size=12
+    python -m purejax.plan --gpu=h100 --num_devices=8 --fsdp --batch_size=96 ...
+
+It takes `purejax.train`'s model, batch, forms and device flags, compiles the
+training step for the card with XLA's GPU compiler on this machine (no GPU
+needed; JAX's CUDA plugin must be installed), and prints, per device: the
+bytes of params, optimizer state and temporaries XLA planned, the peak against
+the card's memory, the largest batch that fits, the step's FLOPs and the step
+time and MFU they allow at the card's peak. docs/performance.md says what the
+numbers are and are not.
+"""
+
+import dataclasses
+import sys
+from typing import Sequence
+
+from absl import flags
+import jax
+
+from purejax import gpt
+from purejax.cli import command
+from purejax.cli import errors
+from purejax.cli import forms_flags
+from purejax.cli import train
+from purejax.cli import train_flags
+from purejax.ops import kernels
+from purejax.training import flops
+from purejax.training import gpu_plan
+from purejax.training import loop
+
+Args = flags.FlagValues
+GIB = 1 << 30
+
+
+def define_flags(args: Args) -> None:
+  train_flags.define_flags(args, "gpt")
+  flags.DEFINE_string("gpu", "h100", f"The card to plan for: {', '.join(gpu_plan.TARGETS)}.",
+                      flag_values=args)
+  flags.DEFINE_integer("vocab_size", 50304, "Token ids (the model's vocabulary; GPT-2: 50304 "
+                       "as nanoGPT pads it).", lower_bound=1, flag_values=args)
+  flags.DEFINE_integer("mlp_hidden", None, "The MLP's hidden width (default: the "
+                       "architecture's).", lower_bound=1, flag_values=args)
+  flags.DEFINE_bool("max_batch", True, "Also find the largest batch that fits (a few "
+                    "compiles more).", flag_values=args)
+  flags.DEFINE_float("memory_fraction", gpu_plan.JAX_MEMORY_FRACTION,
+                     "Fraction of the card's memory a program may plan: JAX's default "
+                     "preallocation (XLA_PYTHON_CLIENT_MEM_FRACTION).", lower_bound=0.01,
+                     upper_bound=1.0, flag_values=args)
+
+
+def _gib(n: float) -> str:
+  return f"{n / GIB:.2f} GiB"
+
+
+def _bytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def plan(args: Args) -> int:
+  """Compiles the flags' training step for `--gpu` and prints the plan; the exit code."""
+  try:
+    card = gpu_plan.card(args.gpu)
+    config = train.gpt_config(args, vocab_size=args.vocab_size)
+    if args.mlp_hidden:
+      config = dataclasses.replace(config, mlp_hidden=args.mlp_hidden)
+    forms = kernels.select("gpu", **forms_flags.forms_overrides(args))
+    opt_config = loop.resumable_optimizer(train.optimizer_config(args), args.max_iters)
+    num_devices = args.num_devices or 1
+    devices = gpu_plan.target_devices(args.gpu, num_devices)
+    adapters = train.lora_config(args)
+
+    def compile_at(batch_size: int) -> gpu_plan.ProgramPlan:
+      return gpu_plan.read_program(gpu_plan.compile_train_step(
+          config, devices, batch_size=batch_size, forms=forms, opt_config=opt_config,
+          fsdp=args.fsdp, grad_accum_steps=args.grad_accum_steps, lora_config=adapters))
+
+    program = compile_at(args.batch_size)
+  except gpu_plan.PluginMissing as e:
+    errors.fail(e, args)
+  except ValueError as e:
+    errors.fail(e, args)
+  capacity = int(args.memory_fraction * card.memory_bytes)
+  params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+  n_params = gpt.num_params(params)
+  print(f"target: {num_devices} x {args.gpu} ({card.description}, {_gib(card.memory_bytes)}; "
+        f"a program may plan {args.memory_fraction:g} of it: {_gib(capacity)})")
+  print(f"model: {n_params / 1e6:.1f}M params, {config.n_layer} layers, {config.n_embd} wide, "
+        f"T={config.block_size}, {config.compute_dtype} matmuls; batch {args.batch_size} "
+        f"({num_devices} device(s) x {args.grad_accum_steps} microbatch(es)), "
+        f"{'FSDP' if args.fsdp else 'replicated'} state"
+        + (f", LoRA rank {adapters.rank}" if adapters else ""))
+  print(f"forms: {forms.describe()}")
+  # The step's arguments are the params, the optimizer state, the corpus's stand-in
+  # (`compile_train_step`'s num_tokens int32 ids) and the keys.
+  share = num_devices if args.fsdp else 1
+  weights = _bytes(params) / share  # with LoRA, the frozen base; its adapters join the optimizer's
+  corpus = 4 * (1 << 20)
+  print(f"per device: params {_gib(weights)}, optimizer state "
+        f"{_gib(program.argument_bytes - weights - corpus)}, temporaries (activations, "
+        f"gradients, workspace) {_gib(program.temp_bytes)}")
+  fits = program.peak_bytes <= capacity
+  print(f"planned peak per device: {_gib(program.peak_bytes)} of {_gib(capacity)}: "
+        f"{'fits' if fits else 'does NOT fit'}")
+  calls = program.custom_calls
+  print(f"cuDNN attention calls: forward {calls[gpu_plan.CUDNN_FORWARD]}, backward "
+        f"{calls[gpu_plan.CUDNN_BACKWARD]} (a layer scan's body counts once); collectives: "
+        + (", ".join(f"{kind} x{n}" for kind, n in sorted(program.collectives.items()))
+           or "none"))
+  if args.max_batch:
+    granule = num_devices * args.grad_accum_steps
+    peaks = {args.batch_size: program.peak_bytes}
+
+    def peak_at(batch_size: int) -> int:
+      if batch_size not in peaks:
+        peaks[batch_size] = compile_at(batch_size).peak_bytes
+      return peaks[batch_size]
+
+    try:
+      best = gpu_plan.largest_batch(peak_at, capacity, granule, args.batch_size)
+    except ValueError as e:
+      errors.fail(e, args)
+    above = (best or 0) + granule
+    print(f"largest batch that fits: {best or 'none'}"
+          + (f" (planned peak {_gib(peaks[best])})" if best else "")
+          + (f"; {above} plans {_gib(peaks[above])}" if above in peaks else "")
+          + f". Rule: the largest multiple of {granule} (devices x microbatches) whose "
+          f"planned peak is <= {_gib(capacity)}, found by compiling {len(peaks)} batches")
+  per_token = flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
+                                                config.head_dim, config.block_size)
+  step_flops = per_token * args.batch_size * config.block_size / num_devices
+  peak = flops.device_peak_flops(devices[0], config.compute_dtype)
+  moved = program.argument_bytes + program.output_bytes + 2 * program.temp_bytes
+  floor = gpu_plan.step_floor(step_flops, peak, moved, card.bandwidth)
+  print(f"FLOPs per step per device: {step_flops / 1e12:.2f} TFLOP (nanoGPT's 6N + 12LHQT "
+        f"per token; XLA's cost_analysis() gives none for a program compiled without a GPU)")
+  compute = (f"{floor['compute_s'] * 1e3:.2f} ms at {peak / 1e12:.0f} TFLOP/s"
+             if floor["compute_s"] else "unknown peak")
+  print(f"step-time floor: {floor['floor_s'] * 1e3:.2f} ms = max(compute {compute}, memory "
+        f"{floor['memory_s'] * 1e3:.2f} ms to read the arguments, write the outputs and "
+        f"write and read the temporaries once at {card.bandwidth / 1e12:.2f} TB/s)"
+        + (f"; MFU ceiling {floor['compute_s'] / floor['floor_s']:.0%}"
+           if floor["compute_s"] else ""))
+  return 0
+
+
+def run(argv: Sequence[str]) -> int:
+  """`python -m purejax.plan` with `argv` (the program's name first): the exit code."""
+  return command.run(argv, define_flags, plan, usage=__doc__)
+
+
+def main() -> None:
+  command.main(run)
+
+
+if __name__ == "__main__":
+  main()

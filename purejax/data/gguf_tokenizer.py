@@ -1,0 +1,249 @@
+"""The tokenizer a GGUF file describes, as a `tokenizers` tokenizer, offline.
+
+    tok = gguf_tokenizer.load("model.gguf")      # a JSONTokenizer: encode, decode, spec
+    ids = tok.encode("Hello world")
+    fields = gguf_tokenizer.read_fields("model.gguf")   # the file's tokenizer.* metadata
+
+A GGUF (llama.cpp's file format) has no `tokenizer.json`: its metadata holds
+the vocabulary (`tokenizer.ggml.tokens`), the merges, each token's type,
+the special ids, whether a BOS is prepended, the pre-tokenizer's name and
+the chat template. Two tokenizer models are rebuilt here, as transformers'
+GGUF loader builds them, so both give the same ids:
+
+- `gpt2`: a byte-level BPE (SmolLM, Qwen2, Llama 3): GPT-2's byte alphabet,
+  the file's merges, the pre-tokenizer's split regex named by
+  `tokenizer.ggml.pre` (GPT-2's when the name is not one of `SPLITS`);
+- `llama`: a SentencePiece BPE (Llama 2, Mistral): `▁` for spaces, byte
+  fallback, merges from the file or else from the tokens' scores.
+
+Control tokens (type 3) become special tokens and user-defined ones (type 4)
+added tokens, so they are matched whole in text. The spec records the file
+and a fingerprint of its tokenizer metadata; the chat template, the BOS and
+EOS tokens and whether to prepend BOS travel in the spec too.
+"""
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from typing import Any, ClassVar, Dict, List, Optional, Sequence
+
+from purejax.data import tokenizer_json
+from purejax.data.errors import TokenizerError
+from purejax.data.tokenizer_spec import TokenizerSpec
+
+MODELS = ("gpt2", "llama")
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> the regex the vocabulary's merges were learned on.
+SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+          "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT,
+          "deepseek-r1-qwen": _QWEN2_SPLIT}
+
+# The metadata keys a tokenizer is made of (the fingerprint's input).
+_KEYS = ("model", "pre", "tokens", "token_type", "merges", "scores")
+
+
+def import_gguf():
+  """llama.cpp's `gguf` package, or a one-line error saying how to install it."""
+  try:
+    import gguf  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise TokenizerError("GGUF files need the gguf package: pip install gguf.") from None
+  return gguf
+
+
+def open_reader(path: str):
+  """A `gguf.GGUFReader` of `path` (memory-mapped), or a one-line error."""
+  gguf = import_gguf()
+  file = pathlib.Path(path).expanduser()
+  if not file.is_file():
+    raise TokenizerError(f"{file} is missing; pass the path of a .gguf file.")
+  try:
+    return gguf.GGUFReader(str(file))
+  except Exception as e:  # pylint: disable=broad-except  # the reader raises plain errors
+    raise TokenizerError(f"{file} is not a GGUF file the gguf package reads "
+                         f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
+                         f"download it again.") from e
+
+
+def metadata(reader, prefix: str = "") -> Dict[str, Any]:
+  """`{key: value}` of the file's metadata whose keys start with `prefix` (arrays as lists)."""
+  return {key: field.contents() for key, field in reader.fields.items()
+          if key.startswith(prefix) and not key.startswith("GGUF.")}
+
+
+def fields_of(meta: Dict[str, Any]) -> Dict[str, Any]:
+  """The tokenizer part of a GGUF's metadata, as `{short name: value}`."""
+  g = "tokenizer.ggml."
+  fields = {key[len(g):]: value for key, value in meta.items() if key.startswith(g)}
+  if "tokenizer.chat_template" in meta:
+    fields["chat_template"] = meta["tokenizer.chat_template"]
+  return fields
+
+
+def read_fields(path: str) -> Dict[str, Any]:
+  """The tokenizer metadata of the GGUF file `path` (`fields_of`)."""
+  return fields_of(metadata(open_reader(path), "tokenizer."))
+
+
+def fingerprint(fields: Dict[str, Any]) -> str:
+  """sha256 of the metadata that makes the tokenizer (vocabulary, merges, types, model)."""
+  text = json.dumps([fields.get(key) for key in _KEYS], ensure_ascii=False, default=float)
+  return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _bytes_to_unicode() -> Dict[int, str]:
+  """GPT-2's byte alphabet: each byte as a printable character."""
+  keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      chars[b] = chr(b)
+    else:
+      chars[b] = chr(256 + extra)
+      extra += 1
+  return chars
+
+
+def _sentencepiece_merges(tokens: Sequence[str], scores: Sequence[float]) -> List[tuple]:
+  """Merges implied by a SentencePiece vocabulary: every split of a token into two tokens,
+  best score first (as transformers rebuilds them)."""
+  vocab = {token: i for i, token in enumerate(tokens)}
+  merges = []
+  for token, score in zip(tokens, scores):
+    local = [(token[:i], token[i:], score) for i in range(1, len(token))
+             if token[:i] in vocab and token[i:] in vocab]
+    merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+  merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+  return [(left, right) for left, right, _ in merges]
+
+
+def build(fields: Dict[str, Any], source: str = "the GGUF file"):
+  """The `tokenizers.Tokenizer` of a GGUF's tokenizer metadata (`fields_of`).
+
+  Raises:
+    TokenizerError: no vocabulary, or a tokenizer model other than `MODELS`.
+  """
+  tk = tokenizer_json._import_tokenizers()  # pylint: disable=protected-access
+  model, tokens = fields.get("model"), fields.get("tokens")
+  if not tokens:
+    raise TokenizerError(f"{source} holds no tokenizer (no tokenizer.ggml.tokens); use a "
+                         f"GGUF converted with its tokenizer.")
+  if model not in MODELS:
+    raise TokenizerError(f"{source}: tokenizer.ggml.model={model!r} is not one purejax "
+                         f"rebuilds ({', '.join(MODELS)}).")
+  types = list(fields.get("token_type") or [])
+  if model == "gpt2":
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    vocab = {(t if set(t) <= alphabet else
+              "".join(spelling[b] for b in t.encode("utf-8"))): i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) for m in fields.get("merges") or []]
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, dropout=None,
+                                     continuing_subword_prefix="", end_of_word_suffix="",
+                                     fuse_unk=False))
+    split = SPLITS.get(fields.get("pre"))
+    if split is None:
+      tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+      tok.pre_tokenizer = tk.pre_tokenizers.Sequence([
+          tk.pre_tokenizers.Split(tk.Regex(split), behavior="isolated"),
+          tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = tk.decoders.ByteLevel()
+    # A control token spelled outside the byte alphabet is a converter's mislabel.
+    control_ok = lambda t: set(t) <= alphabet
+  else:
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if fields.get("merges"):
+      merges = [tuple(m.split(" ")) for m in fields["merges"]]
+    else:
+      merges = _sentencepiece_merges(tokens, fields.get("scores") or [0.0] * len(tokens))
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=True,
+                                     byte_fallback=True, dropout=None, unk_token=tokens[
+                                         fields.get("unknown_token_id", 0)]))
+    tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
+                                                    split=False)
+    tok.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "),
+                                        tk.decoders.ByteFallback(), tk.decoders.Fuse(),
+                                        tk.decoders.Strip(content=" ", left=1)])
+    control_ok = lambda t: True
+  if types:
+    tok.add_special_tokens([tk.AddedToken(t, normalized=False, special=True)
+                            for t, kind in zip(tokens, types)
+                            if kind == CONTROL and control_ok(t)])
+    tok.add_tokens([tk.AddedToken(t, normalized=False, special=False)
+                    for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+  return tok
+
+
+def _special(fields: Dict[str, Any], key: str) -> Optional[str]:
+  i = fields.get(key)
+  tokens = fields.get("tokens") or []
+  return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFTokenizer(tokenizer_json.JSONTokenizer):
+  """A GGUF file's tokenizer. Build it with `load`.
+
+  Attributes (beyond `JSONTokenizer`'s):
+    chat_template: `tokenizer.chat_template`, or None.
+    bos_token, eos_token: the tokens of the file's BOS and EOS ids, or None.
+    add_bos: whether llama.cpp prepends BOS to a prompt (`add_bos_token`).
+  """
+  chat_template: Optional[str] = None
+  bos_token: Optional[str] = None
+  eos_token: Optional[str] = None
+  add_bos: bool = False
+  name: ClassVar[str] = "gguf"
+
+  def spec(self) -> TokenizerSpec:
+    return TokenizerSpec("gguf", self.name, self.vocab_size, fingerprint=self.fingerprint,
+                         encoding_file=self.encoding_file, chat_template=self.chat_template,
+                         bos_token=self.bos_token, eos_token=self.eos_token,
+                         add_bos=self.add_bos)
+
+
+def from_fields(fields: Dict[str, Any], path: str) -> GGUFTokenizer:
+  """The tokenizer of `fields` (read from the GGUF file `path`)."""
+  model = fields.get("model")
+  # llama.cpp prepends BOS to a SentencePiece vocabulary that does not say otherwise.
+  add_bos = bool(fields.get("add_bos_token", model == "llama"))
+  return GGUFTokenizer(build(fields, path), str(pathlib.Path(path).expanduser().absolute()),
+                       fingerprint(fields), chat_template=fields.get("chat_template"),
+                       bos_token=_special(fields, "bos_token_id"),
+                       eos_token=_special(fields, "eos_token_id"), add_bos=add_bos)
+
+
+def load(path: str) -> GGUFTokenizer:
+  """The tokenizer of the GGUF file `path`.
+
+  Raises:
+    TokenizerError: not a GGUF file, no tokenizer in it, or one of another model.
+  """
+  return from_fields(read_fields(path), path)
+
+
+def from_spec(spec: TokenizerSpec, *, encoding_file: Optional[str] = None) -> GGUFTokenizer:
+  """Rebuilds the tokenizer of a "gguf" spec, from `encoding_file` if given (a moved file).
+
+  Raises:
+    TokenizerError: the file is missing, or holds another tokenizer than the spec's.
+  """
+  source = encoding_file or spec.encoding_file
+  if not source:
+    raise TokenizerError("the GGUF tokenizer is recorded without a path; pass "
+                         "`encoding_file=PATH` of the model's .gguf file.")
+  tok = load(source)
+  if tok.fingerprint != spec.fingerprint:
+    raise TokenizerError(
+        f"{source} holds another tokenizer than the model was made with (fingerprint "
+        f"{tok.fingerprint[:12]}, expected {str(spec.fingerprint)[:12]}); pass "
+        f"`encoding_file=PATH` of the original .gguf file.")
+  return tok

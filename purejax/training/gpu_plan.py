@@ -1,0 +1,294 @@
+"""A GPU's compiled program on any machine: deviceless compiles for a named card.
+
+    devices = gpu_plan.target_devices("h100", num_devices=1)    # no GPU needed
+    compiled = gpu_plan.compile_train_step(config, devices, batch_size=12, forms=forms,
+                                           opt_config=loop.GPT_OPTIMIZER)
+    plan = gpu_plan.read_program(compiled)   # bytes XLA planned, cuDNN calls, collectives
+
+XLA's GPU compiler runs on a CPU host when JAX's CUDA plugin is installed
+(`pip install jax-cuda12-plugin jax-cuda12-pjrt nvidia-cuda-nvcc-cu12`; no
+driver or GPU is needed, XLA uses only `ptxas`). It compiles for the card a
+`GpuTargetConfig` describes (`gpu_targets/*.txtpb`, XLA's own specs, each
+with its source) on a topology of such cards (`jax.experimental.topologies`),
+and the result is the program a GPU would run: its memory plan
+(`memory_analysis()`) and optimised HLO, with the autotuner's untuned
+defaults in place of tuned GEMM choices.
+"""
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import pathlib
+import re
+from typing import Callable, Dict, Iterator, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from purejax import gpt
+from purejax import lora
+from purejax.data import batches
+from purejax.ops import kernels
+from purejax.training import optim
+from purejax.training import parallel
+from purejax.training import state as state_lib
+from purejax.training import steps
+
+# The plugin must match jaxlib's version exactly.
+PLUGIN_INSTALL = (f"pip install jax-cuda12-plugin=={jaxlib.__version__} "
+                  f"jax-cuda12-pjrt=={jaxlib.__version__} nvidia-cuda-nvcc-cu12")
+_TARGET_DIR = pathlib.Path(__file__).parent / "gpu_targets"
+# Card name -> its XLA target config file (the file's first lines say where it comes from).
+TARGETS: Dict[str, str] = {
+    "h100": "h100_sxm.txtpb",
+    "h100-pcie": "h100_pcie.txtpb",
+    "h200": "h200_sxm.txtpb",
+    "a100-80g": "a100_sxm_80.txtpb",
+    "a100-40g": "a100_sxm_40.txtpb",
+}
+# JAX preallocates this fraction of a GPU's memory for its allocator by default
+# (XLA_PYTHON_CLIENT_MEM_FRACTION); a program must fit in it.
+JAX_MEMORY_FRACTION = 0.75
+CUDNN_FORWARD, CUDNN_BACKWARD = "__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"
+# The cuDNN version assumed when the host has no cuDNN to ask (`cudnn_stand_in`).
+ASSUMED_CUDNN = 90800
+
+
+class PluginMissing(RuntimeError):
+  """JAX's CUDA plugin is not installed, so XLA's GPU compiler is not there to plan with."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Card:
+  """A target GPU: its name here, its XLA config text, and what the config says of it."""
+  name: str
+  config_text: str
+
+  def _field(self, name: str) -> float:
+    return float(re.search(rf"\b{name}:\s*([\d.e+]+)", self.config_text).group(1))
+
+  @property
+  def memory_bytes(self) -> int:
+    return int(self._field("device_memory_size"))
+
+  @property
+  def bandwidth(self) -> float:
+    """Memory bandwidth, bytes/s."""
+    return self._field("memory_bandwidth")
+
+  @property
+  def description(self) -> str:
+    return re.search(r'device_description_str:\s*"([^"]*)"', self.config_text).group(1)
+
+  @property
+  def source(self) -> str:
+    return " ".join(line[len("# "):] for line in self.config_text.splitlines()
+                    if line.startswith("# "))
+
+
+def card(name: str) -> Card:
+  """The target GPU called `name` (a key of `TARGETS`)."""
+  if name not in TARGETS:
+    raise ValueError(f"unknown GPU `{name}`; known: {', '.join(TARGETS)}.")
+  return Card(name, (_TARGET_DIR / TARGETS[name]).read_text())
+
+
+def target_devices(name: str, num_devices: int = 1) -> Sequence[jax.Device]:
+  """`num_devices` abstract GPUs of kind `name` on one host, to compile for (never to run on)."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  text = card(name).config_text
+  try:
+    topology = topologies.get_topology_desc(platform="cuda", target_config=text,
+                                            topology=f"1x1x{num_devices}")
+  except NotImplementedError as e:
+    raise PluginMissing(f"JAX's CUDA plugin is not installed ({e}); install it with "
+                        f"`{PLUGIN_INSTALL}` (a GPU is not needed).") from None
+  return topology.devices
+
+
+@contextlib.contextmanager
+def cudnn_stand_in() -> Iterator[None]:
+  """Traces cuDNN attention on a host without cuDNN, as cuDNN `ASSUMED_CUDNN`.
+
+  JAX asks the installed cuDNN for its version while tracing a cuDNN
+  attention call (to choose what the call may ask for); a host without the
+  library fails there. The version is the one thing taken from the host.
+  """
+  from jax._src.cudnn import fused_attention_stablehlo as fused  # pylint: disable=g-import-not-at-top
+  original = fused.check_cudnn_version
+  try:
+    original()
+    yield
+    return
+  except RuntimeError:
+    pass
+  fused.check_cudnn_version = lambda: ASSUMED_CUDNN
+  try:
+    yield
+  finally:
+    fused.check_cudnn_version = original
+
+
+def data_mesh(devices: Sequence[jax.Device]) -> jax.sharding.Mesh:
+  """A 1-D `"data"` mesh over `devices`, as `parallel.make_mesh` builds over real ones."""
+  return jax.sharding.Mesh(np.asarray(devices), (parallel.DATA_AXIS,),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def abstract(tree, shardings):
+  """`jax.ShapeDtypeStruct`s of `tree`'s leaves, each with its sharding (one or a tree)."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree.map(lambda _: shardings, tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+def compile_train_step(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, batch_size: int,
+                       forms: kernels.Forms, opt_config: optim.OptimizerConfig,
+                       fsdp: bool = False, grad_accum_steps: int = 1,
+                       lora_config: Optional[lora.LoraConfig] = None, num_steps: int = 1,
+                       num_tokens: int = 1 << 20):
+  """One call of the training loop's program (`steps.train_steps`), compiled for `devices`.
+
+  The same program `loop.train_gpt` jits (`parallel.jit_train_step` over a
+  data mesh), from abstract inputs: nothing is allocated.
+
+  Args:
+    config: the model.
+    devices: `target_devices(...)`; several make a data-parallel mesh.
+    batch_size: the global batch.
+    forms: how the model runs (`kernels.select("gpu")`, from the entry point).
+    opt_config: the optimizer (its state's bytes are part of the plan).
+    fsdp: split params and optimizer state across the devices.
+    grad_accum_steps: microbatches per step.
+    lora_config: train LoRA adapters instead of the weights.
+    num_steps: steps in the call's `lax.scan`.
+    num_tokens: length of the corpus on the device, which the batches are drawn from.
+
+  Returns:
+    The `jax.stages.Compiled` program.
+  """
+  plan = parallel.ShardingPlan(data_mesh(devices), fsdp=fsdp)
+  parallel.check_batch_size(batch_size, plan.mesh, grad_accum_steps)
+  optimizer = optim.RunOptimizer(opt_config, False, lora_config is not None)()
+
+  def start():
+    params = gpt.init_params(config, jax.random.PRNGKey(0))
+    return state_lib.start_state(params, state_lib.run_keys(0), optimizer, lora_config)[0]
+
+  state = jax.eval_shape(start)
+  view = lora.View(lora_config.scale_alpha) if lora_config is not None else None
+  layout = state_lib.shardings(state, plan)
+  step = parallel.jit_train_step(steps.train_steps, plan, layout, config=config,
+                                 optimizer=optimizer, batch_size=batch_size, num_steps=num_steps,
+                                 forms=forms, grad_accum_steps=grad_accum_steps,
+                                 params_view=view)
+  tokens = batches.DeviceTokens(jax.ShapeDtypeStruct((num_tokens,), jnp.int32,
+                                                     sharding=plan.replicated))
+  first = jax.ShapeDtypeStruct((), jnp.int32, sharding=plan.replicated)
+  with cudnn_stand_in():
+    return step.lower(abstract(state, layout), tokens, first).compile()
+
+
+_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|"
+                         r"collective-permute)(?:-start)?\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramPlan:
+  """What XLA planned for one compiled program, per device.
+
+  Attributes:
+    argument_bytes, output_bytes, alias_bytes, temp_bytes: `memory_analysis()`'s
+      sizes (outputs aliased to donated arguments count once).
+    custom_calls: `{custom-call target: count}` in the optimised HLO (a
+      `lax.scan`'s body counts once).
+    collectives: `{collective kind: count}` in the optimised HLO.
+    hlo: the optimised HLO text.
+  """
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  custom_calls: collections.Counter
+  collectives: collections.Counter
+  hlo: str
+
+  @property
+  def peak_bytes(self) -> int:
+    """Arguments + outputs - aliased + temporaries: the device memory one call needs."""
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+def read_program(compiled) -> ProgramPlan:
+  """The `ProgramPlan` of a `jax.stages.Compiled` program."""
+  memory, hlo = compiled.memory_analysis(), compiled.as_text()
+  return ProgramPlan(
+      memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
+      memory.temp_size_in_bytes,
+      collections.Counter(re.findall(r'custom_call_target="([^"]+)"', hlo)),
+      collections.Counter(_COLLECTIVE.findall(hlo)), hlo)
+
+
+def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, first: int,
+                  limit: int = 1 << 14) -> Optional[int]:
+  """The largest batch, a multiple of `granule`, whose planned peak fits in `capacity`.
+
+  The rule: a straight line through the peaks at `first` and twice `first`
+  guesses the answer; compiles at the guess and one granule above it
+  confirm it. Where the line was wrong, the search steps away from the
+  guess in doubling strides until it brackets the answer, then bisects. So
+  a peak that grows linearly with the batch costs four compiles. Assumes
+  the peak grows with the batch.
+
+  Args:
+    peak_at: planned peak bytes of the program at a batch (`ProgramPlan.peak_bytes`).
+    capacity: bytes the program may use.
+    granule: batches are multiples of it (devices x microbatches).
+    first: a batch to start from (rounded down to the granule, at least one granule).
+    limit: the largest batch tried.
+
+  Returns:
+    The batch, or None when one granule does not fit.
+  """
+  peak_at = functools.lru_cache(maxsize=None)(peak_at)
+  top = max(1, limit // granule)
+  fits = lambda units: peak_at(units * granule) <= capacity
+  a = min(max(1, first // granule), top)
+  b = min(2 * a, top)
+  slope = (peak_at(b * granule) - peak_at(a * granule)) / max(b - a, 1)
+  guess = a + int((capacity - peak_at(a * granule)) // slope) if slope > 0 else a
+  guess = min(max(guess, 1), top)
+  if fits(guess):  # climb: low fits, high does not
+    low, stride = guess, 1
+    while True:
+      high = low + stride
+      if high > top:
+        return low * granule
+      if not fits(high):
+        break
+      low, stride = high, 2 * stride
+  else:  # descend: high does not fit, low does (0: nothing does)
+    high, stride = guess, 1
+    while True:
+      low = max(high - stride, 0)
+      if low == 0 or fits(low):
+        break
+      high, stride = low, 2 * stride
+  while high - low > 1:
+    middle = (low + high) // 2
+    low, high = (middle, high) if fits(middle) else (low, middle)
+  return low * granule or None
+
+
+def step_floor(flops: float, peak_flops: Optional[float], moved_bytes: int, bandwidth: float
+               ) -> Dict[str, Optional[float]]:
+  """The fastest a step can run on a card: its FLOPs at the card's peak, and the bytes
+  it must move at the card's bandwidth. Returns seconds for each and their max."""
+  compute = flops / peak_flops if peak_flops else None
+  memory = moved_bytes / bandwidth
+  return {"compute_s": compute, "memory_s": memory,
+          "floor_s": max(compute or 0.0, memory)}

@@ -1,0 +1,380 @@
+"""GGUF files (llama.cpp's format) in and out, for the Llama family.
+
+    params, config, tok_spec = gguf_files.from_gguf("model.gguf")   # any quantization below
+    gguf_files.to_gguf(params, config, "out.gguf", tok_spec, gguf_type="q8_0")
+
+Reading and writing go through llama.cpp's own Python package, `gguf`: its
+reader, and its `quants` functions to dequantize (`READ_TYPES`) and to
+quantize (`WRITE_TYPES`). A file's architecture (`general.architecture`:
+llama, mistral, qwen2) and hyperparameters become a Hugging Face
+`config.json`'s values, checked by `purejax.weights.llama` like any other,
+and its tensors are renamed to Hugging Face's names:
+
+    token_embd.weight             model.embed_tokens.weight
+    output_norm.weight            model.norm.weight
+    output.weight                 lm_head.weight (absent: a tied head)
+    blk.{i}.attn_norm.weight      model.layers.{i}.input_layernorm.weight
+    blk.{i}.attn_{q,k,v}.*        ...self_attn.{q,k,v}_proj.*
+    blk.{i}.attn_output.weight    ...self_attn.o_proj.weight
+    blk.{i}.ffn_norm.weight       ...post_attention_layernorm.weight
+    blk.{i}.ffn_{gate,up,down}.*  ...mlp.{gate,up,down}_proj.weight
+
+llama.cpp's converter reorders the rows of a llama's query and key
+projections within each head (from the rotate-half pairing Hugging Face's
+RoPE uses to the interleaved pairs of llama.cpp's); `_permute` and
+`_unpermute` convert between the two. Qwen2 uses the rotate-half pairing in
+llama.cpp too, so its rows are stored as they are. The tokenizer, with its
+chat template, is the file's metadata (`purejax.data.gguf_tokenizer`).
+"""
+
+import os
+import pathlib
+import re
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+from purejax import gpt
+from purejax.data import gguf_tokenizer
+from purejax.data import tokenizers
+from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.weights import gpt2
+from purejax.weights import llama
+from purejax.weights.errors import ConversionError
+
+Params = Dict[str, Any]
+
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+# Architectures whose query/key rows llama.cpp's converter permutes.
+_PERMUTED = ("llama", "mistral")
+READ_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
+              "Q4_K", "Q5_K", "Q6_K")
+WRITE_TYPES = ("f16", "bf16", "q8_0")
+
+_LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
+                "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_HF_NAMES = {**{hf: g for g, hf in _GLOBAL_NAMES.items()}}
+
+
+def _hf_name(name: str) -> str:
+  """Hugging Face's name of the GGUF tensor `name` (unknown names are kept)."""
+  if name in _GLOBAL_NAMES:
+    return _GLOBAL_NAMES[name]
+  found = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+  if found and found.group(2) in _LAYER_NAMES:
+    i, part, leaf = found.groups()
+    return f"model.layers.{i}.{_LAYER_NAMES[part]}.{leaf}"
+  return name
+
+
+def _gguf_name(hf_name: str) -> str:
+  """`_hf_name`'s inverse."""
+  if hf_name in _HF_NAMES:
+    return _HF_NAMES[hf_name]
+  found = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf_name)
+  parts = {hf: g for g, hf in _LAYER_NAMES.items()}
+  i, part, leaf = found.groups()
+  return f"blk.{i}.{parts[part]}.{leaf}"
+
+
+def _permute(rows: np.ndarray, heads: int) -> np.ndarray:
+  """Hugging Face's query/key rows (`[heads * head_dim, ...]`) in llama.cpp's order."""
+  half = rows.shape[0] // heads // 2
+  return rows.reshape(heads, 2, half, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
+  """`_permute`'s inverse: llama.cpp's query/key rows in Hugging Face's order."""
+  half = rows.shape[0] // heads // 2
+  return rows.reshape(heads, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+# ----------------------------------------------------------------------------
+# Reading
+
+
+def _hf_config(meta: Dict[str, Any], names: set, source: str) -> Dict[str, Any]:
+  """The `config.json` values a GGUF's metadata states (`llama.config_from_hf` checks them)."""
+  arch = meta.get("general.architecture")
+  if arch not in ARCHITECTURES:
+    raise ConversionError(f"{source} holds a {arch!r} model; purejax reads GGUF files of "
+                          f"the Llama family ({', '.join(ARCHITECTURES)}).")
+  a = lambda key: meta.get(f"{arch}.{key}")
+  heads, width = a("attention.head_count"), a("embedding_length")
+  if isinstance(heads, list) or isinstance(a("attention.head_count_kv"), list):
+    raise ConversionError(f"{source}: per-layer head counts are not a purejax GPT.")
+  scaling = a("rope.scaling.type")
+  if scaling not in (None, "none") or "rope_freqs.weight" in names:
+    raise ConversionError(f"{source}: RoPE scaling ({scaling or 'rope_freqs.weight'}) is "
+                          f"not read from GGUF files; convert the model from its Hugging "
+                          f"Face folder instead.")
+  rope_dims = a("rope.dimension_count")
+  if rope_dims is not None and heads and width and rope_dims != width // heads:
+    raise ConversionError(f"{source}: {arch}.rope.dimension_count={rope_dims} rotates part of "
+                          f"each head ({width // heads}); purejax rotates whole heads.")
+  tokens = meta.get("tokenizer.ggml.tokens")
+  vocab = a("vocab_size") or (len(tokens) if tokens else None)
+  bias = "blk.0.attn_output.bias" in names
+  return {"model_type": arch, "vocab_size": vocab, "hidden_size": width,
+          "intermediate_size": a("feed_forward_length"), "num_hidden_layers": a("block_count"),
+          "num_attention_heads": heads, "num_key_value_heads": a("attention.head_count_kv"),
+          "max_position_embeddings": a("context_length"),
+          "rms_norm_eps": a("attention.layer_norm_rms_epsilon"),
+          "rope_theta": a("rope.freq_base"), "tie_word_embeddings": "output.weight" not in names,
+          "attention_bias": bias, "mlp_bias": bias}
+
+
+def _dequantize(tensor, source: str) -> np.ndarray:
+  """A GGUF tensor as float32, in its logical shape (`[out, in]` for a matrix)."""
+  import gguf  # pylint: disable=import-outside-toplevel
+  kind = tensor.tensor_type.name
+  if kind not in READ_TYPES:
+    raise ConversionError(f"{source}: tensor {tensor.name} is {kind}, a type purejax does not "
+                          f"read ({', '.join(READ_TYPES)}); use a file of one of those.")
+  shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest axis first
+  if kind == "F32":
+    return np.asarray(tensor.data, np.float32).reshape(shape)
+  return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
+
+
+def from_gguf(path: str) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  """Imports a Llama-family GGUF file (llama, mistral, qwen2), dequantized to float32.
+
+  Args:
+    path: the `.gguf` file (one file; split `-00001-of-0000N` files are not read).
+
+  Returns:
+    `(params, config, tokenizer_spec)`: float32 numpy params, their config,
+    and the file's tokenizer (kind "gguf", with its chat template, BOS/EOS
+    tokens and whether to prepend BOS), or an "ids" spec if it has none.
+
+  Raises:
+    ConversionError: not a GGUF file, another architecture, a tensor type
+      outside `READ_TYPES`, options purejax does not have, or tensors that
+      do not fit the metadata.
+  """
+  source = str(pathlib.Path(path).expanduser())
+  try:
+    reader = gguf_tokenizer.open_reader(path)
+  except tokenizers.TokenizerError as e:
+    raise ConversionError(str(e)) from None
+  meta = gguf_tokenizer.metadata(reader)
+  by_name = {t.name: t for t in reader.tensors}
+  config = llama.config_from_hf(_hf_config(meta, set(by_name), source), source)
+  state = {}
+  for name, tensor in by_name.items():
+    value = _dequantize(tensor, source)
+    if config.position == "rope" and meta["general.architecture"] in _PERMUTED:
+      if re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
+        value = _unpermute(value, config.n_head)
+      elif re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
+        value = _unpermute(value, config.kv_heads)
+    state[_hf_name(name)] = value
+  params = llama.params_from_state(state, config, source=source)
+  if meta.get("tokenizer.ggml.tokens"):
+    try:
+      spec = gguf_tokenizer.from_fields(gguf_tokenizer.fields_of(meta), source).spec()
+    except tokenizers.TokenizerError as e:
+      raise ConversionError(str(e)) from None
+  else:
+    spec = tokenizers.ids_spec(config.vocab_size)
+  return params, config, spec
+
+
+def is_gguf(path: str) -> bool:
+  """Whether `path` is a file that starts as a GGUF file does (`GGUF` magic)."""
+  p = pathlib.Path(path).expanduser()
+  if not p.is_file():
+    return False
+  with open(p, "rb") as f:
+    return f.read(4) == b"GGUF"
+
+
+# ----------------------------------------------------------------------------
+# Writing
+
+
+def check_target(path: str, overwrite: bool) -> None:
+  """Refuses a folder at `path`, or an existing file unless `overwrite` (before any work)."""
+  target = pathlib.Path(path).expanduser()
+  if target.is_dir():
+    raise ConversionError(f"{target} is a folder; name the .gguf file to write.")
+  if target.exists() and not overwrite:
+    raise ConversionError(f"{target} exists; pass `overwrite` to replace it, or choose "
+                          f"another path.")
+
+
+def _tokenizer_fields(spec: TokenizerSpec, vocab_size: int) -> Dict[str, Any]:
+  """The GGUF tokenizer metadata of `spec`, its vocabulary padded to `vocab_size` ids."""
+  if spec.kind == "gguf":
+    try:
+      fields = gguf_tokenizer.read_fields(str(spec.encoding_file))
+    except tokenizers.TokenizerError as e:
+      raise ConversionError(f"the model's tokenizer: {e}") from None
+    if gguf_tokenizer.fingerprint(fields) != spec.fingerprint:
+      raise ConversionError(f"{spec.encoding_file} holds another tokenizer than the model "
+                            f"was made with; its GGUF cannot be written with it.")
+  elif spec.kind == "tokenizer.json":
+    fields = _fields_of_tokenizer_json(spec)
+  else:
+    raise ConversionError(f"a GGUF file needs the model's tokenizer, and this model records "
+                          f"a {spec.kind!r} one; GGUF holds tokenizer.json and GGUF "
+                          f"tokenizers (the Llama family's).")
+  for key, value in (("chat_template", spec.chat_template), ("add_bos_token", spec.add_bos)):
+    fields.setdefault(key, value)
+  tokens = list(fields["tokens"])
+  if len(tokens) > vocab_size:
+    raise ConversionError(f"the tokenizer has {len(tokens)} tokens but the model only "
+                          f"{vocab_size} embedding rows; they do not belong together.")
+  types = list(fields.get("token_type") or [1] * len(tokens))
+  pad = vocab_size - len(tokens)  # llama.cpp wants one token per row, as its converter pads
+  fields["tokens"] = tokens + [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+  fields["token_type"] = types + [5] * pad  # 5: UNUSED
+  if fields.get("scores"):
+    fields["scores"] = list(fields["scores"]) + [-1000.0] * pad
+  return fields
+
+
+def _fields_of_tokenizer_json(spec: TokenizerSpec) -> Dict[str, Any]:
+  """GGUF tokenizer metadata of a byte-level BPE `tokenizer.json` (Llama 3, SmolLM, Qwen2)."""
+  import json  # pylint: disable=import-outside-toplevel
+  from purejax.data import tokenizer_json  # pylint: disable=import-outside-toplevel
+  try:
+    file = tokenizer_json.from_spec(spec).encoding_file
+  except tokenizers.TokenizerError as e:
+    raise ConversionError(f"the model's tokenizer: {e}") from None
+  data = json.loads(pathlib.Path(file).read_text(encoding="utf-8"))
+  model, pre = data.get("model") or {}, json.dumps(data.get("pre_tokenizer"))
+  if model.get("type") != "BPE" or "ByteLevel" not in pre:
+    raise ConversionError(f"{file} is not a byte-level BPE tokenizer; GGUF export writes "
+                          f"those (and GGUF files' own tokenizers) only.")
+  vocab = dict(model["vocab"])
+  for added in data.get("added_tokens") or []:
+    vocab[added["content"]] = added["id"]
+  tokens = [None] * (max(vocab.values()) + 1)
+  for token, i in vocab.items():
+    tokens[i] = token
+  special = {a["content"] for a in data.get("added_tokens") or [] if a.get("special")}
+  added = {a["content"] for a in data.get("added_tokens") or []}
+  types = [3 if t in special else 4 if t in added else 1 for t in tokens]
+  tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
+  merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+  names = {split: name for name, split in gguf_tokenizer.SPLITS.items()}
+  found = re.search(r'"Regex": "((?:[^"\\]|\\.)*)"', pre)
+  pre_name = names.get(json.loads(f'"{found.group(1)}"')) if found else None
+  ids = {t: i for i, t in enumerate(tokens)}
+  return {"model": "gpt2", "pre": pre_name or "gpt-2", "tokens": tokens, "token_type": types,
+          "merges": merges, "bos_token_id": ids.get(spec.bos_token),
+          "eos_token_id": ids.get(spec.eos_token)}
+
+
+def _add_tokenizer(writer, fields: Dict[str, Any]) -> None:
+  writer.add_tokenizer_model(fields["model"])
+  if fields.get("pre"):
+    writer.add_tokenizer_pre(fields["pre"])
+  writer.add_token_list(fields["tokens"])
+  writer.add_token_types(fields["token_type"])
+  if fields.get("scores"):
+    writer.add_token_scores(fields["scores"])
+  if fields.get("merges"):
+    writer.add_token_merges(fields["merges"])
+  for key, add in (("bos_token_id", writer.add_bos_token_id),
+                   ("eos_token_id", writer.add_eos_token_id),
+                   ("unknown_token_id", writer.add_unk_token_id),
+                   ("padding_token_id", writer.add_pad_token_id)):
+    if isinstance(fields.get(key), int):
+      add(fields[key])
+  writer.add_add_bos_token(bool(fields.get("add_bos_token")))
+  if "add_eos_token" in fields:
+    writer.add_add_eos_token(bool(fields["add_eos_token"]))
+  if fields.get("chat_template"):
+    writer.add_chat_template(fields["chat_template"])
+
+
+def _encode(value: np.ndarray, gguf_type: str):
+  """`(data, raw_dtype)` for `GGUFWriter.add_tensor`: 1-D tensors stay float32 (as llama.cpp
+  keeps norms); q8_0 needs rows of a multiple of 32 values, else the tensor is f16."""
+  import gguf  # pylint: disable=import-outside-toplevel
+  q = gguf.GGMLQuantizationType
+  if value.ndim == 1:
+    return value.astype(np.float32), None
+  if gguf_type == "q8_0" and value.shape[-1] % 32 == 0:
+    return gguf.quants.quantize(value, q.Q8_0), q.Q8_0
+  if gguf_type == "bf16":
+    return gguf.quants.quantize(value, q.BF16), q.BF16
+  return value.astype(np.float16), None
+
+
+def to_gguf(params: Params, config: gpt.GPTConfig, path: str, tokenizer_spec: TokenizerSpec,
+            *, gguf_type: str = "f16", overwrite: bool = False) -> pathlib.Path:
+  """Writes a Llama-family model as a GGUF file that llama.cpp and transformers load.
+
+  The architecture is `qwen2` for qkv-only biases, else `llama` (whose
+  query/key rows are permuted as llama.cpp's converter does). The file is
+  written under a temporary name beside `path` and renamed when complete.
+
+  Args:
+    params: purejax GPT params of a Llama-family config (LoRA merged).
+    config: their config.
+    path: the `.gguf` file to write.
+    tokenizer_spec: the model's tokenizer: a GGUF file's, or a byte-level
+      BPE `tokenizer.json`; its chat template and BOS/EOS go in the file.
+    gguf_type: "f16", "bf16" or "q8_0" (matrices; 1-D tensors stay float32).
+    overwrite: replace an existing file.
+
+  Returns:
+    The file's path.
+
+  Raises:
+    ConversionError: another architecture, RoPE scaling, a tokenizer GGUF
+      cannot hold, a bad `gguf_type`, or `path` exists and not `overwrite`.
+  """
+  check_target(path, overwrite)
+  if gguf_type not in WRITE_TYPES:
+    raise ConversionError(f"gguf_type={gguf_type!r} is not one of {', '.join(WRITE_TYPES)}.")
+  if config.rope_scaling is not None:
+    raise ConversionError("RoPE scaling is not written to GGUF files; export to hf: instead.")
+  state = llama.state_from_params(gpt2.to_numpy(params), config)  # refuses other architectures
+  fields = _tokenizer_fields(tokenizer_spec, config.vocab_size)
+  gguf = gguf_tokenizer.import_gguf()
+  arch = "qwen2" if config.qkv_bias and not config.bias else "llama"
+  out = pathlib.Path(path).expanduser().absolute()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+  try:
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    writer.add_context_length(config.block_size)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_feed_forward_length(config.mlp_width)
+    writer.add_head_count(config.n_head)
+    writer.add_head_count_kv(config.kv_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    file_types = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    writer.add_file_type(file_types[gguf_type])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _add_tokenizer(writer, fields)
+    for hf_name, value in state.items():
+      name = _gguf_name(hf_name)
+      if arch in _PERMUTED and re.fullmatch(r"blk\.\d+\.attn_[qk]\.(weight|bias)", name):
+        value = _permute(value, config.n_head if ".attn_q." in name else config.kv_heads)
+      data, raw = _encode(np.ascontiguousarray(value), gguf_type)
+      writer.add_tensor(name, data, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, out)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+  return out

@@ -1,0 +1,159 @@
+"""The compiled GPU program, on a CPU: GPT-2 124M and a SmolLM2-135M-shaped Llama
+compiled for an H100 by XLA's GPU compiler, without a GPU (`purejax.training.gpu_plan`).
+
+test_gpu_lowering.py reads the StableHLO JAX hands to XLA; these tests read
+what XLA makes of it: the optimised program a GPU would run and the memory
+it plans (`memory_analysis()`). They need JAX's CUDA plugin
+(`gpu_plan.PLUGIN_INSTALL`, no GPU or driver) and skip, saying so, where it
+is not installed; `.ci/run` installs it and sets
+`PUREJAX_REQUIRE_GPU_PLUGIN=1`, under which a missing plugin fails instead.
+
+What is asserted holds whatever XLA's autotuner would pick: cuDNN's fused
+attention forward and backward, no `[.., T, T]` buffers, no float32
+`[B*T, V]` logits, and planned bytes within the budgets below. Fusion
+counts and GEMM kernel names depend on untuned defaults and are not pinned.
+Each program is compiled once per test module (module fixtures).
+"""
+
+import dataclasses
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from conftest import GPT2, GPT2_BATCH
+from purejax import decode
+from purejax import gpt
+from purejax.data import batches
+from purejax.ops import kernels
+from purejax.training import gpu_plan
+from purejax.training import loop
+from purejax.training import steps
+
+pytestmark = pytest.mark.slow
+
+GIB = 1 << 30
+OPTIMIZER = loop.resumable_optimizer(loop.GPT_OPTIMIZER, 5000)
+# SmolLM2-135M's shape (HuggingFaceTB/SmolLM2-135M's config.json) at its training context.
+SMOLLM2 = gpt.GPTConfig(vocab_size=49152, block_size=2048, n_layer=30, n_head=9, n_embd=576,
+                        n_kv_head=3, mlp_hidden=1536, compute_dtype="bfloat16",
+                        **gpt.ARCHITECTURES["llama"])
+SMOLLM2_BATCH = 4
+# Budgets: today's plan (JAX 0.10.2) plus ~10 %, so a change that grows the
+# program's memory fails here. GPT-2 124M's step at batch 12 planned
+# 1.58 GiB of temporaries and a 2.97 GiB peak.
+GPT2_STEP_TEMP_BUDGET = 1.75 * GIB
+GPT2_STEP_PEAK_BUDGET = 3.3 * GIB
+
+
+@pytest.fixture(scope="module")
+def h100():
+  """One abstract H100 SXM (XLA's target config), or a skip that says why."""
+  try:
+    return gpu_plan.target_devices("h100")
+  except gpu_plan.PluginMissing as e:
+    if os.environ.get("PUREJAX_REQUIRE_GPU_PLUGIN") == "1":
+      pytest.fail(str(e))
+    pytest.skip(str(e))
+
+
+def square_buffers(hlo: str, size: int) -> int:
+  """Arrays in the optimised HLO with a `size x size` face: attention scores over `size`."""
+  return len(re.findall(rf"\[(?:\d+,)*{size},{size}\]", hlo))
+
+
+def assert_no_large_buffers(plan: gpu_plan.ProgramPlan, config, batch):
+  assert square_buffers(plan.hlo, config.block_size) == 0
+  rows, vocab = batch * config.block_size, config.vocab_size
+  assert f"f32[{rows},{vocab}]" not in plan.hlo  # the head and loss run in chunks
+  assert f"f32[{batch},{config.block_size},{vocab}]" not in plan.hlo
+
+
+@pytest.fixture(scope="module")
+def gpt2_step(h100):
+  return gpu_plan.read_program(gpu_plan.compile_train_step(
+      GPT2, h100, batch_size=GPT2_BATCH, forms=kernels.select("gpu"), opt_config=OPTIMIZER))
+
+
+def test_gpt2_train_step_runs_cudnn_attention_both_ways_within_its_budget(gpt2_step):
+  calls = gpt2_step.custom_calls
+  # The layer scan's body holds one backward, and the forward twice (remat).
+  assert calls[gpu_plan.CUDNN_FORWARD] >= 1 and calls[gpu_plan.CUDNN_BACKWARD] == 1, calls
+  assert_no_large_buffers(gpt2_step, GPT2, GPT2_BATCH)
+  assert not gpt2_step.collectives  # one device
+  assert gpt2_step.temp_bytes <= GPT2_STEP_TEMP_BUDGET, gpt2_step.temp_bytes / GIB
+  assert gpt2_step.peak_bytes <= GPT2_STEP_PEAK_BUDGET, gpt2_step.peak_bytes / GIB
+  # The state (params + AdamW's two moments, float32) is the floor of the plan,
+  # and it is donated: outputs alias the arguments.
+  n_params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(
+      lambda: gpt.init_params(GPT2, jax.random.PRNGKey(0)))))
+  assert gpt2_step.argument_bytes >= 3 * 4 * n_params
+  assert gpt2_step.alias_bytes >= 3 * 4 * n_params
+
+
+def test_block_inputs_saved_in_bf16_plan_less_memory(h100, gpt2_step):
+  # remat "full" keeps each block's float32 input (12 x [12, 1024, 768],
+  # 432 MiB); "full_compute_dtype" keeps it in bf16, half of that.
+  low = gpu_plan.read_program(gpu_plan.compile_train_step(
+      GPT2, h100, batch_size=GPT2_BATCH, opt_config=OPTIMIZER,
+      forms=kernels.select("gpu", remat="full_compute_dtype")))
+  assert low.custom_calls[gpu_plan.CUDNN_BACKWARD] == 1, low.custom_calls
+  saved = GPT2.n_layer * GPT2_BATCH * GPT2.block_size * GPT2.n_embd * 2  # the bf16 half saved
+  assert low.temp_bytes <= gpt2_step.temp_bytes - 0.9 * saved, (
+      low.temp_bytes / GIB, gpt2_step.temp_bytes / GIB)
+
+
+def compile_on(devices, traced_fn, *args):
+  """`traced_fn(*args)` with every array argument placed on `devices[0]`, compiled."""
+  sharding = jax.sharding.SingleDeviceSharding(devices[0])
+  placed = [gpu_plan.abstract(a, sharding) if not isinstance(a, (int, gpt.GPTConfig)) else a
+            for a in args]
+  with gpu_plan.cudnn_stand_in():
+    return gpu_plan.read_program(traced_fn(*placed).lower().compile())
+
+
+def abstract_params(config):
+  return jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+
+
+KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+
+def test_gpt2_evaluate_runs_cudnn_attention_forward_only(h100):
+  tokens = batches.DeviceTokens(jax.ShapeDtypeStruct((1 << 20,), jnp.int32))
+  plan = compile_on(h100, lambda p, t, k: steps.evaluate.trace(
+      p, t, k, config=GPT2, batch_size=GPT2_BATCH, num_batches=2,
+      forms=kernels.select("gpu")), abstract_params(GPT2), tokens, KEY)
+  assert plan.custom_calls[gpu_plan.CUDNN_FORWARD] >= 1, plan.custom_calls
+  assert gpu_plan.CUDNN_BACKWARD not in plan.custom_calls
+  assert_no_large_buffers(plan, GPT2, GPT2_BATCH)
+  assert plan.temp_bytes <= 1.0 * GIB, plan.temp_bytes / GIB  # forward only: no saved layers
+
+
+def test_gpt2_decoding_plans_its_cache_and_no_scores(h100):
+  # The prompt runs through cuDNN; each new token reads the cache.
+  prompt = jax.ShapeDtypeStruct((1, 16), jnp.int32)
+  plan = compile_on(h100, lambda p, x, k: decode.jitted_generate.trace(
+      p, x, GPT2, k, 8, top_k=200, forms=kernels.select("gpu")),
+      abstract_params(GPT2), prompt, KEY)
+  assert plan.custom_calls[gpu_plan.CUDNN_FORWARD] >= 1, plan.custom_calls
+  assert gpu_plan.CUDNN_BACKWARD not in plan.custom_calls
+  assert square_buffers(plan.hlo, GPT2.block_size) == 0
+  # The float32 params are the arguments (0.46 GiB). The temporaries are
+  # about as large again (0.46 GiB planned today: the decode loop's state
+  # holds the params beside the KV cache, 12 layers x 2 x [1, 12, 1024, 64]).
+  params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params(GPT2)))
+  assert plan.argument_bytes >= params
+  assert plan.temp_bytes <= params + 64 * (1 << 20), plan.temp_bytes / GIB
+
+
+def test_smollm2_shaped_train_step_runs_grouped_cudnn_attention(h100):
+  plan = gpu_plan.read_program(gpu_plan.compile_train_step(
+      SMOLLM2, h100, batch_size=SMOLLM2_BATCH, forms=kernels.select("gpu"),
+      opt_config=OPTIMIZER))
+  calls = plan.custom_calls
+  assert calls[gpu_plan.CUDNN_FORWARD] >= 1 and calls[gpu_plan.CUDNN_BACKWARD] == 1, calls
+  assert_no_large_buffers(plan, SMOLLM2, SMOLLM2_BATCH)
+  assert plan.temp_bytes <= 2.0 * GIB, plan.temp_bytes / GIB

@@ -1,0 +1,170 @@
+"""Muon (`--optimizer=muon`): the blocks' hidden matrices orthogonalised layer by
+layer, AdamW on the rest, and runs that resume and sweep exactly."""
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import RTOL, TINY, TINY_FLAGS, TINY_GPT, newest, step_losses, train_run
+from purejax import gpt
+from purejax import lora
+from purejax import mlp
+from purejax.cli import train as train_cli
+from purejax.training import checkpoint
+from purejax.training import monitor
+from purejax.training import optim
+
+MUON = optim.OptimizerConfig(name="muon", learning_rate=1e-3, schedule="constant",
+                             weight_decay=0.1, muon_learning_rate=0.02,
+                             muon_weight_decay=0.1)
+
+
+def random_like(tree, seed):
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape) for x, k in
+                                      zip(leaves, keys)])
+
+
+def test_a_stacked_weight_is_orthogonalised_one_layer_at_a_time():
+  muon = optim.muon_matrices(learning_rate=1.0, momentum=0.95, weight_decay=0.0)
+  stacked = {"w": jnp.zeros((3, 16, 32))}
+  grads = random_like(stacked, 0)
+  update, _ = jax.jit(muon.update)(grads, muon.init(stacked), stacked)
+  for layer in range(3):
+    alone = {"w": stacked["w"][layer]}
+    expected, _ = jax.jit(muon.update)({"w": grads["w"][layer]}, muon.init(alone), alone)
+    chex.assert_trees_all_close(update["w"][layer], expected["w"], rtol=1e-5, atol=1e-6)
+    # Newton-Schulz leaves every singular value near 1 (0.5-1.5 by design), times
+    # sqrt(max(1, out / in)) = sqrt(2); the step descends (-lr).
+    singular = np.linalg.svd(-np.asarray(update["w"][layer]) / np.sqrt(2), compute_uv=False)
+    assert 0.4 < singular.min() and singular.max() < 1.6, singular
+
+
+def reference_newton_schulz(x):
+  """Keller Jordan's iteration as written, on each matrix, in float64."""
+  a, b, c = optim.MUON_NS_COEFFS
+  x = np.asarray(x, np.float64)
+  tall = x.shape[-2] > x.shape[-1]
+  x = np.swapaxes(x, -1, -2) if tall else x
+  x = x / (np.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
+  for _ in range(optim.MUON_NS_STEPS):
+    gram = x @ np.swapaxes(x, -1, -2)
+    x = a * x + (b * gram + c * gram @ gram) @ x
+  return np.swapaxes(x, -1, -2) if tall else x
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 48), (2, 48, 16), (2, 16, 16)])
+def test_newton_schulz_is_the_reference_iteration(shape):
+  # Wide matrices run in the Gram space: the same iteration, to within 3e-4 on
+  # singular values from 1e-3 to 1 (the reference's own bf16 runs are 4e-2 off).
+  k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+  m = min(shape[1:])
+  u = jnp.linalg.qr(jax.random.normal(k1, shape[:2] + shape[1:2]))[0][..., :m]
+  v = jnp.linalg.qr(jax.random.normal(k2, shape[:1] + shape[2:] * 2))[0][..., :m]
+  x = (u * jnp.logspace(-3, 0, m)) @ jnp.swapaxes(v, 1, 2)
+  np.testing.assert_allclose(jax.jit(optim.newton_schulz)(x), reference_newton_schulz(x),
+                             atol=3e-4 if max(shape) >= 2 * m else 1e-5)
+
+
+def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
+  config = dataclasses.replace(TINY, bias=True)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  labels = optim.muon_labels(params)
+  muon_paths = sorted(".".join(str(k.key) for k in path) for path, label in
+                      jax.tree_util.tree_leaves_with_path(labels) if label == "muon")
+  assert muon_paths == ["blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w",
+                        "blocks.mlp.proj.w"]
+  # The AdamW group is AdamW with the run's own numbers (decay on embeddings only).
+  optimizer = optim.make_optimizer(MUON)
+  grads = random_like(params, 1)
+  update, _ = jax.jit(optimizer.update)(grads, optimizer.init(params), params)
+  adamw = optax.adamw(MUON.learning_rate, b1=MUON.beta1, b2=MUON.beta2,
+                      weight_decay=MUON.weight_decay, mask=optim.decay_mask)
+  expected, _ = jax.jit(adamw.update)(grads, adamw.init(params), params)
+  rest = lambda tree: jax.tree.map(lambda x, l: x if l == "adamw" else jnp.zeros(()),
+                                   tree, labels)
+  chex.assert_trees_all_close(rest(update), rest(expected), rtol=1e-6)
+  # The Muon group steps at its own rate, on Muon's scale: a [16, 48] qkv layer's
+  # orthogonal update has RMS sqrt(16 / (16 * 48)), times sqrt(48 / 16).
+  qkv = update["blocks"]["attn"]["qkv"]["w"][0]
+  rms = float(jnp.sqrt(jnp.mean(qkv ** 2)))
+  assert 0.5 < rms / (MUON.muon_learning_rate * np.sqrt(3 / 48)) < 1.5, rms
+
+def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  adapters = lora.init(params, rank=2, targets=lora.ATTENTION_AND_MLP,
+                       key=jax.random.PRNGKey(1))
+  trainable = lora.trainable(params, adapters)
+  assert set(jax.tree.leaves(optim.muon_labels(adapters))) == {"muon"}
+  optimizer = optim.RunOptimizer(MUON, frozen_base=True)()
+  grads = random_like(trainable, 2)
+  update, _ = jax.jit(optimizer.update)(grads, optimizer.init(trainable), trainable)
+  assert all(not jnp.any(u) for u in jax.tree.leaves(update["base"]))
+  assert all(jnp.any(u) for u in jax.tree.leaves(update["adapters"]))
+
+
+def test_muon_refuses_a_model_without_blocks():
+  params = mlp.init_network_params([4, 8, 2], jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="found no hidden matrices"):
+    optim.make_optimizer(MUON).init(params)
+
+
+# ----------------------------------------------------------------------------
+# Runs of the command line, in this process
+
+RUN = [*TINY_FLAGS, "--optimizer=muon", "--max_iters=20", "--eval_interval=10",
+       "--log_interval=5", "--steps_per_call=5", "--lr_decay_iters=20",
+       "--grad_accum_steps=2"]
+
+
+def train(out_dir, text_file, *flags):
+  code = train_cli.run(["train", *RUN, f"--dataset={text_file}", f"--out_dir={out_dir}",
+                        *flags])
+  assert code == 0
+
+
+def final_arrays(out_dir):
+  return checkpoint.read(checkpoint.list_checkpoints(str(out_dir))[0][1])[0]
+
+
+@pytest.mark.slow
+def test_a_muon_run_resumes_and_sweeps_bit_identically(tmp_path, text_file, capsys):
+  # A sweep of Muon's own numbers: on a CPU each run trains in the program it has
+  # alone, so run 0.02 is the run alone, which stops at step 10 and resumes.
+  train(tmp_path / "sweep", text_file, "--sweep=muon_learning_rate=0.01,0.02")
+  train(tmp_path / "resumed", text_file, "--max_iters=10")
+  assert "muon (lr 0.02, momentum 0.95) on the blocks' matrices" in capsys.readouterr().out
+  train(tmp_path / "resumed", text_file, "--resume")
+  whole = final_arrays(tmp_path / "sweep" / "muon_learning_rate=0.02_seed=0")
+  resumed = final_arrays(tmp_path / "resumed")
+  assert any("mu" in name for name in whole)  # Muon's momentum is in the checkpoint
+  assert sorted(whole) == sorted(resumed)
+  for name, value in whole.items():
+    np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+  evals = [r for r in monitor.read_metrics(tmp_path / "resumed") if r["kind"] == "eval"]
+  assert [r["step"] for r in evals] == [0, 10, 20] and all(r["val_bpb"] > 0 for r in evals)
+
+
+@pytest.mark.slow
+def test_muon_with_fsdp_and_accumulation_on_two_devices_matches_one(tmp_path, text_file):
+  # Each device holds a slice of every matrix along its largest side, the side the
+  # Newton-Schulz Gram products X X^T contract over: XLA all-reduces those
+  # [n_layer, d, d] partial products instead of gathering the matrices.
+  flags = [*TINY_GPT, "--optimizer=muon", f"--dataset={text_file}"]
+  train_run(tmp_path / "one", *flags)
+  train_run(tmp_path / "two", *flags, "--fsdp", "--grad_accum_steps=2", "--cpu_devices=2",
+            num_devices=2)
+  np.testing.assert_allclose(step_losses(tmp_path / "two"), step_losses(tmp_path / "one"),
+                             rtol=RTOL)
+  # The orthogonalisation maps a rounding difference of the gradient's sums to
+  # a full-size one of its direction: params agree to 1e-4, not AdamW's 2e-5.
+  (two, _), (one, _) = newest(tmp_path / "two"), newest(tmp_path / "one")
+  for name, value in one.items():
+    if "['params']" in name:
+      np.testing.assert_allclose(two[name], value, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -1,0 +1,139 @@
+"""SmolLM2-135M-Instruct's Q4_1 GGUF, read by purejax and by transformers' GGUF loader.
+
+The reference is `smollm2_folder`: the float32 model transformers' own GGUF
+loader makes of the file. purejax reads the same file with llama.cpp's
+`gguf` package: the logits of real prompts, the tokenizer's ids, the greedy
+continuation and the perplexity of Tiny Shakespeare must agree. A LoRA
+fine-tune from the GGUF lowers the validation loss, and its q8_0 export
+loads in transformers with the logits purejax computes from the same q8_0
+weights. Slow tier; never skipped under CI=true. The f16 and bf16 exports
+are checked in transformers on a tiny model (test_gguf.py).
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import SHAKESPEARE
+from purejax import decode, gpt, weights
+from purejax.cli import convert as cli_convert
+from purejax.cli import train
+from purejax.data import tokenizers
+from real_model import smollm2_folder, smollm2_gguf  # noqa: F401  (the fixtures)
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
+           "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"]
+TEXTS = PROMPTS + ["  Hello   world!!\n\n  x = 12345 ünïcødé 日本語", "I'm don't WE'LL 3.14159"]
+
+
+def relative_gap(got, want):
+  return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def models(smollm2_gguf, smollm2_folder):
+  """purejax's import of the GGUF, and transformers' model and tokenizer of the same file."""
+  import torch
+  import transformers
+  params, config, spec = weights.from_pretrained(str(smollm2_gguf))
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+      str(smollm2_folder), dtype=torch.float32).eval()
+  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_folder))
+  return params, config, spec, hf_model, hf_tokenizer
+
+
+def hf_logits(model, ids):
+  import torch
+  with torch.no_grad():
+    return model(torch.from_numpy(np.asarray(ids))).logits.numpy()
+
+
+def test_gguf_import_equals_transformers_gguf_loader(models):
+  import torch
+  params, config, spec, hf_model, hf_tokenizer = models
+  tok = tokenizers.from_spec(spec)
+  for text in TEXTS:
+    assert tok.encode(text).tolist() == hf_tokenizer(text, add_special_tokens=False)[
+        "input_ids"], text
+  assert hf_tokenizer("Hi")["input_ids"] == tok.encode("Hi").tolist()  # add_bos is false
+  assert (spec.chat_template, spec.bos_token, spec.eos_token, spec.add_bos) == (
+      hf_tokenizer.chat_template, hf_tokenizer.bos_token, hf_tokenizer.eos_token, False)
+  gaps = []
+  for prompt in PROMPTS:
+    ids = tok.encode(prompt)[None]
+    want = hf_logits(hf_model, ids)
+    got = np.asarray(gpt.forward(params, ids, config))
+    gaps.append(relative_gap(got, want))
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+  # Greedy decoding (one prompt: each length compiles anew); transformers stops at EOS.
+  ids = tok.encode(PROMPTS[-1])[None]
+  with torch.no_grad():
+    hf_tokens = hf_model.generate(torch.from_numpy(ids.astype(np.int64)), max_new_tokens=12,
+                                  do_sample=False).numpy()
+  ours = decode.generate(params, ids, config, jax.random.PRNGKey(0), max_new_tokens=12,
+                         temperature=0.0)
+  np.testing.assert_array_equal(np.asarray(ours)[:, :hf_tokens.shape[1]], hf_tokens)
+  assert hf_tokens.shape[1] > ids.shape[1] + 2  # an answer, then EOS
+  print(f"max |dlogits| / max |logits| = {max(gaps):.2e}")
+  assert max(gaps) <= 1e-4, gaps
+
+
+def test_perplexity_on_tiny_shakespeare_equals_transformers(models):
+  params, config, spec, hf_model, _ = models
+  ids = tokenizers.from_spec(spec).encode(SHAKESPEARE[:20_000])
+  windows = np.stack([ids[i:i + 129] for i in range(0, 4 * 1000, 1000)])  # 4 windows of 128
+  inputs, targets = windows[:, :-1], windows[:, 1:]
+
+  def nll(logits):
+    logits = logits - logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return -np.take_along_axis(logp, targets[..., None], -1).mean()
+
+  ours = float(np.exp(nll(np.asarray(gpt.forward(params, inputs, config), np.float64))))
+  theirs = float(np.exp(nll(hf_logits(hf_model, inputs).astype(np.float64))))
+  print(f"perplexity on 4 x 128 Tiny Shakespeare tokens: purejax {ours:.4f}, "
+        f"transformers {theirs:.4f}")
+  assert abs(ours - theirs) <= 1e-4 * theirs
+  assert 5 < ours < 200  # a language model, not noise
+
+
+def first_val_loss(lines):
+  """The validation loss of the first evaluation a training run printed (step 0's)."""
+  return [float(l.split("val loss ")[1].split()[0]) for l in lines if "val loss " in l][0]
+
+
+def test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0(
+    smollm2_gguf, tmp_path, capsys):
+  import torch
+  import transformers
+  text = tmp_path / "plays.txt"
+  text.write_text(SHAKESPEARE[:30_000])
+  out_dir = tmp_path / "tuned"
+  args = [f"--init_from={smollm2_gguf}", f"--dataset={text}", f"--out_dir={out_dir}",
+          "--lora_rank=8", "--batch_size=2", "--block_size=32", "--max_iters=8",
+          "--eval_interval=8", "--eval_iters=1", "--learning_rate=2e-3", "--warmup_iters=2",
+          "--log_interval=4", "--steps_per_call=4", "--sample_tokens=0"]
+  capsys.readouterr()
+  assert train.run(["train", *args]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  evals = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("final ")]
+  print("\n".join(l for l in lines if "val" in l))
+  assert evals and evals[-1]["val_loss"] < first_val_loss(lines) - 0.05, lines[-20:]
+  exported = tmp_path / "tuned.gguf"
+  assert cli_convert.run(["convert", f"--from=purejax:{out_dir}", f"--to=gguf:{exported}",
+                          "--gguf_type=q8_0"]) == 0
+  tuned, config, _ = weights.from_pretrained(str(out_dir))  # LoRA merged
+  back, back_config, spec = weights.from_gguf(str(exported))  # the gguf package's reader
+  assert back_config == config and spec.chat_template and spec.eos_token == "<|im_end|>"
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+      str(tmp_path), gguf_file=exported.name, dtype=torch.float32).eval()
+  ids = tokenizers.from_spec(spec).encode(PROMPTS[0])[None]
+  ours = np.asarray(gpt.forward(back, ids, config))  # the file's q8_0 weights, dequantized
+  gap = relative_gap(ours, hf_logits(hf_model, ids))
+  rounding = relative_gap(ours, np.asarray(gpt.forward(tuned, ids, config)))
+  print(f"q8_0 export: purejax vs transformers {gap:.2e}, vs the float32 weights {rounding:.2e}")
+  assert gap <= 1e-4 and rounding <= 0.05
