@@ -28,7 +28,8 @@ class OptimizerConfig:
       "constant".
     warmup_iters: warmup steps (cosine only).
     decay_iters: step at which the cosine reaches `min_lr` (held after);
-      None leaves it to the training loop (the run's last step).
+      None leaves it to the training loop (`with_schedule_end`: the run's
+      last step, or a resumed run's end).
     min_lr: final learning rate of the cosine.
     beta1, beta2: Adam moments' decay rates.
     momentum: for "momentum".
@@ -119,6 +120,21 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
     raise ValueError("a cosine schedule needs decay_iters, the step where it ends.")
   return warmup_cosine_schedule(config.learning_rate, config.warmup_iters,
                                 config.decay_iters, config.min_lr)
+
+
+def with_schedule_end(config: OptimizerConfig, last_step: int,
+                      resumed_end: Optional[int] = None) -> OptimizerConfig:
+  """`config` with the schedule's end (`decay_iters`) filled in, where it is None.
+
+  Where a run's schedule ends is decided here only. An explicit
+  `decay_iters` wins; else a resumed run keeps the end its checkpoint
+  recorded (`resumed_end`), so more steps go on at `min_lr` instead of
+  stretching the decay; else the schedule ends at the run's `last_step`.
+  """
+  if config.decay_iters is not None:
+    return config
+  end = last_step if resumed_end is None else resumed_end
+  return dataclasses.replace(config, decay_iters=end)
 
 
 # The numbers of an `OptimizerConfig` that may be arrays (`make_optimizer`'s
