@@ -163,8 +163,8 @@ def test_ops_sit_below_the_layers_and_import_nothing_above_them():
 FORMS_ENTRY_POINTS = {
     "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
     "purejax.cli.replay",             # the replay command line
-    "purejax.training.loop",          # train_gpt, evaluate_gpt
-    "purejax.training.sweep_loop",    # train_gpt_sweep
+    "purejax.training.loop",          # evaluate_gpt
+    "purejax.training.gpt_run",       # start_runs: train_gpt's and train_gpt_sweep's
     "purejax.gpt",                    # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
 }
