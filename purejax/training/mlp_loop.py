@@ -71,8 +71,8 @@ def train_mlp(
   Writes checkpoints (one per `checkpoint_every` epochs), `metrics.jsonl` and
   TensorBoard events to `run.out_dir`; `progress_bar` as in `GPTTrainConfig`.
 
-  `opt_config.decay_iters` should be `epochs * (examples // batch_size)` for
-  the schedule to end with the run. `meta_config` adds settings to the
+  `opt_config.decay_iters=None` ends the schedule with the run, at step
+  `epochs * (examples // batch_size)` (`optim.with_schedule_end`). `meta_config` adds settings to the
   checkpoint's identity (e.g. how pixels were scaled).
   """
   sizes = [int(s) for s in train.layer_sizes]
@@ -81,6 +81,7 @@ def train_mlp(
   _check_mlp_fits(params, sizes, mnist)
   steps_per_epoch = len(mnist.train_labels) // train.batch_size
   runs.require_positive(steps_per_epoch=steps_per_epoch)
+  opt_config = optim.with_schedule_end(opt_config, train.epochs * steps_per_epoch)
   plan = parallel.make_plan(devices, train.batch_size)
   runs.print_line(parallel.describe(plan, train.batch_size, devices.grad_accum_steps))
   # The whole dataset sits on every device; each device gathers its rows of
