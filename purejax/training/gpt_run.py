@@ -69,7 +69,7 @@ class GPTTrainConfig:
         batch_size=self.batch_size, max_iters=self.max_iters,
         eval_interval=self.eval_interval, eval_iters=self.eval_iters,
         log_interval=self.log_interval, steps_per_call=self.steps_per_call,
-        checkpoint_every=self.checkpoint_every or self.eval_interval)
+        checkpoint_every=self.checkpoint_interval)
     if self.peak_flops is not None and not self.peak_flops > 0:
       raise ValueError(f"`peak_flops` must be one device's peak FLOP/s, a positive number "
                        f"(e.g. 989e12), or None for the device's known peak; got "
@@ -79,6 +79,11 @@ class GPTTrainConfig:
       if not 0 <= first < last <= self.max_iters:
         raise ValueError(f"`profile_steps={first},{last}` must be two steps A,B with "
                          f"0 <= A < B <= `max_iters={self.max_iters}`.")
+
+  @property
+  def checkpoint_interval(self) -> int:
+    """Steps between checkpoints: `checkpoint_every`, else `eval_interval`."""
+    return self.checkpoint_every or self.eval_interval
 
 
 def check_fits(config: gpt.GPTConfig, text: corpus_lib.Corpus, batch_size: int) -> None:
@@ -99,7 +104,7 @@ class CallLengths:
   def __init__(self, train: GPTTrainConfig):
     self._train = train
     self._marks = (train.eval_interval, train.log_interval,
-                   train.checkpoint_every or train.eval_interval)
+                   train.checkpoint_interval)
 
   def __call__(self, step: int) -> int:
     boundary = runs.next_boundary(step, self._marks, self._train.max_iters)

@@ -102,10 +102,6 @@ class _Throughput:
                 f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
                 f"{tokens_per_s:8.0f} tokens/s{mfu}")
 
-  def median_ms(self) -> Optional[float]:
-    """Median ms per step; the first calls compile (one per chunk length), so they're dropped."""
-    return 1000 * float(np.median(self.times[2:] or self.times)) if self.times else None
-
 
 def train_gpt(
     config: gpt.GPTConfig,
@@ -185,8 +181,8 @@ def train_gpt(
       throughput.record(session, step, seconds_per_step, losses, metrics)
       if runs.every(train.eval_interval, step, train.max_iters):
         _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view)
-      session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
-                                 train.max_iters), step, state)
+      session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
+                       state)
   return _finish(run, state, session.record.history, step, throughput, text, config,
                  one.keys, train, forms, view)
 
@@ -195,7 +191,7 @@ def _finish(run, state, history, step, throughput, text, config, keys, train, fo
             view=None) -> Dict[str, Any]:
   """The run's final metrics; then its loss plot and a sample, as nanoGPT ends."""
   metrics = dict(history[-1]) if history else {"step": step}
-  ms = throughput.median_ms()
+  ms = progress_lib.median_ms(throughput.times)
   if ms is not None:
     metrics["ms_per_iter"] = ms
     runs.print_line(f"median {ms:.2f} ms/iter after compilation")

@@ -53,6 +53,7 @@ from purejax.training import loop
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import plots
+from purejax.training import progress as progress_lib
 from purejax.training import runs
 from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
@@ -324,13 +325,13 @@ def train_gpt_sweep(
       if runs.every(train.eval_interval, step, train.max_iters):
         evaluate(step)
       # every run saves, then all prune: a step every run holds survives a kill
-      session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
-                                 train.max_iters), step, program.run_state)
+      session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
+                       program.run_state)
   if parallel.is_main_process():
     for folder in folders:
       plots.save_loss_plot(folder.out_dir)
   if times:
-    runs.print_line(f"median {1000 * float(np.median(times[2:] or times)):.2f} ms/iter for "
-                    f"{len(specs)} runs after compilation")
+    runs.print_line(f"median {progress_lib.median_ms(times):.2f} ms/iter for {len(specs)} "
+                    f"runs after compilation")
   return [{"run": name, **(record.history[-1] if record.history else {"step": step})}
           for name, record in zip(names, records)]
