@@ -163,8 +163,7 @@ def test_ops_sit_below_the_layers_and_import_nothing_above_them():
 FORMS_ENTRY_POINTS = {
     "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
     "purejax.cli.replay",             # the replay command line
-    "purejax.training.loop",          # evaluate_gpt
-    "purejax.training.gpt_run",       # start_runs: train_gpt's and train_gpt_sweep's
+    "purejax.training.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
     "purejax.gpt",                    # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
 }

@@ -113,6 +113,12 @@ class CallLengths:
     return min(self._train.steps_per_call, boundary - step)
 
 
+def forms_of(plan: parallel.ShardingPlan, forms: Optional[kernels.Forms] = None
+             ) -> kernels.Forms:
+  """`forms`, else those `kernels.select` chooses for the plan's platform."""
+  return forms or kernels.select(kernels.platform_of(plan))
+
+
 def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
               ) -> batches.Feed:
   """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
@@ -279,7 +285,7 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
   check_fits(config, text, train.batch_size)
   plan = parallel.make_plan(devices, train.batch_size)
   runs.print_line(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
-  forms = forms or kernels.select(kernels.platform_of(plan))
+  forms = forms_of(plan, forms)
   runs.print_line(f"forms: {forms.describe()}")
   started = [_start(m, text, train, devices, init_params, init_from, lora_config, data, at_most)
              for m in members]

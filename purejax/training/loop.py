@@ -220,7 +220,7 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                            steps_per_call=lambda _: 1, end_step=0)
   try:
     return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
-                     train, plan, forms or kernels.select(kernels.platform_of(plan)))
+                           train, plan, gpt_run.forms_of(plan, forms))
   finally:
     feed.close()
 
