@@ -252,16 +252,16 @@ def _start(member: Member, text, train: GPTTrainConfig, devices: ParallelConfig,
   # from fold_in(train key, s), so restoring both resumes the same stream.
   template, view = state_lib.start_state(
       params, keys, run_optimizer(fresh, member.run, lora_config)(), lora_config)
-  state, step, saved = runs.start_or_resume(
+  start = runs.start_or_resume(
       member.run, template, meta,
       saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
       ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
       digest_extra=[devices.fsdp, devices.grad_accum_steps], at_most=at_most)
   resolved = optim.with_schedule_end(member.opt_config, train.max_iters,
-                                     saved.get("optimizer", {}).get("decay_iters"))
+                                     start.saved.get("optimizer", {}).get("decay_iters"))
   meta = {**meta, "optimizer": dataclasses.asdict(resolved)}
-  return StartedRun(member.run, member.config, resolved, meta, state, step, saved, keys, view,
-                    gpt.num_params(params))
+  return StartedRun(member.run, member.config, resolved, meta, start.state, start.step,
+                    start.saved, keys, view, gpt.num_params(params))
 
 
 def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
