@@ -73,7 +73,7 @@ def step_times() -> Dict[str, List[float]]:
   from purejax.training.state import TrainState  # pylint: disable=import-outside-toplevel
 
   optimizer = optim.make_optimizer(
-      dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=FLAGS.max_iters))
+      optim.with_schedule_end(loop.GPT_OPTIMIZER, FLAGS.max_iters))
   data = batches.DeviceTokens(jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65))
   state = {}
   for arm in ARMS:

@@ -10,7 +10,6 @@ on rank >= 2), clip 1.0,
 estimate_loss computes it. Prints one val loss per seed and the median.
 """
 
-import dataclasses
 import time
 
 from absl import app
@@ -38,7 +37,7 @@ BATCH, EVAL_ITERS = 12, 200
 
 def optimizer_config(max_iters: int) -> optim.OptimizerConfig:
   """`purejax.train`'s recipe optimizer, its cosine ending at the run's last step."""
-  return dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=max_iters)
+  return optim.with_schedule_end(loop.GPT_OPTIMIZER, max_iters)
 
 
 def batch(data, block, generator):

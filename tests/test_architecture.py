@@ -165,8 +165,7 @@ FORMS_ENTRY_POINTS = {
     "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
     "purejax.cli.replay",             # the replay command line
     "purejax.cli.plan",               # the GPU plan's command line (always GPU forms)
-    "purejax.training.loop",          # train_gpt, evaluate_gpt
-    "purejax.training.sweep_loop",    # train_gpt_sweep
+    "purejax.training.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
     "purejax.gpt",                    # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
 }

@@ -17,6 +17,7 @@ from purejax import mlp
 from purejax.cli import train as train_cli
 from purejax.training import checkpoint
 from purejax.training import monitor
+from purejax.training import muon
 from purejax.training import optim
 
 MUON = optim.OptimizerConfig(name="muon", learning_rate=1e-3, schedule="constant",
@@ -32,13 +33,14 @@ def random_like(tree, seed):
 
 
 def test_a_stacked_weight_is_orthogonalised_one_layer_at_a_time():
-  muon = optim.muon_matrices(learning_rate=1.0, momentum=0.95, weight_decay=0.0)
+  matrices = muon.muon_matrices(learning_rate=1.0, momentum=0.95, weight_decay=0.0)
   stacked = {"w": jnp.zeros((3, 16, 32))}
   grads = random_like(stacked, 0)
-  update, _ = jax.jit(muon.update)(grads, muon.init(stacked), stacked)
+  update, _ = jax.jit(matrices.update)(grads, matrices.init(stacked), stacked)
   for layer in range(3):
     alone = {"w": stacked["w"][layer]}
-    expected, _ = jax.jit(muon.update)({"w": grads["w"][layer]}, muon.init(alone), alone)
+    expected, _ = jax.jit(matrices.update)({"w": grads["w"][layer]}, matrices.init(alone),
+                                           alone)
     chex.assert_trees_all_close(update["w"][layer], expected["w"], rtol=1e-5, atol=1e-6)
     # Newton-Schulz leaves every singular value near 1 (0.5-1.5 by design), times
     # sqrt(max(1, out / in)) = sqrt(2); the step descends (-lr).
@@ -48,12 +50,12 @@ def test_a_stacked_weight_is_orthogonalised_one_layer_at_a_time():
 
 def reference_newton_schulz(x):
   """Keller Jordan's iteration as written, on each matrix, in float64."""
-  a, b, c = optim.MUON_NS_COEFFS
+  a, b, c = muon.MUON_NS_COEFFS
   x = np.asarray(x, np.float64)
   tall = x.shape[-2] > x.shape[-1]
   x = np.swapaxes(x, -1, -2) if tall else x
   x = x / (np.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
-  for _ in range(optim.MUON_NS_STEPS):
+  for _ in range(muon.MUON_NS_STEPS):
     gram = x @ np.swapaxes(x, -1, -2)
     x = a * x + (b * gram + c * gram @ gram) @ x
   return np.swapaxes(x, -1, -2) if tall else x
@@ -68,14 +70,14 @@ def test_newton_schulz_is_the_reference_iteration(shape):
   u = jnp.linalg.qr(jax.random.normal(k1, shape[:2] + shape[1:2]))[0][..., :m]
   v = jnp.linalg.qr(jax.random.normal(k2, shape[:1] + shape[2:] * 2))[0][..., :m]
   x = (u * jnp.logspace(-3, 0, m)) @ jnp.swapaxes(v, 1, 2)
-  np.testing.assert_allclose(jax.jit(optim.newton_schulz)(x), reference_newton_schulz(x),
+  np.testing.assert_allclose(jax.jit(muon.newton_schulz)(x), reference_newton_schulz(x),
                              atol=3e-4 if max(shape) >= 2 * m else 1e-5)
 
 
 def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
   config = dataclasses.replace(TINY, bias=True)
   params = gpt.init_params(config, jax.random.PRNGKey(0))
-  labels = optim.muon_labels(params)
+  labels = muon.muon_labels(params)
   muon_paths = sorted(".".join(str(k.key) for k in path) for path, label in
                       jax.tree_util.tree_leaves_with_path(labels) if label == "muon")
   assert muon_paths == ["blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w",
@@ -101,7 +103,7 @@ def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
   adapters = lora.init(params, rank=2, targets=lora.ATTENTION_AND_MLP,
                        key=jax.random.PRNGKey(1))
   trainable = lora.trainable(params, adapters)
-  assert set(jax.tree.leaves(optim.muon_labels(adapters))) == {"muon"}
+  assert set(jax.tree.leaves(muon.muon_labels(adapters))) == {"muon"}
   optimizer = optim.RunOptimizer(MUON, frozen_base=True)()
   grads = random_like(trainable, 2)
   update, _ = jax.jit(optimizer.update)(grads, optimizer.init(trainable), trainable)

@@ -67,7 +67,7 @@ def plan(args: Args) -> int:
     if args.mlp_hidden:
       config = dataclasses.replace(config, mlp_hidden=args.mlp_hidden)
     forms = kernels.select("gpu", **forms_flags.forms_overrides(args))
-    opt_config = loop.resumable_optimizer(train.optimizer_config(args), args.max_iters)
+    opt_config = optim.with_schedule_end(train.optimizer_config(args), args.max_iters)
     num_devices = args.num_devices or 1
     devices = gpu_plan.target_devices(args.gpu, num_devices)
     adapters = train.lora_config(args)

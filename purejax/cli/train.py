@@ -57,14 +57,13 @@ EXIT_NONFINITE = 2               # loss became NaN/Inf; the last checkpoint is i
 # Flags -> configs
 
 
-def optimizer_config(args: Args, total_steps: Optional[int] = None) -> optim.OptimizerConfig:
-  """The optimizer flags; the schedule ends at `--lr_decay_iters`, else `total_steps`
-  (None: the training loop's choice, see `loop.train_gpt`)."""
-  decay = args.lr_decay_iters if args.lr_decay_iters is not None else total_steps
+def optimizer_config(args: Args) -> optim.OptimizerConfig:
+  """The optimizer flags; the schedule ends at `--lr_decay_iters`, else where the
+  training loop decides (`optim.with_schedule_end`: the run's last step)."""
   scale = depth_lr_scale(args)
   return optim.OptimizerConfig(
       name=args.optimizer, learning_rate=args.learning_rate * scale, schedule=args.lr_schedule,
-      warmup_iters=args.warmup_iters, decay_iters=decay,
+      warmup_iters=args.warmup_iters, decay_iters=args.lr_decay_iters,
       min_lr=args.min_lr * scale, beta2=args.beta2, weight_decay=args.weight_decay,
       grad_clip=args.grad_clip,
       # Muon's rate is not scaled by width: its update's scale follows each
@@ -141,7 +140,7 @@ def sweep_grid(args: Args) -> Optional[dict]:
   if not grid:
     raise ValueError(f"--sweep={args.sweep} names no setting; write NAME=V1,V2,... such "
                      f"as --sweep=learning_rate=3e-4,1e-3.")
-  used = optim.hyperparams_used(optimizer_config(args, total_steps=1))
+  used = optim.hyperparams_used(optimizer_config(args))
   for name, values in grid.items():
     if not values:
       raise ValueError(f"--sweep lists no values of {name}; write {name}=V1,V2,...")
@@ -329,10 +328,8 @@ def train_mlp(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
       lambda: data_lib.load_mnist(args.tfds_data_dir, args.tfds_manual_dir,
                                   pixels=args.mnist_pixels),
       errors=(ValueError, data_lib.DataUnavailableError))
-  steps_per_epoch = len(mnist.train_labels) // train.batch_size
-  return mlp_loop.train_mlp(mnist, train,
-                            optimizer_config(args, train.epochs * steps_per_epoch),
-                            run, devices, meta_config={"mnist_pixels": args.mnist_pixels},
+  return mlp_loop.train_mlp(mnist, train, optimizer_config(args), run, devices,
+                            meta_config={"mnist_pixels": args.mnist_pixels},
                             progress_bar=args.progress)
 
 
@@ -340,7 +337,7 @@ def train(args: Args) -> int:
   """Trains (or evaluates) what the parsed flags say; returns the exit code."""
   try:
     refuse_what_has_no_effect(args)
-    optimizer_config(args, total_steps=1)  # fail on bad optimizer flags before any work
+    optimizer_config(args)  # fail on bad optimizer flags before any work
     run = run_config(args)
     if args.cpu_devices is not None:
       parallel.set_cpu_devices(args.cpu_devices)  # before anything starts JAX's backends

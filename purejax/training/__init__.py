@@ -7,7 +7,8 @@ life: start or resume, save), `signals` (SIGINT/SIGTERM: save, then stop),
 `nonfinite` (NaN/Inf losses), `monitor` (metrics.jsonl, TensorBoard),
 `wandb_sink` (Weights & Biases), `progress` (the progress bar), `flops`
 (FLOPs and MFU), `plots` (loss curves), `session` (what every loop does
-around its steps), `loop` / `mlp_loop` (the GPT's and the MLP's training
-loops), `sweep` (many runs as one vmapped step) and `replay` (a step
-replayed from a checkpoint).
+around its steps), `gpt_run` (how a GPT run starts, alone or in a sweep),
+`loop` / `mlp_loop` (the GPT's and the MLP's training loops), `sweep` and
+`sweep_loop` (many runs as one vmapped step, and their loop) and `replay`
+(a step replayed from a checkpoint).
 """

@@ -11,11 +11,8 @@ evaluations, checkpoints, signals) is `session.Session`.
 """
 
 import contextlib
-import dataclasses
-import functools
-import pathlib
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +21,11 @@ import numpy as np
 from purejax import decode
 from purejax import gpt
 from purejax import lora
-from purejax.data import batches
-from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
 from purejax.ops import kernels
 from purejax.training import flops
+from purejax.training import gpt_run
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import plots
@@ -39,7 +35,8 @@ from purejax.training import state as state_lib
 from purejax.training import steps
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
-from purejax.training.session import Session
+from purejax.training.gpt_run import GPTTrainConfig  # (a name of this module's API)
+from purejax.training.session import Recorded, Session
 from purejax.training.state import TrainState
 
 # nanoGPT's character-level Shakespeare recipe for a CPU: the model (no
@@ -50,107 +47,6 @@ SHAKESPEARE_CHAR = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head
 GPT_OPTIMIZER = optim.OptimizerConfig(
     learning_rate=1e-3, schedule="cosine", warmup_iters=100, min_lr=1e-4, beta2=0.99,
     weight_decay=0.1, grad_clip=1.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTTrainConfig:
-  """How long and how the GPT trains, evaluates, logs and saves (nanoGPT's names).
-
-  Attributes:
-    batch_size: sequences per step (the global batch).
-    max_iters: optimisation steps.
-    eval_interval: steps between evaluations of train and val loss.
-    eval_iters: batches per evaluation.
-    log_interval: steps between log points (a line, metrics.jsonl, TensorBoard).
-    steps_per_call: steps fused into one jitted `lax.scan`.
-    checkpoint_every: steps between checkpoints; None: `eval_interval`.
-    always_save_checkpoint: False also keeps the checkpoint of the lowest val
-      loss so far (`checkpoint.best_path`), beside the keep-K rotation.
-    sample_tokens: tokens sampled at the end (0: none).
-    seed: seed of the run's PRNG key.
-    profile_steps: `(first, last)`: a `jax.profiler` trace of these steps
-      goes to `out_dir/profile` (for TensorBoard's profile plugin).
-    progress: a live progress bar; None: when stderr is a terminal.
-    peak_flops: one device's peak FLOP/s for the logged MFU; None: the
-      device's known peak (`flops.device_peak_flops`), or no MFU.
-  """
-  batch_size: int = 12
-  max_iters: int = 2000
-  eval_interval: int = 250
-  eval_iters: int = 200
-  log_interval: int = 50
-  steps_per_call: int = 10
-  checkpoint_every: Optional[int] = None
-  always_save_checkpoint: bool = True
-  sample_tokens: int = 300
-  seed: int = 0
-  profile_steps: Optional[Tuple[int, int]] = None
-  progress: Optional[bool] = None
-  peak_flops: Optional[float] = None
-
-  def __post_init__(self):
-    runs.require_positive(
-        batch_size=self.batch_size, max_iters=self.max_iters,
-        eval_interval=self.eval_interval, eval_iters=self.eval_iters,
-        log_interval=self.log_interval, steps_per_call=self.steps_per_call,
-        checkpoint_every=self.checkpoint_every or self.eval_interval)
-    if self.peak_flops is not None and not self.peak_flops > 0:
-      raise ValueError(f"`peak_flops` must be one device's peak FLOP/s, a positive number "
-                       f"(e.g. 989e12), or None for the device's known peak; got "
-                       f"{self.peak_flops}.")
-    if self.profile_steps is not None:
-      first, last = self.profile_steps
-      if not 0 <= first < last <= self.max_iters:
-        raise ValueError(f"`profile_steps={first},{last}` must be two steps A,B with "
-                         f"0 <= A < B <= `max_iters={self.max_iters}`.")
-
-
-def check_fits(config: gpt.GPTConfig, text, batch_size: int) -> None:
-  if config.vocab_size < text.vocab_size:
-    raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
-                     f"{text.vocab_size} ids of the data's tokenizer; use the model's "
-                     f"own tokenizer (`tokenizer`) or a larger model vocabulary.")
-  if isinstance(text, conversations.Conversations):
-    if text.train[0].shape[1] != config.block_size + 1:
-      raise ValueError(f"the conversations are padded to {text.train[0].shape[1]} tokens, "
-                       f"not the model's block_size + 1 = {config.block_size + 1}; load "
-                       f"them with the model's block_size.")
-  elif config.block_size >= min(len(text.train), len(text.val)):
-    raise ValueError(f"`block_size={config.block_size}` must be shorter than the "
-                     f"validation text ({len(text.val)} tokens) and the training text "
-                     f"({len(text.train)} tokens).")
-
-
-class CallLengths:
-  """How many steps the loop's call from `step` runs: up to `steps_per_call`, never
-  across an eval, log, checkpoint or profile boundary (the host feed reads ahead by it)."""
-
-  def __init__(self, train: GPTTrainConfig):
-    self._train = train
-    self._marks = (train.eval_interval, train.log_interval,
-                   train.checkpoint_every or train.eval_interval)
-
-  def __call__(self, step: int) -> int:
-    boundary = runs.next_boundary(step, self._marks, self._train.max_iters)
-    for mark in self._train.profile_steps or ():
-      boundary = min(boundary, mark) if mark > step else boundary
-    return min(self._train.steps_per_call, boundary - step)
-
-
-def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
-              ) -> batches.Feed:
-  """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
-  put = functools.partial(parallel.put, shardings=plan.replicated)
-  if isinstance(text, conversations.Conversations):  # whole padded rows, on the device
-    return batches.rows_feed(text.train, text.val, put)
-  if corpus_lib.fits_on_device(text):
-    # Each device samples its rows of every batch from its own copy.
-    return batches.device_feed(text.train, text.val, put)
-  return batches.host_feed(
-      text.train, text.val, put, block_size=config.block_size, batch_size=train.batch_size,
-      eval_batches=train.eval_iters, seed=train.seed, start_step=start_step,
-      end_step=train.max_iters if end_step is None else end_step,
-      steps_per_call=steps_per_call)
 
 
 def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None,
@@ -192,24 +88,7 @@ def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, c
   bpb = f" | val bpb {losses['val_bpb']:.4f}" if "val_bpb" in losses else ""
   session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
               f"val loss {losses['val_loss']:.4f}{bpb}")
-  session.add_eval(step, state, {"step": step, **losses}, **losses)
-
-
-def resumable_optimizer(opt_config: optim.OptimizerConfig, max_iters: int):
-  """`opt_config` with the schedule's end filled in (the run's last step by default)."""
-  if opt_config.decay_iters is None:
-    return dataclasses.replace(opt_config, decay_iters=max_iters)
-  return opt_config
-
-
-def _keep_saved_schedule(opt_config, asked: optim.OptimizerConfig, meta, saved):
-  """On resume without an explicit `decay_iters`, the schedule ends where the run's did."""
-  if not saved or asked.decay_iters is not None:
-    return opt_config, meta
-  opt_config = dataclasses.replace(opt_config, decay_iters=saved["optimizer"]["decay_iters"])
-  runs.print_line(f"keeping the run's schedule: it ends at step {opt_config.decay_iters} "
-                  f"(set the optimizer's decay_iters to change that)")
-  return opt_config, {**meta, "optimizer": dataclasses.asdict(opt_config)}
+  session.record.add_eval(step, state, {"step": step, **losses}, **losses)
 
 
 class _Throughput:
@@ -239,7 +118,7 @@ class _Throughput:
     ms = 1000 * float(np.median(self._since_log))
     self._since_log = []
     tokens_per_s = self.tokens_per_step / ms * 1000
-    record = session.monitor.log_train(
+    record = session.record.monitor.log_train(
         step, loss=loss, lr=float(self._schedule(step - 1)),
         grad_norm=float(metrics.grad_norm[-1]), ms_per_iter=ms, tokens_per_s=tokens_per_s,
         mfu=flops.mfu(self._flops_per_token, tokens_per_s, self._peak))
@@ -247,53 +126,6 @@ class _Throughput:
     session.log(f"step {step:5d} | loss {loss:.4f} | lr {record['lr']:.2e} | "
                 f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
                 f"{tokens_per_s:8.0f} tokens/s{mfu}")
-
-  def median_ms(self) -> Optional[float]:
-    """Median ms per step; the first calls compile (one per chunk length), so they're dropped."""
-    return 1000 * float(np.median(self.times[2:] or self.times)) if self.times else None
-
-
-def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:
-  """One short line: size, shape and vocabulary (the whole config is in the checkpoints)."""
-  return (f"{n_params / 1e6:.2f}M params (without position embeddings), {config.n_layer} "
-          f"layers x {config.n_head} heads x {config.n_embd}, context {config.block_size}, "
-          f"vocab {config.vocab_size}, dropout {config.dropout:g}"
-          f"{'' if config.bias else ', no biases'}")
-
-
-def gpt_meta(config, text, opt_config, train, init_from, *, lora_config=None, data=None,
-             grad_accum_steps=1) -> Dict[str, Any]:
-  """What a GPT checkpoint records: the run's identity, its tokenizer and origin,
-  what `purejax.replay` needs to load its data again (`data`: the `--dataset`
-  given), and its LoRA adapters' settings."""
-  meta = {"model": "gpt", "config": dataclasses.asdict(config),
-          "tokenizer": text.tokenizer.spec().to_dict(),
-          "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
-          "seed": train.seed, "init_from": init_from, "dataset": text.name or None,
-          "data": data, "grad_accum_steps": grad_accum_steps}
-  if lora_config is not None:
-    meta["lora"] = dataclasses.asdict(lora_config)
-  return meta
-
-
-trained_params = state_lib.trained_params  # (the sweeps' loop calls it by this name)
-
-
-def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config=None):
-  """The run's optimizer: NaN/Inf updates skipped with `run.skip_nonfinite`, and
-  with LoRA only the adapters trained (`optim.frozen_base`)."""
-  return optim.RunOptimizer(opt_config, run.skip_nonfinite, lora_config is not None)()
-
-
-def run_program(state, plan, config, opt_config, run, lora_config, train, grad_accum_steps,
-                forms, view):
-  """`(state on the plan's devices, its jitted `steps.train_steps`)`: one run's program,
-  the same for a run alone and a run of a sweep taken one at a time (so they agree bitwise)."""
-  state, shardings = state_lib.shard(state, plan)
-  return state, parallel.sharded_step(
-      steps.train_steps, plan, shardings, config=config,
-      optimizer=run_optimizer(opt_config, run, lora_config), batch_size=train.batch_size,
-      grad_accum_steps=grad_accum_steps, forms=forms, params_view=view)
 
 
 def train_gpt(
@@ -343,77 +175,55 @@ def train_gpt(
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
-  check_fits(config, text, train.batch_size)
-  keys = state_lib.run_keys(train.seed)
-  params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
-  gpt.check_params(params, config)
-  n_params = gpt.num_params(params)
-  plan = parallel.make_plan(devices, train.batch_size)
-  runs.print_line(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
-  forms = forms or kernels.select(kernels.platform_of(plan))
-  runs.print_line(f"forms: {forms.describe()}")
-  resolved = resumable_optimizer(opt_config, train.max_iters)
-  meta = gpt_meta(config, text, resolved, train, init_from, lora_config=lora_config,
-                  data=data, grad_accum_steps=devices.grad_accum_steps)
-  # The data sampler's whole state is (train key, step): batch s is drawn
-  # from fold_in(train key, s), so restoring both resumes the same stream.
-  template, view = state_lib.start_state(
-      params, keys, run_optimizer(resolved, run, lora_config), lora_config)
-  state, step, saved = runs.start_or_resume(
-      run, template, meta, saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
-      ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
-      digest_extra=[devices.fsdp, devices.grad_accum_steps])
-  resolved, meta = _keep_saved_schedule(resolved, opt_config, meta, saved)
-  state, train_steps = run_program(state, plan, config, resolved, run, lora_config, train,
-                                   devices.grad_accum_steps, forms, view)
-  call_length = CallLengths(train)
-  feed = make_feed(text, config, train, plan, start_step=step, steps_per_call=call_length)
-  runs.print_line(f"model: {_describe_model(config, n_params)}")
-  if lora_config is not None:
-    adapters = lora.num_params(template.params["adapters"])
-    runs.print_line(f"LoRA: {adapters / 1e6:.3f}M adapter params train, the base is frozen; "
-                    f"{lora_config}")
-  runs.print_line(f"data: {text.source}; batches drawn "
-                  f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
-  runs.print_line(f"optimizer: {optim.describe(resolved)}")
-  for warning in optim.schedule_warnings(resolved, train.max_iters):
+  started = gpt_run.start_runs(
+      config, text, train, devices, [gpt_run.Member(run, train.seed, config, opt_config)],
+      init_params=init_params, init_from=init_from, forms=forms, lora_config=lora_config,
+      data=data)
+  (one,) = started.runs
+  plan, forms, view, feed = started.plan, started.forms, started.view, started.feed
+  runs.print_line(f"optimizer: {optim.describe(one.opt_config)}")
+  for warning in optim.schedule_warnings(one.opt_config, train.max_iters):
     runs.print_line(f"warning: {warning}")
-  throughput = _Throughput(config, train, optim.make_schedule(resolved), n_params,
+  state, train_steps = gpt_run.run_program(one.state, plan, config, one.opt_config, run,
+                                           lora_config, train, devices.grad_accum_steps, forms,
+                                           view)
+  throughput = _Throughput(config, train, optim.make_schedule(one.opt_config), one.n_params,
                            plan.num_devices)
   profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
   byte_lengths = device_byte_lengths(text.tokenizer, plan)
+  step = started.step
   with contextlib.closing(feed), Session(
-      run, meta, saved, total=train.max_iters, start=step, bar=train.progress,
-      keep_best=not train.always_save_checkpoint, sinks=sinks) as session:
+      [Recorded(run, one.meta, one.saved, sinks)], total=train.max_iters, start=step,
+      bar=train.progress, keep_best=not train.always_save_checkpoint) as session:
     while step < train.max_iters:
-      if step % train.eval_interval == 0 and not session.evaluated_at(step):
+      if step % train.eval_interval == 0 and not session.record.evaluated_at(step):
         _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
                              byte_lengths)
-      num_steps = call_length(step)
+      num_steps = started.call_length(step)
       profiler.before(step)
-      start = time.perf_counter()
+      began = time.perf_counter()
       state, metrics = train_steps(state, feed.train(step, num_steps), step,
                                    num_steps=num_steps)
       losses = np.asarray(metrics.loss)  # waits for the steps to finish
-      seconds_per_step = (time.perf_counter() - start) / num_steps
+      seconds_per_step = (time.perf_counter() - began) / num_steps
       profiler.after(step + num_steps, session.log)
-      session.check_finite(losses, step)
+      session.record.check_finite(losses, step)
       step += num_steps
       throughput.record(session, step, seconds_per_step, losses, metrics)
       if runs.every(train.eval_interval, step, train.max_iters):
         _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
                              byte_lengths)
-      session.save_if(runs.every(train.checkpoint_every or train.eval_interval, step,
-                                 train.max_iters), step, state)
-  return _finish(run, state, session.history, step, throughput, text, config, keys, train,
-                 forms, view)
+      session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
+                       state)
+  return _finish(run, state, session.record.history, step, throughput, text, config,
+                 one.keys, train, forms, view)
 
 
 def _finish(run, state, history, step, throughput, text, config, keys, train, forms,
             view=None) -> Dict[str, Any]:
   """The run's final metrics; then its loss plot and a sample, as nanoGPT ends."""
   metrics = dict(history[-1]) if history else {"step": step}
-  ms = throughput.median_ms()
+  ms = progress_lib.median_ms(throughput.times)
   if ms is not None:
     metrics["ms_per_iter"] = ms
     runs.print_line(f"median {ms:.2f} ms/iter after compilation")
@@ -434,15 +244,15 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
 
   `forms` as in `train_gpt`.
   """
-  check_fits(config, text, train.batch_size)
+  gpt_run.check_fits(config, text, train.batch_size)
   gpt.check_params(params, config)
   keys = state_lib.run_keys(train.seed)
   plan = parallel.make_plan(devices, train.batch_size)
-  feed = make_feed(text, config, train, plan, start_step=0, steps_per_call=lambda _: 1,
-               end_step=0)
+  feed = gpt_run.make_feed(text, config, train, plan, start_step=0,
+                           steps_per_call=lambda _: 1, end_step=0)
   try:
     return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
-                           train, plan, forms or kernels.select(kernels.platform_of(plan)),
+                           train, plan, gpt_run.forms_of(plan, forms),
                            byte_lengths=device_byte_lengths(text.tokenizer, plan))
   finally:
     feed.close()

@@ -20,12 +20,11 @@ from purejax.data import datasets as data_lib
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import runs
-from purejax.training import session as session_lib
 from purejax.training import state as state_lib
 from purejax.training import steps
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
-from purejax.training.session import Session
+from purejax.training.session import Recorded, Session
 from purejax.training.state import TrainState
 
 MLP_OPTIMIZER = optim.OptimizerConfig(
@@ -72,8 +71,8 @@ def train_mlp(
   Writes checkpoints (one per `checkpoint_every` epochs), `metrics.jsonl` and
   TensorBoard events to `run.out_dir`; `progress_bar` as in `GPTTrainConfig`.
 
-  `opt_config.decay_iters` should be `epochs * (examples // batch_size)` for
-  the schedule to end with the run. `meta_config` adds settings to the
+  `opt_config.decay_iters=None` ends the schedule with the run, at step
+  `epochs * (examples // batch_size)` (`optim.with_schedule_end`). `meta_config` adds settings to the
   checkpoint's identity (e.g. how pixels were scaled).
   """
   sizes = [int(s) for s in train.layer_sizes]
@@ -82,6 +81,7 @@ def train_mlp(
   _check_mlp_fits(params, sizes, mnist)
   steps_per_epoch = len(mnist.train_labels) // train.batch_size
   runs.require_positive(steps_per_epoch=steps_per_epoch)
+  opt_config = optim.with_schedule_end(opt_config, train.epochs * steps_per_epoch)
   plan = parallel.make_plan(devices, train.batch_size)
   runs.print_line(parallel.describe(plan, train.batch_size, devices.grad_accum_steps))
   # The whole dataset sits on every device; each device gathers its rows of
@@ -89,7 +89,7 @@ def train_mlp(
   train_x, train_y, test_x, test_y = parallel.put(
       (mnist.train_images, mnist.train_labels, mnist.test_images, mnist.test_labels),
       plan.replicated)
-  optimizer = session_lib.make_optimizer(opt_config, run)
+  optimizer = optim.RunOptimizer(opt_config, run.skip_nonfinite)()
   schedule = optim.make_schedule(opt_config)
   meta = {"model": "mlp", "config": {"layer_sizes": sizes, "init_scale": train.init_scale,
                                      **(meta_config or {})},
@@ -104,31 +104,32 @@ def train_mlp(
       grad_accum_steps=devices.grad_accum_steps)
   runs.print_line(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
   runs.print_line(f"optimizer: {optim.describe(opt_config)}, {steps_per_epoch} steps/epoch")
-  with Session(run, meta, saved, total=train.epochs, start=epoch, unit="epoch",
+  with Session([Recorded(run, meta, saved)], total=train.epochs, start=epoch, unit="epoch",
                bar=progress_bar) as session:
+    run_record = session.record
     while epoch < train.epochs:
       start = time.perf_counter()
       state, train_loss = train_epoch(state, train_x, train_y, epoch)
       train_loss = float(train_loss)  # waits for the epoch to finish
       seconds = time.perf_counter() - start
-      session.check_finite(np.array([train_loss]), epoch + 1)
+      run_record.check_finite(np.array([train_loss]), epoch + 1)
       epoch += 1
       record = dict(
           epoch=epoch, seconds=seconds,
           examples_per_s=steps_per_epoch * train.batch_size / seconds, train_loss=train_loss,
           train_acc=float(mlp.evaluate_accuracy(state.params, train_x, train_y)),
           test_acc=float(mlp.evaluate_accuracy(state.params, test_x, test_y)))
-      session.monitor.log_train(epoch, loss=train_loss,
-                                lr=float(schedule(epoch * steps_per_epoch - 1)),
-                                examples_per_s=record["examples_per_s"])
-      session.add_eval(epoch, state, record, train_acc=record["train_acc"],
-                       test_acc=record["test_acc"])
+      run_record.monitor.log_train(epoch, loss=train_loss,
+                                   lr=float(schedule(epoch * steps_per_epoch - 1)),
+                                   examples_per_s=record["examples_per_s"])
+      run_record.add_eval(epoch, state, record, train_acc=record["train_acc"],
+                          test_acc=record["test_acc"])
       session.progress.update_to(epoch, loss=train_loss, test_acc=record["test_acc"])
       session.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
                   "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
                   "test acc {test_acc:.4f}".format(**record))
       session.save_if(runs.every(train.checkpoint_every, epoch, train.epochs), epoch, state)
-  return session.history[-1] if session.history else {}
+  return run_record.history[-1] if run_record.history else {}
 
 
 def _check_mlp_fits(params: mlp.Params, sizes: Sequence[int], mnist: data_lib.MnistData

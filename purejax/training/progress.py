@@ -14,9 +14,10 @@ import os
 import pathlib
 import shutil
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import jax
+import numpy as np
 
 
 def _format_postfix(value: Any) -> str:
@@ -140,3 +141,11 @@ class Profiler:
       jax.profiler.stop_trace()
       log(f"profile of steps {self._range[0]}-{self._range[1]} in {self._dir} "
           f"(TensorBoard's profile plugin reads it)")
+
+
+def median_ms(seconds_per_step: Sequence[float]) -> Optional[float]:
+  """Median ms per step of a loop's calls (None without any), the first two left out:
+  they compile (a program per call length), so they are not the loop's speed."""
+  if not seconds_per_step:
+    return None
+  return 1000 * float(np.median(seconds_per_step[2:] or seconds_per_step))

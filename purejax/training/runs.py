@@ -18,7 +18,7 @@ import json
 import pathlib
 import tempfile
 import zlib
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
 
 from purejax.training import checkpoint
 from purejax.training import optim
@@ -86,6 +86,19 @@ def check_out_dir(out_dir: str) -> None:
 # Checkpoints
 
 
+class Start(NamedTuple):
+  """Where a run starts (`start_or_resume`).
+
+  Attributes:
+    state: the template (a new run) or the restored checkpoint's state.
+    step: 0, or the checkpoint's step.
+    saved: the checkpoint's metadata; `{}` in a new run.
+  """
+  state: TrainState
+  step: int
+  saved: Dict[str, Any]
+
+
 def start_or_resume(
     run: RunConfig,
     template: TrainState,
@@ -97,7 +110,7 @@ def start_or_resume(
     digest_extra: Any = None,
     log: Log = print_line,
     at_most: Optional[int] = None,
-) -> Tuple[TrainState, int, Dict[str, Any]]:
+) -> Start:
   """The state to start from: `template` at step 0, or the newest valid checkpoint.
 
   Every process reads `run.out_dir` (so with several hosts it must be on a
@@ -120,7 +133,7 @@ def start_or_resume(
       (a sweep's runs resume from the newest step they all saved).
 
   Returns:
-    `(state, step, saved meta)`; the saved meta is `{}` on a fresh start.
+    `Start(state, step, saved)`; `saved` is `{}` on a fresh start.
   """
   digest = zlib.crc32(json.dumps([meta, digest_extra, run.out_dir], sort_keys=True,
                                  default=str).encode()) & 0x7FFFFFFF
@@ -134,7 +147,7 @@ def start_or_resume(
   parallel.check_same_on_all_processes(
       step, f"the processes found different checkpoints in {run.out_dir}; with several "
       f"hosts `out_dir` must be one shared directory.")
-  return state, step, saved
+  return Start(state, step, saved)
 
 
 def _difference(name: str, saved: Any, asked: Any) -> str:

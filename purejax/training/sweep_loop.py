@@ -8,7 +8,7 @@ The runs (`sweep.expand`: every combination of the grid's values, each with
 `num_seeds` seeds from `train.seed`) train together: on a GPU in one
 vmapped program (`sweep.train_steps`), equal to each run alone to float
 rounding; where `sweep_batch` is 1 (the CPU), one after another, each
-in the program it compiles alone (`loop.run_program`), so bit for bit. Each
+in the program it compiles alone (`gpt_run.run_program`), so bit for bit. Each
 run lives in `out_dir/<run name>/` (its settings: `learning_rate=0.001_seed=0`,
 so the same grid in any order finds the same runs) exactly as if it had
 been trained alone: its own `metrics.jsonl`, TensorBoard events (so
@@ -40,69 +40,44 @@ import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from purejax import _files
 from purejax import gpt
 from purejax import lora
-from purejax import rng
-from purejax.data import batches
 from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import checkpoint
+from purejax.training import gpt_run
 from purejax.training import loop
-from purejax.training import monitor as monitor_lib
-from purejax.training import nonfinite
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import plots
 from purejax.training import progress as progress_lib
 from purejax.training import runs
-from purejax.training import signals as signals_lib
-from purejax.training import state as state_lib
 from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
+from purejax.training.session import Recorded, Session
 from purejax.training.state import TrainState
 
 
-@dataclasses.dataclass
-class _Member:
-  """One run of the sweep: where it lives, what it records, its history."""
-  spec: sweep.RunSpec
-  run: RunConfig
-  meta: Dict[str, Any]
-  history: List[Dict[str, Any]]
-  schedule: Callable
-  monitor: Optional[monitor_lib.Monitor] = None
-  last_saved: Optional[str] = None
-
-  def save(self, step: int, state: TrainState, log) -> None:
-    """Saves the run's checkpoint of `step`, keeping its older ones (`prune` after all runs)."""
-    self.monitor.sync()
-    self.last_saved = runs.save_checkpoint(self.run, step, state,
-                                           {**self.meta, "history": self.history}, log=log,
-                                           prune=False)
-
-
 class _OneByOne:
-  """The runs one after another, each in the program it compiles alone (`loop.run_program`),
+  """The runs one after another, each in the program it compiles alone (`gpt_run.run_program`),
   so a run of the sweep is bit-identical to the run trained alone (`sweep_batch` 1)."""
   how = "one at a time, each in its own program"
 
-  def __init__(self, states, members, config, run, lora_config, train, grad_accum, plan,
-               forms, view, feed):
-    self._states, self._programs, self._feed = [], [], feed
-    self._evaluate = [functools.partial(loop.evaluate_splits, feed=feed,
-                                        config=m.spec.model_config(config), train=train,
-                                        plan=plan, forms=forms, view=view) for m in members]
-    for state, m in zip(states, members):
-      state, program = loop.run_program(state, plan, m.spec.model_config(config),
-                                        m.spec.opt_config, run, lora_config, train, grad_accum,
-                                        forms, view)
+  def __init__(self, started: gpt_run.Started, run, lora_config, train, grad_accum):
+    self._states, self._programs, self._feed = [], [], started.feed
+    self._evaluate = [functools.partial(loop.evaluate_splits, feed=started.feed,
+                                        config=r.config, train=train, plan=started.plan,
+                                        forms=started.forms, view=started.view)
+                      for r in started.runs]
+    for r in started.runs:
+      state, program = gpt_run.run_program(r.state, started.plan, r.config, r.opt_config, run,
+                                           lora_config, train, grad_accum, started.forms,
+                                           started.view)
       self._states.append(state)
       self._programs.append(program)
 
@@ -129,18 +104,22 @@ class _Together:
   """The runs in one program (`sweep.train_steps`), `sweep_batch` of them vmapped
   together: equal to the runs trained alone to float rounding."""
 
-  def __init__(self, states, specs, base, config, run, lora_config, train, grad_accum, forms,
-               sweep_batch, view, feed):
-    self.state, self._feed, self._hyper = sweep.stack(states), feed, sweep.hyperparams(specs)
+  def __init__(self, started: gpt_run.Started, specs, config, run, lora_config, train,
+               grad_accum, sweep_batch):
+    self.state = sweep.stack([r.state for r in started.runs])
+    self._feed, self._hyper = started.feed, sweep.hyperparams(specs)
     self.how = f"in one program, {sweep_batch or len(specs)} vmapped together"
+    # The settings the runs share are any run's: each replaces the swept numbers with its own.
+    shared = started.runs[0].opt_config
     self._steps = functools.partial(
         sweep.train_steps, config=config,
-        make_optimizer=optim.RunOptimizer(base, run.skip_nonfinite, lora_config is not None),
-        batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=view, forms=forms,
-        sweep_batch=sweep_batch)
+        make_optimizer=gpt_run.run_optimizer(shared, run, lora_config),
+        batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=started.view,
+        forms=started.forms, sweep_batch=sweep_batch)
     self._evaluate = functools.partial(sweep.evaluate, config=config,
                                        batch_size=train.batch_size, num_batches=train.eval_iters,
-                                       params_view=view, forms=forms, sweep_batch=sweep_batch)
+                                       params_view=started.view, forms=started.forms,
+                                       sweep_batch=sweep_batch)
 
   def train(self, step: int, num_steps: int):
     self.state, metrics = self._steps(self.state, self._feed.train(step, num_steps), step,
@@ -203,7 +182,7 @@ def common_step(run: RunConfig, members: Sequence[RunConfig], log) -> Optional[i
 
   A sweep killed between its runs' checkpoint writes of a step resumes them
   all from the step before (each run keeps it until all have saved the next:
-  `Member.save`, `runs.prune_checkpoints`), so the runs go on bit-identically.
+  `session.Session.save_if`), so the runs go on bit-identically.
 
   Returns:
     None for a fresh sweep (nothing to resume), -1 when some run saved none
@@ -230,32 +209,6 @@ def common_step(run: RunConfig, members: Sequence[RunConfig], log) -> Optional[i
     log(f"resuming every run of the sweep from step {step}, the newest all of them saved "
         f"(it recomputes the newer checkpoints of {', '.join(ahead)})")
   return step
-
-
-def _start(spec, config, text, train, run, init_params, init_from, lora_config, data,
-           grad_accum_steps, at_most):
-  """`(member, state, step, saved meta)`: the run's state, fresh or from its newest checkpoint
-  of step `at_most` or older, built as `loop.train_gpt` builds a single run's (so the
-  checkpoints are alike)."""
-  member_run = dataclasses.replace(run, out_dir=str(run_dir(run.out_dir, spec.name)))
-  member_train = dataclasses.replace(train, seed=spec.seed)
-  keys = state_lib.run_keys(spec.seed)
-  params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
-  # The run's own model config (its swept dropout), so that it resumes,
-  # replays and exports alone as it trained here.
-  meta = loop.gpt_meta(spec.model_config(config), text, spec.opt_config, member_train,
-                       init_from, lora_config=lora_config, data=data,
-                       grad_accum_steps=grad_accum_steps)
-  template, _ = state_lib.start_state(
-      params, keys, loop.run_optimizer(spec.opt_config, run, lora_config), lora_config)
-  state, step, saved = runs.start_or_resume(
-      member_run, template, meta,
-      saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
-      ignored={"optimizer": ("decay_iters",)}, digest_extra=[False, grad_accum_steps],
-      at_most=at_most)
-  member = _Member(spec, member_run, meta, list(saved.get("history", [])),
-                   optim.make_schedule(spec.opt_config))
-  return member, state, step, saved
 
 
 def train_gpt_sweep(
@@ -302,117 +255,89 @@ def train_gpt_sweep(
       grid value, a resume with another grid (other runs) than the sweep's,
       or runs that hold checkpoints of no step in common.
   """
-  loop.check_fits(config, text, train.batch_size)
   if not (isinstance(text, conversations.Conversations) or corpus_lib.fits_on_device(text)):
     raise ValueError(f"a sweep draws every run's batches on the device, and {text.source} "
                      f"does not fit there; train its runs one at a time.")
   if devices.fsdp or (devices.num_devices or 1) > 1:
     raise ValueError("a sweep runs on one device; drop `fsdp` and `num_devices` (or train "
                      "its runs one at a time across devices).")
-  base = loop.resumable_optimizer(opt_config, train.max_iters)
-  specs = sweep.expand(base, train.seed, grid, num_seeds)
+  specs = sweep.expand(opt_config, train.seed, grid, num_seeds)
+  names = [spec.name for spec in specs]
+  check_runs(run, names)
+  folders = [dataclasses.replace(run, out_dir=str(run_dir(run.out_dir, name))) for name in names]
+  # The run's own model config (its swept dropout), so that it resumes,
+  # replays and exports alone as it trained here.
+  started = gpt_run.start_runs(
+      config, text, train, devices,
+      [gpt_run.Member(folder, spec.seed, spec.model_config(config), spec.opt_config)
+       for spec, folder in zip(specs, folders)],
+      init_params=init_params, init_from=init_from, forms=forms, lora_config=lora_config,
+      data=data, at_most=common_step(run, folders, runs.print_line), what="sweep")
+  record_runs(run, names)
+  sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(started.plan), sweep_batch)
   grad_accum = devices.grad_accum_steps
-  check_runs(run, [spec.name for spec in specs])
-  at_most = common_step(run, [dataclasses.replace(run, out_dir=str(run_dir(run.out_dir,
-                                                                          spec.name)))
-                              for spec in specs], runs.print_line)
-  started = [_start(spec, config, text, train, run, init_params, init_from, lora_config,
-                    data, grad_accum, at_most) for spec in specs]
-  record_runs(run, [spec.name for spec in specs])
-  members = [m for m, _, _, _ in started]
-  step = started[0][2]
-  assert all(s == step for _, _, s, _ in started), "runs restored at different steps"
-  saved_end = started[0][3].get("optimizer", {}).get("decay_iters")
-  if step and opt_config.decay_iters is None and saved_end != base.decay_iters:
-    # As a single run: a resumed sweep keeps its schedule unless told otherwise.
-    base = dataclasses.replace(base, decay_iters=saved_end)
-    for m in members:
-      m.spec = m.spec._replace(opt_config=dataclasses.replace(m.spec.opt_config,
-                                                              decay_iters=saved_end))
-      m.meta["optimizer"] = dataclasses.asdict(m.spec.opt_config)
-      m.schedule = optim.make_schedule(m.spec.opt_config)
-    runs.print_line(f"keeping the sweep's schedule: it ends at step {saved_end} (set the "
-                    f"optimizer's decay_iters to change that)")
-  view = None if lora_config is None else lora.View(lora_config.scale_alpha)
-  forms = forms or kernels.select(kernels.platform_of())
-  sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(), sweep_batch)
-  plan = parallel.make_plan(devices, train.batch_size)
-  call_length = loop.CallLengths(train)
-  feed = loop.make_feed(text, config, train, plan, start_step=step,
-                        steps_per_call=call_length)
   if sweep_batch == 1:
-    program = _OneByOne([s for _, s, _, _ in started], members, config, run, lora_config,
-                        train, grad_accum, plan, forms, view, feed)
+    program = _OneByOne(started, run, lora_config, train, grad_accum)
   else:
-    program = _Together([s for _, s, _, _ in started], specs, base, config, run, lora_config,
-                        train, grad_accum, forms, sweep_batch, view, feed)
+    program = _Together(started, specs, config, run, lora_config, train, grad_accum,
+                        sweep_batch)
   tokens_per_step = train.batch_size * config.block_size  # per run
   runs.print_line(f"sweep: {len(specs)} runs {program.how}, each in {run.out_dir}/<run>: "
-                  + ", ".join(m.spec.name for m in members))
-  times: List[float] = []
-  with contextlib.ExitStack() as stack:
-    stack.enter_context(contextlib.closing(feed))
-    progress = stack.enter_context(progress_lib.Progress(
-        train.max_iters, step, bar=train.progress))
-    log = progress.write
-    stop_signals = stack.enter_context(signals_lib.StopSignals())
-    for m in members:
-      m.monitor = stack.enter_context(monitor_lib.Monitor(
-          m.run.out_dir, resume_step=step or None, log=log, sinks=sinks(m.spec.name, m.meta)))
-
-    byte_lengths = loop.device_byte_lengths(text.tokenizer, plan)
+                  + ", ".join(names))
+  schedules = [optim.make_schedule(r.opt_config) for r in started.runs]
+  step, times = started.step, []
+  with contextlib.closing(started.feed), Session(
+      [Recorded(r.run, r.meta, r.saved, sinks(name, r.meta))
+       for r, name in zip(started.runs, names)],
+      total=train.max_iters, start=step, bar=train.progress) as session:
+    records, log = session.records, session.log
+    byte_lengths = loop.device_byte_lengths(text.tokenizer, started.plan)
 
     def evaluate(step):
       losses = program.evaluate()
       if byte_lengths is not None:  # each run draws its val batches with its own key
         losses["val_bpb"] = np.asarray([loop.bits_per_byte(
-            float(loss), feed.eval["val_loss"], program.run_state(i).keys["eval"],
+            float(loss), started.feed.eval["val_loss"], program.run_state(i).keys["eval"],
             byte_lengths, config, train) for i, loss in enumerate(losses["val_loss"])])
-      for i, m in enumerate(members):
+      for i, record in enumerate(records):
         values = {name: float(v[i]) for name, v in losses.items()}
-        m.monitor.log_eval(step, **values)
-        m.history.append({"step": step, **values})
+        record.add_eval(step, None, {"step": step, **values}, **values)
       best = sweep.best_run(losses["val_loss"])
       log(f"step {step:5d} | best val loss {losses['val_loss'][best]:.4f} "
-          f"({members[best].spec.name}) | worst {np.nanmax(losses['val_loss']):.4f}")
+          f"({names[best]}) | worst {np.nanmax(losses['val_loss']):.4f}")
 
     while step < train.max_iters:
-      history = members[0].history
-      if step % train.eval_interval == 0 and not (history and history[-1]["step"] == step):
+      if step % train.eval_interval == 0 and not records[0].evaluated_at(step):
         evaluate(step)
-      num_steps = call_length(step)
-      start = time.perf_counter()
+      num_steps = started.call_length(step)
+      began = time.perf_counter()
       losses, grad_norms = program.train(step, num_steps)  # [runs, num_steps] each
-      seconds = (time.perf_counter() - start) / num_steps
+      seconds = (time.perf_counter() - began) / num_steps
       times.append(seconds)
-      for i, m in enumerate(members):
-        nonfinite.check_finite(losses[i], step, m.last_saved, skip=run.skip_nonfinite, log=log)
+      for i, record in enumerate(records):
+        record.check_finite(losses[i], step)
       step += num_steps
       best = sweep.best_run(losses[:, -1])
-      progress.update_to(step, best=members[best].spec.name, loss=float(losses[best, -1]))
+      session.progress.update_to(step, best=names[best], loss=float(losses[best, -1]))
       if runs.every(train.log_interval, step, train.max_iters):
-        for i, m in enumerate(members):
-          m.monitor.log_train(step, loss=losses[i, -1], lr=float(m.schedule(step - 1)),
-                              grad_norm=float(grad_norms[i, -1]), ms_per_iter=1000 * seconds,
-                              tokens_per_s=tokens_per_step / seconds)
-        log(f"step {step:5d} | best loss {losses[best, -1]:.4f} ({members[best].spec.name}) "
+        for i, record in enumerate(records):
+          record.monitor.log_train(step, loss=losses[i, -1], lr=float(schedules[i](step - 1)),
+                                   grad_norm=float(grad_norms[i, -1]),
+                                   ms_per_iter=1000 * seconds,
+                                   tokens_per_s=tokens_per_step / seconds)
+        log(f"step {step:5d} | best loss {losses[best, -1]:.4f} ({names[best]}) "
             f"| worst {np.nanmax(losses[:, -1]):.4f} | {1000 * seconds:6.2f} ms/iter for "
             f"{len(specs)} runs | {len(specs) * tokens_per_step / seconds:8.0f} tokens/s")
       if runs.every(train.eval_interval, step, train.max_iters):
         evaluate(step)
-      stop = stop_signals.stop_requested()
-      if runs.every(train.checkpoint_every or train.eval_interval, step,
-                    train.max_iters) or stop:
-        for i, m in enumerate(members):
-          m.save(step, program.run_state(i), log)
-        for m in members:  # only now, so a step every run holds always survives
-          runs.prune_checkpoints(m.run)
-      stop_signals.raise_if(stop)
+      # every run saves, then all prune: a step every run holds survives a kill
+      session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
+                       program.run_state)
   if parallel.is_main_process():
-    for m in members:
-      plots.save_loss_plot(m.run.out_dir)
+    for folder in folders:
+      plots.save_loss_plot(folder.out_dir)
   if times:
-    runs.print_line(f"median {1000 * float(np.median(times[2:] or times)):.2f} ms/iter for "
-                    f"{len(specs)} runs after compilation")
-  return [{"run": m.spec.name, **(m.history[-1] if m.history else {"step": step})}
-          for m in members]
+    runs.print_line(f"median {progress_lib.median_ms(times):.2f} ms/iter for {len(specs)} "
+                    f"runs after compilation")
+  return [{"run": name, **(record.history[-1] if record.history else {"step": step})}
+          for name, record in zip(names, records)]

@@ -1,0 +1,158 @@
+"""Muon: momentum orthogonalised by Newton-Schulz, for the GPT's hidden matrices.
+
+`optim.make_optimizer` builds "muon" from `muon`: these matrices
+(`muon_labels`) take `muon_matrices`, every other param AdamW.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+# Muon's Newton-Schulz iteration: Keller Jordan's quintic coefficients, 5 steps.
+MUON_NS_COEFFS = (3.4445, -4.7750, 2.0315)
+MUON_NS_STEPS = 5
+MUON, ADAMW = "muon", "adamw"
+
+
+def _dotted_path(path) -> Tuple[str, ...]:
+  return tuple(str(getattr(entry, "key", getattr(entry, "idx", entry))) for entry in path)
+
+
+def muon_labels(params) -> chex.ArrayTree:
+  """`"muon"` for the hidden matrices of the blocks, `"adamw"` for every other param.
+
+  A hidden matrix is a dense weight `w` (`[in, out]`, or `[n_layer, in, out]`
+  stacked over layers) under `blocks`, or, for LoRA's adapters
+  (`{"blocks.attn.qkv.w": {"a", "b"}}`), a factor of one. Embeddings, the
+  head, norms and biases are not: Muon's orthogonalised step is for the
+  matrices that map one hidden vector to another.
+  """
+  def label(path, leaf):
+    # LoRA's keys are dotted paths themselves: split them too.
+    names = ".".join(_dotted_path(path)).split(".")
+    is_weight = names[-1] == "w" or (names[-1] in ("a", "b") and names[-2:-1] == ["w"])
+    return MUON if "blocks" in names and is_weight and jnp.ndim(leaf) >= 2 else ADAMW
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
+                  ) -> chex.Array:
+  """Muon's orthogonalisation of each matrix `[..., m, n]`: about `U Vᵀ` of its SVD.
+
+  Keller Jordan's quintic iteration `X <- a X + (b A + c A²) X`, `A = X Xᵀ`
+  (`MUON_NS_COEFFS`), from `X / |X|_F`, on the wide orientation (`m <= n`);
+  its singular values end in about [0.5, 1.5], as the reference's do.
+  Leading axes are batch axes: each matrix is orthogonalised alone.
+
+  Each step multiplies `X` by a polynomial `M` of `A`, so for a wide matrix
+  (`n >= 2m`) the steps run on `m x m` matrices instead: `A <- M A M`,
+  `P <- M P`, and `X P`'s product once at the end, `X_5 = P X_0`. That is
+  the same iteration (equal to it to float32 rounding; tested against
+  optax's), at `20 m³ + 4 m² n` multiply-adds instead of `5 (2 m² n + m³)`:
+  a third less on the blocks' `[d, 3d]` and `[d, 4d]` weights. The Gram
+  products run at the highest precision (float32 on every platform), since
+  `A` squares the conditioning.
+
+  Args:
+    x: `[..., m, n]` float32.
+    steps: iterations.
+    eps: keeps the normalisation finite for a zero matrix (which stays zero).
+
+  Returns:
+    `[..., m, n]`, the orthogonalised matrices.
+  """
+  a, b, c = MUON_NS_COEFFS
+  tall = x.shape[-2] > x.shape[-1]
+  if tall:
+    x = jnp.swapaxes(x, -1, -2)
+  x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + eps)
+  m, n = x.shape[-2:]
+  mul = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+  gram = mul(x, jnp.swapaxes(x, -1, -2))  # [..., m, m], symmetric
+  if n >= 2 * m:
+    eye = jnp.eye(m, dtype=x.dtype)
+    product = jnp.broadcast_to(eye, gram.shape)
+    for _ in range(steps):
+      poly = a * eye + b * gram + c * mul(gram, gram)
+      product = mul(poly, product)
+      gram = mul(poly, mul(gram, poly))
+    x = mul(product, x)
+  else:
+    for step in range(steps):
+      if step:
+        gram = mul(x, jnp.swapaxes(x, -1, -2))
+      x = a * x + mul(b * gram + c * mul(gram, gram), x)
+  return jnp.swapaxes(x, -1, -2) if tall else x
+
+
+def scale_by_newton_schulz() -> optax.GradientTransformation:
+  """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`) and scaled by
+  `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon."""
+  def scale(u):
+    return newton_schulz(u) * jnp.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(scale, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
+                  weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None
+                  ) -> optax.GradientTransformation:
+  """Muon for a pytree of matrices `[..., in, out]`.
+
+  Each matrix's Nesterov momentum (`momentum`; `optax.trace`, which is Muon's
+  reference form `lerp(g, lerp(buf, g, 1 - beta), beta)` times `1 / (1 - beta)`,
+  a scale the orthogonalisation removes) is orthogonalised and scaled by
+  `scale_by_newton_schulz` (so `learning_rate` means what it means in Muon's
+  reference and in modded-nanogpt), decayed by `weight_decay` times the
+  rate (where `decay_mask_fn` says, all matrices if None), and stepped by
+  `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
+  matrices, each orthogonalised alone, never one flattened matrix.
+  """
+  return optax.chain(
+      optax.trace(decay=momentum, nesterov=True),
+      scale_by_newton_schulz(),
+      optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
+      optax.scale_by_learning_rate(learning_rate))
+
+
+def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
+         ) -> optax.GradientTransformation:
+  """`config`'s "muon": `muon_matrices` on the blocks' hidden matrices (`muon_labels`),
+  AdamW on the rest (`decay_mask_fn` choosing what decays), each group with
+  its own numbers, both on `schedule`'s shape.
+
+  Not `optax.contrib.muon`: its AdamW group would take Muon's Nesterov flag
+  (NAdam, where the references use Adam) and decay every non-matrix param
+  (norms and biases too), and it labels params by rank, which sends the
+  blocks' stacked `[n_layer, dim]` norm scales to Muon. Nor its
+  `scale_by_muon`: its iteration costs half as much again as `newton_schulz`
+  on the blocks' wide weights (a 1.42x step of AdamW's where this one is 1.26x, in CPU time on
+  nanoGPT's CPU recipe), and it bias-corrects the momentum, which the
+  reference does not.
+
+  Raises:
+    ValueError (at `init`): the params hold no hidden matrices of blocks.
+  """
+  ratio = config.muon_learning_rate / config.learning_rate
+
+  def labels(params):
+    tree = muon_labels(params)
+    if MUON not in jax.tree.leaves(tree):
+      raise ValueError("the optimizer muon found no hidden matrices to orthogonalise (dense "
+                       "weights `w` under the GPT's `blocks`); use adamw for this model.")
+    return tree
+
+  matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
+                           config.muon_weight_decay, decay_mask_fn)
+  rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
+                     weight_decay=config.weight_decay, mask=decay_mask_fn)
+  return optax.partition({MUON: matrices, ADAMW: rest}, labels)
