@@ -29,7 +29,7 @@ from purejax.cli import train_flags
 from purejax.ops import kernels
 from purejax.training import flops
 from purejax.training import gpu_plan
-from purejax.training import loop
+from purejax.training import optim
 
 Args = flags.FlagValues
 GIB = 1 << 30
