@@ -21,6 +21,7 @@ import numpy as np
 from purejax import decode
 from purejax import gpt
 from purejax import lora
+from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
 from purejax.ops import kernels
@@ -75,9 +76,13 @@ def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) ->
   return loss * num_tokens / (np.log(2) * num_bytes) if num_bytes else float("nan")
 
 
-def device_byte_lengths(tokenizer, plan) -> Optional[jax.Array]:
-  """The tokenizer's bytes per id on the plan's devices, or None where it has no text."""
-  lengths = tokenizers.byte_lengths(tokenizer)
+def device_byte_lengths(text, plan) -> Optional[jax.Array]:
+  """The bytes per id of the corpus's tokenizer on the plan's devices; None where it
+  has no text, and for conversations, whose loss counts the assistant's tokens only
+  (their bits per byte would need the weights too: not logged)."""
+  if isinstance(text, conversations.Conversations):
+    return None
+  lengths = tokenizers.byte_lengths(text.tokenizer)
   return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
 
 
@@ -190,7 +195,7 @@ def train_gpt(
   throughput = _Throughput(config, train, optim.make_schedule(one.opt_config), one.n_params,
                            plan.num_devices)
   profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
-  byte_lengths = device_byte_lengths(text.tokenizer, plan)
+  byte_lengths = device_byte_lengths(text, plan)
   step = started.step
   with contextlib.closing(feed), Session(
       [Recorded(run, one.meta, one.saved, sinks)], total=train.max_iters, start=step,
@@ -253,7 +258,7 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
   try:
     return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
                            train, plan, gpt_run.forms_of(plan, forms),
-                           byte_lengths=device_byte_lengths(text.tokenizer, plan))
+                           byte_lengths=device_byte_lengths(text, plan))
   finally:
     feed.close()
 

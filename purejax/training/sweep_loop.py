@@ -291,7 +291,7 @@ def train_gpt_sweep(
        for r, name in zip(started.runs, names)],
       total=train.max_iters, start=step, bar=train.progress) as session:
     records, log = session.records, session.log
-    byte_lengths = loop.device_byte_lengths(text.tokenizer, started.plan)
+    byte_lengths = loop.device_byte_lengths(text, started.plan)
 
     def evaluate(step):
       losses = program.evaluate()
