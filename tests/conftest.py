@@ -444,7 +444,7 @@ def pytest_configure(config):
     # halves the tier's time. The full suite (what CI runs) compiles as users do.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_backend_optimization_level=0").strip()
-  elif not hasattr(config, "workerinput") and _COMPILE_CACHE not in os.environ:
+  if not hasattr(config, "workerinput") and _COMPILE_CACHE not in os.environ:
     # The first process (pytest, or xdist's controller) makes the cache; xdist's
     # workers and all subprocesses inherit the variables. Every program is
     # kept, however small (JAX keeps only those that compiled for a second).

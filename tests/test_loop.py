@@ -41,6 +41,7 @@ def train(out_dir, corpus=TEXT, config=TINY, train_config=FAST, opt=OPT, **run):
   return loop.train_gpt(config, corpus, train_config, opt,
                         runs.RunConfig(out_dir=str(out_dir), **run))
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 
 def test_a_run_logs_loss_lr_grad_norm_and_evals_to_metrics_jsonl(tmp_path):
   metrics = train(tmp_path)
@@ -99,6 +100,7 @@ def test_resume_with_more_steps_keeps_the_run_schedule(tmp_path, capsys):
   last = [r for r in monitor.read_metrics(tmp_path) if r["kind"] == "train"][-1]
   assert last["lr"] > OPT.min_lr * 1.01
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 
 def test_resume_into_an_empty_directory_says_it_starts_a_new_run(tmp_path, capsys):
   train(tmp_path, train_config=dataclasses.replace(FAST, max_iters=5, eval_interval=5),

@@ -41,7 +41,8 @@ def train_like_the_loop(data, key, *, grad_accum_steps=1, host_seed=None):
 
 
 @pytest.mark.parametrize("grad_accum_steps, host_seed, steps_per_call", [
-    (1, None, 7), (1, None, 10), pytest.param(2, None, 7, marks=pytest.mark.slow),
+    pytest.param(1, None, 7, marks=pytest.mark.slow), (1, None, 10),
+    pytest.param(2, None, 7, marks=pytest.mark.slow),
     pytest.param(1, 3, 7, marks=pytest.mark.slow)])
 def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps, host_seed,
                                                                  steps_per_call):
@@ -105,6 +106,7 @@ def pruned_run(tmp_path_factory):
   return train_a_run(tmp_path_factory.mktemp("replay"), 30)
 
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 @pytest.mark.parametrize("step, start", [(1, None), (17, None), (25, 20)])
 def test_a_step_before_every_kept_checkpoint_replays_from_the_runs_start(pruned_run, step,
                                                                           start):

@@ -250,6 +250,7 @@ def test_the_cpu_runs_a_sweep_one_run_at_a_time_and_the_gpu_all_at_once():
   with pytest.raises(ValueError, match="`sweep_batch` must be None or a non-negative integer"):
     sweep.choose_sweep_batch("cpu", -1)
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 
 def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
   tokens = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (300,)))
@@ -265,6 +266,7 @@ def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
     np.testing.assert_allclose(loss, results[0][1], rtol=LOSS_RTOL)
     chex.assert_trees_all_close(params, results[0][0], atol=PARAMS_ATOL, rtol=0)
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 
 def test_one_run_at_a_time_needs_one_runs_scratch_memory():
   """Why the CPU maps the runs: vmapping N runs needs N runs' scratch memory."""
