@@ -16,7 +16,7 @@ from purejax.cli import chat as chat_cli
 from purejax.cli import sample
 from purejax.data import chat
 from purejax.data import tokenizer_json
-from real_model import smollm2_folder  # noqa: F401  (the fixture)
+from real_model import smollm2_folder, smollm2_gguf  # noqa: F401  (the fixtures)
 
 QUESTION = "What is the capital of France?"
 STATS = re.compile(r"\[fed (\d+) tokens, decoded (\d+), ")
@@ -123,3 +123,20 @@ def test_the_end_token_of_each_kind_of_model(tmp_path):
   train_tokenizer_json(base, SHAKESPEARE[:5000])
   (base / "generation_config.json").write_text(json.dumps({"eos_token_id": 1}))
   assert models.stop_ids(tokenizer_json.load(str(base))) == (1,)
+
+
+@pytest.mark.slow
+def test_a_gguf_file_chats_with_its_own_template_and_end_token(smollm2_gguf, capsys):
+  # The GGUF's metadata carries the template, bos/eos and add_bos (no folder beside it).
+  capsys.readouterr()
+  out = io.StringIO()
+  code = chat_cli.run(["chat", f"--init_from={smollm2_gguf}", f"--prompt={QUESTION}",
+                       "--temperature=0", "--stats"], stdin=Typed(""), stdout=out)
+  err = capsys.readouterr().err
+  assert code == 0, err[-2000:]
+  lines = out.getvalue().splitlines()
+  assert len(lines) == 1 and "Paris" in lines[0], out.getvalue()
+  assert "<|im_end|>" not in out.getvalue()
+  ((fed, decoded),) = [tuple(map(int, m)) for m in STATS.findall(err)]
+  assert fed > 10  # the rendered conversation: system, user and the assistant header
+  assert decoded < 40  # ended at <|im_end|>, long before --max_new_tokens (512)
