@@ -213,9 +213,10 @@ def _rate(config: GPTConfig, dropout: Optional[chex.Numeric]) -> chex.Numeric:
 
 
 def _path_shapes(tree, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
-  """{pytree path: shape} of every leaf of `tree`."""
-  return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  """{pytree path: shape} of every leaf of `tree` (a `kernels.LowRankWeight` is one weight)."""
+  leaves = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, kernels.LowRankWeight))[0]
+  return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
 
 
 @functools.lru_cache(maxsize=16)
@@ -328,7 +329,8 @@ def logits_of(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
 def head_table(params: Params) -> chex.Array:
   """The output head as a `[vocab, embd]` table: the token embedding, or the untied head."""
   if "lm_head" in params:
-    return params["lm_head"]["w"].T
+    w = params["lm_head"]["w"]
+    return (w.merged() if isinstance(w, kernels.LowRankWeight) else w).T
   return params["wte"]["embedding"]
 
 

@@ -35,6 +35,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from purejax.ops import kernels
+
 Params = Dict[str, Any]
 Adapters = Dict[str, Dict[str, chex.Array]]
 
@@ -152,6 +154,20 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
   if not adapters:
     return params
   scale = alpha / rank_of(adapters)
+  _check_fits(params, adapters)
+
+  def merged(path, w):
+    ab = adapters.get(_dotted(path))
+    if ab is None:
+      return w
+    delta = jnp.matmul(ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
+    return (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
+
+  return jax.tree_util.tree_map_with_path(merged, params)
+
+
+def _check_fits(params: Params, adapters: Adapters) -> None:
+  """Raises ValueError unless every adapter names a weight of `params` of its shape."""
   weights = _weights_by_path(params)
   for path, ab in adapters.items():
     if path not in weights:
@@ -162,15 +178,6 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
       raise ValueError(f"adapter of {path} is {ab['a'].shape} x {ab['b'].shape}, which "
                        f"does not fit the weight {w.shape}; pass the params the adapters "
                        f"were made for.")
-
-  def merged(path, w):
-    ab = adapters.get(_dotted(path))
-    if ab is None:
-      return w
-    delta = jnp.matmul(ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
-    return (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
-
-  return jax.tree_util.tree_map_with_path(merged, params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,14 +212,36 @@ class View:
   """The model's params seen through trainable adapters: a training step's `params_view`.
 
   A LoRA run trains the pytree `{"base": params, "adapters": adapters}`
-  (`trainable`); the model reads `View(alpha)(tree)`, i.e. `merge` with the
-  base behind `stop_gradient`, so its gradient is zero and never computed
-  as a matmul. Hashable, so it can be a static jit argument.
+  (`trainable`); the model reads `View(alpha)(tree)`: the base behind
+  `stop_gradient`, each adapted weight a `kernels.LowRankWeight`, which the
+  dense layers apply as `x @ W + (alpha / rank) (x @ A) @ B` without
+  forming the sum. The frozen weights then get no gradient product at all
+  (merging first, `W + s A B`, would compute a whole `[d_in, d_out]`
+  gradient per weight only to project it onto `A` and `B`). Hashable, so it
+  can be a static jit argument.
   """
   alpha: float
 
   def __call__(self, tree: Params) -> Params:
-    return merge(jax.lax.stop_gradient(tree["base"]), tree["adapters"], self.alpha)
+    return low_rank(jax.lax.stop_gradient(tree["base"]), tree["adapters"], self.alpha)
+
+
+def low_rank(params: Params, adapters: Adapters, alpha: float) -> Params:
+  """`params` with each adapted weight a `kernels.LowRankWeight(W, A, B, alpha / rank)`.
+
+  The same function as `merge(params, adapters, alpha)` (up to float
+  rounding), in the form a training step differentiates cheaply (`View`).
+  """
+  if not adapters:
+    return params
+  scale = alpha / rank_of(adapters)
+  _check_fits(params, adapters)
+
+  def adapted(path, w):
+    ab = adapters.get(_dotted(path))
+    return w if ab is None else kernels.LowRankWeight(w, ab["a"], ab["b"], scale)
+
+  return jax.tree_util.tree_map_with_path(adapted, params)
 
 
 def trainable(params: Params, adapters: Adapters) -> Params:

@@ -6,9 +6,9 @@ types written, the tokenizer carried across, and the one-line refusals.
 The real model's checks against transformers are in test_real_gguf.py.
 """
 
-import jax
 import dataclasses
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -227,6 +227,19 @@ def test_written_files_read_back_as_the_rounded_weights(tmp_path, gguf_type):
   assert meta["llama.attention.head_count_kv"] == CONFIG.kv_heads
   assert meta["tokenizer.chat_template"] == "{{ x }}"
   assert meta["tokenizer.ggml.tokens"] == TOKENS and meta["tokenizer.ggml.add_bos_token"]
+
+
+@pytest.mark.parametrize("block_size, written", [(16, 32), (64, 64)])
+def test_a_fine_tune_states_the_base_models_context_not_its_blocks(tmp_path, block_size,
+                                                                   written):
+  # A run fine-tunes the 32-token model on 16-token blocks: the file keeps the
+  # base's context (rotary positions carry that far); a longer block is stated as is.
+  write_gguf(tmp_path / "src.gguf", hf_state(random_params()))
+  params, config, spec = weights.from_gguf(str(tmp_path / "src.gguf"))
+  tuned = dataclasses.replace(config, block_size=block_size)
+  out = weights.to_gguf(params, tuned, str(tmp_path / "out.gguf"), spec)
+  meta = gguf_tokenizer.metadata(gguf.GGUFReader(str(out)))
+  assert meta["llama.context_length"] == written
 
 
 def test_the_tokenizer_and_its_chat_data_travel_in_the_spec(tmp_path):

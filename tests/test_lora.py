@@ -11,6 +11,7 @@ import pytest
 
 from purejax import gpt
 from purejax import lora
+from purejax.ops import kernels
 from purejax.training import optim
 from conftest import TINY
 
@@ -92,12 +93,57 @@ def test_the_view_reads_the_merge_and_gives_the_base_no_gradient():
   adapters = trained_adapters(lora.init(params, 2, lora.ATTENTION, jax.random.PRNGKey(1)))
   tree = lora.trainable(params, adapters)
   view = lora.View(alpha=4.0)
-  chex.assert_trees_all_equal(view(tree), lora.merge(params, adapters, 4.0))
-  assert view == lora.View(alpha=4.0) and hash(view) == hash(lora.View(alpha=4.0))
+  # The adapted weights stay apart (W, A, B); whole, they are the merge's.
+  low_rank = view(tree)
+  is_weight = lambda x: isinstance(x, kernels.LowRankWeight)
+  whole = jax.tree.map(lambda w: w.merged() if is_weight(w) else w, low_rank, is_leaf=is_weight)
+  chex.assert_trees_all_equal(whole, lora.merge(params, adapters, 4.0))
   x = jax.random.randint(jax.random.PRNGKey(2), (2, TINY.block_size), 0, TINY.vocab_size)
+  chex.assert_trees_all_close(gpt.forward(low_rank, x, TINY),
+                              gpt.forward(lora.merge(params, adapters, 4.0), x, TINY),
+                              atol=1e-5, rtol=1e-5)
+  assert view == lora.View(alpha=4.0) and hash(view) == hash(lora.View(alpha=4.0))
   grads = jax.grad(lambda t: gpt.loss(view(t), x, x, TINY))(tree)
   assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree.leaves(grads["base"]))
   assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads["adapters"]))
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("matmul_backward", ["plain", "row_major"])
+def test_the_views_gradient_is_the_merges_and_skips_the_frozen_weights_products(
+    compute_dtype, matmul_backward):
+  # The view applies x @ W + s (x @ A) @ B; differentiating the merge instead
+  # also forms each frozen weight's [d_in, d_out] gradient, then projects it
+  # onto A and B. Same gradient, fewer FLOPs: the view's step lacks exactly
+  # those products, 2 * tokens * d_in * d_out per adapted weight.
+  # Wide enough that the dense products, not the adapters' rank-2 ones, dominate.
+  config = dataclasses.replace(TINY, n_embd=64, compute_dtype=compute_dtype)
+  # Unrolled layers: XLA's cost analysis counts a loop's body once.
+  forms = kernels.Forms(matmul_backward=matmul_backward, scan_layers=False)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  adapters = trained_adapters(lora.init(params, 2, lora.ATTENTION_AND_MLP,
+                                        jax.random.PRNGKey(1)))
+  tree = lora.trainable(params, adapters)
+  x = jax.random.randint(jax.random.PRNGKey(2), (2, config.block_size), 0, config.vocab_size)
+
+  def merged(t):
+    return lora.merge(jax.lax.stop_gradient(t["base"]), t["adapters"], 4.0)
+
+  def grad_of(view):
+    return jax.jit(jax.grad(lambda t: gpt.loss(view(t), x, x, config, forms=forms)))
+
+  ours, theirs = grad_of(lora.View(4.0)), grad_of(merged)
+  tolerance = 1e-5 if compute_dtype == "float32" else 3e-2
+  chex.assert_trees_all_close(ours(tree)["adapters"], theirs(tree)["adapters"],
+                              atol=tolerance, rtol=tolerance)
+
+  def flops(fn):
+    return fn.lower(tree).compile().cost_analysis()["flops"]
+
+  tokens = x.size
+  weights = lora._weights_by_path(params)  # pylint: disable=protected-access
+  frozen_products = sum(2 * tokens * weights[path].size for path in adapters)  # all layers
+  assert flops(theirs) - flops(ours) >= 0.75 * frozen_products
 
 
 def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning():

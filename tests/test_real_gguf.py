@@ -10,6 +10,7 @@ weights. Slow tier; never skipped under CI=true. The f16 and bf16 exports
 are checked in transformers on a tiny model (test_gguf.py).
 """
 
+import dataclasses
 import json
 
 import jax
@@ -20,6 +21,7 @@ from conftest import SHAKESPEARE
 from purejax import decode, gpt, weights
 from purejax.cli import convert as cli_convert
 from purejax.cli import train
+from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
 from real_model import smollm2_folder, smollm2_gguf  # noqa: F401  (the fixtures)
 
@@ -128,7 +130,12 @@ def test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0(
                           "--gguf_type=q8_0"]) == 0
   tuned, config, _ = weights.from_pretrained(str(out_dir))  # LoRA merged
   back, back_config, spec = weights.from_gguf(str(exported))  # the gguf package's reader
-  assert back_config == config and spec.chat_template and spec.eos_token == "<|im_end|>"
+  # The file states the base model's context, not the fine-tune's 32-token blocks.
+  base_context = gguf_tokenizer.metadata(gguf_tokenizer.open_reader(str(smollm2_gguf)))[
+      "llama.context_length"]
+  assert base_context == 8192
+  assert back_config == dataclasses.replace(config, block_size=base_context)
+  assert spec.chat_template and spec.eos_token == "<|im_end|>"
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(
       str(tmp_path), gguf_file=exported.name, dtype=torch.float32).eval()
   ids = tokenizers.from_spec(spec).encode(PROMPTS[0])[None]

@@ -2,7 +2,10 @@
 
 `kernels`: `Forms`, every execution option of a model in one hashable value,
 and `select(platform, **overrides)`, which picks them for a platform; the
-mixed-precision matmul and its gradient, the tied-head loss, remat policies.
+tied-head loss, remat policies. `matmul` (re-exported by `kernels`): the
+mixed-precision matmul and its gradient, and `LowRankWeight`, a frozen
+weight plus a trained low-rank update applied without forming the sum
+(LoRA's training form).
 `attention`: causal attention in its plain, blocked, XLA and cuDNN forms, and
 over a KV cache. Every form is tested against the plain one. `dropout`: the
 dropout both attention and `purejax.nn` (which re-exports it) use; `ops`

@@ -27,6 +27,12 @@ import chex
 import jax
 import jax.numpy as jnp
 
+# The products live in ops/matmul.py; models call them as kernels.matmul etc.
+from purejax.ops.matmul import LowRankWeight  # noqa: F401  pylint: disable=unused-import
+from purejax.ops.matmul import batched_matmul  # noqa: F401  pylint: disable=unused-import
+from purejax.ops.matmul import matmul
+from purejax.ops.matmul import row_major_transpose  # noqa: F401  pylint: disable=unused-import
+
 ATTENTION_FORMS = ("plain", "blocked", "xla", "cudnn")
 MATMUL_BACKWARD_FORMS = ("plain", "row_major")
 REMAT_POLICIES = {
@@ -233,110 +239,6 @@ def remat(fn, forms: Forms, compute_dtype, static_argnums=()):
   saving_low.defvjp(forward, backward)
   return lambda params, x, *rest: saving_low(params, x, rest)
 
-
-def row_major_transpose(a: chex.Array) -> chex.Array:
-  """Swaps the last two axes of `a`, writing the data out in row-major order.
-
-  XLA's CPU backend runs a low-precision dot natively only when both operands
-  are row-major `[..., m, k] @ [..., k, n]`. A plain transpose becomes a
-  layout change, and the dot is then quietly upcast to float32 (3-4x slower
-  with AMX-BF16). Splitting the last axis before transposing makes XLA copy
-  the data instead. An odd last axis falls back to a plain transpose.
-  """
-  *lead, rows, cols = a.shape
-  if cols % 2:
-    return jnp.swapaxes(a, -1, -2)
-  split = a.reshape(*lead, rows, cols // 2, 2)
-  return jnp.moveaxis(split, -3, -1).reshape(*lead, cols, rows)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _low_precision_matmul(x, w, dtype, row_major):
-  """float32 `[..., n, k] @ [..., k, m]` computed from `dtype` operands, float32 output."""
-  del row_major
-  return _dot(x.astype(dtype), w.astype(dtype))
-
-
-def _dot(a, b):
-  """`a @ b` with float32 accumulation and output; `jnp.dot` for 2-D operands."""
-  product = jnp.dot if a.ndim == 2 else jnp.matmul
-  return product(a, b, preferred_element_type=jnp.float32)
-
-
-def _low_precision_matmul_fwd(x, w, dtype, row_major):
-  del row_major
-  xc, wc = x.astype(dtype), w.astype(dtype)
-  return _dot(xc, wc), (xc, wc)
-
-
-def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
-  # JAX's own transpose of a dot with preferred_element_type would multiply
-  # float32 by bfloat16 and round the result to bfloat16; both run at a
-  # fraction of the speed of bfloat16 operands with float32 accumulation.
-  xc, wc = residuals
-  gc = g.astype(dtype)
-  transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
-  dx = _dot(gc, transpose(wc))
-  dw = _dot(transpose(xc), gc)
-  if row_major:
-    # Stops XLA CPU from folding a later transpose of a gradient (e.g. of the
-    # tied head's `embedding.T`) into these dots: that would recreate a
-    # non-row-major low-precision dot after the pass that upcasts such dots,
-    # and XLA's CPU runtime cannot execute it.
-    dx, dw = jax.lax.optimization_barrier((dx, dw))
-  return dx, dw
-
-
-_low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
-
-
-def matmul(x: chex.Array, w: chex.Array, *, compute_dtype=None,
-           forms: Optional[Forms] = None) -> chex.Array:
-  """`x @ w` over the last axis of `x`, with optional mixed precision.
-
-  With `compute_dtype` (e.g. bfloat16), the operands of the product and of
-  its two gradient products are cast to it, and all three accumulate and
-  return float32. CPUs with AMX/AVX512-BF16, GPUs and TPUs run these 2-3x
-  faster than float32 matmuls, while everything around them stays float32.
-
-  Args:
-    x: `[..., in_dim]` float.
-    w: `[in_dim, out_dim]` float.
-    compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
-    forms: which backward form to use (`Forms.matmul_backward`); None: the
-      plain form. Models pass the forms their entry point chose.
-
-  Returns:
-    `[..., out_dim]`: float32 when `compute_dtype` is given, else x's dtype.
-  """
-  chex.assert_rank(w, 2)
-  chex.assert_axis_dimension(x, -1, w.shape[0])
-  # A 2-D [rows, in] @ [in, out] product: its weight gradient then contracts
-  # over one axis. Contracting over several (batch and time) sends XLA's CPU
-  # backend to a slow generic loop instead of its GEMM kernel.
-  x2 = x.reshape(-1, x.shape[-1])
-  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
-    y = x2 @ w
-  else:
-    row_major = forms is not None and forms.matmul_backward == "row_major"
-    y = _low_precision_matmul(x2.astype(jnp.float32), w.astype(jnp.float32),
-                              jnp.dtype(compute_dtype), row_major)
-  return y.reshape(*x.shape[:-1], w.shape[-1])
-
-
-def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
-                   forms: Optional[Forms] = None) -> chex.Array:
-  """`a @ b` over matching leading axes: `[..., m, k] @ [..., k, n] -> [..., m, n]`.
-
-  As `matmul`, with mixed precision in the product and both gradient
-  products when `compute_dtype` is given (float32 output), and `forms` as there.
-  """
-  chex.assert_rank(b, a.ndim)
-  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
-    return a @ b
-  row_major = forms is not None and forms.matmul_backward == "row_major"
-  return _low_precision_matmul(a.astype(jnp.float32), b.astype(jnp.float32),
-                               jnp.dtype(compute_dtype), row_major)
 
 
 # ----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.weights import gpt2
+from purejax.weights import hf_talk
 from purejax.weights import llama
 from purejax.weights.errors import ConversionError
 
@@ -310,6 +311,33 @@ def _encode(value: np.ndarray, gguf_type: str):
   return value.astype(np.float16), None
 
 
+def _context_length(spec: TokenizerSpec, config: gpt.GPTConfig) -> int:
+  """The context the file states: the base model's, for a fine-tune of it, else `block_size`.
+
+  A fine-tune's shorter `block_size` is a training choice, not the model's
+  context (rotary positions carry to any length the base was trained for);
+  the base is where the tokenizer came from, a GGUF file or a Hugging Face
+  folder (`hf_talk`), when that model has `config`'s shape.
+  """
+  context = None
+  if spec.kind == "gguf" and spec.encoding_file and pathlib.Path(spec.encoding_file).is_file():
+    try:
+      reader = gguf_tokenizer.open_reader(str(spec.encoding_file))
+      meta = gguf_tokenizer.metadata(reader)
+      source = _hf_config(meta, {t.name for t in reader.tensors}, str(spec.encoding_file))
+    except (tokenizers.TokenizerError, ConversionError):
+      source = {}
+    same_shape = (source.get("hidden_size"), source.get("num_hidden_layers"),
+                  source.get("num_attention_heads"), source.get("vocab_size")) == (
+                      config.n_embd, config.n_layer, config.n_head, config.vocab_size)
+    context = source.get("max_position_embeddings") if same_shape else None
+  elif spec.kind == "tokenizer.json" and spec.encoding_file:
+    context = hf_talk.companion_files(str(spec.encoding_file), config).config_values.get(
+        "max_position_embeddings")
+  return context if isinstance(context, int) and context > config.block_size \
+      else config.block_size
+
+
 def to_gguf(params: Params, config: gpt.GPTConfig, path: str, tokenizer_spec: TokenizerSpec,
             *, gguf_type: str = "f16", overwrite: bool = False) -> pathlib.Path:
   """Writes a Llama-family model as a GGUF file that llama.cpp and transformers load.
@@ -348,7 +376,7 @@ def to_gguf(params: Params, config: gpt.GPTConfig, path: str, tokenizer_spec: To
   tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
   try:
     writer = gguf.GGUFWriter(str(tmp), arch)
-    writer.add_context_length(config.block_size)
+    writer.add_context_length(_context_length(tokenizer_spec, config))
     writer.add_embedding_length(config.n_embd)
     writer.add_block_count(config.n_layer)
     writer.add_feed_forward_length(config.mlp_width)

@@ -1,0 +1,273 @@
+"""Fine-tuning speed on a real model: purejax against PyTorch (+ peft for LoRA).
+
+    python -m bench.finetune_speed --model=path/to/SmolLM2-135M-Instruct --rounds=5
+
+The same model (a Hugging Face folder, float32 weights), batch, dtype and
+optimizer on both sides: `--batch_size` x `--block_size` random token ids,
+AdamW (lr 1e-4, betas 0.9/0.95, no weight decay) with the global gradient
+norm clipped to 1. Four settings, each a purejax arm and a PyTorch arm:
+
+- `lora_f32`, `lora_bf16`: rank-8 LoRA (alpha 16) on the attention and MLP
+  matrices, the base frozen. purejax: `lora.View` through `steps.train_steps`,
+  as `purejax.train --lora_rank=8` runs it (its fused `qkv` and `gate_up`
+  matrices each get one adapter); PyTorch: `peft.get_peft_model` on
+  `q,k,v,o,gate,up,down_proj`.
+- `full_f32`, `full_bf16`: every weight trained.
+
+bf16 is mixed precision on both sides: float32 params and optimizer state,
+the matmuls' operands in bfloat16 (purejax `compute_dtype="bfloat16"`,
+PyTorch `torch.autocast("cpu", torch.bfloat16)`).
+
+Two measurements:
+
+1. Speed, in one process: every arm's step runs once per round, the arms
+   alternated, A B A B ...; each arm's median seconds per step, the median
+   per-round ratio PyTorch/purejax (above 1: purejax is faster), and the
+   minor page faults per step (`getrusage`).
+2. Peak memory: each arm alone in a fresh process (`--arm=NAME`) runs
+   `--memory_steps` steps; its peak resident memory (VmHWM) less the
+   process's resident memory once the model is loaded and before the arm
+   is built, and the whole peak.
+
+Results go to `bench/results/<date>-finetune_speed.json`.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import harness
+from purejax import lora
+from purejax import weights
+from purejax.data import batches
+from purejax.ops import kernels
+from purejax.training import optim
+from purejax.training import steps as steps_lib
+from purejax.training.state import TrainState
+
+FLAGS = flags.FLAGS
+DEFAULT_MODEL = (pathlib.Path(os.environ.get("PUREJAX_MODEL_CACHE") or
+                              pathlib.Path.home() / ".cache" / "purejax-test-models")
+                 / "SmolLM2-135M-Instruct-f32")
+SETTINGS = ("lora_f32", "lora_bf16", "full_f32", "full_bf16")
+TORCH_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                      "down_proj"]
+LEARNING_RATE, BETAS, CLIP = 1e-4, (0.9, 0.95), 1.0
+RANK, ALPHA = 8, 16.0
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("model", str(DEFAULT_MODEL), "A Hugging Face folder of the model.")
+  flags.DEFINE_integer("batch_size", 4, "Sequences per step.")
+  flags.DEFINE_integer("block_size", 256, "Tokens per sequence.")
+  flags.DEFINE_integer("rounds", 5, "Alternated rounds of the speed measurement.")
+  flags.DEFINE_integer("threads", 2, "PyTorch's threads (the machine's cores).")
+  flags.DEFINE_list("settings", list(SETTINGS), f"Which of {SETTINGS} to run.")
+  flags.DEFINE_list("frameworks", ["purejax", "torch"], "Which sides to run.")
+  flags.DEFINE_integer("memory_steps", 3, "Steps of each peak-memory process (0: skip).")
+  flags.DEFINE_string("arm", None, "Internal: run this one arm for the peak-memory "
+                      "measurement and print its figures as JSON.")
+
+
+def _peak_and_current_rss() -> tuple:
+  """(VmHWM, VmRSS) of this process in bytes."""
+  fields = {}
+  with open("/proc/self/status") as status:
+    for line in status:
+      name, _, value = line.partition(":")
+      if name in ("VmHWM", "VmRSS"):
+        fields[name] = int(value.split()[0]) * 1024
+  return fields["VmHWM"], fields["VmRSS"]
+
+
+def _cpu_name() -> str:
+  with open("/proc/cpuinfo") as info:
+    for line in info:
+      if line.startswith("model name"):
+        return line.partition(":")[2].strip()
+  return "unknown"
+
+
+def _batch(vocab_size: int) -> np.ndarray:
+  """The fixed `[batch, block + 1]` token ids both sides train on."""
+  rng = np.random.default_rng(0)
+  return rng.integers(0, vocab_size, (FLAGS.batch_size, FLAGS.block_size + 1)).astype(np.int32)
+
+
+def purejax_arm(folder: str, setting: str):
+  """`fn() -> seconds` of one purejax train step in `setting` (its first call compiles)."""
+  params, config, _ = weights.from_pretrained(folder)
+  dtype = "bfloat16" if setting.endswith("bf16") else "float32"
+  config = dataclasses.replace(config, block_size=FLAGS.block_size, compute_dtype=dtype)
+  opt_config = optim.OptimizerConfig(learning_rate=LEARNING_RATE, schedule="constant",
+                                     beta1=BETAS[0], beta2=BETAS[1], grad_clip=CLIP)
+  params = jax.tree.map(jnp.asarray, params)
+  view = None
+  if setting.startswith("lora"):
+    adapters = lora.init(params, RANK, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1))
+    params, view = lora.trainable(params, adapters), lora.View(ALPHA)
+  optimizer = optim.RunOptimizer(opt_config, frozen_base=view is not None)()
+  state = {"train": TrainState(params, optimizer.init(params),
+                               {"train": jax.random.PRNGKey(0)}), "step": 0}
+  # One fixed batch, as the PyTorch side trains: each step draws the same
+  # window from ids that hold exactly that batch's rows.
+  tokens = batches.HostWindows(jnp.asarray(_batch(config.vocab_size))[None])
+  kwargs = dict(config=config, optimizer=optimizer, batch_size=FLAGS.batch_size,
+                num_steps=1, forms=kernels.select("cpu"), params_view=view)
+
+  def run():
+    start = time.perf_counter()
+    state["train"], metrics = steps_lib.train_steps(state["train"], tokens, state["step"],
+                                                    **kwargs)
+    loss = float(metrics.loss[-1])  # waits for the step
+    state["step"] += 1
+    if not np.isfinite(loss):
+      raise FloatingPointError(f"non-finite loss at step {state['step']}")
+    return time.perf_counter() - start
+
+  run()
+  return run
+
+
+def torch_arm(folder: str, setting: str):
+  """`fn() -> seconds` of one PyTorch train step in `setting` (its first call warms up)."""
+  import peft  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(FLAGS.threads)
+  model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+  if setting.startswith("lora"):
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=TORCH_LORA_TARGETS, lora_dropout=0.0))
+  model.train()
+  trained = [p for p in model.parameters() if p.requires_grad]
+  optimizer = torch.optim.AdamW(trained, lr=LEARNING_RATE, betas=BETAS, weight_decay=0.0)
+  batch = torch.from_numpy(_batch(model.config.vocab_size)).long()
+  x, y = batch[:, :-1], batch[:, 1:]
+  bf16 = setting.endswith("bf16")
+
+  def run():
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+      logits = model(input_ids=x).logits
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                             y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trained, CLIP)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+      raise FloatingPointError("non-finite loss")
+    return time.perf_counter() - start
+
+  run()
+  return run
+
+
+def make_arm(framework: str, folder: str, setting: str):
+  return (purejax_arm if framework == "purejax" else torch_arm)(folder, setting)
+
+
+class FaultCounted:
+  """An arm that also records the minor page faults of each call."""
+
+  def __init__(self, fn):
+    self.fn, self.faults = fn, []
+
+  def __call__(self) -> float:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    seconds = self.fn()
+    self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return seconds
+
+
+def speed(folder: str) -> dict:
+  arms = {}
+  for setting in FLAGS.settings:
+    for framework in FLAGS.frameworks:
+      print(f"building {setting}.{framework}", flush=True)
+      arms[f"{setting}.{framework}"] = FaultCounted(make_arm(framework, folder, setting))
+  times = harness.alternate(arms, FLAGS.rounds, after_round=lambda t: print(
+      "round:", {k: f"{v[-1]:.2f} s" for k, v in t.items() if v}, flush=True))
+  references = {f"{s}.torch": f"{s}.purejax" for s in FLAGS.settings}
+  rows = harness.summarise(times, references, "s/step")
+  for name, arm in arms.items():
+    rows[name]["minor_faults_per_step"] = float(np.median(arm.faults))
+  return rows
+
+
+def memory(folder: str) -> dict:
+  """Each arm's peak memory, measured alone in a fresh process."""
+  out = {}
+  for setting in FLAGS.settings:
+    for framework in FLAGS.frameworks:
+      name = f"{setting}.{framework}"
+      done = subprocess.run(
+          [sys.executable, "-m", "bench.finetune_speed", f"--model={folder}", f"--arm={name}",
+           f"--batch_size={FLAGS.batch_size}", f"--block_size={FLAGS.block_size}",
+           f"--threads={FLAGS.threads}", f"--memory_steps={FLAGS.memory_steps}"],
+          capture_output=True, text=True, check=False)
+      lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
+      if done.returncode != 0 or not lines:
+        out[name] = {"error": done.stderr.strip()[-800:]}
+      else:
+        out[name] = json.loads(lines[-1])
+      print(name, out[name], flush=True)
+  return out
+
+
+def one_arm_memory(folder: str, name: str) -> None:
+  setting, framework = name.split(".")
+  if framework == "torch":
+    import torch  # pylint: disable=import-outside-toplevel,unused-import
+    import transformers  # pylint: disable=import-outside-toplevel,unused-import
+  _, rss_before = _peak_and_current_rss()
+  arm = make_arm(framework, folder, setting)
+  seconds = [arm() for _ in range(FLAGS.memory_steps)]
+  peak, _ = _peak_and_current_rss()
+  print(json.dumps({"peak_bytes": peak, "peak_over_start_bytes": peak - rss_before,
+                    "median_s": float(np.median(seconds))}))
+
+
+def main(argv):
+  del argv
+  folder = FLAGS.model
+  if FLAGS.arm:
+    one_arm_memory(folder, FLAGS.arm)
+    return
+  unknown = sorted(set(FLAGS.settings) - set(SETTINGS))
+  if unknown:
+    raise app.UsageError(f"--settings: {unknown} are not among {SETTINGS}")
+  rows = speed(folder)
+  print(f"{FLAGS.batch_size} x {FLAGS.block_size} tokens, {FLAGS.rounds} alternated rounds:")
+  for name, row in rows.items():
+    ratio = f"  torch/purejax {row['ratio']:.2f}" if "ratio" in row else ""
+    print(f"  {name:18s} {row['median']:7.3f} s/step  "
+          f"{row['minor_faults_per_step'] / 1e3:7.0f}k faults/step{ratio}")
+  peaks = memory(folder) if FLAGS.memory_steps else {}
+  path = harness.unused_results_path(harness.RESULTS_DIR,
+                                     f"{datetime.date.today()}-finetune_speed")
+  harness.write_results(path, {
+      "meta": {"model": pathlib.Path(folder).name, "batch_size": FLAGS.batch_size,
+               "block_size": FLAGS.block_size, "threads": FLAGS.threads, "rank": RANK,
+               "alpha": ALPHA, "jax": jax.__version__, "cpu": _cpu_name(),
+               "cores": os.cpu_count()},
+      "results": {"speed": {"rows": rows}, "memory": peaks}})
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,195 @@
+"""The matrix products: mixed precision, row-major backward forms, and low-rank weights.
+
+    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)   # bf16 products, float32 out
+    y = matmul(x, LowRankWeight(w, a, b, scale))                  # x @ w + scale (x @ a) @ b
+
+`kernels` re-exports these (`kernels.matmul`), beside the `Forms` that choose
+their backward form; this module holds the products alone, so it takes any
+object with a `matmul_backward` attribute as its forms.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def row_major_transpose(a: chex.Array) -> chex.Array:
+  """Swaps the last two axes of `a`, writing the data out in row-major order.
+
+  XLA's CPU backend runs a low-precision dot natively only when both operands
+  are row-major `[..., m, k] @ [..., k, n]`. A plain transpose becomes a
+  layout change, and the dot is then quietly upcast to float32 (3-4x slower
+  with AMX-BF16). Splitting the last axis before transposing makes XLA copy
+  the data instead. An odd last axis falls back to a plain transpose.
+  """
+  *lead, rows, cols = a.shape
+  if cols % 2:
+    return jnp.swapaxes(a, -1, -2)
+  split = a.reshape(*lead, rows, cols // 2, 2)
+  return jnp.moveaxis(split, -3, -1).reshape(*lead, cols, rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _low_precision_matmul(x, w, dtype, row_major):
+  """float32 `[..., n, k] @ [..., k, m]` computed from `dtype` operands, float32 output."""
+  del row_major
+  return _dot(x.astype(dtype), w.astype(dtype))
+
+
+def _dot(a, b):
+  """`a @ b` with float32 accumulation and output; `jnp.dot` for 2-D operands."""
+  product = jnp.dot if a.ndim == 2 else jnp.matmul
+  return product(a, b, preferred_element_type=jnp.float32)
+
+
+def _low_precision_matmul_fwd(x, w, dtype, row_major):
+  del row_major
+  xc, wc = x.astype(dtype), w.astype(dtype)
+  return _dot(xc, wc), (xc, wc)
+
+
+def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
+  # JAX's own transpose of a dot with preferred_element_type would multiply
+  # float32 by bfloat16 and round the result to bfloat16; both run at a
+  # fraction of the speed of bfloat16 operands with float32 accumulation.
+  xc, wc = residuals
+  gc = g.astype(dtype)
+  transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
+  dx = _dot(gc, transpose(wc))
+  dw = _dot(transpose(xc), gc)
+  if row_major:
+    # Stops XLA CPU from folding a later transpose of a gradient (e.g. of the
+    # tied head's `embedding.T`) into these dots: that would recreate a
+    # non-row-major low-precision dot after the pass that upcasts such dots,
+    # and XLA's CPU runtime cannot execute it.
+    dx, dw = jax.lax.optimization_barrier((dx, dw))
+  return dx, dw
+
+
+_low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _low_precision_matmul_frozen(x, w, dtype, row_major):
+  """`_low_precision_matmul` of a weight that gets no gradient: no weight product."""
+  return _low_precision_matmul(x, w, dtype, row_major)
+
+
+def _low_precision_matmul_frozen_fwd(x, w, dtype, row_major):
+  del row_major
+  wc = w.astype(dtype)
+  return _dot(x.astype(dtype), wc), wc
+
+
+def _low_precision_matmul_frozen_bwd(dtype, row_major, residuals, g):
+  wc = residuals
+  transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
+  dx = _dot(g.astype(dtype), transpose(wc))
+  if row_major:
+    dx = jax.lax.optimization_barrier(dx)  # as in `_low_precision_matmul_bwd`
+  return dx, jnp.zeros(wc.shape, jnp.float32)  # the caller passes w as float32
+
+
+_low_precision_matmul_frozen.defvjp(_low_precision_matmul_frozen_fwd,
+                                    _low_precision_matmul_frozen_bwd)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("base", "a", "b"),
+                   meta_fields=("scale",))
+@dataclasses.dataclass(frozen=True)
+class LowRankWeight:
+  """A frozen weight plus a trained low-rank update, `base + scale * a @ b`, kept apart.
+
+  `matmul(x, LowRankWeight(...))` computes `x @ base + scale * (x @ a) @ b`
+  without forming the sum, and differentiates only the factors: the frozen
+  base gets no `[in, out]` weight gradient, which is a third of a dense
+  layer's training FLOPs. LoRA's training view (`lora.View`) passes the
+  model these in place of its adapted weights. A pytree whose leaves are
+  the three arrays (stacked layers slice like any weight).
+
+  Attributes:
+    base: `[..., in_dim, out_dim]`, frozen (no gradient flows to it).
+    a: `[..., in_dim, rank]`.
+    b: `[..., rank, out_dim]`.
+    scale: the update's factor (LoRA's `alpha / rank`).
+  """
+  base: chex.Array
+  a: chex.Array
+  b: chex.Array
+  scale: float
+
+  @property
+  def shape(self):
+    return self.base.shape
+
+  @property
+  def ndim(self):
+    return self.base.ndim
+
+  def merged(self) -> chex.Array:
+    """`base + scale * a @ b` as one array of `base`'s dtype (where a whole matrix is read)."""
+    delta = jnp.matmul(self.a.astype(jnp.float32), self.b.astype(jnp.float32))
+    return (self.base.astype(jnp.float32) + self.scale * delta).astype(self.base.dtype)
+
+
+def matmul(x: chex.Array, w, *, compute_dtype=None,
+           forms: Optional[Any] = None) -> chex.Array:
+  """`x @ w` over the last axis of `x`, with optional mixed precision.
+
+  With `compute_dtype` (e.g. bfloat16), the operands of the product and of
+  its two gradient products are cast to it, and all three accumulate and
+  return float32. CPUs with AMX/AVX512-BF16, GPUs and TPUs run these 2-3x
+  faster than float32 matmuls, while everything around them stays float32.
+
+  Args:
+    x: `[..., in_dim]` float.
+    w: `[in_dim, out_dim]` float, or a `LowRankWeight` of that shape.
+    compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
+    forms: which backward form to use (`Forms.matmul_backward`); None: the
+      plain form. Models pass the forms their entry point chose.
+
+  Returns:
+    `[..., out_dim]`: float32 when `compute_dtype` is given, else x's dtype.
+  """
+  chex.assert_rank(w.base if isinstance(w, LowRankWeight) else w, 2)
+  chex.assert_axis_dimension(x, -1, w.shape[0])
+  # A 2-D [rows, in] @ [in, out] product: its weight gradient then contracts
+  # over one axis. Contracting over several (batch and time) sends XLA's CPU
+  # backend to a slow generic loop instead of its GEMM kernel.
+  x2 = x.reshape(-1, x.shape[-1])
+  if isinstance(w, LowRankWeight):
+    product = functools.partial(_matmul_2d, compute_dtype=compute_dtype, forms=forms)
+    base = jax.lax.stop_gradient(w.base)
+    y = (_matmul_2d(x2, base, compute_dtype=compute_dtype, forms=forms, frozen=True)
+         + w.scale * product(product(x2, w.a), w.b))
+  else:
+    y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms)
+  return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False):
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
+    return x2 @ w
+  row_major = forms is not None and forms.matmul_backward == "row_major"
+  product = _low_precision_matmul_frozen if frozen else _low_precision_matmul
+  return product(x2.astype(jnp.float32), w.astype(jnp.float32), jnp.dtype(compute_dtype),
+                 row_major)
+
+
+def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
+                   forms: Optional[Any] = None) -> chex.Array:
+  """`a @ b` over matching leading axes: `[..., m, k] @ [..., k, n] -> [..., m, n]`.
+
+  As `matmul`, with mixed precision in the product and both gradient
+  products when `compute_dtype` is given (float32 output), and `forms` as there.
+  """
+  chex.assert_rank(b, a.ndim)
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
+    return a @ b
+  row_major = forms is not None and forms.matmul_backward == "row_major"
+  return _low_precision_matmul(a.astype(jnp.float32), b.astype(jnp.float32),
+                               jnp.dtype(compute_dtype), row_major)
