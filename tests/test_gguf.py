@@ -7,6 +7,7 @@ The real model's checks against transformers are in test_real_gguf.py.
 """
 
 import dataclasses
+import json
 
 import jax
 import ml_dtypes
@@ -277,6 +278,12 @@ def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
   assert cli_convert.run(["convert", f"--from=gguf:{src}", f"--to=hf:{folder}"]) == 0
   _, _, folder_spec = weights.from_pretrained(str(folder))
   assert folder_spec.kind == "tokenizer.json"  # the GGUF's tokenizer, as a file
+  # ... with what the GGUF says about talking to the model: its template, its
+  # special tokens, and the eos id generate stops at.
+  tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+  assert (tokenizer_config["chat_template"], tokenizer_config["eos_token"]) == ("{{ x }}", "</s>")
+  assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 1
+  assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 1
   text = "héllo </s>"
   assert (tokenizers.from_spec(folder_spec).encode(text).tolist()
           == gguf_tokenizer.load(str(src)).encode(text).tolist())
@@ -285,6 +292,9 @@ def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
   assert cli_convert.run(["convert", f"--from=hf:{folder}", f"--to=gguf:{again}"]) == 0
   assert (gguf_tokenizer.load(str(again)).encode(text).tolist()
           == gguf_tokenizer.load(str(src)).encode(text).tolist())
+  meta = gguf_tokenizer.metadata(gguf.GGUFReader(str(again)))
+  assert meta["tokenizer.chat_template"] == "{{ x }}"  # the folder's template, carried back
+  assert meta["tokenizer.ggml.eos_token_id"] == 1 and meta["tokenizer.ggml.add_bos_token"]
   gpt2_like = gpt.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32)
   with pytest.raises(weights.ConversionError, match="neither GPT-2's"):
     weights.to_gguf(gpt.init_params(gpt2_like, jax.random.PRNGKey(0)), gpt2_like,

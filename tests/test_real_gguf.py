@@ -144,3 +144,26 @@ def test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0(
   rounding = relative_gap(ours, np.asarray(gpt.forward(tuned, ids, config)))
   print(f"q8_0 export: purejax vs transformers {gap:.2e}, vs the float32 weights {rounding:.2e}")
   assert gap <= 1e-4 and rounding <= 0.05
+
+
+def test_the_gguf_as_a_hugging_face_folder_keeps_its_template_tokens_and_context(
+    models, tmp_path):
+  # transformers' tokenizer of purejax's hf: export of the GGUF renders chats as
+  # transformers' tokenizer of the GGUF itself; generate stops at <|im_end|>.
+  import transformers
+  params, config, spec, _, hf_tokenizer = models
+  folder = weights.to_huggingface(params, config, str(tmp_path / "hf"), tokenizer_spec=spec)
+  exported = transformers.AutoTokenizer.from_pretrained(str(folder))
+  talk = [{"role": "system", "content": "You are brief."},
+          {"role": "user", "content": "What is the capital of France?"},
+          {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Spain?"}]
+  for messages, prompt in ((talk, True), (talk[:3], False)):
+    assert (exported.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True,
+                                         return_dict=False)
+            == hf_tokenizer.apply_chat_template(messages, add_generation_prompt=prompt,
+                                                tokenize=True, return_dict=False))
+  generation = transformers.GenerationConfig.from_pretrained(str(folder))
+  assert generation.eos_token_id == exported.convert_tokens_to_ids("<|im_end|>")
+  hf_config = transformers.AutoConfig.from_pretrained(str(folder))
+  assert hf_config.max_position_embeddings == 8192 and hf_config.eos_token_id == \
+      generation.eos_token_id

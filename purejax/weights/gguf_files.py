@@ -269,9 +269,16 @@ def _fields_of_tokenizer_json(spec: TokenizerSpec) -> Dict[str, Any]:
   found = re.search(r'"Regex": "((?:[^"\\]|\\.)*)"', pre)
   pre_name = names.get(json.loads(f'"{found.group(1)}"')) if found else None
   ids = {t: i for i, t in enumerate(tokens)}
-  return {"model": "gpt2", "pre": pre_name or "gpt-2", "tokens": tokens, "token_type": types,
-          "merges": merges, "bos_token_id": ids.get(spec.bos_token),
-          "eos_token_id": ids.get(spec.eos_token)}
+  # The folder's chat template and special tokens, where the spec does not carry them.
+  chat = hf_talk.chat_fields(str(file))
+  bos, eos = spec.bos_token or chat.get("bos_token"), spec.eos_token or chat.get("eos_token")
+  fields = {"model": "gpt2", "pre": pre_name or "gpt-2", "tokens": tokens, "token_type": types,
+            "merges": merges, "bos_token_id": ids.get(bos), "eos_token_id": ids.get(eos)}
+  if not spec.chat_template and chat.get("chat_template"):
+    fields["chat_template"] = chat["chat_template"]
+  if "add_bos_token" in chat:
+    fields["add_bos_token"] = bool(chat["add_bos_token"])
+  return fields
 
 
 def _add_tokenizer(writer, fields: Dict[str, Any]) -> None:
@@ -311,7 +318,7 @@ def _encode(value: np.ndarray, gguf_type: str):
   return value.astype(np.float16), None
 
 
-def _context_length(spec: TokenizerSpec, config: gpt.GPTConfig) -> int:
+def base_context(spec: TokenizerSpec, config: gpt.GPTConfig) -> int:
   """The context the file states: the base model's, for a fine-tune of it, else `block_size`.
 
   A fine-tune's shorter `block_size` is a training choice, not the model's
@@ -376,7 +383,7 @@ def to_gguf(params: Params, config: gpt.GPTConfig, path: str, tokenizer_spec: To
   tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
   try:
     writer = gguf.GGUFWriter(str(tmp), arch)
-    writer.add_context_length(_context_length(tokenizer_spec, config))
+    writer.add_context_length(base_context(tokenizer_spec, config))
     writer.add_embedding_length(config.n_embd)
     writer.add_block_count(config.n_layer)
     writer.add_feed_forward_length(config.mlp_width)

@@ -18,6 +18,11 @@ bos/eos/pad ids and, for a model of the folder's own shape (a fine-tune of
 it), the folder's `max_position_embeddings`: a fine-tune's shorter
 `block_size` is a training choice, not the model's context (rotary
 positions carry to any length the original model was trained for).
+
+A GGUF file's tokenizer has no folder: `companion_of_spec` makes the same
+files from what the file's metadata held (template, special tokens, the
+BOS rule), and `chat_fields` gives a folder's template and special tokens
+to a GGUF export (`gguf_files`).
 """
 
 import dataclasses
@@ -26,6 +31,7 @@ import pathlib
 from typing import Any, Dict, Optional
 
 from purejax import gpt
+from purejax.data.tokenizer_spec import TokenizerSpec
 
 TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -73,6 +79,27 @@ def _same_shape(source: Dict[str, Any], config: gpt.GPTConfig) -> bool:
               config.n_embd, config.n_layer, config.n_head, config.vocab_size)
 
 
+def folder_tokenizer_config(tokenizer_file: str) -> Dict[str, Any]:
+  """The `tokenizer_config.json` beside `tokenizer_file`, with the folder's chat template
+  (from `chat_template.jinja` where the config has none); {} when there is none."""
+  folder = pathlib.Path(tokenizer_file).parent
+  tokenizer_config = _read(folder / "tokenizer_config.json")
+  template = folder / "chat_template.jinja"
+  if "chat_template" not in tokenizer_config and template.is_file():
+    tokenizer_config["chat_template"] = template.read_text(encoding="utf-8")
+  return tokenizer_config
+
+
+def chat_fields(tokenizer_file: str) -> Dict[str, Any]:
+  """`{"chat_template", "bos_token", "eos_token", "add_bos_token"}` the folder of
+  `tokenizer_file` states (those it states), as a GGUF file's metadata holds them."""
+  tokenizer_config = folder_tokenizer_config(tokenizer_file)
+  fields = {key: _content(tokenizer_config.get(key)) for key in ("bos_token", "eos_token")}
+  fields["chat_template"] = tokenizer_config.get("chat_template")
+  fields["add_bos_token"] = tokenizer_config.get("add_bos_token")
+  return {key: value for key, value in fields.items() if value is not None}
+
+
 def companion_files(tokenizer_file: Optional[str], config: gpt.GPTConfig) -> Companion:
   """What to write beside a Llama-family export whose tokenizer is `tokenizer_file`.
 
@@ -93,10 +120,7 @@ def companion_files(tokenizer_file: Optional[str], config: gpt.GPTConfig) -> Com
     return Companion({}, {})
   folder = pathlib.Path(tokenizer_file).parent
   source = _read(folder / "config.json")
-  tokenizer_config = _read(folder / "tokenizer_config.json")
-  template = folder / "chat_template.jinja"
-  if "chat_template" not in tokenizer_config and template.is_file():
-    tokenizer_config["chat_template"] = template.read_text(encoding="utf-8")
+  tokenizer_config = folder_tokenizer_config(tokenizer_file)
   vocab = _read(pathlib.Path(tokenizer_file)).get("model", {}).get("vocab", {})
   added = {token["content"]: token["id"] for token in
            _read(pathlib.Path(tokenizer_file)).get("added_tokens", [])}
@@ -120,3 +144,43 @@ def companion_files(tokenizer_file: Optional[str], config: gpt.GPTConfig) -> Com
   if isinstance(context, int) and context > config.block_size and _same_shape(source, config):
     values["max_position_embeddings"] = context
   return Companion(files, values)
+
+
+def companion_of_spec(spec: TokenizerSpec, vocab: Dict[str, int], config: gpt.GPTConfig,
+                      context: Optional[int] = None) -> Companion:
+  """What to write beside an export whose tokenizer has no folder (a GGUF file's).
+
+  Args:
+    spec: the model's tokenizer spec, with its chat template, BOS/EOS tokens
+      and whether a prompt starts with BOS.
+    vocab: `{token: id}` of that tokenizer, added tokens included.
+    config: the exported model.
+    context: the base model's context (`gguf_files.base_context`); stated as
+      `max_position_embeddings` when larger than `config.block_size`.
+
+  Returns:
+    `Companion`: `tokenizer_config.json` (the template, the special tokens,
+    `add_bos_token`, and `PreTrainedTokenizerFast` to read `tokenizer.json`
+    as written), `special_tokens_map.json`, `generation_config.json` (the
+    bos/eos ids, so `generate` stops at EOS) and the `config.json` values.
+  """
+  tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                      "add_bos_token": bool(spec.add_bos)}
+  for key in ("bos_token", "eos_token"):
+    if getattr(spec, key):
+      tokenizer_config[key] = getattr(spec, key)
+  if spec.chat_template:
+    tokenizer_config["chat_template"] = spec.chat_template
+  ids = {key: value for key, value in _token_ids(tokenizer_config, vocab).items()
+         if key != "unk_token_id"}
+  files = {"tokenizer_config.json": tokenizer_config}
+  special = {key: tokenizer_config[key] for key in TOKEN_KEYS if key in tokenizer_config}
+  if special:
+    files["special_tokens_map.json"] = special
+  if ids:
+    files["generation_config.json"] = dict(ids)
+  values = dict(ids)
+  if isinstance(context, int) and context > config.block_size:
+    values["max_position_embeddings"] = context
+  return Companion(files, values)
+

@@ -29,6 +29,7 @@ import numpy as np
 from purejax import _files
 from purejax import gpt
 from purejax.weights import gpt2
+from purejax.weights import gguf_files
 from purejax.weights import hf_talk
 from purejax.weights import llama
 from purejax.data import tokenizer_json
@@ -305,8 +306,9 @@ def to_huggingface(
   (GPT-2 always has them; the function is the same). The Llama family
   becomes a `LlamaForCausalLM`, or a `Qwen2ForCausalLM` with qkv-only biases
   (`purejax.weights.llama`), with the model's `tokenizer.json` beside it
-  (a GGUF file's tokenizer is written as one), and what its folder says about talking to it (`purejax.weights.hf_talk`:
-  the chat template in `tokenizer_config.json`, `special_tokens_map.json`,
+  (a GGUF file's tokenizer is written as one), and what its folder, or its
+  GGUF file, says about talking to it (`purejax.weights.hf_talk`: the chat
+  template in `tokenizer_config.json`, `special_tokens_map.json`,
   `generation_config.json`, the bos/eos ids and the model's own context
   `max_position_embeddings` in `config.json`).
 
@@ -347,17 +349,21 @@ def to_huggingface(
     hf_config = llama.hf_config_dict(config, dtype)
     tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
   tokenizer_file, tokenizer_text = None, None
+  extra = hf_talk.companion_files(None, config)
   if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
     try:  # the model's own file, checked by its hash; a moved one is left out
       tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
     except tokenizers.TokenizerError:
       pass
+    extra = hf_talk.companion_files(tokenizer_file, config)
   elif tokenizer_spec and tokenizer_spec.kind == "gguf":
     try:  # a GGUF's tokenizer, rebuilt, is written as a tokenizer.json
-      tokenizer_text = tokenizers.from_spec(tokenizer_spec).tokenizer.to_str()
+      rebuilt = tokenizers.from_spec(tokenizer_spec).tokenizer
+      tokenizer_text = rebuilt.to_str()
+      extra = hf_talk.companion_of_spec(tokenizer_spec, rebuilt.get_vocab(), config,
+                                        gguf_files.base_context(tokenizer_spec, config))
     except tokenizers.TokenizerError:
       pass
-  extra = hf_talk.companion_files(tokenizer_file, config)
   hf_config.update(extra.config_values)
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
