@@ -108,8 +108,9 @@ def test_the_view_reads_the_merge_and_gives_the_base_no_gradient():
   assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads["adapters"]))
 
 
-@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("matmul_backward", ["plain", "row_major"])
+@pytest.mark.slow
+@pytest.mark.parametrize("compute_dtype, matmul_backward",
+                         [("float32", "plain"), ("bfloat16", "row_major")])
 def test_the_views_gradient_is_the_merges_and_skips_the_frozen_weights_products(
     compute_dtype, matmul_backward):
   # The view applies x @ W + s (x @ A) @ B; differentiating the merge instead
