@@ -61,9 +61,7 @@ from purejax.training import steps as steps_lib
 from purejax.training.state import TrainState
 
 FLAGS = flags.FLAGS
-DEFAULT_MODEL = (pathlib.Path(os.environ.get("PUREJAX_MODEL_CACHE") or
-                              pathlib.Path.home() / ".cache" / "purejax-test-models")
-                 / "SmolLM2-135M-Instruct-f32")
+DEFAULT_MODEL = harness.REAL_MODEL_FOLDER
 SETTINGS = ("lora_f32", "lora_bf16", "full_f32", "full_bf16")
 TORCH_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                       "down_proj"]

@@ -43,6 +43,10 @@ from purejax.training import state as state_lib
 from purejax.training.state import TrainState
 
 RESULTS_DIR = pathlib.Path(__file__).parent / "results"
+# The real model's float32 folder, where the tests' fixture makes it (tests/real_model.py).
+REAL_MODEL_FOLDER = (pathlib.Path(os.environ.get("PUREJAX_MODEL_CACHE") or
+                                  pathlib.Path.home() / ".cache" / "purejax-test-models")
+                     / "SmolLM2-135M-Instruct-f32")
 DATA_TOKENS = 200_000  # random token ids a train arm draws its batches from
 
 Arm = Callable[[], float]

@@ -18,7 +18,6 @@ template). Results go to `bench/results/<date>-sample_speed.json`.
 """
 
 import datetime
-import os
 import pathlib
 import time
 
@@ -36,9 +35,7 @@ from purejax.data import tokenizer_json
 from purejax.ops import kernels
 
 FLAGS = flags.FLAGS
-DEFAULT_MODEL = (pathlib.Path(os.environ.get("PUREJAX_MODEL_CACHE") or
-                              pathlib.Path.home() / ".cache" / "purejax-test-models")
-                 / "SmolLM2-135M-Instruct-f32")
+DEFAULT_MODEL = harness.REAL_MODEL_FOLDER
 QUESTION = "Write a short story about a lighthouse keeper and a storm."
 
 

@@ -151,19 +151,9 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
     ValueError: an adapter names a weight `params` lacks, or its shape does
       not fit the weight.
   """
-  if not adapters:
-    return params
-  scale = alpha / rank_of(adapters)
-  _check_fits(params, adapters)
-
-  def merged(path, w):
-    ab = adapters.get(_dotted(path))
-    if ab is None:
-      return w
-    delta = jnp.matmul(ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
-    return (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
-
-  return jax.tree_util.tree_map_with_path(merged, params)
+  is_adapted = lambda x: isinstance(x, kernels.LowRankWeight)
+  return jax.tree.map(lambda w: w.merged() if is_adapted(w) else w,
+                      low_rank(params, adapters, alpha), is_leaf=is_adapted)
 
 
 def _check_fits(params: Params, adapters: Adapters) -> None:
