@@ -1,5 +1,6 @@
 """The benches' harness (bench/harness.py, bench/jobs.py) and bench/gpu.py's pieces; no GPU needed."""
 
+import dataclasses
 import importlib
 import math
 import pathlib
@@ -15,6 +16,7 @@ from bench import gpu
 from bench import gpu_rows
 from bench import harness
 from bench import jobs
+from bench import speedrun
 from purejax import gpt
 from purejax.data import datasets
 from purejax.training import flops
@@ -220,8 +222,27 @@ def test_shakespeare_is_split_as_nanogpt_splits_it():
 def test_the_benches_import_together_and_define_no_flags_on_import():
   for module in ("bench.run", "bench.gpu", "bench.gpu_rows", "bench.harness", "bench.jobs",
                  "bench.sweeps", "bench.hlo_ab", "bench.torch_recipe", "bench.mlp_epoch",
-                 "bench.tokenize_bpe", "bench.arch_compare"):
+                 "bench.tokenize_bpe", "bench.arch_compare", "bench.speedrun"):
     importlib.import_module(module)
   for name in ("cases", "quick", "time_budget_s", "runs", "dump_to", "seeds", "epochs", "mb",
                "time_rounds"):
     assert name not in flags.FLAGS
+
+
+def test_the_speedrun_ablations_each_take_one_piece_out_of_the_modern_recipe():
+  modern, modern_optimizer = speedrun.arm_configs("modern")
+  assert modern_optimizer.name == "muon" and modern.qk_norm and modern.value_embeds
+  for name in speedrun.ABLATIONS:
+    config, optimizer = speedrun.arm_configs(name)
+    changed = [f.name for f in dataclasses.fields(config)
+               if getattr(config, f.name) != getattr(modern, f.name)]
+    assert (len(changed) + (optimizer != modern_optimizer)) >= 1, name
+    assert len(changed) <= 2, (name, changed)  # one piece: a field, or a norm's two
+
+
+def test_the_speedrun_reads_the_first_step_that_reaches_the_target():
+  evals = [{"step": 25, "val_loss": 2.5}, {"step": 50, "val_loss": 1.9},
+           {"step": 75, "val_loss": 1.8}]
+  assert speedrun.first_reaching(evals, 1.95) == 50
+  assert speedrun.first_reaching(evals, 1.9) == 50
+  assert speedrun.first_reaching(evals, 1.7) is None
