@@ -57,8 +57,8 @@ REFERENCE_STEPS = 2000  # the nanoGPT recipe's steps
 # The modern recipe's optimizer: Muon on the blocks' matrices, AdamW (the
 # recipe's betas, decay and clipping) on embeddings, head and value embeddings.
 MODERN_OPTIMIZER = dataclasses.replace(
-    loop.GPT_OPTIMIZER, name="muon", learning_rate=3e-3, min_lr=3e-4, warmup_iters=20,
-    muon_learning_rate=0.05)
+    loop.GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
+    muon_learning_rate=1e-2)
 
 # arm -> (GPTConfig options, OptimizerConfig)
 RECIPES = {
