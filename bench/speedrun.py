@@ -2,6 +2,7 @@ r"""A speedrun on Tiny Shakespeare: nanoGPT's recipe against today's (nanochat's
 
     python -m bench.speedrun                                  # 3 seeds, every arm; ~1 h on 2 cores
     python -m bench.speedrun --seeds=0 --ablations=false --scale=0.05   # a smoke run
+    python -m bench.speedrun --seeds= --ablation_seeds=0    # the ablations alone
 
 Every arm trains the character-level Tiny Shakespeare model at nanoGPT's
 CPU recipe's parameter count (~0.8M), batch (12) and context (64):
@@ -83,7 +84,8 @@ ABLATIONS = {
 
 def define_flags() -> None:
   """The command line's flags; defined only when this module runs as the program."""
-  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each arm's runs.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each recipe's runs (none: the "
+                    "ablations alone).")
   flags.DEFINE_integer("speedrun_steps", 400, "Steps of the modern recipe's speedrun schedule.")
   flags.DEFINE_float("scale", 1.0, "Multiplies every run's steps (a smoke run: 0.05).")
   flags.DEFINE_bool("ablations", True, "Also train the ablations (seeds: --ablation_seeds).")
@@ -200,56 +202,20 @@ def median(xs) -> Optional[float]:
   return statistics.median(xs) if xs else None
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  if FLAGS.child:
-    child(json.loads(FLAGS.child))
-    return
-  seeds = [int(s) for s in FLAGS.seeds]
-  ablations = list(ABLATIONS) if FLAGS.ablations else []
-  out = pathlib.Path(FLAGS.out)
-  result = {"command": " ".join(["python -m bench.speedrun"] + sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "cpu_count": os.cpu_count(), "seeds": seeds,
-            "recipes": {arm: {"model": RECIPES[arm][0], "optimizer": dataclasses.asdict(
-                RECIPES[arm][1])} for arm in RECIPES},
-            "params": {arm: param_count(arm) for arm in list(RECIPES) + ablations}}
-
-  # 1. Step times: the arms alternated in this process.
-  times = step_times(list(RECIPES) + ablations)
-  summary = harness.summarise(times, "nanogpt", "s/step")
-  ms = {arm: 1e3 * row["median"] for arm, row in summary.items()}
-  result["step_times"] = summary
-  budget_ms = REFERENCE_STEPS * ms["nanogpt"]
-  equal_steps = {arm: max(1, round(FLAGS.scale * budget_ms / ms[arm])) for arm in ms}
-  equal_steps["nanogpt"] = round(FLAGS.scale * REFERENCE_STEPS)
-  result["equal_time_steps"] = equal_steps
-  print("ms/step: " + ", ".join(f"{arm} {ms[arm]:.1f}" for arm in ms), flush=True)
-
-  # 2. The recipes at equal wall time, and the speedrun.
-  runs = {arm: [] for arm in RECIPES}
-  runs["modern_speedrun"] = []
-  speedrun_steps = max(1, round(FLAGS.scale * FLAGS.speedrun_steps))
-  speedrun_every = max(1, min(FLAGS.speedrun_eval_interval, speedrun_steps))
-  with tempfile.TemporaryDirectory() as scratch:
-    for seed in seeds:
-      for arm in RECIPES:
-        steps = equal_steps[arm]
-        runs[arm].append(train_run(arm, seed, steps, steps, scratch))
-        print(f"{arm} seed {seed}, {steps} steps: {runs[arm][-1][-1]}", flush=True)
-      runs["modern_speedrun"].append(
-          train_run("modern", seed, speedrun_steps, speedrun_every, scratch))
-      print(f"modern_speedrun seed {seed}: {runs['modern_speedrun'][-1][-1]}", flush=True)
-      result["runs"] = runs
-      harness.write_results(out, result)
-    ablation_runs = {}
-    for name in ablations:
-      ablation_runs[name] = [train_run(name, int(s), speedrun_steps, speedrun_steps, scratch)
-                             for s in FLAGS.ablation_seeds]
-      print(f"{name}: {[r[-1] for r in ablation_runs[name]]}", flush=True)
-      result["ablation_runs"] = ablation_runs
-      harness.write_results(out, result)
+def recipe_runs(seeds: List[int], ms: Dict[str, float], equal_steps: Dict[str, int],
+                speedrun_steps: int, scratch: str, out: pathlib.Path, result: dict) -> None:
+  """The recipes at equal wall time, and the speedrun; their measures into `result`."""
+  runs = {arm: [] for arm in list(RECIPES) + ["modern_speedrun"]}
+  every = max(1, min(FLAGS.speedrun_eval_interval, speedrun_steps))
+  for seed in seeds:
+    for arm in RECIPES:
+      steps = equal_steps[arm]
+      runs[arm].append(train_run(arm, seed, steps, steps, scratch))
+      print(f"{arm} seed {seed}, {steps} steps: {runs[arm][-1][-1]}", flush=True)
+    runs["modern_speedrun"].append(train_run("modern", seed, speedrun_steps, every, scratch))
+    print(f"modern_speedrun seed {seed}: {runs['modern_speedrun'][-1][-1]}", flush=True)
+    result["runs"] = runs
+    harness.write_results(out, result)
 
   final = lambda arm, key: median(r[-1][key] for r in runs[arm])
   target = final("nanogpt", "val_loss")
@@ -261,8 +227,8 @@ def main(argv):
   bpb = {arm: final(arm, "val_bpb") for arm in RECIPES}
   result.update(
       target_val_loss=target, speedrun_steps_to_target=reached,
-      speedrun_time_fraction=time_fraction,
-      equal_time_val_bpb=bpb, equal_time_val_loss={arm: final(arm, "val_loss") for arm in RECIPES},
+      speedrun_time_fraction=time_fraction, equal_time_val_bpb=bpb,
+      equal_time_val_loss={arm: final(arm, "val_loss") for arm in RECIPES},
       modern_bpb_vs_llama=bpb["modern"] / bpb["llama"] - 1)
   harness.write_results(out, result)
 
@@ -280,18 +246,59 @@ def main(argv):
                 f"{final(arm, 'val_loss'):.4f} | **{bpb[arm]:.4f}** | {seeds_bpb} |")
   print("\nequal wall time:\n" + "\n".join(rows))
   print(f"modern vs llama val bpb: {100 * result['modern_bpb_vs_llama']:+.2f} %")
-  if ablations:
-    base = median(r[-1]["val_loss"] for r in runs["modern_speedrun"])
-    rows = ["| modern recipe, minus | params | ms/step | val loss (median) | vs modern |",
-            "| --- | ---: | ---: | ---: | ---: |",
-            f"| (nothing) | {result['params']['modern']:,} | {ms['modern']:.1f} | "
-            f"{base:.4f} | |"]
-    for name in ablations:
-      value = median(r[-1]["val_loss"] for r in ablation_runs[name])
-      rows.append(f"| {name} | {result['params'][name]:,} | {ms[name]:.1f} | {value:.4f} | "
-                  f"{value - base:+.4f} |")
-    print(f"\nablations ({speedrun_steps} steps, seeds {FLAGS.ablation_seeds}):\n"
-          + "\n".join(rows))
+
+
+def ablation_runs(seeds: List[int], ms: Dict[str, float], steps: int, scratch: str,
+                  out: pathlib.Path, result: dict) -> None:
+  """The modern recipe and each ablation on the speedrun's schedule; into `result`."""
+  runs = {}
+  for name in ["modern"] + list(ABLATIONS):
+    runs[name] = [train_run(name, seed, steps, steps, scratch) for seed in seeds]
+    print(f"{name}: {[r[-1] for r in runs[name]]}", flush=True)
+    result["ablation_runs"] = runs
+    harness.write_results(out, result)
+  loss = {name: median(r[-1]["val_loss"] for r in rs) for name, rs in runs.items()}
+  rows = ["| modern recipe, minus | params | ms/step | val loss (median) | vs modern |",
+          "| --- | ---: | ---: | ---: | ---: |",
+          f"| (nothing) | {result['params']['modern']:,} | {ms['modern']:.1f} | "
+          f"{loss['modern']:.4f} | |"]
+  for name in ABLATIONS:
+    rows.append(f"| {name} | {result['params'][name]:,} | {ms[name]:.1f} | {loss[name]:.4f} | "
+                f"{loss[name] - loss['modern']:+.4f} |")
+  print(f"\nablations ({steps} steps, seeds {seeds}):\n" + "\n".join(rows))
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  if FLAGS.child:
+    child(json.loads(FLAGS.child))
+    return
+  seeds = [int(s) for s in FLAGS.seeds]
+  ablation_seeds = [int(s) for s in FLAGS.ablation_seeds] if FLAGS.ablations else []
+  arms = list(RECIPES) + (list(ABLATIONS) if ablation_seeds else [])
+  out = pathlib.Path(FLAGS.out)
+  result = {"command": " ".join(["python -m bench.speedrun"] + sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu_count": os.cpu_count(), "seeds": seeds, "ablation_seeds": ablation_seeds,
+            "recipes": {arm: {"model": RECIPES[arm][0], "optimizer": dataclasses.asdict(
+                RECIPES[arm][1])} for arm in RECIPES},
+            "params": {arm: param_count(arm) for arm in arms}}
+
+  # Step times: every arm alternated in this process.
+  summary = harness.summarise(step_times(arms), "nanogpt", "s/step")
+  ms = {arm: 1e3 * row["median"] for arm, row in summary.items()}
+  budget_ms = REFERENCE_STEPS * ms["nanogpt"]
+  equal_steps = {arm: max(1, round(FLAGS.scale * budget_ms / ms[arm])) for arm in RECIPES}
+  equal_steps["nanogpt"] = round(FLAGS.scale * REFERENCE_STEPS)
+  result.update(step_times=summary, equal_time_steps=equal_steps)
+  print("ms/step: " + ", ".join(f"{arm} {ms[arm]:.1f}" for arm in ms), flush=True)
+  speedrun_steps = max(1, round(FLAGS.scale * FLAGS.speedrun_steps))
+  with tempfile.TemporaryDirectory() as scratch:
+    if seeds:
+      recipe_runs(seeds, ms, equal_steps, speedrun_steps, scratch, out, result)
+    if ablation_seeds:
+      ablation_runs(ablation_seeds, ms, speedrun_steps, scratch, out, result)
   print(f"wrote {out}")
 
 
