@@ -64,39 +64,13 @@ def train_run(arch: str, seed: int, out_dir: str) -> float:
 
 def step_times() -> Dict[str, List[float]]:
   """Seconds per step of each arm, timed in alternation in this process."""
-  import jax  # pylint: disable=import-outside-toplevel
   import dataclasses  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
-  from purejax.data import batches  # pylint: disable=import-outside-toplevel
-  from purejax.ops import kernels  # pylint: disable=import-outside-toplevel
-  from purejax.training import loop, optim, steps  # pylint: disable=import-outside-toplevel
-  from purejax.training.state import TrainState  # pylint: disable=import-outside-toplevel
-
-  optimizer = optim.make_optimizer(
-      optim.with_schedule_end(loop.GPT_OPTIMIZER, FLAGS.max_iters))
-  data = batches.DeviceTokens(jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65))
-  state = {}
-  for arm in ARMS:
-    config = dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
-    params = gpt.init_params(config, jax.random.PRNGKey(0))
-    state[arm] = [config, TrainState(params, optimizer.init(params),
-                                     {"train": jax.random.PRNGKey(1)}), 0]
-
-  def call(arm: str) -> float:
-    config, train_state, step = state[arm]
-    start = time.perf_counter()
-    train_state, metrics = steps.train_steps(
-        train_state, data, step, config=config, optimizer=optimizer, batch_size=12,
-        num_steps=FLAGS.steps_per_call, forms=kernels.select())
-    jax.block_until_ready(metrics)
-    state[arm][1:] = [train_state, step + FLAGS.steps_per_call]
-    return (time.perf_counter() - start) / FLAGS.steps_per_call
-
-  for arm in ARMS:  # compile and warm up
-    call(arm)
-    call(arm)
-  return harness.alternate({arm: lambda arm=arm: call(arm) for arm in ARMS},
-                           FLAGS.time_rounds)
+  from purejax.training import loop  # pylint: disable=import-outside-toplevel
+  arms = {arm: (dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm]),
+                loop.GPT_OPTIMIZER) for arm in ARMS}
+  return harness.recipe_step_times(arms, FLAGS.max_iters, FLAGS.time_rounds,
+                                   FLAGS.steps_per_call)
 
 
 def param_counts() -> Dict[str, int]:

@@ -96,6 +96,36 @@ def alternate(arms: Mapping[str, Arm], rounds: int, *, min_rounds: int = 0,
   return times
 
 
+def recipe_step_times(arms: Mapping[str, Tuple[gpt.GPTConfig, optim.OptimizerConfig]],
+                      schedule_end: int, rounds: int, steps_per_call: int,
+                      batch_size: int = 12) -> Dict[str, List[float]]:
+  """Seconds per step of each arm `{name: (model, optimizer)}` on random tokens, the
+  arms' jitted `steps.train_steps` calls alternated in this process (`alternate`),
+  after two warm-up calls each."""
+  data = batches.DeviceTokens(jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65))
+  state = {}
+  for name, (config, opt_config) in arms.items():
+    optimizer = optim.make_optimizer(optim.with_schedule_end(opt_config, schedule_end))
+    params = gpt.init_params(config, jax.random.PRNGKey(0))
+    state[name] = [config, optimizer, state_lib.TrainState(params, optimizer.init(params),
+                                                 {"train": jax.random.PRNGKey(1)}), 0]
+
+  def call(name: str) -> float:
+    config, optimizer, train_state, step = state[name]
+    start = time.perf_counter()
+    train_state, metrics = steps_lib.train_steps(
+        train_state, data, step, config=config, optimizer=optimizer, batch_size=batch_size,
+        num_steps=steps_per_call, forms=kernels.select())
+    jax.block_until_ready(metrics)
+    state[name][2:] = [train_state, step + steps_per_call]
+    return (time.perf_counter() - start) / steps_per_call
+
+  for name in arms:  # compile and warm up
+    call(name)
+    call(name)
+  return alternate({name: functools.partial(call, name) for name in arms}, rounds)
+
+
 def summarise(times: Mapping[str, Sequence[float]],
               reference: Union[str, Mapping[str, str]], unit: str) -> Dict[str, dict]:
   """Each arm's median, min-max and round count, and its per-round ratios to its reference.

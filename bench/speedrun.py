@@ -50,7 +50,6 @@ from absl import logging
 from bench import harness
 from purejax import gpt
 from purejax.training import loop
-from purejax.training import optim
 
 FLAGS = flags.FLAGS
 REFERENCE_STEPS = 2000  # the nanoGPT recipe's steps
@@ -150,35 +149,8 @@ def train_run(arm: str, seed: int, steps: int, eval_interval: int, scratch: str)
 
 def step_times(arms: List[str]) -> Dict[str, List[float]]:
   """Seconds per step of each arm, its jitted training calls alternated in this process."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from purejax.data import batches  # pylint: disable=import-outside-toplevel
-  from purejax.ops import kernels  # pylint: disable=import-outside-toplevel
-  from purejax.training import steps  # pylint: disable=import-outside-toplevel
-  from purejax.training.state import TrainState  # pylint: disable=import-outside-toplevel
-
-  data = batches.DeviceTokens(jax.random.randint(jax.random.PRNGKey(0), (100_000,), 0, 65))
-  state = {}
-  for arm in arms:
-    config, opt_config = arm_configs(arm)
-    optimizer = optim.make_optimizer(optim.with_schedule_end(opt_config, REFERENCE_STEPS))
-    params = gpt.init_params(config, jax.random.PRNGKey(0))
-    state[arm] = [config, optimizer, TrainState(params, optimizer.init(params),
-                                                {"train": jax.random.PRNGKey(1)}), 0]
-
-  def call(arm: str) -> float:
-    config, optimizer, train_state, step = state[arm]
-    start = time.perf_counter()
-    train_state, metrics = steps.train_steps(
-        train_state, data, step, config=config, optimizer=optimizer, batch_size=12,
-        num_steps=FLAGS.steps_per_call, forms=kernels.select())
-    jax.block_until_ready(metrics)
-    state[arm][2:] = [train_state, step + FLAGS.steps_per_call]
-    return (time.perf_counter() - start) / FLAGS.steps_per_call
-
-  for arm in arms:  # compile and warm up
-    call(arm)
-    call(arm)
-  return harness.alternate({arm: lambda arm=arm: call(arm) for arm in arms}, FLAGS.time_rounds)
+  return harness.recipe_step_times({arm: arm_configs(arm) for arm in arms}, REFERENCE_STEPS,
+                                   FLAGS.time_rounds, FLAGS.steps_per_call)
 
 
 def param_count(arm: str) -> int:
