@@ -41,6 +41,7 @@ from purejax.data import tokenizers
 from purejax.ops import kernels
 from purejax.training import checkpoint
 from purejax.training import flops
+from purejax.training import gpu_plan
 from purejax.training import loop
 from purejax.training import optim
 from purejax.training import parallel
@@ -187,6 +188,67 @@ def job_h_train(job: Job) -> None:
       twin: lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)})
   job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
       times, {unrolled: ref, twin: ref}, config, batch))
+
+
+def job_h_plan(job: Job) -> None:
+  """The GPT-2 124M step at batch 12 as `purejax.plan` plans it, compiled for and run on
+  this device: XLA's memory plan against the peak JAX's allocator measures.
+
+  The program is `gpu_plan.train_step_program`'s (the training loop's step,
+  one step per call, state donated). Its arguments are put on the device,
+  then three calls run; the measured peak is JAX's peak bytes in use after
+  them (the arguments included, as the plan's peak includes them). With
+  `XLA_FLAGS=--xla_gpu_dump_autotune_results_to=<file>` the autotuner's
+  choices are written for deviceless compiles to load.
+  """
+  s = job.sizes
+  config, batch = s.gpt2, s.train_batch
+  device = jax.devices()[0]
+  name = "purejax train step (gpu_plan.train_step_program, 1 step per call)"
+  job.set_config(config, batch=batch, steps_per_call=1,
+                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
+  job.note("measured_peak_bytes: JAX's peak bytes in use after the calls (arguments "
+           "included); planned: memory_analysis() of the same program compiled for this "
+           "device (autotuned). planned/measured above 1: the plan overestimates.")
+  program = gpu_plan.train_step_program(
+      config, [device], batch_size=batch, opt_config=GPT2_OPTIMIZER,
+      forms=kernels.select("gpu" if job.gpu else "cpu"))
+  start = time.perf_counter()
+  compiled = program.step.lower(*program.arguments).compile()
+  compile_s = time.perf_counter() - start
+  planned = gpu_plan.read_program(compiled)
+  rng = np.random.default_rng(0)
+  state = jax.jit(program.start, out_shardings=program.layout)()
+  tokens = jax.tree.map(lambda a: jax.device_put(
+      rng.integers(0, config.vocab_size, a.shape).astype(a.dtype), a.sharding),
+                        program.arguments[1])
+  jax.block_until_ready((state, tokens))
+  before = dict(device.memory_stats() or {})
+  seconds = []
+  for step in range(3):
+    start = time.perf_counter()
+    first = jax.device_put(np.int32(step), program.arguments[2].sharding)
+    state, metrics = compiled(state, (tokens, first))  # `parallel.StateStep` packs the inputs
+    jax.block_until_ready((state, metrics))
+    seconds.append(time.perf_counter() - start)
+  after = dict(device.memory_stats() or {})
+  row = harness.summarise({name: seconds[1:]}, {}, "s/iter")[name]
+  gpu_rows.add_speed(row, config, batch, job.peak_flops)
+  measured = after.get("peak_bytes_in_use")
+  row.update(compile_s=compile_s, program_peak_bytes=planned.peak_bytes,
+             peak_bytes=measured, cudnn_attention_calls=sum(
+                 n for target, n in planned.custom_calls.items() if "fmha" in target))
+  job.result["rows"] = {name: row}
+  job.result["memory"] = {
+      "planned": {"argument_bytes": planned.argument_bytes, "output_bytes": planned.output_bytes,
+                  "alias_bytes": planned.alias_bytes, "temp_bytes": planned.temp_bytes,
+                  "peak_bytes": planned.peak_bytes},
+      "in_use_before_bytes": before.get("bytes_in_use"),
+      "peak_before_bytes": before.get("peak_bytes_in_use"),
+      "in_use_after_bytes": after.get("bytes_in_use"),
+      "measured_peak_bytes": measured,
+      "planned_over_measured": planned.peak_bytes / measured if measured else None,
+      "custom_calls": dict(planned.custom_calls)}
 
 
 def write_token_file(path: pathlib.Path, num_tokens: int, vocab: int, seed: int = 0) -> None:
@@ -550,6 +612,8 @@ def job_j_sample(job: Job) -> None:
 # Each job: its title and what runs it in its process.
 JOBS = {
     "h.train": ("h: GPT-2 124M train step, batch 12", job_h_train),
+    "h.plan": ("h: GPT-2 124M step, batch 12: planned against measured peak memory",
+               job_h_plan),
     "h.feed": ("h: the memory-mapped loader feeds the GPT-2 124M step without slowing it",
                job_h_feed),
     "h.medium": ("h: GPT-2 medium train step, batch 8 (purejax)", job_h_medium),

@@ -118,7 +118,10 @@ def cudnn_stand_in() -> Iterator[None]:
   library fails there. The version is the one thing taken from the host.
   """
   from jax._src.cudnn import fused_attention_stablehlo as fused  # pylint: disable=g-import-not-at-top
-  original = fused.check_cudnn_version
+  original = getattr(fused, "check_cudnn_version", None)
+  if original is None:  # a JAX that no longer asks: nothing to stand in for
+    yield
+    return
   try:
     original()
     yield
@@ -146,19 +149,37 @@ def abstract(tree, shardings):
                       tree, shardings)
 
 
-def compile_train_step(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, batch_size: int,
+@dataclasses.dataclass(frozen=True)
+class TrainStepProgram:
+  """The training loop's step for some devices, with abstract arguments to lower it with.
+
+  Attributes:
+    step: the jitted `steps.train_steps` (`parallel.jit_train_step`).
+    arguments: `(state, tokens, first_step)` as `jax.ShapeDtypeStruct`s with
+      their shardings; `step.lower(*arguments)` lowers the program.
+    start: `() -> state`, the initial train state (seed 0), unsharded.
+    layout: the state's shardings.
+  """
+  step: Callable
+  arguments: tuple
+  start: Callable
+  layout: object
+
+
+def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, batch_size: int,
                        forms: kernels.Forms, opt_config: optim.OptimizerConfig,
                        fsdp: bool = False, grad_accum_steps: int = 1,
                        lora_config: Optional[lora.LoraConfig] = None, num_steps: int = 1,
-                       num_tokens: int = 1 << 20):
-  """One call of the training loop's program (`steps.train_steps`), compiled for `devices`.
+                       num_tokens: int = 1 << 20) -> TrainStepProgram:
+  """One call of the training loop's program (`steps.train_steps`) for `devices`.
 
   The same program `loop.train_gpt` jits (`parallel.jit_train_step` over a
-  data mesh), from abstract inputs: nothing is allocated.
+  data mesh), with abstract inputs: nothing is allocated.
 
   Args:
     config: the model.
-    devices: `target_devices(...)`; several make a data-parallel mesh.
+    devices: `target_devices(...)`, or real devices; several make a
+      data-parallel mesh.
     batch_size: the global batch.
     forms: how the model runs (`kernels.select("gpu")`, from the entry point).
     opt_config: the optimizer (its state's bytes are part of the plan).
@@ -169,7 +190,7 @@ def compile_train_step(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
     num_tokens: length of the corpus on the device, which the batches are drawn from.
 
   Returns:
-    The `jax.stages.Compiled` program.
+    The `TrainStepProgram`.
   """
   plan = parallel.ShardingPlan(data_mesh(devices), fsdp=fsdp)
   parallel.check_batch_size(batch_size, plan.mesh, grad_accum_steps)
@@ -189,8 +210,18 @@ def compile_train_step(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
   tokens = batches.DeviceTokens(jax.ShapeDtypeStruct((num_tokens,), jnp.int32,
                                                      sharding=plan.replicated))
   first = jax.ShapeDtypeStruct((), jnp.int32, sharding=plan.replicated)
+  return TrainStepProgram(step, (abstract(state, layout), tokens, first), start, layout)
+
+
+def compile_train_step(config: gpt.GPTConfig, devices: Sequence[jax.Device], **kwargs):
+  """`train_step_program(config, devices, **kwargs)`, lowered and compiled for `devices`.
+
+  Returns:
+    The `jax.stages.Compiled` program.
+  """
+  program = train_step_program(config, devices, **kwargs)
   with cudnn_stand_in():
-    return step.lower(abstract(state, layout), tokens, first).compile()
+    return program.step.lower(*program.arguments).compile()
 
 
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|"
