@@ -190,6 +190,34 @@ def job_h_train(job: Job) -> None:
       times, {unrolled: ref, twin: ref}, config, batch))
 
 
+# h.forms' arms: `kernels.select` overrides of the GPU's forms for the GPT-2 124M step.
+H_FORMS = {
+    "scanned, remat full (auto)": {},
+    "scanned, remat none": dict(remat="none"),
+    "scanned, remat dots": dict(remat="dots"),
+    "scanned, remat full_compute_dtype": dict(remat="full_compute_dtype"),
+    "unrolled, remat none (auto)": dict(scan_layers=False),
+    "scanned, remat none, loss unchunked": dict(remat="none", loss_chunk_rows=0),
+}
+
+
+def job_h_forms(job: Job) -> None:
+  """Which forms run the GPT-2 124M step (batch 12) fastest: `H_FORMS`, alternated."""
+  s = job.sizes
+  config, batch = s.gpt2, s.train_batch
+  job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
+                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
+  platform = "gpu" if job.gpu else "cpu"
+  ref = next(iter(H_FORMS))
+  arms = job.build({
+      name: functools.partial(
+          lambda overrides, info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call,
+                                              info, forms=kernels.select(platform, **overrides)),
+          overrides) for name, overrides in H_FORMS.items()})
+  job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
+      times, {name: ref for name in H_FORMS if name != ref}, config, batch))
+
+
 def job_h_plan(job: Job) -> None:
   """The GPT-2 124M step at batch 12 as `purejax.plan` plans it, compiled for and run on
   this device: XLA's memory plan against the peak JAX's allocator measures.
@@ -614,6 +642,8 @@ JOBS = {
     "h.train": ("h: GPT-2 124M train step, batch 12", job_h_train),
     "h.plan": ("h: GPT-2 124M step, batch 12: planned against measured peak memory",
                job_h_plan),
+    "h.forms": ("h: GPT-2 124M step, batch 12: the GPU's forms against each other",
+                job_h_forms),
     "h.feed": ("h: the memory-mapped loader feeds the GPT-2 124M step without slowing it",
                job_h_feed),
     "h.medium": ("h: GPT-2 medium train step, batch 8 (purejax)", job_h_medium),

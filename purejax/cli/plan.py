@@ -37,7 +37,8 @@ GIB = 1 << 30
 
 def define_flags(args: Args) -> None:
   train_flags.define_flags(args, "gpt")
-  flags.DEFINE_string("gpu", "h100", f"The card to plan for: {', '.join(gpu_plan.TARGETS)}.",
+  flags.DEFINE_string("gpu", "h100", f"The card to plan for: {', '.join(gpu_plan.TARGETS)}, "
+                      "or an XLA GpuTargetConfig .txtpb file.",
                       flag_values=args)
   flags.DEFINE_integer("vocab_size", 50304, "Token ids (the model's vocabulary; GPT-2: 50304 "
                        "as nanoGPT pads it).", lower_bound=1, flag_values=args)

@@ -90,9 +90,20 @@ class Card:
 
 
 def card(name: str) -> Card:
-  """The target GPU called `name` (a key of `TARGETS`)."""
+  """The target GPU called `name` (a key of `TARGETS`), or read from a `.txtpb` file.
+
+  A file is an XLA `GpuTargetConfig` in text form, for a card not in
+  `TARGETS` (`bench/gpu_target_config.py` writes one for the GPU it runs on).
+  """
+  if name.endswith(".txtpb"):
+    path = pathlib.Path(name)
+    if not path.is_file():
+      raise ValueError(f"no GPU target config file `{name}`; give a card among "
+                       f"{', '.join(TARGETS)} or an existing .txtpb file.")
+    return Card(path.stem, path.read_text())
   if name not in TARGETS:
-    raise ValueError(f"unknown GPU `{name}`; known: {', '.join(TARGETS)}.")
+    raise ValueError(f"unknown GPU `{name}`; known: {', '.join(TARGETS)}, or a "
+                     f"GpuTargetConfig .txtpb file.")
   return Card(name, (_TARGET_DIR / TARGETS[name]).read_text())
 
 
