@@ -66,12 +66,13 @@ def dense(params: Params, x: chex.Array, *, compute_dtype=None,
     params: from `init_dense`.
     x: `[..., in_dim]`.
     compute_dtype: if given, the matmul's operands are cast to this dtype
-      (e.g. bfloat16) and the result is float32 (see `kernels.matmul`); params stay
-      in their own dtype (mixed precision).
+      (e.g. bfloat16) and the result is float32, or the compute dtype where
+      `forms.matmul_output` says so (see `kernels.matmul`); params stay in
+      their own dtype (mixed precision).
     forms: the backend forms of the matmul (default: see `kernels.matmul`).
 
   Returns:
-    `[..., out_dim]`: float32 if `compute_dtype` is given, else x's dtype.
+    `[..., out_dim]`: as `kernels.matmul`'s output.
   """
   y = kernels.matmul(x, params["w"], compute_dtype=compute_dtype, forms=forms)
   if "b" in params:
@@ -185,7 +186,8 @@ def embedding_logits(params: Params, x: chex.Array, *, compute_dtype=None,
   This is the output head of a model with tied input/output embeddings.
   `compute_dtype` and `forms` as in `kernels.matmul`.
   """
-  return kernels.matmul(x, params["embedding"].T, compute_dtype=compute_dtype, forms=forms)
+  return kernels.matmul(x, params["embedding"].T, compute_dtype=compute_dtype, forms=forms,
+                        float32_output=True)
 
 
 # ----------------------------------------------------------------------------

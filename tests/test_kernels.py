@@ -206,6 +206,40 @@ class MatmulTest(parameterized.TestCase):
     assert all(g.dtype == jnp.float32 for g in row_major + plain)
     chex.assert_trees_all_close(row_major, plain, rtol=1e-6, atol=1e-6)
 
+  @parameterized.parameters(False, True)
+  def test_compute_dtype_output_is_the_float32_output_rounded(self, row_major):
+    # matmul_output="compute" rounds the product and x's gradient to bf16 (as
+    # autocast does); the weight's gradient stays float32 and unrounded.
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 16)) / 4
+    w = jax.random.normal(jax.random.PRNGKey(1), (16, 24))
+    cotangent = jax.random.normal(jax.random.PRNGKey(2), (3, 5, 24))
+    base = kernels.Forms(matmul_backward="row_major" if row_major else "plain")
+    rounded = dataclasses.replace(base, matmul_output="compute")
+
+    def run(forms):
+      y, vjp = jax.vjp(lambda x, w: kernels.matmul(x, w, compute_dtype=jnp.bfloat16,
+                                                   forms=forms), x, w)
+      return (y, *vjp(cotangent.astype(y.dtype)))
+
+    (y32, dx32, dw32), (y16, dx16, dw16) = run(base), run(rounded)
+    assert (y32.dtype, dx32.dtype, dw32.dtype) == (jnp.float32,) * 3
+    assert (y16.dtype, dx16.dtype, dw16.dtype) == (jnp.bfloat16, jnp.float32, jnp.float32)
+    np.testing.assert_array_equal(y16, y32.astype(jnp.bfloat16))
+    # x's gradient was rounded to bf16 on the way (x is float32: its cotangent
+    # comes back float32 through the cast); w's is the float32 product.
+    np.testing.assert_array_equal(dx16, dx32.astype(jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_array_equal(dw16, dw32)
+
+  def test_compute_dtype_output_keeps_a_bf16_input_bf16_and_the_head_float32(self):
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 16)).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+    forms = kernels.Forms(matmul_output="compute")
+    y, vjp = jax.vjp(lambda x: kernels.matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms), x)
+    assert y.dtype == vjp(y)[0].dtype == jnp.bfloat16
+    head = kernels.matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms, float32_output=True)
+    assert head.dtype == jnp.float32
+    np.testing.assert_array_equal(y, head.astype(jnp.bfloat16))
+
   @parameterized.parameters((4, 6), (3, 5), (2, 3, 4, 6))
   def test_row_major_transpose_swaps_the_last_two_axes(self, *shape):
     a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
@@ -303,6 +337,27 @@ class GPTFormsTest(parameterized.TestCase):
     assert len(bf16) >= 15, operand_dtypes
     f32 = jax.make_jaxpr(grad, static_argnums=3)(params, tokens, tokens, TINY)
     assert not [d for d in dots(f32.jaxpr) if jnp.bfloat16 in d]
+
+
+@pytest.mark.parametrize("scan_layers", [True, pytest.param(False, marks=slow)])
+def test_bf16_matmul_outputs_change_the_loss_and_gradients_by_bf16_rounding(scan_layers):
+  # matmul_output="compute" is autocast's precision: the products' outputs
+  # in bf16, the residual stream, norms, logits and weight gradients float32.
+  config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=32,
+                         compute_dtype="bfloat16")
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 11)
+
+  def value_and_grad(matmul_output):
+    forms = kernels.select("cpu", matmul_output=matmul_output, scan_layers=scan_layers)
+    return jax.jit(jax.value_and_grad(lambda p: gpt.loss(
+        p, tokens[:, :-1], tokens[:, 1:], config, forms=forms)))(params)
+
+  (loss32, grads32), (loss16, grads16) = value_and_grad("float32"), value_and_grad("compute")
+  assert float(loss16) != float(loss32)
+  np.testing.assert_allclose(loss16, loss32, rtol=1e-2)
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads16))
+  chex.assert_trees_all_close(grads16, grads32, rtol=5e-2, atol=3e-3)
 
 
 @pytest.mark.slow

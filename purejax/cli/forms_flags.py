@@ -19,7 +19,7 @@ _AUTO = "auto"
 
 def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
-  --loss_chunk_rows, --noise_ahead and (for a command that runs sweeps) --sweep_batch."""
+  --matmul_output, --loss_chunk_rows, --noise_ahead and (for a command that runs sweeps) --sweep_batch."""
   flags.DEFINE_enum("attention", _AUTO, [_AUTO, *kernels.ATTENTION_FORMS],
                     "Form of causal attention (all compute the same function; 'cudnn' "
                     "needs an NVIDIA GPU).", flag_values=args)
@@ -36,6 +36,10 @@ def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
                     case_sensitive=False, flag_values=args)
   flags.DEFINE_enum("matmul_backward", _AUTO, [_AUTO, *kernels.MATMUL_BACKWARD_FORMS],
                     "Form of the low-precision matmul's gradient products.", flag_values=args)
+  flags.DEFINE_enum("matmul_output", _AUTO, [_AUTO, *kernels.MATMUL_OUTPUT_FORMS],
+                    "dtype of a low-precision matmul's output and input gradient: float32, "
+                    "or compute (rounded to the compute dtype, as PyTorch's autocast).",
+                    flag_values=args)
   flags.DEFINE_string("loss_chunk_rows", _AUTO,
                       "Rows per chunk of the output head and loss when the logits are "
                       "large (0: never chunk).", flag_values=args)
@@ -75,6 +79,7 @@ def forms_overrides(args: flags.FlagValues) -> Dict[str, Any]:
   overrides = dict(attention=args.attention, attn_block=_positive_int(args, "attn_block"),
                    remat=args.remat, scan_layers=_bool(args, "scan_layers"),
                    matmul_backward=args.matmul_backward,
+                   matmul_output=args.matmul_output if "matmul_output" in args else None,
                    loss_chunk_rows=_positive_int(args, "loss_chunk_rows", allow_zero=True),
                    noise_ahead=_bool(args, "noise_ahead"))
   return {k: v for k, v in overrides.items() if v not in (None, _AUTO)}

@@ -35,6 +35,7 @@ from purejax.ops.matmul import row_major_transpose  # noqa: F401  pylint: disabl
 
 ATTENTION_FORMS = ("plain", "blocked", "xla", "cudnn")
 MATMUL_BACKWARD_FORMS = ("plain", "row_major")
+MATMUL_OUTPUT_FORMS = ("float32", "compute")
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -66,6 +67,11 @@ class Forms:
     matmul_backward: "row_major" writes the transposed operands of the
       low-precision gradient products out row-major and fences them with an
       optimisation barrier; "plain" uses ordinary transposes.
+    matmul_output: the dtype of a low-precision product's output and of
+      its input's gradient (`MATMUL_OUTPUT_FORMS`): "float32", or "compute"
+      rounds them to the compute dtype, as PyTorch's autocast does, so the
+      elementwise work between products moves half the bytes. The output
+      head's logits and the weights' gradients stay float32 either way.
     remat: what each block keeps for the backward pass (`REMAT_POLICIES`):
       "none" stores every activation; "full" stores only the block's input
       and recomputes the rest; "full_compute_dtype" stores that input in
@@ -84,6 +90,7 @@ class Forms:
   attention: str = "plain"
   attn_block: int = 64
   matmul_backward: str = "plain"
+  matmul_output: str = "float32"
   remat: str = "none"
   scan_layers: bool = True
   loss_chunk_rows: Optional[int] = None
@@ -93,6 +100,7 @@ class Forms:
   def __post_init__(self):
     for name, allowed in (("attention", ATTENTION_FORMS),
                           ("matmul_backward", MATMUL_BACKWARD_FORMS),
+                          ("matmul_output", MATMUL_OUTPUT_FORMS),
                           ("remat", tuple(REMAT_POLICIES))):
       if getattr(self, name) not in allowed:
         raise ValueError(f"Forms.{name}={getattr(self, name)!r} is not one of {allowed}.")
@@ -112,7 +120,8 @@ class Forms:
     chunks = f"{self.loss_chunk_rows} rows" if self.loss_chunk_rows else "off"
     return (f"attention {attention}, remat {self.remat}, "
             f"{'scanned' if self.scan_layers else 'unrolled'} layers, "
-            f"matmul backward {self.matmul_backward}, loss chunks {chunks}, "
+            f"matmul backward {self.matmul_backward}, matmul output {self.matmul_output}, "
+            f"loss chunks {chunks}, "
             f"noise {'ahead' if self.noise_ahead else 'per token'}")
 
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
@@ -311,7 +320,8 @@ def tied_head_cross_entropy(
   rows = x.reshape(-1, dim)
   flat_labels = labels.reshape(-1)
   flat_weights = None if weights is None else weights.reshape(-1)
-  head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms)
+  head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms,
+                          float32_output=True)
   n = rows.shape[0]
   if softcap is not None:  # without it, GPT-2's program, untouched
     uncapped = head

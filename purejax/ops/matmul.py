@@ -35,32 +35,34 @@ def row_major_transpose(a: chex.Array) -> chex.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _low_precision_matmul(x, w, dtype, row_major):
-  """float32 `[..., n, k] @ [..., k, m]` computed from `dtype` operands, float32 output."""
+  """`[..., n, k] @ [..., k, m]` computed from `dtype` operands with float32
+  accumulation, output in `x`'s dtype (float32, or `dtype` itself)."""
   del row_major
-  return _dot(x.astype(dtype), w.astype(dtype))
+  return _dot(x.astype(dtype), w.astype(dtype), x.dtype)
 
 
-def _dot(a, b):
-  """`a @ b` with float32 accumulation and output; `jnp.dot` for 2-D operands."""
+def _dot(a, b, out=jnp.float32):
+  """`a @ b` accumulated in float32, output `out`; `jnp.dot` for 2-D operands."""
   product = jnp.dot if a.ndim == 2 else jnp.matmul
-  return product(a, b, preferred_element_type=jnp.float32)
+  return product(a, b, preferred_element_type=out)
 
 
 def _low_precision_matmul_fwd(x, w, dtype, row_major):
   del row_major
   xc, wc = x.astype(dtype), w.astype(dtype)
-  return _dot(xc, wc), (xc, wc)
+  # xc's dtype is x's when x already is `dtype`: then the output is `dtype` too.
+  return _dot(xc, wc, x.dtype), (xc, wc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
 def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
   # JAX's own transpose of a dot with preferred_element_type would multiply
   # float32 by bfloat16 and round the result to bfloat16; both run at a
   # fraction of the speed of bfloat16 operands with float32 accumulation.
-  xc, wc = residuals
+  xc, wc, x_like, w_like = residuals  # the empty arrays carry x's and w's dtypes
   gc = g.astype(dtype)
   transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
-  dx = _dot(gc, transpose(wc))
-  dw = _dot(transpose(xc), gc)
+  dx = _dot(gc, transpose(wc), x_like.dtype)
+  dw = _dot(transpose(xc), gc, w_like.dtype)
   if row_major:
     # Stops XLA CPU from folding a later transpose of a gradient (e.g. of the
     # tied head's `embedding.T`) into these dots: that would recreate a
@@ -82,13 +84,13 @@ def _low_precision_matmul_frozen(x, w, dtype, row_major):
 def _low_precision_matmul_frozen_fwd(x, w, dtype, row_major):
   del row_major
   wc = w.astype(dtype)
-  return _dot(x.astype(dtype), wc), wc
+  return _dot(x.astype(dtype), wc, x.dtype), (wc, jnp.zeros((0,), x.dtype))
 
 
 def _low_precision_matmul_frozen_bwd(dtype, row_major, residuals, g):
-  wc = residuals
+  wc, x_like = residuals
   transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
-  dx = _dot(g.astype(dtype), transpose(wc))
+  dx = _dot(g.astype(dtype), transpose(wc), x_like.dtype)
   if row_major:
     dx = jax.lax.optimization_barrier(dx)  # as in `_low_precision_matmul_bwd`
   return dx, jnp.zeros(wc.shape, jnp.float32)  # the caller passes w as float32
@@ -137,23 +139,30 @@ class LowRankWeight:
 
 
 def matmul(x: chex.Array, w, *, compute_dtype=None,
-           forms: Optional[Any] = None) -> chex.Array:
+           forms: Optional[Any] = None, float32_output: bool = False) -> chex.Array:
   """`x @ w` over the last axis of `x`, with optional mixed precision.
 
   With `compute_dtype` (e.g. bfloat16), the operands of the product and of
-  its two gradient products are cast to it, and all three accumulate and
-  return float32. CPUs with AMX/AVX512-BF16, GPUs and TPUs run these 2-3x
-  faster than float32 matmuls, while everything around them stays float32.
+  its two gradient products are cast to it, and all three accumulate in
+  float32. CPUs with AMX/AVX512-BF16, GPUs and TPUs run these 2-3x faster
+  than float32 matmuls. The product and the gradient of `x` are float32, or
+  rounded to `compute_dtype` with `forms.matmul_output == "compute"` (as
+  PyTorch's autocast rounds them; half the bytes for the work around them);
+  the weight's gradient is always float32.
 
   Args:
     x: `[..., in_dim]` float.
     w: `[in_dim, out_dim]` float, or a `LowRankWeight` of that shape.
     compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
-    forms: which backward form to use (`Forms.matmul_backward`); None: the
-      plain form. Models pass the forms their entry point chose.
+    forms: the backward form (`Forms.matmul_backward`) and the output's
+      dtype (`Forms.matmul_output`); None: the plain form, float32 output.
+      Models pass the forms their entry point chose.
+    float32_output: float32 output whatever `forms` says (the output head's
+      logits).
 
   Returns:
-    `[..., out_dim]`: float32 when `compute_dtype` is given, else x's dtype.
+    `[..., out_dim]`: float32 or `compute_dtype` (above) when `compute_dtype`
+    is given, else x's dtype.
   """
   chex.assert_rank(w.base if isinstance(w, LowRankWeight) else w, 2)
   chex.assert_axis_dimension(x, -1, w.shape[0])
@@ -162,22 +171,28 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
   # backend to a slow generic loop instead of its GEMM kernel.
   x2 = x.reshape(-1, x.shape[-1])
   if isinstance(w, LowRankWeight):
-    product = functools.partial(_matmul_2d, compute_dtype=compute_dtype, forms=forms)
+    product = functools.partial(_matmul_2d, compute_dtype=compute_dtype, forms=forms,
+                                float32_output=float32_output)
     base = jax.lax.stop_gradient(w.base)
-    y = (_matmul_2d(x2, base, compute_dtype=compute_dtype, forms=forms, frozen=True)
+    y = (_matmul_2d(x2, base, compute_dtype=compute_dtype, forms=forms, frozen=True,
+                    float32_output=float32_output)
          + w.scale * product(product(x2, w.a), w.b))
   else:
-    y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms)
+    y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms,
+                   float32_output=float32_output)
   return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
-def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False):
+def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False, float32_output=False):
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     return x2 @ w
   row_major = forms is not None and forms.matmul_backward == "row_major"
+  rounded = (not float32_output and forms is not None
+             and getattr(forms, "matmul_output", "float32") == "compute")
   product = _low_precision_matmul_frozen if frozen else _low_precision_matmul
-  return product(x2.astype(jnp.float32), w.astype(jnp.float32), jnp.dtype(compute_dtype),
-                 row_major)
+  # The output (and x's gradient) take x's dtype here: float32, or the compute dtype.
+  out = jnp.dtype(compute_dtype) if rounded else jnp.float32
+  return product(x2.astype(out), w.astype(jnp.float32), jnp.dtype(compute_dtype), row_major)
 
 
 def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
