@@ -120,7 +120,10 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
   def attend(q, k, v):
     b, t = q.shape[:2]
     k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, kv, t, d]
-    bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d), (0, pos, 0))
+    # Keys and values come out of the products in the forms' matmul_output
+    # dtype; the cache keeps its own.
+    bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d).astype(buf.dtype),
+                                         (0, pos, 0))
             for buf, new in ((k_buf, k_new), (v_buf, v_new)))
     if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0:
       y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype)

@@ -39,6 +39,11 @@ def dot_dtypes(hlo: str) -> collections.Counter:
   return collections.Counter(tuple(map(dtype, dot)) for dot in _DOT.findall(hlo))
 
 
+# The GPU's forms: bf16 operands; float32 outputs for the weights' gradients
+# and the head's logits, bf16 for the rest (matmul_output="compute").
+GPU_PRODUCTS = {("bf16", "bf16", "f32"), ("bf16", "bf16", "bf16")}
+
+
 def row_major_copies(hlo: str) -> int:
   """bf16 tensors split in pairs on their last axis: `kernels.row_major_transpose`'s copies."""
   return len(re.findall(r"tensor<(?:\d+x)+2xbf16>", hlo))
@@ -61,7 +66,7 @@ def test_train_step_runs_cudnn_attention_and_bf16_products(cudnn_version, scan_l
   assert f"{rows}x{GPT2.vocab_size}xf32" not in hlo  # the head runs in chunks
   assert f"{GPT2_BATCH}x{GPT2.block_size}x{GPT2.vocab_size}xf32" not in hlo
   dots = dot_dtypes(hlo)
-  assert set(dots) == {("bf16", "bf16", "f32")}, dots
+  assert set(dots) == GPU_PRODUCTS, dots
   # Remat's barriers only: the scanned block ("full"; unrolled layers run
   # without remat) and the chunked loss's body; none on the matmul gradients.
   assert barriers(hlo) == remat_regions
@@ -85,7 +90,7 @@ def test_evaluate_runs_cudnn_attention_forward_only(cudnn_version):
   assert calls[CUDNN_FORWARD] >= 1 and CUDNN_BACKWARD not in calls, calls
   assert square_faces(hlo, GPT2.block_size) == 0
   assert f"{GPT2_BATCH * GPT2.block_size}x{GPT2.vocab_size}xf32" not in hlo
-  assert set(dot_dtypes(hlo)) == {("bf16", "bf16", "f32")}
+  assert set(dot_dtypes(hlo)) == GPU_PRODUCTS
 
 
 def test_decoding_reads_the_cache_with_bf16_products(cudnn_version):
@@ -98,7 +103,7 @@ def test_decoding_reads_the_cache_with_bf16_products(cudnn_version):
   calls = custom_calls(hlo)
   assert calls[CUDNN_FORWARD] == GPT2.n_layer and CUDNN_BACKWARD not in calls, calls
   assert square_faces(hlo, GPT2.block_size) == 0
-  assert set(dot_dtypes(hlo)) == {("bf16", "bf16", "f32")}, dot_dtypes(hlo)
+  assert set(dot_dtypes(hlo)) == GPU_PRODUCTS, dot_dtypes(hlo)
 
 
 def test_attention_dropout_runs_the_bf16_xla_form_without_patching(caplog):
@@ -113,5 +118,5 @@ def test_attention_dropout_runs_the_bf16_xla_form_without_patching(caplog):
     hlo = train_step_hlo(kernels.select("gpu"), config=recipe, batch=64)
   assert "attention dropout); running the 'xla' form" in caplog.text
   assert not any(name.startswith("__cudnn") for name in custom_calls(hlo))
-  assert set(dot_dtypes(hlo)) == {("bf16", "bf16", "f32")}, dot_dtypes(hlo)
+  assert set(dot_dtypes(hlo)) == GPU_PRODUCTS, dot_dtypes(hlo)
   assert barriers(hlo) == 1 and row_major_copies(hlo) == 0  # remat's barrier only

@@ -47,6 +47,9 @@ class SelectTest(parameterized.TestCase):
     assert CPU_FORMS.noise_ahead and CPU_FORMS.remat == "dots"
     assert GPU_FORMS.attention == "cudnn" and GPU_FORMS.matmul_backward == "plain"
     assert not GPU_FORMS.noise_ahead and GPU_FORMS.remat == "full"
+    # bf16 matmul outputs were measured faster on a GPU only.
+    assert GPU_FORMS.matmul_output == "compute" and CPU_FORMS.matmul_output == "float32"
+    assert kernels.select("tpu").matmul_output == "float32"
     assert kernels.select("cuda") == GPU_FORMS
     assert kernels.select("tpu").attention == "xla"  # cuDNN is NVIDIA's
     assert kernels.select() == CPU_FORMS  # these tests run on a CPU

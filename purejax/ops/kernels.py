@@ -154,7 +154,8 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
   * remat "dots": storing every activation in the scan's stacked buffers took
     55 ms/iter against 26 ms/iter for recomputing the elementwise work.
 
-  GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100; docs/performance.md):
+  GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100, then one H200 for
+  `bench.gpu` h.forms; docs/performance.md):
   * attention "cudnn": cuDNN's flash attention, asked for explicitly
     (`jax.nn.dot_product_attention(..., implementation="cudnn")`); shapes,
     dtypes or dropout it does not take run the "xla" form instead, with a
@@ -162,8 +163,11 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     CPU forms and 96 with XLA's own attention.
   * plain transposes, no barrier: the CPU-only copies cost 43.5 vs 39.2 ms
     forward+backward with remat "full".
-  * remat "full" when scanned (39.2 ms against 43.5 with "dots"), "none"
-    when unrolled (37.1 ms forward+backward).
+  * remat "full" when scanned (39.2 ms against 43.5 with "dots"; on the
+    H200 38.0 against 40.6 with "dots" and 49.1 with "none"), "none" when
+    unrolled (37.1 ms forward+backward; 33.0 ms/iter on the H200).
+  * GPU only: matmul outputs in the compute dtype, as autocast: 36.2 against
+    37.7 ms/iter scanned, 31.5 against 33.0 unrolled, on the H200.
   * the head and loss in chunks of 2048 rows when the logits are large: the
     float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
   * noise drawn per token: no rolled-loop penalty there, and drawing ahead
@@ -188,6 +192,8 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     base = dict(attention="cudnn" if platform == "gpu" else "xla", matmul_backward="plain",
                 noise_ahead=False, remat_scanned="full", remat_unrolled="none",
                 loss_chunk_rows=2048)
+    if platform == "gpu":  # measured on a GPU only
+      base["matmul_output"] = "compute"
   scanned, unrolled = base.pop("remat_scanned"), base.pop("remat_unrolled")
   base["remat"] = scanned if given.get("scan_layers", True) else unrolled
   if given.get("attention") == "cudnn" and platform != "gpu":
