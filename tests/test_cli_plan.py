@@ -4,13 +4,17 @@ The planning runs need JAX's CUDA plugin (see test_gpu_program.py for how
 they skip or fail without it); the refusals do not.
 """
 
+import dataclasses
 import os
 import re
 
+import numpy as np
 import pytest
 
 from conftest import refusal
+from purejax import gpt
 from purejax.cli import plan
+from purejax.ops import kernels
 from purejax.training import gpu_plan
 
 SMALL = ["--n_layer=2", "--n_head=4", "--n_embd=256", "--block_size=256", "--vocab_size=8192",
@@ -59,8 +63,22 @@ def test_the_plan_finds_the_largest_batch_by_its_rule(plugin, capsys):
                     r"(\d+) plans ([\d.]+) GiB", out)
   assert found, out
   best, best_peak, above, above_peak = (float(x) for x in found.groups())
-  assert above == best + 1 and best_peak <= 0.79 < above_peak, out
+  granule = int(re.search(r"the largest multiple of (\d+)", out).group(1))
+  assert above == best + granule and best % granule == 0, out
+  assert best_peak <= 0.79 < above_peak, out
   assert re.search(r"step-time floor: [\d.]+ ms = max\(compute [\d.]+ ms at 989 TFLOP/s", out)
+
+
+def test_searched_batches_fill_whole_loss_chunks_on_every_device():
+  config = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=2, n_head=2, n_embd=64)
+  gpu = kernels.select("gpu")  # 2048-row loss chunks
+  assert gpu_plan.batch_granule(config, gpu, 1, 1)[0] == 2  # 2 x 1024 rows per chunk
+  assert gpu_plan.batch_granule(config, gpu, 8, 4)[0] == 64
+  long = dataclasses.replace(config, block_size=2048)
+  assert gpu_plan.batch_granule(long, gpu, 1, 1) == (1, "devices x microbatches")
+  short = dataclasses.replace(config, block_size=96)  # gcd(2048, 96) = 32: 64 sequences
+  assert gpu_plan.batch_granule(short, gpu, 2, 1)[0] == 128
+  assert gpu_plan.batch_granule(config, kernels.select("gpu", loss_chunk_rows=0), 3, 1)[0] == 3
 
 
 def test_the_largest_batch_rule_takes_few_compiles_and_survives_a_jump():
@@ -76,6 +94,37 @@ def test_the_largest_batch_rule_takes_few_compiles_and_survives_a_jump():
   assert gpu_plan.largest_batch(peak, 14_000, 4, 12) == 296  # the line overshoots the jump
   assert max(b for b in range(4, 2000, 4) if peak(b) <= 14_000) == 296
   assert gpu_plan.largest_batch(peak, 500, 4, 12) is None
+
+
+def test_the_largest_batch_rule_takes_few_compiles_where_the_peak_bends():
+  # As XLA's plans grow: a fixed part, a part per sequence, and a slow bend.
+  for capacity in (5e4, 2e5, 1e6):
+    compiled = []
+    peak = lambda batch: compiled.append(batch) or 3000 + 70 * batch + 0.004 * batch**2
+    answer = gpu_plan.largest_batch(peak, capacity, 1, 12)
+    assert peak(answer) <= capacity < peak(answer + 1)
+    assert len(compiled) - 2 <= 8, compiled  # less the two checks above
+
+
+def test_the_largest_batch_rule_is_the_true_largest_for_any_growing_peak():
+  # Random growing peaks (flat stretches, bends and jumps): the answer is
+  # the brute-force answer, and the bisections keep the count near log2.
+  rng = np.random.default_rng(0)
+  counts = []
+  for _ in range(200):
+    steps = rng.exponential(1.0, 2000) * (rng.random(2000) < rng.uniform(0.05, 1.0))
+    steps[rng.integers(0, 2000, 3)] += rng.exponential(200.0, 3)  # a few jumps
+    curve = 1000 + np.cumsum(steps * rng.uniform(1, 5)) + rng.uniform(0, 0.01) * np.arange(
+        2000) ** 2
+    capacity = float(rng.uniform(curve[0], curve[-1] * 1.1))
+    compiled = []
+    peak = lambda batch: compiled.append(batch) or curve[batch // 2]
+    answer = gpu_plan.largest_batch(peak, capacity, 2, 12, limit=3998)
+    expected = max((b for b in range(2, 3999, 2) if curve[b // 2] <= capacity), default=None)
+    assert answer == expected, (answer, expected)
+    assert len(compiled) == len(set(compiled))  # no batch compiled twice
+    counts.append(len(compiled))
+  assert max(counts) <= 2 + 2 * 11, sorted(counts)  # 2 + 2 log2(2000 granules)
 
 
 @pytest.mark.slow

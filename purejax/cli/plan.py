@@ -111,7 +111,7 @@ def plan(args: Args) -> int:
         + (", ".join(f"{kind} x{n}" for kind, n in sorted(program.collectives.items()))
            or "none"))
   if args.max_batch:
-    granule = num_devices * args.grad_accum_steps
+    granule, why = gpu_plan.batch_granule(config, forms, num_devices, args.grad_accum_steps)
     peaks = {args.batch_size: program.peak_bytes}
 
     def peak_at(batch_size: int) -> int:
@@ -127,8 +127,9 @@ def plan(args: Args) -> int:
     print(f"largest batch that fits: {best or 'none'}"
           + (f" (planned peak {_gib(peaks[best])})" if best else "")
           + (f"; {above} plans {_gib(peaks[above])}" if above in peaks else "")
-          + f". Rule: the largest multiple of {granule} (devices x microbatches) whose "
-          f"planned peak is <= {_gib(capacity)}, found by compiling {len(peaks)} batches")
+          + f". Rule: the largest multiple of {granule} ({why}) whose planned peak is <= "
+          f"{_gib(capacity)}, found by compiling {len(peaks)} batches: "
+          + ", ".join(f"{b} ({_gib(peak)})" for b, peak in peaks.items()))
   per_token = flops.transformer_flops_per_token(n_params, config.n_layer, config.n_head,
                                                 config.head_dim, config.block_size)
   step_flops = per_token * args.batch_size * config.block_size / num_devices
