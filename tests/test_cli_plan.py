@@ -69,6 +69,18 @@ def test_the_plan_finds_the_largest_batch_by_its_rule(plugin, capsys):
   assert re.search(r"step-time floor: [\d.]+ ms = max\(compute [\d.]+ ms at 989 TFLOP/s", out)
 
 
+def test_a_card_can_come_from_a_target_config_file(tmp_path):
+  path = tmp_path / "my_h100.txtpb"
+  path.write_text(gpu_plan.card("h100").config_text)
+  mine = gpu_plan.card(str(path))
+  assert mine.name == "my_h100" and mine.memory_bytes == gpu_plan.card("h100").memory_bytes
+  with pytest.raises(ValueError, match="no GPU target config file"):
+    gpu_plan.card(str(tmp_path / "absent.txtpb"))
+  (tmp_path / "bad.txtpb").write_text("gpu_device_info { core_count: 1 }\n")
+  with pytest.raises(ValueError, match="it has no device_memory_size, memory_bandwidth"):
+    gpu_plan.card(str(tmp_path / "bad.txtpb"))
+
+
 def test_searched_batches_fill_whole_loss_chunks_on_every_device():
   config = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=2, n_head=2, n_embd=64)
   gpu = kernels.select("gpu")  # 2048-row loss chunks

@@ -90,6 +90,10 @@ class Card:
                     if line.startswith("# "))
 
 
+# What `Card` reads from a config; XLA reads the rest.
+_NEEDED_FIELDS = ("device_memory_size", "memory_bandwidth", "device_description_str")
+
+
 def card(name: str) -> Card:
   """The target GPU called `name` (a key of `TARGETS`), or read from a `.txtpb` file.
 
@@ -101,7 +105,12 @@ def card(name: str) -> Card:
     if not path.is_file():
       raise ValueError(f"no GPU target config file `{name}`; give a card among "
                        f"{', '.join(TARGETS)} or an existing .txtpb file.")
-    return Card(path.stem, path.read_text())
+    text = path.read_text()
+    missing = [field for field in _NEEDED_FIELDS if not re.search(rf"\b{field}:", text)]
+    if missing:
+      raise ValueError(f"`{name}` is not a GpuTargetConfig with the fields a plan reads: "
+                       f"it has no {', '.join(missing)} (see gpu_targets/*.txtpb).")
+    return Card(path.stem, text)
   if name not in TARGETS:
     raise ValueError(f"unknown GPU `{name}`; known: {', '.join(TARGETS)}, or a "
                      f"GpuTargetConfig .txtpb file.")
