@@ -1,7 +1,7 @@
 """The few operations whose best form depends on the backend, and the one place that chooses.
 
     forms = select("cpu", remat="full")           # the CPU's forms, one overridden
-    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)  # bf16 products, float32 out
+    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)  # bf16 products, float32 out on CPU
     loss = tied_head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
 
 Model files call these and read as the math; which form runs is decided by

@@ -1,6 +1,7 @@
 """The matrix products: mixed precision, row-major backward forms, and low-rank weights.
 
-    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)   # bf16 products, float32 out
+    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)   # bf16 products, float32
+                                                                  # out (bf16: matmul_output)
     y = matmul(x, LowRankWeight(w, a, b, scale))                  # x @ w + scale (x @ a) @ b
 
 `kernels` re-exports these (`kernels.matmul`), beside the `Forms` that choose
