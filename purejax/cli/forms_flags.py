@@ -19,7 +19,8 @@ _AUTO = "auto"
 
 def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
-  --matmul_output, --loss_chunk_rows, --noise_ahead and (for a command that runs sweeps) --sweep_batch."""
+  --matmul_output, --loss_chunk_rows, --noise_ahead and (for a command that runs
+  sweeps) --sweep_batch."""
   flags.DEFINE_enum("attention", _AUTO, [_AUTO, *kernels.ATTENTION_FORMS],
                     "Form of causal attention (all compute the same function; 'cudnn' "
                     "needs an NVIDIA GPU).", flag_values=args)
