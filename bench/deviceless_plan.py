@@ -35,10 +35,8 @@ def plan(card: str, batch: int) -> dict:
       opt_config=gpu.GPT2_OPTIMIZER))
   return {"gpu": card, "batch": batch, "jax": jax.__version__,
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "compile_s": time.perf_counter() - start,
-          "argument_bytes": program.argument_bytes, "output_bytes": program.output_bytes,
-          "alias_bytes": program.alias_bytes, "temp_bytes": program.temp_bytes,
-          "peak_bytes": program.peak_bytes, "custom_calls": dict(program.custom_calls)}
+          "compile_s": time.perf_counter() - start, **program.memory(),
+          "custom_calls": dict(program.custom_calls)}
 
 
 def main(argv):

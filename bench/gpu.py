@@ -268,14 +268,10 @@ def job_h_plan(job: Job) -> None:
   row = harness.summarise({name: seconds[1:]}, {}, "s/iter")[name]
   gpu_rows.add_speed(row, config, batch, job.peak_flops)
   measured = after.get("peak_bytes_in_use")
-  row.update(compile_s=compile_s, program_peak_bytes=planned.peak_bytes,
-             peak_bytes=measured, cudnn_attention_calls=sum(
-                 n for target, n in planned.custom_calls.items() if "fmha" in target))
+  row.update(harness.program_stats(compiled), compile_s=compile_s, peak_bytes=measured)
   job.result["rows"] = {name: row}
   job.result["memory"] = {
-      "planned": {"argument_bytes": planned.argument_bytes, "output_bytes": planned.output_bytes,
-                  "alias_bytes": planned.alias_bytes, "temp_bytes": planned.temp_bytes,
-                  "peak_bytes": planned.peak_bytes},
+      "planned": planned.memory(),
       "in_use_before_bytes": before.get("bytes_in_use"),
       "peak_before_bytes": before.get("peak_bytes_in_use"),
       "in_use_after_bytes": after.get("bytes_in_use"),

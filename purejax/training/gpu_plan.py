@@ -274,6 +274,12 @@ class ProgramPlan:
     """Arguments + outputs - aliased + temporaries: the device memory one call needs."""
     return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
+  def memory(self) -> Dict[str, int]:
+    """The planned bytes by kind and the peak, as a dict (for results files)."""
+    return {"argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
+            "alias_bytes": self.alias_bytes, "temp_bytes": self.temp_bytes,
+            "peak_bytes": self.peak_bytes}
+
 
 def read_program(compiled) -> ProgramPlan:
   """The `ProgramPlan` of a `jax.stages.Compiled` program."""
@@ -345,10 +351,15 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
   a = min(max(1, first // granule), top)
   for units in sorted({a, min(4 * a, top)}):
     fits(units)
+
+  def bracket() -> Tuple[int, Optional[int]]:
+    """(largest batch known to fit or 0, smallest known not to or None), in granules."""
+    return (max((u for u in peaks if peaks[u] <= capacity), default=0),
+            min((u for u in peaks if peaks[u] > capacity), default=None))
+
   poor_steps = 0  # secant steps in a row that kept more than half the bracket
   while True:
-    low = max((u for u in peaks if peaks[u] <= capacity), default=0)
-    high = min((u for u in peaks if peaks[u] > capacity), default=None)
+    low, high = bracket()
     if high is None and low == top:
       return low * granule
     if high is not None and high - low <= 1:
@@ -361,11 +372,10 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
       poor_steps = 0
     else:  # the secant through the last two compiles, where it crosses the capacity
       guess = u2 + math.floor((capacity - peaks[u2]) / slope)
-    guess = min(max(guess, low + 1), ceiling - 1)
-    fits(guess)
-    new_low = max((u for u in peaks if peaks[u] <= capacity), default=0)
-    new_high = min((u for u in peaks if peaks[u] > capacity), default=ceiling)
-    poor_steps = poor_steps + 1 if 2 * (new_high - new_low) > ceiling - low else 0
+    fits(min(max(guess, low + 1), ceiling - 1))
+    new_low, new_high = bracket()
+    width = (ceiling if new_high is None else new_high) - new_low
+    poor_steps = poor_steps + 1 if 2 * width > ceiling - low else 0
 
 
 def step_floor(flops: float, peak_flops: Optional[float], moved_bytes: int, bandwidth: float
