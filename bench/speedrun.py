@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent import futures
 from typing import Dict, List, Optional
 
 from absl import app
@@ -52,7 +53,47 @@ from purejax import gpt
 from purejax.training import loop
 
 FLAGS = flags.FLAGS
-REFERENCE_STEPS = 2000  # the nanoGPT recipe's steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """One size of the speedrun: the nanoGPT recipe's model, batch and schedule there.
+
+  Attributes:
+    model: the nanoGPT recipe's model (every arm changes only the block).
+    batch_size: sequences per step.
+    schedule_steps: the nanoGPT recipe's cosine schedule, in steps.
+    reference_steps: steps the nanoGPT recipe trains here (its schedule's first
+      `reference_steps`); also the equal-wall-time budget, in its steps.
+    reference_eval_interval: steps between the nanoGPT recipe's evaluations.
+    speedrun_steps: the modern recipe's speedrun schedule (default of
+      `--speedrun_steps`).
+    eval_iters: batches per evaluation (default of `--eval_iters`).
+  """
+  model: gpt.GPTConfig
+  batch_size: int
+  schedule_steps: int
+  reference_steps: int
+  reference_eval_interval: int
+  speedrun_steps: int
+  eval_iters: int
+
+
+SIZES = {
+    # nanoGPT's CPU recipe: 4L/128, T=64, batch 12, 2000 steps, evaluated at the end.
+    "cpu": Size(loop.SHAKESPEARE_CHAR, batch_size=12, schedule_steps=2000,
+                reference_steps=2000, reference_eval_interval=2000, speedrun_steps=400,
+                eval_iters=200),
+    # nanoGPT's GPU recipe (config/train_shakespeare_char.py): 6L/384, T=256, batch 64,
+    # dropout 0.2, a 5000-step schedule, bf16 matmuls. Its val loss bottoms out near
+    # step 1750 and then rises (the model overfits), so the run stops at 2500 and its
+    # target is its best evaluation, as nanoGPT reports it.
+    "gpu": Size(dataclasses.replace(loop.SHAKESPEARE_CHAR, block_size=256, n_layer=6,
+                                    n_head=6, n_embd=384, dropout=0.2,
+                                    compute_dtype="bfloat16"),
+                batch_size=64, schedule_steps=5000, reference_steps=2500,
+                reference_eval_interval=250, speedrun_steps=1000, eval_iters=100),
+}
 
 # The modern recipe's optimizer: Muon on the blocks' matrices, AdamW (the
 # recipe's betas, decay and clipping) on embeddings, head and value embeddings.
@@ -83,13 +124,19 @@ ABLATIONS = {
 
 def define_flags() -> None:
   """The command line's flags; defined only when this module runs as the program."""
+  flags.DEFINE_enum("size", "cpu", list(SIZES), "The nanoGPT recipe's size: cpu (4L/128, "
+                    "T=64, batch 12) or gpu (6L/384, T=256, batch 64, dropout 0.2).")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each recipe's runs (none: the "
                     "ablations alone).")
-  flags.DEFINE_integer("speedrun_steps", 400, "Steps of the modern recipe's speedrun schedule.")
+  flags.DEFINE_integer("speedrun_steps", None, "Steps of the modern recipe's speedrun "
+                       "schedule (default: the size's, 400 on cpu, 1000 on gpu).")
   flags.DEFINE_float("scale", 1.0, "Multiplies every run's steps (a smoke run: 0.05).")
   flags.DEFINE_bool("ablations", True, "Also train the ablations (seeds: --ablation_seeds).")
   flags.DEFINE_list("ablation_seeds", ["0", "1", "2"], "Seeds of each ablation.")
-  flags.DEFINE_integer("eval_iters", 200, "Batches of every evaluation.")
+  flags.DEFINE_integer("eval_iters", None, "Batches of every evaluation (default: the "
+                       "size's, 200 on cpu, 100 on gpu).")
+  flags.DEFINE_integer("parallel", 1, "Training runs at a time, each a process of its own "
+                       "(on a GPU they share the device; step times are measured apart).")
   flags.DEFINE_integer("speedrun_eval_interval", 25, "Steps between the speedrun's evaluations.")
   flags.DEFINE_integer("time_rounds", 20, "Alternating timed calls per arm.")
   flags.DEFINE_integer("steps_per_call", 10, "Steps per timed call.")
@@ -97,7 +144,7 @@ def define_flags() -> None:
   flags.DEFINE_string("out", "bench/results/speedrun.json", "Results file (JSON).")
 
 
-def arm_configs(name: str):
+def arm_configs(name: str, size: Size):
   """`(GPTConfig, OptimizerConfig)` of a recipe or an ablation of the modern recipe."""
   if name in RECIPES:
     options, optimizer = RECIPES[name]
@@ -105,7 +152,7 @@ def arm_configs(name: str):
     changes, optimizer = ABLATIONS[name]
     options = {**RECIPES["modern"][0], **changes}
     optimizer = optimizer or RECIPES["modern"][1]
-  return dataclasses.replace(loop.SHAKESPEARE_CHAR, **options), optimizer
+  return dataclasses.replace(size.model, **options), optimizer
 
 
 # ----------------------------------------------------------------------------
@@ -113,29 +160,48 @@ def arm_configs(name: str):
 
 
 def child(spec: dict) -> None:
-  """Trains one run (`spec`: arm, seed, steps, eval_interval, eval_iters, out_dir)."""
+  """Trains one run (`spec`: size, arm, seed, steps, schedule_steps, eval_interval,
+  eval_iters, out_dir)."""
   from purejax.data import corpus  # pylint: disable=import-outside-toplevel
   from purejax.training import runs  # pylint: disable=import-outside-toplevel
-  config, optimizer = arm_configs(spec["arm"])
+  size = SIZES[spec["size"]]
+  config, optimizer = arm_configs(spec["arm"], size)
+  optimizer = dataclasses.replace(optimizer, decay_iters=spec["schedule_steps"])
   text = corpus.load_corpus("tiny_shakespeare", tokenizer="char")
   train = loop.GPTTrainConfig(
-      max_iters=spec["steps"], eval_interval=spec["eval_interval"],
-      eval_iters=spec["eval_iters"], log_interval=spec["eval_interval"],
-      sample_tokens=0, seed=spec["seed"], progress=False,
-      checkpoint_every=spec["steps"])
+      batch_size=size.batch_size, max_iters=spec["steps"],
+      eval_interval=spec["eval_interval"], eval_iters=spec["eval_iters"],
+      log_interval=spec["eval_interval"], sample_tokens=0, seed=spec["seed"],
+      progress=False, checkpoint_every=spec["steps"])
   loop.train_gpt(config, text, train, optimizer, runs.RunConfig(out_dir=spec["out_dir"]))
 
 
-def train_run(arm: str, seed: int, steps: int, eval_interval: int, scratch: str) -> List[dict]:
-  """The evaluations `{"step", "val_loss", "val_bpb"}` of one run of `arm`."""
-  out_dir = os.path.join(scratch, f"{arm}-{seed}-{steps}".replace(" ", "_"))
-  spec = dict(arm=arm, seed=seed, steps=steps, eval_interval=eval_interval,
-              eval_iters=FLAGS.eval_iters, out_dir=out_dir)
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run: `steps` steps of `arm` on a schedule of `schedule_steps`, its
+  results filed under `label` (default: the arm)."""
+  arm: str
+  seed: int
+  steps: int
+  eval_interval: int
+  schedule_steps: int
+  label: Optional[str] = None
+
+  @property
+  def name(self) -> str:
+    return self.label or self.arm
+
+
+def train_run(run: Run, size: str, eval_iters: int, scratch: str) -> List[dict]:
+  """The evaluations `{"step", "val_loss", "val_bpb"}` of `run`, trained in a child process."""
+  out_dir = os.path.join(scratch, f"{run.name}-{run.seed}-{run.steps}".replace(" ", "_"))
+  spec = dict(dataclasses.asdict(run), size=size, eval_iters=eval_iters, out_dir=out_dir)
   cmd = [sys.executable, "-m", "bench.speedrun", f"--child={json.dumps(spec)}"]
-  done = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  # Runs may share one GPU: each takes memory as it needs it, not 75 % of it up front.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
   if done.returncode:
-    raise RuntimeError(f"{arm} seed {seed} failed ({done.returncode}): "
+    raise RuntimeError(f"{run.name} seed {run.seed} failed ({done.returncode}): "
                        f"{(done.stderr or done.stdout)[-800:]}")
   with open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
@@ -143,19 +209,35 @@ def train_run(arm: str, seed: int, steps: int, eval_interval: int, scratch: str)
           for r in records if r.get("kind") == "eval" and r["step"] > 0]
 
 
+def train_runs(runs: List[Run], size: str, eval_iters: int, scratch: str,
+               on_done=None) -> Dict[Run, List[dict]]:
+  """Every run's evaluations, `--parallel` runs at a time; `on_done(run, evals)` after each."""
+  done = {}
+  with futures.ThreadPoolExecutor(max_workers=max(1, FLAGS.parallel)) as pool:
+    pending = {pool.submit(train_run, run, size, eval_iters, scratch): run for run in runs}
+    for future in futures.as_completed(pending):
+      run = pending[future]
+      done[run] = future.result()
+      print(f"{run.name} seed {run.seed}, {run.steps} steps: {done[run][-1]}", flush=True)
+      if on_done:
+        on_done(run, done[run])
+  return done
+
+
 # ----------------------------------------------------------------------------
 # Step times, alternated in one process
 
 
-def step_times(arms: List[str]) -> Dict[str, List[float]]:
+def step_times(arms: List[str], size: Size) -> Dict[str, List[float]]:
   """Seconds per step of each arm, its jitted training calls alternated in this process."""
-  return harness.recipe_step_times({arm: arm_configs(arm) for arm in arms}, REFERENCE_STEPS,
-                                   FLAGS.time_rounds, FLAGS.steps_per_call)
+  return harness.recipe_step_times({arm: arm_configs(arm, size) for arm in arms},
+                                   size.schedule_steps, FLAGS.time_rounds,
+                                   FLAGS.steps_per_call, batch_size=size.batch_size)
 
 
-def param_count(arm: str) -> int:
+def param_count(arm: str, size: Size) -> int:
   import jax  # pylint: disable=import-outside-toplevel
-  config, _ = arm_configs(arm)
+  config, _ = arm_configs(arm, size)
   shapes = jax.eval_shape(lambda k: gpt.init_params(config, k), jax.random.PRNGKey(0))
   return sum(x.size for x in jax.tree.leaves(shapes))
 
@@ -174,62 +256,98 @@ def median(xs) -> Optional[float]:
   return statistics.median(xs) if xs else None
 
 
-def recipe_runs(seeds: List[int], ms: Dict[str, float], equal_steps: Dict[str, int],
-                speedrun_steps: int, scratch: str, out: pathlib.Path, result: dict) -> None:
-  """The recipes at equal wall time, and the speedrun; their measures into `result`."""
-  runs = {arm: [] for arm in list(RECIPES) + ["modern_speedrun"]}
+def best(evals: List[dict]) -> dict:
+  """The evaluation with the lowest val loss."""
+  return min(evals, key=lambda e: e["val_loss"])
+
+
+def recipe_runs(seeds: List[int], size: Size, ms: Dict[str, float], equal_steps: Dict[str, int],
+                speedrun_steps: int, eval_iters: int, scratch: str, out: pathlib.Path,
+                result: dict) -> None:
+  """The recipes at equal wall time, and the speedrun; their measures into `result`.
+
+  The target is the median over seeds of the nanoGPT recipe's best evaluated val
+  loss (at the cpu size it is evaluated once, at its last step), and the
+  recipe's time the median over seeds of the step of its best evaluation.
+  """
   every = max(1, min(FLAGS.speedrun_eval_interval, speedrun_steps))
+  plan = []
   for seed in seeds:
     for arm in RECIPES:
-      steps = equal_steps[arm]
-      runs[arm].append(train_run(arm, seed, steps, steps, scratch))
-      print(f"{arm} seed {seed}, {steps} steps: {runs[arm][-1][-1]}", flush=True)
-    runs["modern_speedrun"].append(train_run("modern", seed, speedrun_steps, every, scratch))
-    print(f"modern_speedrun seed {seed}: {runs['modern_speedrun'][-1][-1]}", flush=True)
-    result["runs"] = runs
+      if arm == "nanogpt":
+        plan.append(Run(arm, seed, equal_steps[arm],
+                        min(size.reference_eval_interval, equal_steps[arm]),
+                        round(FLAGS.scale * size.schedule_steps)))
+      else:  # a schedule of its own, ending at the budget
+        plan.append(Run(arm, seed, equal_steps[arm],
+                        min(size.reference_eval_interval, equal_steps[arm]), equal_steps[arm]))
+    plan.append(Run("modern", seed, speedrun_steps, every, speedrun_steps,
+                    label="modern_speedrun"))
+  runs = {arm: {} for arm in list(RECIPES) + ["modern_speedrun"]}
+
+  def record(run: Run, evals: List[dict]) -> None:
+    runs[run.name][run.seed] = evals
+    result["runs"] = {arm: [by_seed[s] for s in sorted(by_seed)]
+                      for arm, by_seed in runs.items()}
     harness.write_results(out, result)
 
+  train_runs(plan, FLAGS.size, eval_iters, scratch, on_done=record)
+  runs = result["runs"]
+
+  best_of = lambda arm, key: median(best(r)[key] for r in runs[arm])
   final = lambda arm, key: median(r[-1][key] for r in runs[arm])
-  target = final("nanogpt", "val_loss")
+  target = best_of("nanogpt", "val_loss")
+  reference_reached = [best(r)["step"] for r in runs["nanogpt"]]
   reached = [first_reaching(r, target) for r in runs["modern_speedrun"]]
   reach_ms = [None if s is None else s * ms["modern"] for s in reached]
-  reference_ms = REFERENCE_STEPS * ms["nanogpt"]
+  reference_ms = median(reference_reached) * ms["nanogpt"]
   time_fraction = (None if any(x is None for x in reach_ms)
                    else median(reach_ms) / reference_ms)
   bpb = {arm: final(arm, "val_bpb") for arm in RECIPES}
   result.update(
-      target_val_loss=target, speedrun_steps_to_target=reached,
-      speedrun_time_fraction=time_fraction, equal_time_val_bpb=bpb,
+      target_val_loss=target, reference_steps_to_best=reference_reached,
+      speedrun_steps_to_target=reached, speedrun_time_fraction=time_fraction,
+      equal_time_val_bpb=bpb, equal_time_best_val_bpb={arm: best_of(arm, "val_bpb")
+                                                       for arm in RECIPES},
       equal_time_val_loss={arm: final(arm, "val_loss") for arm in RECIPES},
       modern_bpb_vs_llama=bpb["modern"] / bpb["llama"] - 1)
   harness.write_results(out, result)
 
-  print(f"\ntarget: the nanoGPT recipe's val loss after {REFERENCE_STEPS} steps, median of "
-        f"seeds {seeds}: {target:.4f} ({reference_ms / 1e3:.1f} s of training)")
+  print(f"\ntarget: the nanoGPT recipe's best val loss, median of seeds {seeds}: "
+        f"{target:.4f}; its runs' best at steps {reference_reached} "
+        f"({reference_ms / 1e3:.1f} s of training)")
   print(f"modern speedrun ({speedrun_steps} steps): first reaches it at steps {reached}; "
         + ("not reached by every seed" if time_fraction is None else
            f"{median(reach_ms) / 1e3:.1f} s, **{100 * time_fraction:.1f} %** of the "
            f"nanoGPT recipe's time"))
   rows = ["| recipe | params | ms/step | steps | val loss (median) | val bpb (median) | "
-          "val bpb, seeds |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+          "best val bpb (median) | val bpb, seeds |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
   for arm in RECIPES:
     seeds_bpb = ", ".join(f"{r[-1]['val_bpb']:.4f}" for r in runs[arm])
     rows.append(f"| {arm} | {result['params'][arm]:,} | {ms[arm]:.1f} | {equal_steps[arm]} | "
-                f"{final(arm, 'val_loss'):.4f} | **{bpb[arm]:.4f}** | {seeds_bpb} |")
+                f"{final(arm, 'val_loss'):.4f} | **{bpb[arm]:.4f}** | "
+                f"{best_of(arm, 'val_bpb'):.4f} | {seeds_bpb} |")
   print("\nequal wall time:\n" + "\n".join(rows))
   print(f"modern vs llama val bpb: {100 * result['modern_bpb_vs_llama']:+.2f} %")
 
 
-def ablation_runs(seeds: List[int], ms: Dict[str, float], steps: int, scratch: str,
-                  out: pathlib.Path, result: dict) -> None:
+def ablation_runs(seeds: List[int], ms: Dict[str, float], steps: int, eval_iters: int,
+                  scratch: str, out: pathlib.Path, result: dict) -> None:
   """The modern recipe and each ablation on the speedrun's schedule; into `result`."""
-  runs = {}
-  for name in ["modern"] + list(ABLATIONS):
-    runs[name] = [train_run(name, seed, steps, steps, scratch) for seed in seeds]
-    print(f"{name}: {[r[-1] for r in runs[name]]}", flush=True)
-    result["ablation_runs"] = runs
+  names = ["modern"] + list(ABLATIONS)
+  runs = {name: {} for name in names}
+
+  def record(run: Run, evals: List[dict]) -> None:
+    runs[run.arm][run.seed] = evals
+    result["ablation_runs"] = {name: [by_seed[s] for s in sorted(by_seed)]
+                               for name, by_seed in runs.items() if by_seed}
     harness.write_results(out, result)
-  loss = {name: median(r[-1]["val_loss"] for r in rs) for name, rs in runs.items()}
+
+  train_runs([Run(name, seed, steps, steps, steps) for name in names for seed in seeds],
+             FLAGS.size, eval_iters, scratch, on_done=record)
+  loss = {name: median(by_seed[s][-1]["val_loss"] for s in by_seed)
+          for name, by_seed in runs.items()}
   rows = ["| modern recipe, minus | params | ms/step | val loss (median) | vs modern |",
           "| --- | ---: | ---: | ---: | ---: |",
           f"| (nothing) | {result['params']['modern']:,} | {ms['modern']:.1f} | "
@@ -246,31 +364,38 @@ def main(argv):
   if FLAGS.child:
     child(json.loads(FLAGS.child))
     return
+  size = SIZES[FLAGS.size]
   seeds = [int(s) for s in FLAGS.seeds]
   ablation_seeds = [int(s) for s in FLAGS.ablation_seeds] if FLAGS.ablations else []
   arms = list(RECIPES) + (list(ABLATIONS) if ablation_seeds else [])
+  eval_iters = FLAGS.eval_iters or size.eval_iters
   out = pathlib.Path(FLAGS.out)
+  import jax  # pylint: disable=import-outside-toplevel
   result = {"command": " ".join(["python -m bench.speedrun"] + sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "cpu_count": os.cpu_count(), "seeds": seeds, "ablation_seeds": ablation_seeds,
+            "cpu_count": os.cpu_count(), "device": str(jax.devices()[0].device_kind),
+            "size": FLAGS.size, "batch_size": size.batch_size,
+            "model": dataclasses.asdict(size.model), "eval_iters": eval_iters,
+            "seeds": seeds, "ablation_seeds": ablation_seeds,
             "recipes": {arm: {"model": RECIPES[arm][0], "optimizer": dataclasses.asdict(
                 RECIPES[arm][1])} for arm in RECIPES},
-            "params": {arm: param_count(arm) for arm in arms}}
+            "params": {arm: param_count(arm, size) for arm in arms}}
 
-  # Step times: every arm alternated in this process.
-  summary = harness.summarise(step_times(arms), "nanogpt", "s/step")
+  # Step times: every arm alternated in this process, before any run trains.
+  summary = harness.summarise(step_times(arms, size), "nanogpt", "s/step")
   ms = {arm: 1e3 * row["median"] for arm, row in summary.items()}
-  budget_ms = REFERENCE_STEPS * ms["nanogpt"]
+  budget_ms = size.reference_steps * ms["nanogpt"]
   equal_steps = {arm: max(1, round(FLAGS.scale * budget_ms / ms[arm])) for arm in RECIPES}
-  equal_steps["nanogpt"] = round(FLAGS.scale * REFERENCE_STEPS)
+  equal_steps["nanogpt"] = round(FLAGS.scale * size.reference_steps)
   result.update(step_times=summary, equal_time_steps=equal_steps)
   print("ms/step: " + ", ".join(f"{arm} {ms[arm]:.1f}" for arm in ms), flush=True)
-  speedrun_steps = max(1, round(FLAGS.scale * FLAGS.speedrun_steps))
+  speedrun_steps = max(1, round(FLAGS.scale * (FLAGS.speedrun_steps or size.speedrun_steps)))
   with tempfile.TemporaryDirectory() as scratch:
     if seeds:
-      recipe_runs(seeds, ms, equal_steps, speedrun_steps, scratch, out, result)
+      recipe_runs(seeds, size, ms, equal_steps, speedrun_steps, eval_iters, scratch, out,
+                  result)
     if ablation_seeds:
-      ablation_runs(ablation_seeds, ms, speedrun_steps, scratch, out, result)
+      ablation_runs(ablation_seeds, ms, speedrun_steps, eval_iters, scratch, out, result)
   print(f"wrote {out}")
 
 

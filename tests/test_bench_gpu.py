@@ -230,14 +230,26 @@ def test_the_benches_import_together_and_define_no_flags_on_import():
 
 
 def test_the_speedrun_ablations_each_take_one_piece_out_of_the_modern_recipe():
-  modern, modern_optimizer = speedrun.arm_configs("modern")
+  cpu = speedrun.SIZES["cpu"]
+  modern, modern_optimizer = speedrun.arm_configs("modern", cpu)
   assert modern_optimizer.name == "muon" and modern.qk_norm and modern.value_embeds
   for name in speedrun.ABLATIONS:
-    config, optimizer = speedrun.arm_configs(name)
+    config, optimizer = speedrun.arm_configs(name, cpu)
     changed = [f.name for f in dataclasses.fields(config)
                if getattr(config, f.name) != getattr(modern, f.name)]
     assert (len(changed) + (optimizer != modern_optimizer)) >= 1, name
     assert len(changed) <= 2, (name, changed)  # one piece: a field, or a norm's two
+
+
+def test_the_speedrun_sizes_change_the_size_and_never_the_block():
+  for size in speedrun.SIZES.values():
+    for arm in speedrun.RECIPES:
+      config, _ = speedrun.arm_configs(arm, size)
+      assert (config.n_layer, config.n_embd, config.block_size, config.dropout) == (
+          size.model.n_layer, size.model.n_embd, size.model.block_size, size.model.dropout)
+  gpu = speedrun.SIZES["gpu"]
+  assert (gpu.model.n_layer, gpu.model.n_embd, gpu.model.block_size, gpu.batch_size) == (
+      6, 384, 256, 64)
 
 
 def test_the_speedrun_reads_the_first_step_that_reaches_the_target():
