@@ -53,8 +53,9 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
   (`n >= 2m`) the steps run on `m x m` matrices instead: `A <- M A M`,
   `P <- M P`, and `X P`'s product once at the end, `X_5 = P X_0`. That is
   the same iteration (equal to it to float32 rounding; tested against
-  optax's), at `20 m³ + 4 m² n` multiply-adds instead of `5 (2 m² n + m³)`:
-  a third less on the blocks' `[d, 3d]` and `[d, 4d]` weights. The Gram
+  optax's), at `17 m³ + 2 m² n` multiply-adds (XLA drops the last step's
+  unused `A`; the first `P` is `M` itself) instead of `5 (2 m² n + m³)`: a
+  third less on the blocks' `[d, 3d]` weights, 44 % less on `[d, 4d]`. The Gram
   products run at the highest precision (float32 on every platform), since
   `A` squares the conditioning.
 
@@ -76,12 +77,12 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
   gram = mul(x, jnp.swapaxes(x, -1, -2))  # [..., m, m], symmetric
   if n >= 2 * m:
     eye = jnp.eye(m, dtype=x.dtype)
-    product = jnp.broadcast_to(eye, gram.shape)
+    product = None  # the identity, never multiplied by
     for _ in range(steps):
       poly = a * eye + b * gram + c * mul(gram, gram)
-      product = mul(poly, product)
+      product = poly if product is None else mul(poly, product)
       gram = mul(poly, mul(gram, poly))
-    x = mul(product, x)
+    x = x if product is None else mul(product, x)
   else:
     for step in range(steps):
       if step:
