@@ -3,29 +3,36 @@ r"""A speedrun on Tiny Shakespeare: nanoGPT's recipe against today's (nanochat's
     python -m bench.speedrun                                  # 3 seeds, every arm; ~1 h on 2 cores
     python -m bench.speedrun --seeds=0 --ablations=false --scale=0.05   # a smoke run
     python -m bench.speedrun --seeds= --ablation_seeds=0    # the ablations alone
+    python -m bench.speedrun --size=gpu --ablations=false --parallel=6  # on a GPU, ~7 min
 
-Every arm trains the character-level Tiny Shakespeare model at nanoGPT's
-CPU recipe's parameter count (~0.8M), batch (12) and context (64):
+Every arm trains the character-level Tiny Shakespeare model at one of
+nanoGPT's recipes' sizes (`--size`, `SIZES`): the CPU recipe's parameter
+count (~0.8M), batch (12) and context (64), or the GPU recipe's (6 layers,
+384 wide, T=256, batch 64, dropout 0.2, bf16; ~10.7M):
 
-- `nanogpt`: the recipe itself, GPT-2's block with AdamW for 2000 steps. Its
-  median final val loss over the seeds is the target.
+- `nanogpt`: the recipe itself, GPT-2's block with AdamW on the recipe's
+  schedule (cpu: 2000 steps; gpu: the first 2500 of its 5000). The median
+  over seeds of its best evaluated val loss is the target (on the cpu it
+  is evaluated once, at the end; on the gpu every 250 steps, since its val
+  loss bottoms out near step 1750 and then rises).
 - `llama`: the Llama block with the same AdamW, the best recipe before this
   one, trained for the nanoGPT recipe's wall time.
 - `modern`: nanochat's block (`--arch=nanochat`) with Muon on the blocks'
   matrices, trained for the nanoGPT recipe's wall time.
 - `modern_speedrun`: the same recipe on a schedule of `--speedrun_steps`
   steps, the speedrun proper: the time until its val loss first reaches the
-  target.
+  target, against the nanoGPT recipe's time to its best evaluation.
 
 Wall time is steps times the arm's median step time, and the step times are
 measured in one process with the arms' jitted training calls alternated
-(`bench.harness.alternate`), so every arm sees the same machine; evaluation
-and compilation are not counted, as in modded-nanogpt's record times.
-"Equal wall time" gives every arm `round(budget / its ms per step)` steps,
-the budget being the nanoGPT recipe's 2000 steps. Each run trains in a
-process of its own through `loop.train_gpt` and logs its evaluations to its
-`metrics.jsonl`, whose `val_loss` and `val_bpb` (bits per UTF-8 byte) are
-read here.
+(`bench.harness.alternate`), before any run trains, so every arm sees the
+same machine; evaluation and compilation are not counted, as in
+modded-nanogpt's record times. "Equal wall time" gives every arm
+`round(budget / its ms per step)` steps, the budget being the nanoGPT
+recipe's steps. Each run trains in a process of its own through
+`loop.train_gpt` (`--parallel` of them at a time) and logs its evaluations
+to its `metrics.jsonl`, whose `val_loss` and `val_bpb` (bits per UTF-8 byte)
+are read here.
 
 The ablations take one piece out of the modern recipe at a time and train it
 on the speedrun's schedule, so each row says what that piece buys in val
