@@ -216,19 +216,23 @@ def train_run(run: Run, size: str, eval_iters: int, scratch: str) -> List[dict]:
           for r in records if r.get("kind") == "eval" and r["step"] > 0]
 
 
-def train_runs(runs: List[Run], size: str, eval_iters: int, scratch: str,
-               on_done=None) -> Dict[Run, List[dict]]:
-  """Every run's evaluations, `--parallel` runs at a time; `on_done(run, evals)` after each."""
-  done = {}
+def train_runs(runs: List[Run], eval_iters: int, scratch: str, out: pathlib.Path,
+               result: dict, key: str) -> Dict[str, List[List[dict]]]:
+  """Trains `runs`, `--parallel` at a time; after each, `result[key]` (`{name: [evals
+  per seed, in seed order]}`) is brought up to date and written to `out`. Returns it."""
+  by_name: Dict[str, Dict[int, List[dict]]] = {}
   with futures.ThreadPoolExecutor(max_workers=max(1, FLAGS.parallel)) as pool:
-    pending = {pool.submit(train_run, run, size, eval_iters, scratch): run for run in runs}
+    pending = {pool.submit(train_run, run, FLAGS.size, eval_iters, scratch): run
+               for run in runs}
     for future in futures.as_completed(pending):
       run = pending[future]
-      done[run] = future.result()
-      print(f"{run.name} seed {run.seed}, {run.steps} steps: {done[run][-1]}", flush=True)
-      if on_done:
-        on_done(run, done[run])
-  return done
+      evals = future.result()
+      print(f"{run.name} seed {run.seed}, {run.steps} steps: {evals[-1]}", flush=True)
+      by_name.setdefault(run.name, {})[run.seed] = evals
+      result[key] = {name: [by_seed[s] for s in sorted(by_seed)]
+                     for name, by_seed in by_name.items()}
+      harness.write_results(out, result)
+  return result[key]
 
 
 # ----------------------------------------------------------------------------
@@ -281,25 +285,13 @@ def recipe_runs(seeds: List[int], size: Size, ms: Dict[str, float], equal_steps:
   plan = []
   for seed in seeds:
     for arm in RECIPES:
-      if arm == "nanogpt":
-        plan.append(Run(arm, seed, equal_steps[arm],
-                        min(size.reference_eval_interval, equal_steps[arm]),
-                        round(FLAGS.scale * size.schedule_steps)))
-      else:  # a schedule of its own, ending at the budget
-        plan.append(Run(arm, seed, equal_steps[arm],
-                        min(size.reference_eval_interval, equal_steps[arm]), equal_steps[arm]))
+      steps = equal_steps[arm]
+      # The nanoGPT recipe keeps its own schedule; the others end theirs at the budget.
+      schedule = round(FLAGS.scale * size.schedule_steps) if arm == "nanogpt" else steps
+      plan.append(Run(arm, seed, steps, min(size.reference_eval_interval, steps), schedule))
     plan.append(Run("modern", seed, speedrun_steps, every, speedrun_steps,
                     label="modern_speedrun"))
-  runs = {arm: {} for arm in list(RECIPES) + ["modern_speedrun"]}
-
-  def record(run: Run, evals: List[dict]) -> None:
-    runs[run.name][run.seed] = evals
-    result["runs"] = {arm: [by_seed[s] for s in sorted(by_seed)]
-                      for arm, by_seed in runs.items()}
-    harness.write_results(out, result)
-
-  train_runs(plan, FLAGS.size, eval_iters, scratch, on_done=record)
-  runs = result["runs"]
+  runs = train_runs(plan, eval_iters, scratch, out, result, "runs")
 
   best_of = lambda arm, key: median(best(r)[key] for r in runs[arm])
   final = lambda arm, key: median(r[-1][key] for r in runs[arm])
@@ -343,18 +335,9 @@ def ablation_runs(seeds: List[int], ms: Dict[str, float], steps: int, eval_iters
                   scratch: str, out: pathlib.Path, result: dict) -> None:
   """The modern recipe and each ablation on the speedrun's schedule; into `result`."""
   names = ["modern"] + list(ABLATIONS)
-  runs = {name: {} for name in names}
-
-  def record(run: Run, evals: List[dict]) -> None:
-    runs[run.arm][run.seed] = evals
-    result["ablation_runs"] = {name: [by_seed[s] for s in sorted(by_seed)]
-                               for name, by_seed in runs.items() if by_seed}
-    harness.write_results(out, result)
-
-  train_runs([Run(name, seed, steps, steps, steps) for name in names for seed in seeds],
-             FLAGS.size, eval_iters, scratch, on_done=record)
-  loss = {name: median(by_seed[s][-1]["val_loss"] for s in by_seed)
-          for name, by_seed in runs.items()}
+  runs = train_runs([Run(name, seed, steps, steps, steps) for name in names for seed in seeds],
+                    eval_iters, scratch, out, result, "ablation_runs")
+  loss = {name: median(r[-1]["val_loss"] for r in runs[name]) for name in names}
   rows = ["| modern recipe, minus | params | ms/step | val loss (median) | vs modern |",
           "| --- | ---: | ---: | ---: | ---: |",
           f"| (nothing) | {result['params']['modern']:,} | {ms['modern']:.1f} | "
