@@ -4,6 +4,7 @@ The planning runs need JAX's CUDA plugin (see test_gpu_program.py for how
 they skip or fail without it); the refusals do not.
 """
 
+import collections
 import dataclasses
 import os
 import re
@@ -116,6 +117,27 @@ def test_the_largest_batch_rule_takes_few_compiles_where_the_peak_bends():
     answer = gpu_plan.largest_batch(peak, capacity, 1, 12)
     assert peak(answer) <= capacity < peak(answer + 1)
     assert len(compiled) - 2 <= 8, compiled  # less the two checks above
+
+
+def test_a_second_compile_near_the_answer_shortens_the_search():
+  # GPT-2 124M's plans on an H100 (GiB): 1.39 fixed, temporaries that grow a
+  # little faster than the batch, as XLA planned them at batches 12 to 802.
+  compiled = []
+
+  def peak(batch):
+    compiled.append(batch)
+    return int((1.39 + 0.35 + 0.0675 * batch + 5e-6 * batch**2) * 2**30)
+
+  capacity = int(59.36 * 2**30)
+  first = gpu_plan.ProgramPlan(int(1.39 * 2**30), 0, 0, peak(12) - int(1.39 * 2**30),
+                               collections.Counter(), collections.Counter(), "")
+  second = gpu_plan.scaled_batch(12, first, capacity)
+  assert 12 < second < 800  # the part of the temporaries that does not grow makes it short
+  compiled.clear()
+  answer = gpu_plan.largest_batch(peak, capacity, 2, 12, second=second)
+  assert peak(answer) <= capacity < peak(answer + 2)
+  compiled.pop(), compiled.pop()
+  assert compiled[:2] == [12, second - second % 2] and len(compiled) <= 5, compiled
 
 
 def test_the_largest_batch_rule_is_the_true_largest_for_any_growing_peak():

@@ -120,7 +120,9 @@ def plan(args: Args) -> int:
       return peaks[batch_size]
 
     try:
-      best = gpu_plan.largest_batch(peak_at, capacity, granule, args.batch_size)
+      best = gpu_plan.largest_batch(
+          peak_at, capacity, granule, args.batch_size,
+          second=gpu_plan.scaled_batch(args.batch_size, program, capacity))
     except ValueError as e:
       errors.fail(e, args)
     above = (best or 0) + granule

@@ -315,11 +315,25 @@ def batch_granule(config: gpt.GPTConfig, forms: kernels.Forms, num_devices: int,
   return granule, why
 
 
+def scaled_batch(batch_size: int, program: ProgramPlan, capacity: int) -> int:
+  """The batch at which `program`'s temporaries, grown in proportion to the batch, fill `capacity`.
+
+  A first guess for the largest batch from one compile: the arguments and
+  outputs do not grow with the batch, the temporaries mostly do. Part of the
+  temporaries does not grow (the gradients, one layer's backward), so the
+  guess tends to fall short of the answer, which makes it a good second
+  point for `largest_batch`'s line: far from the first, near the answer.
+  """
+  fixed = program.peak_bytes - program.temp_bytes
+  return max(1, int(batch_size * (capacity - fixed) / max(program.temp_bytes, 1)))
+
+
 def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, first: int,
-                  limit: int = 1 << 14) -> Optional[int]:
+                  limit: int = 1 << 14, second: Optional[int] = None) -> Optional[int]:
   """The largest batch, a multiple of `granule`, whose planned peak fits in `capacity`.
 
-  The rule: compile at `first` and four times `first`; then, while the largest
+  The rule: compile at `first` and at `second` (four times `first` unless
+  given); then, while the largest
   batch known to fit and the smallest known not to are more than a
   granule apart, compile where the straight line through the last two
   compiles' peaks crosses `capacity` (a secant step), kept strictly between
@@ -336,6 +350,8 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
     granule: batches are multiples of it (devices x microbatches).
     first: a batch to start from (rounded down to the granule, at least one granule).
     limit: the largest batch tried.
+    second: the batch of the second compile (rounded down to the granule),
+      e.g. `scaled_batch(first, ...)`; None: four times `first`.
 
   Returns:
     The batch, or None when one granule does not fit.
@@ -349,7 +365,8 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
     return peaks[units] <= capacity
 
   a = min(max(1, first // granule), top)
-  for units in sorted({a, min(4 * a, top)}):
+  b = min(max(1, 4 * a if second is None else second // granule), top)
+  for units in (a, b if b != a else min(4 * a, top)):
     fits(units)
 
   def bracket() -> Tuple[int, Optional[int]]:
