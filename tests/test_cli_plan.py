@@ -57,7 +57,11 @@ def planned(capsys, *argv) -> str:
 @pytest.mark.slow
 def test_the_plan_finds_the_largest_batch_by_its_rule(plugin, capsys):
   # A budget of 1 % of an H100 (0.79 GiB) puts the answer at a small batch.
-  out = planned(capsys, "--gpu=h100", "--batch_size=8", "--memory_fraction=0.01", *SMALL)
+  # From batch 32 (four 2048-row loss chunks) the plans grow about linearly:
+  # XLA unrolls this 2-layer model's whole program, and at batches 16 and 24
+  # (two and three chunks) it planned more (0.39 and 0.59 GiB of
+  # temporaries) than at 32 (0.19 GiB), which costs the search compiles.
+  out = planned(capsys, "--gpu=h100", "--batch_size=32", "--memory_fraction=0.01", *SMALL)
   assert re.search(r"planned peak per device: [\d.]+ GiB of 0.79 GiB: fits", out), out
   assert re.search(r"cuDNN attention calls: forward [1-9]\d*, backward 1", out), out
   found = re.search(r"largest batch that fits: (\d+) \(planned peak ([\d.]+) GiB\); "
