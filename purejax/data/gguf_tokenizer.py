@@ -23,6 +23,7 @@ EOS tokens and whether to prepend BOS travel in the spec too.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import pathlib
@@ -58,15 +59,29 @@ def import_gguf():
 
 
 def open_reader(path: str):
-  """A `gguf.GGUFReader` of `path` (memory-mapped), or a one-line error."""
-  gguf = import_gguf()
+  """A `gguf.GGUFReader` of `path` (memory-mapped, read-only), or a one-line error.
+
+  The reader parses every metadata value when it opens a file (a 49152-token
+  vocabulary is ~2M small reads: seconds), and importing, training on and
+  exporting one model reads its file several times, so the last two files'
+  readers are kept, each for as long as its size and modification time stay
+  the same.
+  """
   file = pathlib.Path(path).expanduser()
   if not file.is_file():
     raise TokenizerError(f"{file} is missing; pass the path of a .gguf file.")
+  stat = file.stat()
+  return _reader(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(path: str, size: int, mtime_ns: int):
+  del size, mtime_ns  # the cache's key: a rewritten file is read again
+  gguf = import_gguf()
   try:
-    return gguf.GGUFReader(str(file))
+    return gguf.GGUFReader(path)
   except Exception as e:  # pylint: disable=broad-except  # the reader raises plain errors
-    raise TokenizerError(f"{file} is not a GGUF file the gguf package reads "
+    raise TokenizerError(f"{path} is not a GGUF file the gguf package reads "
                          f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
                          f"download it again.") from e
 
