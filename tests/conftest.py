@@ -511,7 +511,7 @@ BUDGETS = {
     "test_gpt.py::test_attention_in_query_blocks_is_exact0": 25,
     # The real model (SmolLM2-135M-Instruct), GPU plans and the bf16-saved remat form.
     ("test_real_gguf.py::"
-     "test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0"): 90,
+     "test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0"): 60,
     "test_chat_finetune.py::test_lora_on_conversations_teaches_the_model_a_fact": 45,
     ("test_chat_finetune.py::"
      "test_transformers_templates_and_stops_on_the_export_as_purejax_does"): 35,
@@ -519,7 +519,7 @@ BUDGETS = {
      "test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients"): 40,
     "test_real_model.py::test_logits_and_greedy_tokens_equal_transformers": 35,
     "test_cli_plan.py::test_the_plan_finds_the_largest_batch_by_its_rule": 30,
-    "test_real_gguf.py::test_gguf_import_equals_transformers_gguf_loader": 30,
+    "test_real_gguf.py::test_gguf_import_equals_transformers_gguf_loader": 20,
     "test_chat_cli.py::test_answers_each_turn_once_feeding_only_its_own_tokens": 30,
     "test_muon.py::test_muon_with_fsdp_and_accumulation_on_two_devices_matches_one": 25,
     "test_steps.py::test_chunking_does_not_change_the_run": 25,
