@@ -152,6 +152,20 @@ def test_another_type_is_a_one_line_error_naming_it(tmp_path):
     weights.from_gguf(str(tmp_path / "m.gguf"))
 
 
+def test_a_file_is_parsed_once_and_read_again_when_it_is_rewritten(tmp_path):
+  path = tmp_path / "m.gguf"
+  write_gguf(path, hf_state(random_params()))
+  reader = gguf_tokenizer.open_reader(str(path))
+  assert gguf_tokenizer.open_reader(str(tmp_path / "." / "m.gguf")) is reader  # kept
+  write_gguf(path, hf_state(random_params()), tokens=TOKENS[:-1])  # a new file, same path
+  again = gguf_tokenizer.open_reader(str(path))
+  assert again is not reader
+  assert len(gguf_tokenizer.read_fields(str(path))["tokens"]) == len(TOKENS) - 1
+  path.write_bytes(b"not a gguf")
+  with pytest.raises(tokenizers.TokenizerError, match="is not a GGUF file"):
+    gguf_tokenizer.open_reader(str(path))
+
+
 def rope_scores(q, k, pairs):
   """Attention scores of one head after RoPE, the pairs rotated together being
   `(i, i + d/2)` ("half", Hugging Face's) or `(2i, 2i + 1)` ("interleaved", llama.cpp's)."""
