@@ -64,7 +64,8 @@ def optimizer_config(args: Args) -> optim.OptimizerConfig:
   return optim.OptimizerConfig(
       name=args.optimizer, learning_rate=args.learning_rate * scale, schedule=args.lr_schedule,
       warmup_iters=args.warmup_iters, decay_iters=args.lr_decay_iters,
-      min_lr=args.min_lr * scale, beta2=args.beta2, weight_decay=args.weight_decay,
+      min_lr=args.min_lr * scale, warmdown_frac=args.warmdown_frac, beta2=args.beta2,
+      weight_decay=args.weight_decay,
       grad_clip=args.grad_clip,
       # Muon's rate is not scaled by width: its update's scale follows each
       # matrix's shape already (nanochat scales only its AdamW rates).
@@ -163,6 +164,9 @@ def sweep_grid(args: Args) -> Optional[dict]:
 def refuse_what_has_no_effect(args: Args) -> None:
   """Flags given on the command line that the run would ignore: refused, not ignored."""
   given = lambda name: command.given(args, name)
+  if given("warmdown_frac") and args.lr_schedule != "warmdown":
+    raise ValueError(f"--warmdown_frac has no effect on --lr_schedule={args.lr_schedule}; add "
+                     f"--lr_schedule=warmdown or drop --warmdown_frac.")
   for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay"):
     if given(name) and args.optimizer != "muon":
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "

@@ -68,14 +68,19 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                     flag_values=args)
   flags.DEFINE_float("learning_rate", defaults.learning_rate, "Peak learning rate.",
                      flag_values=args)
-  flags.DEFINE_enum("lr_schedule", defaults.schedule, ["cosine", "constant"],
-                    "Warmup + cosine decay, or constant.", flag_values=args)
-  flags.DEFINE_float("min_lr", defaults.min_lr, "Learning rate at the end of the cosine.",
+  flags.DEFINE_enum("lr_schedule", defaults.schedule, list(optim.SCHEDULES),
+                    "Warmup + cosine decay; warmup, the peak held, then a linear decay over "
+                    "the last --warmdown_frac of the steps (nanochat's); or constant.",
+                    flag_values=args)
+  flags.DEFINE_float("min_lr", defaults.min_lr, "Learning rate at the end of the decay.",
+                     flag_values=args)
+  flags.DEFINE_float("warmdown_frac", defaults.warmdown_frac, "--lr_schedule=warmdown: the "
+                     "fraction of the steps the linear decay takes, in (0, 1].",
                      flag_values=args)
   flags.DEFINE_integer("warmup_iters", defaults.warmup_iters, "Linear warmup steps.",
                        flag_values=args)
   flags.DEFINE_integer("lr_decay_iters", None,
-                       "Step where the cosine ends (default: the run's last step).",
+                       "Step where the decay ends (default: the run's last step).",
                        flag_values=args)
   flags.DEFINE_float("beta2", defaults.beta2, "Adam's second-moment decay.", flag_values=args)
   flags.DEFINE_float("weight_decay", defaults.weight_decay, "AdamW decay (matrices only).",

@@ -32,13 +32,17 @@ class OptimizerConfig:
   Attributes:
     name: one of `OPTIMIZERS`.
     learning_rate: peak learning rate (> 0).
-    schedule: "cosine" (linear warmup, then cosine decay to `min_lr`) or
-      "constant".
-    warmup_iters: warmup steps (cosine only).
-    decay_iters: step at which the cosine reaches `min_lr` (held after);
+    schedule: "cosine" (linear warmup, then cosine decay to `min_lr`),
+      "warmdown" (linear warmup, the peak held, then a linear decay to
+      `min_lr` over the last `warmdown_frac` of the steps: nanochat's and
+      modded-nanogpt's shape) or "constant".
+    warmup_iters: warmup steps (not "constant").
+    decay_iters: step at which the decay reaches `min_lr` (held after);
       None leaves it to the training loop (`with_schedule_end`: the run's
       last step, or a resumed run's end).
-    min_lr: final learning rate of the cosine.
+    min_lr: final learning rate of the decay.
+    warmdown_frac: "warmdown": the fraction of `decay_iters` the linear
+      decay takes, in (0, 1] (nanochat's 0.2).
     beta1, beta2: Adam moments' decay rates.
     momentum: for "momentum".
     weight_decay: decoupled weight decay ("adamw"), applied to weight
@@ -56,6 +60,7 @@ class OptimizerConfig:
   warmup_iters: int = 0
   decay_iters: Optional[int] = None
   min_lr: float = 0.0
+  warmdown_frac: float = 0.2
   beta1: float = 0.9
   beta2: float = 0.999
   momentum: float = 0.9
@@ -68,8 +73,10 @@ class OptimizerConfig:
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
       raise ValueError(f"unknown optimizer {self.name!r}; choose one of {OPTIMIZERS}.")
-    if self.schedule not in ("cosine", "constant"):
-      raise ValueError(f"unknown schedule {self.schedule!r}; use 'cosine' or 'constant'.")
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}.")
+    if not 0 < self.warmdown_frac <= 1:
+      raise ValueError(f"`warmdown_frac` must be in (0, 1], got {self.warmdown_frac}.")
     if not self.learning_rate > 0:
       raise ValueError(f"`learning_rate` must be > 0, got {self.learning_rate}.")
     if self.min_lr < 0 or self.min_lr > self.learning_rate:
@@ -89,6 +96,9 @@ class OptimizerConfig:
                        f"{self.muon_momentum} and {self.muon_weight_decay}.")
 
 
+SCHEDULES = ("cosine", "warmdown", "constant")
+
+
 def warmup_cosine_schedule(
     learning_rate: float, warmup_iters: int, decay_iters: int, min_lr: float
 ) -> optax.Schedule:
@@ -103,6 +113,28 @@ def warmup_cosine_schedule(
     ratio = (step - warmup_iters) / max(decay_iters - warmup_iters, 1)
     cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.clip(ratio, 0.0, 1.0)))
     decayed = min_lr + cosine * (learning_rate - min_lr)
+    return jnp.where(step < warmup_iters, warm, decayed)
+
+  return schedule
+
+
+def warmup_warmdown_schedule(
+    learning_rate: float, warmup_iters: int, decay_iters: int, min_lr: float,
+    warmdown_frac: float
+) -> optax.Schedule:
+  """Linear warmup (as `warmup_cosine_schedule`'s), the peak held, then linear decay.
+
+  The decay runs over the last `warmdown_frac` of `decay_iters` steps, from
+  `lr` to `min_lr` at `decay_iters`, then holds `min_lr` (nanochat's
+  "warmdown", modded-nanogpt's "cooldown").
+  """
+  start = decay_iters * (1.0 - warmdown_frac)
+
+  def schedule(step: chex.Numeric) -> chex.Array:
+    step = jnp.asarray(step, jnp.float32)
+    warm = learning_rate * (step + 1) / (warmup_iters + 1)
+    done = jnp.clip((step - start) / max(decay_iters - start, 1.0), 0.0, 1.0)
+    decayed = learning_rate + done * (min_lr - learning_rate)
     return jnp.where(step < warmup_iters, warm, decayed)
 
   return schedule
@@ -138,7 +170,11 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
   if config.schedule == "constant":
     return optax.constant_schedule(config.learning_rate)
   if config.decay_iters is None:
-    raise ValueError("a cosine schedule needs decay_iters, the step where it ends.")
+    raise ValueError(f"a {config.schedule} schedule needs decay_iters, the step where it "
+                     f"ends.")
+  if config.schedule == "warmdown":
+    return warmup_warmdown_schedule(config.learning_rate, config.warmup_iters,
+                                    config.decay_iters, config.min_lr, config.warmdown_frac)
   return warmup_cosine_schedule(config.learning_rate, config.warmup_iters,
                                 config.decay_iters, config.min_lr)
 
@@ -167,7 +203,7 @@ HYPERPARAMS = ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "mom
 def hyperparams_used(config: OptimizerConfig) -> Tuple[str, ...]:
   """The `HYPERPARAMS` that `make_optimizer(config)` reads; the others have no effect.
 
-  Every optimizer reads `learning_rate`; the cosine schedule reads `min_lr`;
+  Every optimizer reads `learning_rate`; the cosine and warmdown schedules read `min_lr`;
   "momentum" reads `momentum`; "adam" the betas; "adamw" the betas and
   `weight_decay`; "muon" those of "adamw" (its AdamW group's) and the
   `muon_` numbers.
@@ -176,7 +212,7 @@ def hyperparams_used(config: OptimizerConfig) -> Tuple[str, ...]:
   used = {"sgd": (), "momentum": ("momentum",), "adam": ("beta1", "beta2"), "adamw": adamw,
           "muon": adamw + ("muon_learning_rate", "muon_momentum", "muon_weight_decay")
           }[config.name]
-  schedule = ("min_lr",) if config.schedule == "cosine" else ()
+  schedule = ("min_lr",) if config.schedule != "constant" else ()
   return ("learning_rate",) + schedule + used
 
 
@@ -224,7 +260,7 @@ def make_optimizer(
 
 
 def schedule_warnings(config: OptimizerConfig, max_iters: int) -> List[str]:
-  """What a run of `max_iters` steps would not do that its cosine schedule suggests.
+  """What a run of `max_iters` steps would not do that its cosine or warmdown schedule suggests.
 
   A warmup as long as the run never reaches `learning_rate` (a short
   fine-tune under a pretraining recipe's 100 warmup steps), and a cosine
@@ -233,7 +269,7 @@ def schedule_warnings(config: OptimizerConfig, max_iters: int) -> List[str]:
   for short runs would train another schedule than the one logged) and
   said in one line each at start-up, with the fix.
   """
-  if config.schedule != "cosine":
+  if config.schedule == "constant":
     return []
   found = []
   if config.warmup_iters >= max_iters > 0:
@@ -243,7 +279,7 @@ def schedule_warnings(config: OptimizerConfig, max_iters: int) -> List[str]:
                  f"warmup_iters (e.g. {max(max_iters // 10, 1)}) for a full schedule.")
   if config.decay_iters is not None and 0 < config.decay_iters <= config.warmup_iters:
     found.append(f"decay_iters={config.decay_iters} <= warmup_iters={config.warmup_iters}: "
-                 f"no cosine decay; the rate drops from the warmup to min_lr "
+                 f"no {config.schedule} decay; the rate drops from the warmup to min_lr "
                  f"{config.min_lr:g} at step {config.warmup_iters}; make decay_iters longer "
                  f"than the warmup.")
   return found
@@ -255,6 +291,10 @@ def describe(config: OptimizerConfig) -> str:
   if config.schedule == "cosine":
     parts[-1] += (f" (warmup {config.warmup_iters}, cosine to {config.min_lr:g} at step "
                   f"{config.decay_iters})")
+  elif config.schedule == "warmdown":
+    parts[-1] += (f" (warmup {config.warmup_iters}, held, warmdown: linear to "
+                  f"{config.min_lr:g} over the last {config.warmdown_frac:.0%} of "
+                  f"{config.decay_iters} steps)")
   if config.name == "muon":
     parts[0] = (f"muon (lr {config.muon_learning_rate:g}, momentum {config.muon_momentum:g}"
                 f"{f', weight decay {config.muon_weight_decay:g}' if config.muon_weight_decay else ''}"
