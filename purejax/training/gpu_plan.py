@@ -333,16 +333,15 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
   """The largest batch, a multiple of `granule`, whose planned peak fits in `capacity`.
 
   The rule: compile at `first` and at `second` (four times `first` unless
-  given); then, while the largest
-  batch known to fit and the smallest known not to are more than a
-  granule apart, compile where the straight line through the last two
-  compiles' peaks crosses `capacity` (a secant step), kept strictly between
-  those two batches. A line that lands on the batch known to fit tries one
-  granule above it, which confirms the answer. After three steps in a row
-  that each left more than half of the bracket in place comes a bisection,
-  so a peak that bends or jumps cannot drag the search out. A peak that
-  grows linearly with the batch costs four compiles. Assumes the peak
-  grows with the batch.
+  given); then, while the largest batch known to fit and the smallest known
+  not to are more than a granule apart, compile where the straight line
+  through the last two compiles' peaks crosses `capacity` (a secant step),
+  kept strictly between those two batches. A line that lands on the batch
+  known to fit tries one granule above it, which confirms the answer. After
+  three steps in a row that each left more than half of the bracket in place
+  comes a bisection, so a peak that bends or jumps cannot drag the search
+  out. A peak that grows linearly with the batch costs four compiles.
+  Assumes the peak grows with the batch.
 
   Args:
     peak_at: planned peak bytes of the program at a batch (`ProgramPlan.peak_bytes`).

@@ -23,6 +23,7 @@ from purejax.training import muon
 from purejax.training import nonfinite
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon")
+SCHEDULES = ("cosine", "warmdown", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +95,6 @@ class OptimizerConfig:
       raise ValueError(f"Muon needs `muon_learning_rate` > 0, `muon_momentum` in [0, 1) and "
                        f"`muon_weight_decay` >= 0; got {self.muon_learning_rate}, "
                        f"{self.muon_momentum} and {self.muon_weight_decay}.")
-
-
-SCHEDULES = ("cosine", "warmdown", "constant")
 
 
 def warmup_cosine_schedule(
