@@ -223,6 +223,44 @@ def job_h_forms(job: Job) -> None:
       times, {name: ref for name in factories if name != ref}, config, batch))
 
 
+# h.xla's arms: XLA GPU compiler options, each on the default forms' GPT-2 124M
+# step alone (`harness.purejax_train_arm(compiler_options=...)`), against the
+# default, the fastest form of h.forms and the twin. Where the image's XLA does
+# not know an option, that arm's error is recorded and the others run.
+H_XLA_OPTIONS = {
+    "default forms, default options": {},
+    "cuDNN layer norm": {"xla_gpu_enable_cudnn_layer_norm": True},
+    "Triton GEMMs off (cuBLAS)": {"xla_gpu_enable_triton_gemm": False},
+    "latency-hiding scheduler": {"xla_gpu_enable_latency_hiding_scheduler": True},
+    "heroless Triton priority fusion": {
+        "xla_gpu_experimental_enable_triton_heroless_priority_fusion": True},
+}
+
+
+def job_h_xla(job: Job) -> None:
+  """XLA's GPU options on the GPT-2 124M step (batch 12): `H_XLA_OPTIONS`, alternated."""
+  s = job.sizes
+  config, batch = s.gpt2, s.train_batch
+  job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
+                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
+  platform = "gpu" if job.gpu else "cpu"
+  ref, twin = next(iter(H_XLA_OPTIONS)), job.twin_name()
+  factories = {
+      name: functools.partial(
+          lambda options, info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call,
+                                            info, forms=kernels.select(platform),
+                                            compiler_options=options or None),
+          options) for name, options in H_XLA_OPTIONS.items()}
+  fastest = "unrolled, remat none, bf16 matmul outputs"
+  factories[fastest] = lambda info: job.purejax(
+      config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
+      forms=kernels.select(platform, **H_FORMS[fastest]))
+  factories[twin] = lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
+  arms = job.build(factories)
+  job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
+      times, {name: ref for name in factories if name != ref}, config, batch))
+
+
 def job_h_plan(job: Job) -> None:
   """The GPT-2 124M step at batch 12 as `purejax.plan` plans it, compiled for and run on
   this device: XLA's memory plan against the peak JAX's allocator measures.
@@ -645,6 +683,7 @@ JOBS = {
                job_h_plan),
     "h.forms": ("h: GPT-2 124M step, batch 12: the GPU's forms against each other",
                 job_h_forms),
+    "h.xla": ("h: GPT-2 124M step, batch 12: XLA's GPU compiler options", job_h_xla),
     "h.feed": ("h: the memory-mapped loader feeds the GPT-2 124M step without slowing it",
                job_h_feed),
     "h.medium": ("h: GPT-2 medium train step, batch 8 (purejax)", job_h_medium),

@@ -26,7 +26,7 @@ import pathlib
 import re
 import time
 import types
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -296,7 +296,8 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
                       batch_size: int, steps: int, *, data: Optional[jax.Array] = None,
                       windows: Optional[Callable[[], np.ndarray]] = None,
                       num_devices: int = 1, forms: Optional[kernels.Forms] = None,
-                      info: Optional[dict] = None) -> Arm:
+                      info: Optional[dict] = None,
+                      compiler_options: Optional[Dict[str, Any]] = None) -> Arm:
   """`steps.train_steps`, `steps` steps per jitted call; returns fn() -> seconds per step.
 
   Args:
@@ -316,6 +317,8 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
     info: receives the attention form and remat policy, `program_stats` of
       the compiled step, the device's peak memory after the first call
       (`device_memory`) and the last call's loss.
+    compiler_options: XLA options (`--xla_...` flags by name, without the
+      dashes) this arm's program alone is compiled with.
 
   Returns:
     The arm. Its first call, which compiles, runs here.
@@ -347,7 +350,7 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
   def run(tokens=None):
     start = time.perf_counter()
     tokens = next_tokens() if tokens is None else tokens
-    state["train"], metrics = train_steps(state["train"], tokens, state["step"], **kwargs)
+    state["train"], metrics = step_fn(state["train"], tokens, state["step"])
     losses = np.asarray(metrics.loss)  # waits for the steps
     seconds = time.perf_counter() - start
     state["step"] += steps
@@ -357,8 +360,11 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
     return seconds / steps
 
   first = next_tokens()
-  # Compiled here, then found in jit's cache by the first call.
-  info.update(program_stats(train_steps.lower(state["train"], first, 0, **kwargs).compile()))
+  # Compiled here, then found in jit's cache by the first call (or, with options,
+  # called as compiled: jit's cache holds programs compiled without them).
+  compiled = train_steps.lower(state["train"], first, 0, **kwargs).compile(compiler_options)
+  info.update(program_stats(compiled))
+  step_fn = compiled if compiler_options else functools.partial(train_steps, **kwargs)
   run(first)
   info.update(device_memory())
   return lambda: run()

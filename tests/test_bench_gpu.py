@@ -155,9 +155,15 @@ def test_program_stats_reads_the_compiled_programs_memory():
 @pytest.mark.slow  # compiles a train step: ~10 s on a loaded 2-core machine
 def test_purejax_train_arm_records_what_ran():
   config = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
-  info = {}
+  info, optioned = {}, {}
   arm = harness.purejax_train_arm(config, gpu.GPT2_OPTIMIZER, batch_size=2, steps=1,
                                   data=jnp.arange(100) % 32, info=info)
+  # An arm whose program alone is compiled with XLA options (a GPU option, which
+  # the CPU's compiler ignores) runs the same first step.
+  harness.purejax_train_arm(config, gpu.GPT2_OPTIMIZER, batch_size=2, steps=1,
+                            data=jnp.arange(100) % 32, info=optioned,
+                            compiler_options={"xla_gpu_enable_triton_gemm": False})
+  assert optioned["last_loss"] == info["last_loss"]
   assert arm() > 0 and math.isfinite(info["last_loss"])
   assert info["cudnn_attention_calls"] == 0  # CPU forms
   assert info["program_peak_bytes"] > 0 and info["forms"]["attention"]
