@@ -234,6 +234,8 @@ H_XLA_OPTIONS = {
     "latency-hiding scheduler": {"xla_gpu_enable_latency_hiding_scheduler": True},
     "heroless Triton priority fusion": {
         "xla_gpu_experimental_enable_triton_heroless_priority_fusion": True},
+    "cuDNN layer norm and cuBLAS": {"xla_gpu_enable_cudnn_layer_norm": True,
+                                    "xla_gpu_enable_triton_gemm": False},
 }
 
 
@@ -255,6 +257,10 @@ def job_h_xla(job: Job) -> None:
   factories[fastest] = lambda info: job.purejax(
       config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
       forms=kernels.select(platform, **H_FORMS[fastest]))
+  factories[fastest + ", cuDNN layer norm and cuBLAS"] = lambda info: job.purejax(
+      config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
+      forms=kernels.select(platform, **H_FORMS[fastest]),
+      compiler_options=H_XLA_OPTIONS["cuDNN layer norm and cuBLAS"])
   factories[twin] = lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
   arms = job.build(factories)
   job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
