@@ -204,23 +204,30 @@ H_FORMS = {
 }
 
 
-def job_h_forms(job: Job) -> None:
-  """Which forms run the GPT-2 124M step (batch 12) fastest: `H_FORMS` and the twin, alternated."""
+def gpt2_step_arms(job: Job, arms: Dict[str, Tuple[dict, Optional[dict]]]) -> None:
+  """The GPT-2 124M step (batch 12) of each arm, `{name: (forms overrides, XLA options)}`,
+  alternated with the twin; each row against the first arm."""
   s = job.sizes
   config, batch = s.gpt2, s.train_batch
   job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
                  optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
   platform = "gpu" if job.gpu else "cpu"
-  ref, twin = next(iter(H_FORMS)), job.twin_name()
-  factories = {
-      name: functools.partial(
-          lambda overrides, info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call,
-                                              info, forms=kernels.select(platform, **overrides)),
-          overrides) for name, overrides in H_FORMS.items()}
+  ref, twin = next(iter(arms)), job.twin_name()
+
+  def purejax_arm(overrides, options, info):
+    return job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
+                       forms=kernels.select(platform, **overrides), compiler_options=options)
+
+  factories = {name: functools.partial(purejax_arm, *arm) for name, arm in arms.items()}
   factories[twin] = lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
-  arms = job.build(factories)
-  job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
+  built = job.build(factories)
+  job.alternate(built, s.train_rounds, lambda times: job.train_rows(
       times, {name: ref for name in factories if name != ref}, config, batch))
+
+
+def job_h_forms(job: Job) -> None:
+  """Which forms run the GPT-2 124M step (batch 12) fastest: `H_FORMS` and the twin, alternated."""
+  gpt2_step_arms(job, {name: (overrides, None) for name, overrides in H_FORMS.items()})
 
 
 # h.xla's arms: XLA GPU compiler options, each on the default forms' GPT-2 124M
@@ -241,30 +248,11 @@ H_XLA_OPTIONS = {
 
 def job_h_xla(job: Job) -> None:
   """XLA's GPU options on the GPT-2 124M step (batch 12): `H_XLA_OPTIONS`, alternated."""
-  s = job.sizes
-  config, batch = s.gpt2, s.train_batch
-  job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
-                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
-  platform = "gpu" if job.gpu else "cpu"
-  ref, twin = next(iter(H_XLA_OPTIONS)), job.twin_name()
-  factories = {
-      name: functools.partial(
-          lambda options, info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call,
-                                            info, forms=kernels.select(platform),
-                                            compiler_options=options or None),
-          options) for name, options in H_XLA_OPTIONS.items()}
   fastest = "unrolled, remat none, bf16 matmul outputs"
-  factories[fastest] = lambda info: job.purejax(
-      config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
-      forms=kernels.select(platform, **H_FORMS[fastest]))
-  factories[fastest + ", cuDNN layer norm and cuBLAS"] = lambda info: job.purejax(
-      config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
-      forms=kernels.select(platform, **H_FORMS[fastest]),
-      compiler_options=H_XLA_OPTIONS["cuDNN layer norm and cuBLAS"])
-  factories[twin] = lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)
-  arms = job.build(factories)
-  job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
-      times, {name: ref for name in factories if name != ref}, config, batch))
+  both = "cuDNN layer norm and cuBLAS"
+  gpt2_step_arms(job, {**{name: ({}, options or None) for name, options in H_XLA_OPTIONS.items()},
+                       fastest: (H_FORMS[fastest], None),
+                       f"{fastest}, {both}": (H_FORMS[fastest], H_XLA_OPTIONS[both])})
 
 
 def job_h_plan(job: Job) -> None:
