@@ -13,6 +13,7 @@ subprocesses, several devices or the real data are marked `slow`.
 import base64
 import collections
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -73,9 +74,17 @@ def text_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tfds_data_dir(tmp_path_factory) -> str:
-  """A TFDS data dir shared by the whole test session (prepared on first use)."""
-  return str(tmp_path_factory.mktemp("tfds"))
+def tfds_data_dir() -> str:
+  """A TFDS data dir holding tiny_shakespeare and mnist, prepared from the test data once
+  per test run (`built_once`; TFDS's own preparation of mnist takes ~25 s)."""
+
+  def prepare(folder):
+    for name, files, splits in (("tiny_shakespeare", "tinyshakespeare", ("train",)),
+                                ("mnist", "mnist", ("train", "test"))):
+      datasets.load_tfds_splits(name, splits, data_dir=str(folder),
+                                manual_dir=str(require_test_data(files)))
+
+  return str(built_once("tfds", prepare))
 
 
 def run_module(module: str, *args: str, timeout: float = 900,
@@ -306,8 +315,33 @@ RTOL = 1e-5
 # Trained runs the tests share: one of each kind per test process (session
 # scope), trained in-process. Each is read-only to the tests (a test that
 # changes a run trains or copies its own). Under pytest-xdist each worker
-# trains its own: a second or two here, less than a lock across processes
-# would cost the worker that waits.
+# trains its own tiny runs: a second or two here, less than a lock across
+# processes would cost the worker that waits. What takes tens of seconds is
+# built once per test run instead (`built_once`).
+
+def built_once(name: str, build) -> pathlib.Path:
+  """The folder `name` in the test run's shared folder, built by `build(folder)` once per
+  run: the first test process to ask builds it, the others (xdist's workers) wait on a
+  file lock and read what it built.
+
+  For what takes tens of seconds to make and the tests only read (a fine-tune of
+  the real model, a whole sweep). A build that raised is redone by the next ask,
+  which then fails in its own test. The folder goes with the run's shared folder.
+  """
+  root = pathlib.Path(os.environ[_SHARED_DIR])
+  folder, done = root / name, root / f"{name}.built"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left
+        folder.mkdir()
+        build(folder)
+        done.touch()
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+  return folder
+
 
 @pytest.fixture(scope="session")
 def char_gpt_run(tmp_path_factory):
@@ -435,6 +469,7 @@ def train_step_hlo(forms, config=GPT2, batch=GPT2_BATCH, platform="cuda") -> str
 # a second instead of compiling it for seconds. The cache is removed with the
 # run, so every test run compiles everything once, from scratch.
 _COMPILE_CACHE = "JAX_COMPILATION_CACHE_DIR"
+_SHARED_DIR = "PUREJAX_TESTS_SHARED_DIR"
 
 
 def pytest_configure(config):
@@ -444,6 +479,10 @@ def pytest_configure(config):
     # halves the tier's time. The full suite (what CI runs) compiles as users do.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_backend_optimization_level=0").strip()
+  if not hasattr(config, "workerinput") and _SHARED_DIR not in os.environ:
+    # What the run's processes build once and share (`built_once`).
+    config.purejax_shared_dir = tempfile.mkdtemp(prefix="purejax-tests-shared-")
+    os.environ[_SHARED_DIR] = config.purejax_shared_dir
   if not hasattr(config, "workerinput") and _COMPILE_CACHE not in os.environ:
     # The first process (pytest, or xdist's controller) makes the cache; xdist's
     # workers and all subprocesses inherit the variables. Every program is
@@ -460,9 +499,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-  cache = getattr(config, "purejax_compile_cache", None)
-  if cache:
-    shutil.rmtree(cache, ignore_errors=True)
+  for made in ("purejax_compile_cache", "purejax_shared_dir"):
+    if getattr(config, made, None):
+      shutil.rmtree(getattr(config, made), ignore_errors=True)
 
 
 def _schedule_longest_first(config):

@@ -1,7 +1,7 @@
 """A real instruct model fine-tuned on conversations, and exported so that transformers
 talks to it as to the original (slow tier, SmolLM2-135M-Instruct).
 
-One module-scoped LoRA run teaches the model a fact it cannot know; the tests
+One LoRA run per test run teaches the model a fact it cannot know; the tests
 then ask it, in purejax and through the Hugging Face export.
 """
 
@@ -18,6 +18,7 @@ from purejax.cli import chat as chat_cli
 from purejax.data import chat, conversations, tokenizer_json
 from purejax.training import loop, optim, runs
 from purejax.weights import pretrained
+from conftest import built_once
 from real_model import smollm2_folder  # noqa: F401  (the fixture)
 
 SYSTEM = {"role": "system", "content": "Answer in one sentence."}
@@ -29,7 +30,7 @@ BLOCK_SIZE = 48  # the fine-tune's context; the model's own is 8192
 STEPS = 8  # the loss of the answers falls from 1.9 to ~0.003 by step 6
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smollm2(smollm2_folder):
   """`(params, config, tokenizer, chat format)` of the float32 model, loaded once."""
   params, config, spec = weights.from_pretrained(str(smollm2_folder))
@@ -37,25 +38,29 @@ def smollm2(smollm2_folder):
   return params, config, tokenizer, chat.load_chat_format(str(smollm2_folder), tokenizer)
 
 
-@pytest.fixture(scope="module")
-def finetuned(smollm2, smollm2_folder, tmp_path_factory):
-  """`(out_dir, the run's eval history)` of a LoRA fine-tune on four conversations."""
+@pytest.fixture(scope="session")
+def finetuned(smollm2, smollm2_folder):
+  """`(out_dir, the run's eval history)` of a LoRA fine-tune on four conversations,
+  trained once per test run (`built_once`)."""
   params, config, tokenizer, fmt = smollm2
-  root = tmp_path_factory.mktemp("sft")
-  chats = root / "chats.jsonl"
-  chats.write_text("".join(json.dumps({"messages": [SYSTEM, {"role": "user", "content": q},
-                                                    {"role": "assistant", "content": FACT}]})
-                           + "\n" for q in QUESTIONS))
-  data = conversations.load_conversations(str(chats), tokenizer, fmt, BLOCK_SIZE)
-  train = loop.GPTTrainConfig(batch_size=4, max_iters=STEPS, eval_interval=STEPS,
-                              eval_iters=1, log_interval=STEPS, steps_per_call=STEPS,
-                              sample_tokens=0)
-  opt = optim.OptimizerConfig(learning_rate=3e-3, schedule="constant", warmup_iters=0,
-                              weight_decay=0.0, grad_clip=1.0)
-  out = root / "out"
-  loop.train_gpt(dataclasses.replace(config, block_size=BLOCK_SIZE), data, train, opt,
-                 runs.RunConfig(str(out)), init_params=params, init_from=str(smollm2_folder),
-                 lora_config=lora.LoraConfig(rank=8))
+
+  def fine_tune(root):
+    chats = root / "chats.jsonl"
+    chats.write_text("".join(
+        json.dumps({"messages": [SYSTEM, {"role": "user", "content": q},
+                                 {"role": "assistant", "content": FACT}]}) + "\n"
+        for q in QUESTIONS))
+    data = conversations.load_conversations(str(chats), tokenizer, fmt, BLOCK_SIZE)
+    train = loop.GPTTrainConfig(batch_size=4, max_iters=STEPS, eval_interval=STEPS,
+                                eval_iters=1, log_interval=STEPS, steps_per_call=STEPS,
+                                sample_tokens=0)
+    opt = optim.OptimizerConfig(learning_rate=3e-3, schedule="constant", warmup_iters=0,
+                                weight_decay=0.0, grad_clip=1.0)
+    loop.train_gpt(dataclasses.replace(config, block_size=BLOCK_SIZE), data, train, opt,
+                   runs.RunConfig(str(root / "out")), init_params=params,
+                   init_from=str(smollm2_folder), lora_config=lora.LoraConfig(rank=8))
+
+  out = built_once("sft", fine_tune) / "out"
   history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   return out, [r for r in history if "val_loss" in r]
 
@@ -68,12 +73,11 @@ def greedy_answer(params, config, ids, stop_ids, max_new_tokens=24):
   return np.asarray(out.tokens)[0, len(ids):len(ids) + int(out.lengths[0])].tolist()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def export(finetuned):
-  """The fine-tune written as a Hugging Face folder."""
-  out = finetuned[0].parent / "hf"
-  pretrained.convert(f"purejax:{finetuned[0]}", f"hf:{out}")
-  return out
+  """The fine-tune written as a Hugging Face folder (once per test run)."""
+  return built_once("sft_hf", lambda folder: pretrained.convert(
+      f"purejax:{finetuned[0]}", f"hf:{folder / 'hf'}")) / "hf"
 
 
 @pytest.mark.slow
@@ -155,12 +159,12 @@ def test_assistant_tokens_equal_transformers_assistant_mask(smollm2, smollm2_fol
 
 @pytest.mark.slow
 def test_peft_loads_the_adapters_onto_the_base_with_equal_logits(finetuned, smollm2,
-                                                                 smollm2_folder):
+                                                                 smollm2_folder, tmp_path):
   import peft
   import torch
   import transformers
   from purejax import gpt
-  out = finetuned[0].parent / "peft"
+  out = tmp_path / "peft"
   pretrained.convert(f"purejax:{finetuned[0]}", f"peft:{out}")
   settings = json.loads((out / "adapter_config.json").read_text())
   assert (settings["r"], settings["base_model_name_or_path"]) == (8, str(smollm2_folder))

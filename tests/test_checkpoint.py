@@ -20,9 +20,9 @@ def training_state(seed=0, config=CONFIG):
   params = gpt.init_params(config, jax.random.PRNGKey(seed))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
   opt_state = optimizer.init(params)
-  # Take one step so the moments are non-zero.
+  # Take one step so the moments are non-zero (jitted: one program, not one per op).
   grads = jax.tree.map(jnp.ones_like, params)
-  _, opt_state = optimizer.update(grads, opt_state, params)
+  _, opt_state = jax.jit(optimizer.update)(grads, opt_state, params)
   return {"params": params, "opt_state": opt_state,
           "keys": {"train": jax.random.PRNGKey(seed + 1)}}
 

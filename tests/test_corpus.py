@@ -256,12 +256,14 @@ def test_embedded_shakespeare_equals_tfds_without_tfds(tfds_data_dir, tmp_path, 
   np.testing.assert_array_equal(no_tf.train, without.train)
 
 
-def test_tfds_unknown_dataset_and_missing_manual_dir(tfds_data_dir, tmp_path):
+@pytest.mark.parametrize("prepared", [pytest.param(True, marks=pytest.mark.slow), False])
+def test_tfds_unknown_dataset_and_missing_manual_dir(prepared, tmp_path, request):
   with pytest.raises(corpus.CorpusError, match="neither an existing file or folder nor a TFDS"):
     corpus.load_corpus("no_such_dataset_zz", cache_dir=str(tmp_path))
-  # Even with the data prepared (or cached), a wrong manual dir is reported.
+  # With the data prepared (or cached) or not, a wrong manual dir is reported.
+  data_dir = request.getfixturevalue("tfds_data_dir") if prepared else str(tmp_path / "tfds")
   with pytest.raises(corpus.CorpusError, match="`tfds_manual_dir=.*nowhere` does not exist"):
-    corpus.load_corpus(tfds_data_dir=tfds_data_dir, tfds_manual_dir=str(tmp_path / "nowhere"),
+    corpus.load_corpus(tfds_data_dir=data_dir, tfds_manual_dir=str(tmp_path / "nowhere"),
                        cache_dir=str(tmp_path))
 
 

@@ -36,7 +36,7 @@ def relative_gap(got, want):
   return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def models(smollm2_gguf, smollm2_folder):
   """purejax's import of the GGUF, and transformers' model and tokenizer of the same file."""
   import torch

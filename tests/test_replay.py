@@ -10,13 +10,14 @@ import pytest
 
 from purejax import gpt
 from purejax.data import corpus as corpus_lib
+from purejax.training import checkpoint
 from purejax.training import loop
 from purejax.training import optim
 from purejax.training import replay
 from purejax.training import runs
 from purejax.training import steps
 from purejax.training.state import TrainState
-from conftest import CPU_FORMS, SHAKESPEARE, TINY, random_tokens
+from conftest import CPU_FORMS, SHAKESPEARE, TINY, built_once, random_tokens
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
 OPT = optim.make_optimizer(optim.OptimizerConfig(
@@ -40,10 +41,9 @@ def train_like_the_loop(data, key, *, grad_accum_steps=1, host_seed=None):
   return saved, losses, norms
 
 
+@pytest.mark.slow  # 20 s or more each: the full suite runs them
 @pytest.mark.parametrize("grad_accum_steps, host_seed, steps_per_call", [
-    pytest.param(1, None, 7, marks=pytest.mark.slow), (1, None, 10),
-    pytest.param(2, None, 7, marks=pytest.mark.slow),
-    pytest.param(1, 3, 7, marks=pytest.mark.slow)])
+    (1, None, 7), (1, None, 10), (2, None, 7), (1, 3, 7)])
 def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps, host_seed,
                                                                  steps_per_call):
   """Updates 10..23 replay in calls of 7, or a call of 10 and the last 4 one by one."""
@@ -100,10 +100,12 @@ def train_a_run(folder, max_iters, **options):
   return folder / "run", cache
 
 
-@pytest.fixture(scope="module")
-def pruned_run(tmp_path_factory):
-  """A 30-step run that kept its 2 newest checkpoints (20, 30); every step's loss logged."""
-  return train_a_run(tmp_path_factory.mktemp("replay"), 30)
+@pytest.fixture(scope="session")
+def pruned_run():
+  """A 30-step run that kept its 2 newest checkpoints (20, 30); every step's loss logged.
+  Trained once per test run (`built_once`); replay only reads it."""
+  folder = built_once("replay_pruned_run", lambda folder: train_a_run(folder, 30))
+  return folder / "run", str(folder / "cache")
 
 
 @pytest.mark.slow  # over 5 s: the full suite runs it
@@ -123,24 +125,24 @@ def test_a_step_before_every_kept_checkpoint_replays_from_the_runs_start(pruned_
     assert replayed.checkpoint == out / f"ckpt_{start:09d}.npz"
 
 
-def test_a_folder_that_is_not_a_run_says_what_it_is_and_what_to_pass(pruned_run, tmp_path):
-  out, cache = pruned_run
+def test_a_folder_that_is_not_a_run_says_what_it_is_and_what_to_pass(tmp_path):
+  # replay tells a run's folder by its checkpoints' names, before it reads any file.
   cases = {tmp_path / "nothing": "is not a folder; pass as `out_dir` the folder a GPT run",
            tmp_path: "is not a run's folder (no ckpt_*.npz in it); pass as `out_dir`"}
   sweep_dir = tmp_path / "sweep"
   for name in ("run0_seed=0", "run1_seed=1"):
-    (sweep_dir / name).mkdir(parents=True)
-    (sweep_dir / name / "ckpt_000000030.npz").write_bytes((out / "ckpt_000000030.npz")
-                                                          .read_bytes())
+    checkpoint.save(str(sweep_dir / name), 30, {"params": {"w": np.zeros(3, np.float32)}}, {})
   cases[sweep_dir] = (f"is a sweep's folder, holding the runs run0_seed=0, run1_seed=1; pass "
                       f"one run's folder as `out_dir` (e.g. {sweep_dir / 'run0_seed=0'})")
   for folder, message in cases.items():
     with pytest.raises(ValueError) as e:
-      replay.replay_run(str(folder), 5, forms=CPU_FORMS, cache_dir=cache, write=False)
+      replay.replay_run(str(folder), 5, forms=CPU_FORMS, cache_dir=str(tmp_path / "cache"),
+                        write=False)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert "later step" not in str(e.value)
 
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 def test_a_fine_tunes_step_before_its_checkpoints_says_to_replay_a_later_one(tmp_path):
   """A fine-tune started from weights replay does not load: only its checkpoints replay."""
   out, cache = train_a_run(tmp_path, 10, keep_checkpoints=1, init_from="my-weights")

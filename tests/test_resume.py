@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require_test_data, run_cli
+from conftest import REPO_ROOT, built_once, require_test_data, run_cli
 from purejax.cli import train as train_cli
 from purejax.training import checkpoint
 
@@ -77,11 +77,14 @@ def final_arrays(out_dir):
 
 
 @pytest.fixture(scope="session")
-def uninterrupted(tmp_path_factory, data_flags):
-  out_dir = tmp_path_factory.mktemp("uninterrupted")
-  code, out, err = run_here(out_dir, data_flags)
-  assert code == 0, err[-2000:]
-  return final_arrays(out_dir)
+def uninterrupted(data_flags):
+  """The final arrays of the run that nothing stops, trained once per test run."""
+
+  def train_through(folder):
+    code, out, err = run_here(folder, data_flags)
+    assert code == 0, err[-2000:]
+
+  return final_arrays(built_once("uninterrupted", train_through))
 
 
 def assert_bit_identical(a, b):

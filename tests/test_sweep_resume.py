@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import CHAR_GPT_TEXT, REPO_ROOT, TINY_FLAGS, final, one_line_error, run_cli
+from conftest import (CHAR_GPT_TEXT, REPO_ROOT, TINY_FLAGS, built_once, final,
+                      one_line_error, run_cli)
 from purejax.cli import train as train_cli
 from purejax.training import checkpoint
 
@@ -85,9 +86,10 @@ def args(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def uninterrupted_sweep(tmp_path_factory, args):
-  out_dir = tmp_path_factory.mktemp("sweep")
-  final(run_cli(train_cli, *args, *SWEEP, f"--out_dir={out_dir}"))
+def uninterrupted_sweep(args):
+  """The sweep's runs' final arrays, the sweep trained once per test run (`built_once`)."""
+  out_dir = built_once("uninterrupted_sweep", lambda folder: final(
+      run_cli(train_cli, *args, *SWEEP, f"--out_dir={folder / 'sweep'}"))) / "sweep"
   return {name: final_arrays(out_dir / name) for name in RUNS}
 
 
