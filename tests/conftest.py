@@ -332,17 +332,24 @@ def built_once(name: str, build) -> pathlib.Path:
   """
   root = pathlib.Path(os.environ[_SHARED_DIR])
   folder, done = root / name, root / f"{name}.built"
-  with open(root / f"{name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      if not done.exists():
-        shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left
-        folder.mkdir()
-        build(folder)
-        done.touch()
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  with file_lock(root / f"{name}.lock"):
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left
+      folder.mkdir()
+      build(folder)
+      done.touch()
   return folder
+
+
+@contextlib.contextmanager
+def file_lock(path: pathlib.Path):
+  """Holds an exclusive lock on `path` (another process waits, then finds the work done)."""
+  with open(path, "w") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

