@@ -395,11 +395,13 @@ def torch_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
                     batch_size: int, steps: int, *, device: str = "cpu",
                     compile_model: bool = False, data=None,
                     lrs: Optional[Sequence[float]] = None, warm_up: bool = True,
-                    info: Optional[dict] = None) -> Arm:
+                    info: Optional[dict] = None, muon_float32: bool = False) -> Arm:
   """The twin's train step, nanoGPT's way; returns fn() -> seconds per step.
 
   `torch.compile` if `compile_model`, bf16 autocast when `config.compute_dtype`
-  is bfloat16, AdamW (fused on CUDA), gradient clipping; step `i` (counted
+  is bfloat16, AdamW (fused on CUDA; for `opt_config.name == "muon"` PyTorch's
+  Muon and AdamW, `torch_gpt.MuonAdamW`; its Newton-Schulz products in float32
+  with `muon_float32`), gradient clipping; step `i` (counted
   over the calls) trains at `lrs[i]`, or at `opt_config`'s peak rate without
   `lrs`. Batches: random windows of `data` (a tensor on `device`; default
   `DATA_TOKENS` random ids on the CPU, one fixed random batch on a GPU, as
@@ -419,9 +421,15 @@ def torch_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
   torch.manual_seed(0)
   with device:
     model = torch_gpt.TorchGPT(config)
-  optimizer = torch_gpt.make_optimizer(model, opt_config.learning_rate,
-                                       opt_config.weight_decay,
-                                       (opt_config.beta1, opt_config.beta2), fused=cuda)
+  betas = (opt_config.beta1, opt_config.beta2)
+  if opt_config.name == "muon":
+    optimizer = torch_gpt.MuonAdamW(model, opt_config.learning_rate,
+                                    opt_config.muon_learning_rate, opt_config.weight_decay,
+                                    betas, opt_config.muon_momentum, opt_config.muon_ns_steps,
+                                    float32=muon_float32)
+  else:
+    optimizer = torch_gpt.make_optimizer(model, opt_config.learning_rate,
+                                         opt_config.weight_decay, betas, fused=cuda)
   step_model = torch.compile(model) if compile_model else model
   info["torch"] = {"compiled": compile_model, "fused_adamw": cuda,
                    "autocast": config.compute_dtype}

@@ -285,6 +285,76 @@ def make_optimizer(model, learning_rate, weight_decay, betas, *, fused=False):
   return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
 
+def newton_schulz_float32(g, ns_steps, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+  """`torch.optim.Muon`'s orthogonalisation of one matrix, in float32 instead of bf16
+  (a CPU without bf16 units runs bf16 products many times slower than float32)."""
+  a, b, c = coefficients
+  x = g.float()
+  tall = x.size(0) > x.size(1)
+  if tall:
+    x = x.T
+  x = x / x.norm().clamp(min=eps)
+  for _ in range(ns_steps):
+    gram = x @ x.T
+    x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+  return x.T if tall else x
+
+
+class Float32Muon(torch.optim.Optimizer):
+  """`torch.optim.Muon`'s step (Nesterov momentum, the rate scaled by
+  `sqrt(max(1, rows / cols))`, no decay) with `newton_schulz_float32`."""
+
+  def __init__(self, params, lr, momentum, ns_steps):
+    super().__init__(params, {"lr": lr, "momentum": momentum, "ns_steps": ns_steps})
+
+  @torch.no_grad()
+  def step(self):
+    for group in self.param_groups:
+      for p in group["params"]:
+        if p.grad is None:
+          continue
+        buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+        buf.lerp_(p.grad, 1 - group["momentum"])
+        update = newton_schulz_float32(p.grad.lerp(buf, group["momentum"]), group["ns_steps"])
+        p.add_(update, alpha=-group["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
+
+
+class MuonAdamW:
+  """Muon on the blocks' 2-D weights, AdamW (as `make_optimizer`) on embeddings
+  and norms: the split purejax's "muon" makes. Muon is PyTorch's own
+  (`torch.optim.Muon`, Keller Jordan's reference: Nesterov momentum, quintic
+  Newton-Schulz steps in bf16, the rate scaled by `sqrt(max(1, rows / cols))`),
+  or with `float32=True` the same step with its products in float32
+  (`Float32Muon`). Steps and zeroes both. `param_groups` are AdamW's: a rate
+  table sets AdamW's rate only (Muon keeps its peak rate).
+  """
+
+  def __init__(self, model, learning_rate, muon_learning_rate, weight_decay, betas,
+               momentum, ns_steps=5, float32=False):
+    hidden = [p for name, p in model.named_parameters()
+              if p.requires_grad and p.dim() == 2 and name.startswith("blocks.")]
+    ids = {id(p) for p in hidden}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    if float32:
+      self.muon = Float32Muon(hidden, muon_learning_rate, momentum, ns_steps)
+    else:
+      self.muon = torch.optim.Muon(hidden, lr=muon_learning_rate, weight_decay=0.0,
+                                   momentum=momentum, nesterov=True, ns_steps=ns_steps)
+    self.adamw = torch.optim.AdamW(
+        [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+        lr=learning_rate, betas=betas)
+    self.param_groups = self.adamw.param_groups
+
+  def zero_grad(self, set_to_none=True):
+    self.muon.zero_grad(set_to_none=set_to_none)
+    self.adamw.zero_grad(set_to_none=set_to_none)
+
+  def step(self):
+    self.muon.step()
+    self.adamw.step()
+
+
 def _copy(dst, src, transpose=False):
   array = np.array(src, dtype=np.float32)  # a writable copy
   dst.data.copy_(torch.from_numpy(np.ascontiguousarray(array.T) if transpose else array))

@@ -48,14 +48,14 @@ def test_a_stacked_weight_is_orthogonalised_one_layer_at_a_time():
     assert 0.4 < singular.min() and singular.max() < 1.6, singular
 
 
-def reference_newton_schulz(x):
+def reference_newton_schulz(x, steps=muon.MUON_NS_STEPS):
   """Keller Jordan's iteration as written, on each matrix, in float64."""
   a, b, c = muon.MUON_NS_COEFFS
   x = np.asarray(x, np.float64)
   tall = x.shape[-2] > x.shape[-1]
   x = np.swapaxes(x, -1, -2) if tall else x
   x = x / (np.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
-  for _ in range(muon.MUON_NS_STEPS):
+  for _ in range(steps):
     gram = x @ np.swapaxes(x, -1, -2)
     x = a * x + (b * gram + c * gram @ gram) @ x
   return np.swapaxes(x, -1, -2) if tall else x
@@ -109,6 +109,22 @@ def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
   update, _ = jax.jit(optimizer.update)(grads, optimizer.init(trainable), trainable)
   assert all(not jnp.any(u) for u in jax.tree.leaves(update["base"]))
   assert all(jnp.any(u) for u in jax.tree.leaves(update["adapters"]))
+
+
+def test_the_number_of_newton_schulz_steps_is_the_configs():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  grads = random_like(params, 3)
+  qkv = lambda config: jax.jit(optim.make_optimizer(config).update)(
+      grads, optim.make_optimizer(config).init(params), params)[0]["blocks"]["attn"]["qkv"]["w"]
+  two = dataclasses.replace(MUON, muon_ns_steps=2, muon_weight_decay=0.0)
+  # Nesterov's first step is the gradient itself (times 1 + beta, which the
+  # orthogonalisation's normalisation removes); the rate and Muon's shape scale follow.
+  expected = reference_newton_schulz(grads["blocks"]["attn"]["qkv"]["w"], steps=2) * (
+      -two.muon_learning_rate * np.sqrt(3))
+  np.testing.assert_allclose(qkv(two), expected, atol=1e-5)
+  assert not np.allclose(qkv(dataclasses.replace(two, muon_ns_steps=5)), expected, atol=1e-3)
+  with pytest.raises(ValueError, match="`muon_ns_steps` must be an integer >= 1, got 0"):
+    dataclasses.replace(MUON, muon_ns_steps=0)
 
 
 def test_muon_refuses_a_model_without_blocks():

@@ -70,7 +70,7 @@ def optimizer_config(args: Args) -> optim.OptimizerConfig:
       # Muon's rate is not scaled by width: its update's scale follows each
       # matrix's shape already (nanochat scales only its AdamW rates).
       muon_learning_rate=args.muon_learning_rate, muon_momentum=args.muon_momentum,
-      muon_weight_decay=args.muon_weight_decay)
+      muon_weight_decay=args.muon_weight_decay, muon_ns_steps=args.muon_ns_steps)
 
 
 def depth_lr_scale(args: Args) -> float:
@@ -167,7 +167,7 @@ def refuse_what_has_no_effect(args: Args) -> None:
   if given("warmdown_frac") and args.lr_schedule != "warmdown":
     raise ValueError(f"--warmdown_frac has no effect on --lr_schedule={args.lr_schedule}; add "
                      f"--lr_schedule=warmdown or drop --warmdown_frac.")
-  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay"):
+  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay", "muon_ns_steps"):
     if given(name) and args.optimizer != "muon":
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
                        f"--optimizer=muon or drop --{name}.")

@@ -95,6 +95,8 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                      "momentum of the blocks' matrices.", flag_values=args)
   flags.DEFINE_float("muon_weight_decay", defaults.muon_weight_decay, "--optimizer=muon: "
                      "decay of the blocks' matrices (times their rate).", flag_values=args)
+  flags.DEFINE_integer("muon_ns_steps", defaults.muon_ns_steps, "--optimizer=muon: "
+                       "Newton-Schulz steps of each orthogonalisation.", flag_values=args)
 
 
 def define_gpt_flags(args: flags.FlagValues) -> None:

@@ -91,11 +91,11 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
   return jnp.swapaxes(x, -1, -2) if tall else x
 
 
-def scale_by_newton_schulz() -> optax.GradientTransformation:
-  """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`) and scaled by
-  `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon."""
+def scale_by_newton_schulz(steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
+  """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`, `steps` steps)
+  and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon."""
   def scale(u):
-    return newton_schulz(u) * jnp.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
+    return newton_schulz(u, steps) * jnp.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
 
   def update(updates, state, params=None):
     del params
@@ -105,14 +105,14 @@ def scale_by_newton_schulz() -> optax.GradientTransformation:
 
 
 def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
-                  weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None
-                  ) -> optax.GradientTransformation:
+                  weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None,
+                  ns_steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
   """Muon for a pytree of matrices `[..., in, out]`.
 
   Each matrix's Nesterov momentum (`momentum`; `optax.trace`, which is Muon's
   reference form `lerp(g, lerp(buf, g, 1 - beta), beta)` times `1 / (1 - beta)`,
   a scale the orthogonalisation removes) is orthogonalised and scaled by
-  `scale_by_newton_schulz` (so `learning_rate` means what it means in Muon's
+  `scale_by_newton_schulz` (`ns_steps` steps; so `learning_rate` means what it means in Muon's
   reference and in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
@@ -120,7 +120,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
   """
   return optax.chain(
       optax.trace(decay=momentum, nesterov=True),
-      scale_by_newton_schulz(),
+      scale_by_newton_schulz(ns_steps),
       optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
       optax.scale_by_learning_rate(learning_rate))
 
@@ -153,7 +153,7 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
     return tree
 
   matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
-                           config.muon_weight_decay, decay_mask_fn)
+                           config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps)
   rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
                      weight_decay=config.weight_decay, mask=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)

@@ -54,6 +54,8 @@ class OptimizerConfig:
     muon_momentum: "muon": the Muon group's Nesterov momentum (0.95).
     muon_weight_decay: "muon": decoupled decay of the Muon group's matrices,
       multiplied by its rate as Muon's reference does (default 0, as there).
+    muon_ns_steps: "muon": Newton-Schulz steps of each orthogonalisation
+      (`muon.newton_schulz`; 5, the reference's).
   """
   name: str = "adamw"
   learning_rate: float = 1e-3
@@ -70,6 +72,7 @@ class OptimizerConfig:
   muon_learning_rate: float = 0.02
   muon_momentum: float = 0.95
   muon_weight_decay: float = 0.0
+  muon_ns_steps: int = muon.MUON_NS_STEPS
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
@@ -95,6 +98,8 @@ class OptimizerConfig:
       raise ValueError(f"Muon needs `muon_learning_rate` > 0, `muon_momentum` in [0, 1) and "
                        f"`muon_weight_decay` >= 0; got {self.muon_learning_rate}, "
                        f"{self.muon_momentum} and {self.muon_weight_decay}.")
+    if not (isinstance(self.muon_ns_steps, int) and self.muon_ns_steps >= 1):
+      raise ValueError(f"`muon_ns_steps` must be an integer >= 1, got {self.muon_ns_steps!r}.")
 
 
 def warmup_cosine_schedule(
@@ -296,6 +301,7 @@ def describe(config: OptimizerConfig) -> str:
   if config.name == "muon":
     parts[0] = (f"muon (lr {config.muon_learning_rate:g}, momentum {config.muon_momentum:g}"
                 f"{f', weight decay {config.muon_weight_decay:g}' if config.muon_weight_decay else ''}"
+                f"{f', {config.muon_ns_steps} Newton-Schulz steps' if config.muon_ns_steps != muon.MUON_NS_STEPS else ''}"
                 f") on the blocks' matrices; adamw on the rest")
   if config.name in ("adam", "adamw", "muon"):
     parts.append(f"betas {config.beta1:g}, {config.beta2:g}")
