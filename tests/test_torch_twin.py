@@ -150,3 +150,17 @@ def test_twin_kv_generate_top_k_sampling():
   assert sampled.min() >= 0 and sampled.max() < CONFIG.vocab_size
   with pytest.raises(ValueError, match="block_size"):
     twin.generate_kv(prompt, CONFIG.block_size)
+
+
+def test_the_twins_float32_muon_steps_as_purejaxs_muon():
+  # bench.optimizers compares Muon's cost in both libraries: the same step.
+  from purejax.training import muon  # pylint: disable=g-import-not-at-top
+  grads = np.random.default_rng(0).normal(size=(3, 24, 72)).astype(np.float32)  # [in, out]
+  ours = muon.muon_matrices(learning_rate=0.02, momentum=0.95, weight_decay=0.0)
+  params = {"w": jnp.zeros_like(grads)}
+  update, _ = jax.jit(ours.update)({"w": jnp.asarray(grads)}, ours.init(params), params)
+  for layer in range(3):
+    weight = torch.nn.Parameter(torch.zeros(72, 24))  # torch's Linear: [out, in]
+    weight.grad = torch.from_numpy(grads[layer].T.copy())
+    torch_gpt.Float32Muon([weight], lr=0.02, momentum=0.95, ns_steps=5).step()
+    np.testing.assert_allclose(weight.detach().numpy().T, update["w"][layer], atol=2e-6)
