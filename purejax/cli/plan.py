@@ -46,6 +46,9 @@ def define_flags(args: Args) -> None:
                        "architecture's).", lower_bound=1, flag_values=args)
   flags.DEFINE_bool("max_batch", True, "Also find the largest batch that fits (a few "
                     "compiles more).", flag_values=args)
+  flags.DEFINE_bool("confirm_max_batch", False, "Also compile the batch one step above the "
+                    "largest batch found, to show it does not fit (else the line through the "
+                    "last two compiles may say so: one compile fewer).", flag_values=args)
   flags.DEFINE_float("memory_fraction", gpu_plan.JAX_MEMORY_FRACTION,
                      "Fraction of the card's memory a program may plan: JAX's default "
                      "preallocation (XLA_PYTHON_CLIENT_MEM_FRACTION).", lower_bound=0.01,
@@ -122,13 +125,21 @@ def plan(args: Args) -> int:
     try:
       best = gpu_plan.largest_batch(
           peak_at, capacity, granule, args.batch_size,
-          second=gpu_plan.scaled_batch(args.batch_size, program, capacity))
+          second=gpu_plan.scaled_batch(args.batch_size, program, capacity),
+          confirm=args.confirm_max_batch)
     except ValueError as e:
       errors.fail(e, args)
     above = (best or 0) + granule
+    if above in peaks:
+      over = f"; {above} plans {_gib(peaks[above])}"
+    elif best:
+      over = (f"; {above} would plan about {_gib(gpu_plan.line_through_last_two(peaks, above))} "
+              f"by the line through the last two compiles (not compiled: "
+              f"--confirm_max_batch compiles it)")
+    else:
+      over = ""
     print(f"largest batch that fits: {best or 'none'}"
-          + (f" (planned peak {_gib(peaks[best])})" if best else "")
-          + (f"; {above} plans {_gib(peaks[above])}" if above in peaks else "")
+          + (f" (planned peak {_gib(peaks[best])})" if best else "") + over
           + f". Rule: the largest multiple of {granule} ({why}) whose planned peak is <= "
           f"{_gib(capacity)}, found by compiling {len(peaks)} batches: "
           + ", ".join(f"{b} ({_gib(peak)})" for b, peak in peaks.items()))

@@ -328,8 +328,18 @@ def scaled_batch(batch_size: int, program: ProgramPlan, capacity: int) -> int:
   return max(1, int(batch_size * (capacity - fixed) / max(program.temp_bytes, 1)))
 
 
+def line_through_last_two(peaks: Dict[int, int], batch: int) -> Optional[float]:
+  """The straight line through the last two entries of `peaks` (`{batch: peak}`, in
+  the order compiled), at `batch`; None with fewer than two."""
+  if len(peaks) < 2:
+    return None
+  (b1, p1), (b2, p2) = list(peaks.items())[-2:]
+  return p2 + (p2 - p1) / (b2 - b1) * (batch - b2)
+
+
 def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, first: int,
-                  limit: int = 1 << 14, second: Optional[int] = None) -> Optional[int]:
+                  limit: int = 1 << 14, second: Optional[int] = None,
+                  confirm: bool = True) -> Optional[int]:
   """The largest batch, a multiple of `granule`, whose planned peak fits in `capacity`.
 
   The rule: compile at `first` and at `second` (four times `first` unless
@@ -343,6 +353,13 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
   out. A peak that grows linearly with the batch costs four compiles.
   Assumes the peak grows with the batch.
 
+  Without `confirm`, the search also stops when its last compile fitted and
+  the line through its last two compiles puts the next granule's peak over
+  `capacity`: the answer is still a batch whose compile fits, and the next
+  granule is over by the line's estimate instead of by a compile (one
+  compile fewer where the line is right; where the peak bends down, a
+  smaller answer than the confirmed search's).
+
   Args:
     peak_at: planned peak bytes of the program at a batch (`ProgramPlan.peak_bytes`).
     capacity: bytes the program may use.
@@ -351,6 +368,8 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
     limit: the largest batch tried.
     second: the batch of the second compile (rounded down to the granule),
       e.g. `scaled_batch(first, ...)`; None: four times `first`.
+    confirm: compile the granule above the answer too (else the line's
+      estimate may stand for it, above).
 
   Returns:
     The batch, or None when one granule does not fit.
@@ -380,6 +399,9 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int, granule: int, fi
       return low * granule
     if high is not None and high - low <= 1:
       return low * granule or None
+    if (not confirm and low and len(peaks) > 1 and list(peaks)[-1] == low
+        and line_through_last_two(peaks, low + 1) > capacity):
+      return low * granule  # the last compile fits; by the line, the next granule does not
     ceiling = top + 1 if high is None else high
     u1, u2 = list(peaks)[-2:] if len(peaks) > 1 else (a, a)
     slope = (peaks[u2] - peaks[u1]) / (u2 - u1) if u1 != u2 else 0.0
