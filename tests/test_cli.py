@@ -143,6 +143,9 @@ def test_non_finite_numbers_without_a_default_and_in_other_command_lines(capsys)
      "--optimizer=muon or drop --muon_ns_steps."),
     (["--optimizer=muon", "--muon_ns_steps=0"], "--muon_ns_steps must be an integer >= 1, "
      "got 0."),
+    (["--optimizer=muon", "--muon_momentum_start=0.8"], "--muon_momentum_start has no effect "
+     "without a momentum warmup; add --muon_momentum_warmup_iters=N (e.g. 300) or drop "
+     "--muon_momentum_start."),
     (["--optimizer=muon", "--sweep=momentum=0.8,0.9"], "--sweep of momentum has no effect on "
      "--optimizer=muon with --lr_schedule=cosine, which reads only learning_rate, min_lr, "
      "beta1, beta2, weight_decay, muon_learning_rate, muon_momentum, muon_weight_decay; "

@@ -127,6 +127,22 @@ def test_the_number_of_newton_schulz_steps_is_the_configs():
     dataclasses.replace(MUON, muon_ns_steps=0)
 
 
+def test_the_momentum_warms_up_from_its_start_as_modded_nanogpts():
+  grads = [{"w": jnp.full((2, 3), float(t + 1))} for t in range(4)]
+  warmed = muon.nesterov_warmed_trace(momentum=0.95, warmup_iters=2, start=0.85)
+  state, buffer = warmed.init(grads[0]), 0.0
+  for t, g in enumerate(grads):
+    update, state = jax.jit(warmed.update)(g, state)
+    decay = 0.85 + min(t / 2, 1.0) * (0.95 - 0.85)  # 0.85, 0.90, 0.95, 0.95
+    buffer = (t + 1) + decay * buffer
+    np.testing.assert_allclose(update["w"], (t + 1) + decay * buffer, rtol=1e-6)
+  # Without a warmup, Muon's momentum is optax's Nesterov trace (the state of old runs).
+  plain = muon.muon_matrices(learning_rate=1.0, momentum=0.95, weight_decay=0.0)
+  assert isinstance(plain.init({"w": jnp.zeros((2, 3))})[0], optax.TraceState)
+  with pytest.raises(ValueError, match="`muon_momentum_warmup_iters` must be >= 0"):
+    dataclasses.replace(MUON, muon_momentum_warmup_iters=-1)
+
+
 def test_muon_refuses_a_model_without_blocks():
   params = mlp.init_network_params([4, 8, 2], jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="found no hidden matrices"):
@@ -154,11 +170,14 @@ def final_arrays(out_dir):
 @pytest.mark.slow
 def test_a_muon_run_resumes_and_sweeps_bit_identically(tmp_path, text_file, capsys):
   # A sweep of Muon's own numbers: on a CPU each run trains in the program it has
-  # alone, so run 0.02 is the run alone, which stops at step 10 and resumes.
-  train(tmp_path / "sweep", text_file, "--sweep=muon_learning_rate=0.01,0.02")
-  train(tmp_path / "resumed", text_file, "--max_iters=10")
-  assert "muon (lr 0.02, momentum 0.95) on the blocks' matrices" in capsys.readouterr().out
-  train(tmp_path / "resumed", text_file, "--resume")
+  # alone, so run 0.02 is the run alone, which stops at step 10 and resumes,
+  # half way through its momentum warmup.
+  warmup = "--muon_momentum_warmup_iters=15"
+  train(tmp_path / "sweep", text_file, "--sweep=muon_learning_rate=0.01,0.02", warmup)
+  train(tmp_path / "resumed", text_file, "--max_iters=10", warmup)
+  assert ("muon (lr 0.02, momentum 0.95, momentum from 0.85 over 15 steps) on the blocks' "
+          "matrices") in capsys.readouterr().out
+  train(tmp_path / "resumed", text_file, "--resume", warmup)
   whole = final_arrays(tmp_path / "sweep" / "muon_learning_rate=0.02_seed=0")
   resumed = final_arrays(tmp_path / "resumed")
   assert any("mu" in name for name in whole)  # Muon's momentum is in the checkpoint

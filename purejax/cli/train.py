@@ -70,7 +70,9 @@ def optimizer_config(args: Args) -> optim.OptimizerConfig:
       # Muon's rate is not scaled by width: its update's scale follows each
       # matrix's shape already (nanochat scales only its AdamW rates).
       muon_learning_rate=args.muon_learning_rate, muon_momentum=args.muon_momentum,
-      muon_weight_decay=args.muon_weight_decay, muon_ns_steps=args.muon_ns_steps)
+      muon_weight_decay=args.muon_weight_decay, muon_ns_steps=args.muon_ns_steps,
+      muon_momentum_warmup_iters=args.muon_momentum_warmup_iters,
+      muon_momentum_start=args.muon_momentum_start)
 
 
 def depth_lr_scale(args: Args) -> float:
@@ -164,10 +166,14 @@ def sweep_grid(args: Args) -> Optional[dict]:
 def refuse_what_has_no_effect(args: Args) -> None:
   """Flags given on the command line that the run would ignore: refused, not ignored."""
   given = lambda name: command.given(args, name)
+  if given("muon_momentum_start") and not args.muon_momentum_warmup_iters:
+    raise ValueError("--muon_momentum_start has no effect without a momentum warmup; add "
+                     "--muon_momentum_warmup_iters=N (e.g. 300) or drop --muon_momentum_start.")
   if given("warmdown_frac") and args.lr_schedule != "warmdown":
     raise ValueError(f"--warmdown_frac has no effect on --lr_schedule={args.lr_schedule}; add "
                      f"--lr_schedule=warmdown or drop --warmdown_frac.")
-  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay", "muon_ns_steps"):
+  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay", "muon_ns_steps",
+               "muon_momentum_warmup_iters", "muon_momentum_start"):
     if given(name) and args.optimizer != "muon":
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
                        f"--optimizer=muon or drop --{name}.")

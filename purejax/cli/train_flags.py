@@ -97,6 +97,11 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                      "decay of the blocks' matrices (times their rate).", flag_values=args)
   flags.DEFINE_integer("muon_ns_steps", defaults.muon_ns_steps, "--optimizer=muon: "
                        "Newton-Schulz steps of each orthogonalisation.", flag_values=args)
+  flags.DEFINE_integer("muon_momentum_warmup_iters", defaults.muon_momentum_warmup_iters,
+                       "--optimizer=muon: steps over which the momentum rises linearly from "
+                       "--muon_momentum_start to --muon_momentum (0: none).", flag_values=args)
+  flags.DEFINE_float("muon_momentum_start", defaults.muon_momentum_start, "--optimizer=muon: "
+                     "the momentum warmup's first momentum.", flag_values=args)
 
 
 def define_gpt_flags(args: flags.FlagValues) -> None:

@@ -5,7 +5,7 @@
 """
 
 import functools
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -104,22 +104,56 @@ def scale_by_newton_schulz(steps: int = MUON_NS_STEPS) -> optax.GradientTransfor
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+class WarmedTraceState(NamedTuple):
+  """`nesterov_warmed_trace`'s state: steps taken and the momentum buffers."""
+  count: chex.Array
+  trace: optax.Params
+
+
+def nesterov_warmed_trace(momentum: chex.Numeric, warmup_iters: int, start: float
+                          ) -> optax.GradientTransformation:
+  """`optax.trace(decay, nesterov=True)` whose decay rises linearly from `start` to
+  `momentum` over the first `warmup_iters` steps, then stays (modded-nanogpt's and
+  nanochat's Muon momentum warmup: 0.85 to 0.95 over 300 steps).
+
+  At step `t` the decay is `b = start + min(t / warmup_iters, 1) (momentum - start)`;
+  the buffer becomes `m = g + b m` and the update `g + b m`, as `optax.trace`'s.
+  """
+  def init(params):
+    return WarmedTraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
+
+  def update(updates, state, params=None):
+    del params
+    frac = jnp.minimum(state.count / warmup_iters, 1.0)
+    decay = start + frac * (momentum - start)
+    step = lambda g, m: g + decay * m
+    trace = jax.tree.map(step, updates, state.trace)
+    return jax.tree.map(step, updates, trace), WarmedTraceState(state.count + 1, trace)
+
+  return optax.GradientTransformation(init, update)
+
+
 def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
                   weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None,
-                  ns_steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
+                  ns_steps: int = MUON_NS_STEPS, momentum_warmup_iters: int = 0,
+                  momentum_start: float = 0.85) -> optax.GradientTransformation:
   """Muon for a pytree of matrices `[..., in, out]`.
 
   Each matrix's Nesterov momentum (`momentum`; `optax.trace`, which is Muon's
   reference form `lerp(g, lerp(buf, g, 1 - beta), beta)` times `1 / (1 - beta)`,
-  a scale the orthogonalisation removes) is orthogonalised and scaled by
+  a scale the orthogonalisation removes; with `momentum_warmup_iters`, the
+  momentum rises from `momentum_start` over those steps,
+  `nesterov_warmed_trace`) is orthogonalised and scaled by
   `scale_by_newton_schulz` (`ns_steps` steps; so `learning_rate` means what it means in Muon's
   reference and in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
   matrices, each orthogonalised alone, never one flattened matrix.
   """
+  trace = (nesterov_warmed_trace(momentum, momentum_warmup_iters, momentum_start)
+           if momentum_warmup_iters else optax.trace(decay=momentum, nesterov=True))
   return optax.chain(
-      optax.trace(decay=momentum, nesterov=True),
+      trace,
       scale_by_newton_schulz(ns_steps),
       optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
       optax.scale_by_learning_rate(learning_rate))
@@ -153,7 +187,8 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
     return tree
 
   matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
-                           config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps)
+                           config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps,
+                           config.muon_momentum_warmup_iters, config.muon_momentum_start)
   rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
                      weight_decay=config.weight_decay, mask=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)

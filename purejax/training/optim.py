@@ -56,6 +56,10 @@ class OptimizerConfig:
       multiplied by its rate as Muon's reference does (default 0, as there).
     muon_ns_steps: "muon": Newton-Schulz steps of each orthogonalisation
       (`muon.newton_schulz`; 5, the reference's).
+    muon_momentum_warmup_iters: "muon": steps over which the Muon group's
+      momentum rises linearly from `muon_momentum_start` to `muon_momentum`
+      (0: none, as Muon's reference; modded-nanogpt and nanochat: 300).
+    muon_momentum_start: "muon": that warmup's first momentum (0.85, theirs).
   """
   name: str = "adamw"
   learning_rate: float = 1e-3
@@ -73,6 +77,8 @@ class OptimizerConfig:
   muon_momentum: float = 0.95
   muon_weight_decay: float = 0.0
   muon_ns_steps: int = muon.MUON_NS_STEPS
+  muon_momentum_warmup_iters: int = 0
+  muon_momentum_start: float = 0.85
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
@@ -100,6 +106,10 @@ class OptimizerConfig:
                        f"{self.muon_momentum} and {self.muon_weight_decay}.")
     if not (isinstance(self.muon_ns_steps, int) and self.muon_ns_steps >= 1):
       raise ValueError(f"`muon_ns_steps` must be an integer >= 1, got {self.muon_ns_steps!r}.")
+    if self.muon_momentum_warmup_iters < 0 or not 0 <= self.muon_momentum_start < 1:
+      raise ValueError(f"`muon_momentum_warmup_iters` must be >= 0 and `muon_momentum_start` "
+                       f"in [0, 1); got {self.muon_momentum_warmup_iters} and "
+                       f"{self.muon_momentum_start}.")
 
 
 def warmup_cosine_schedule(
@@ -302,6 +312,7 @@ def describe(config: OptimizerConfig) -> str:
     parts[0] = (f"muon (lr {config.muon_learning_rate:g}, momentum {config.muon_momentum:g}"
                 f"{f', weight decay {config.muon_weight_decay:g}' if config.muon_weight_decay else ''}"
                 f"{f', {config.muon_ns_steps} Newton-Schulz steps' if config.muon_ns_steps != muon.MUON_NS_STEPS else ''}"
+                f"{f', momentum from {config.muon_momentum_start:g} over {config.muon_momentum_warmup_iters} steps' if config.muon_momentum_warmup_iters else ''}"
                 f") on the blocks' matrices; adamw on the rest")
   if config.name in ("adam", "adamw", "muon"):
     parts.append(f"betas {config.beta1:g}, {config.beta2:g}")
