@@ -166,9 +166,6 @@ def sweep_grid(args: Args) -> Optional[dict]:
 def refuse_what_has_no_effect(args: Args) -> None:
   """Flags given on the command line that the run would ignore: refused, not ignored."""
   given = lambda name: command.given(args, name)
-  if given("muon_momentum_start") and not args.muon_momentum_warmup_iters:
-    raise ValueError("--muon_momentum_start has no effect without a momentum warmup; add "
-                     "--muon_momentum_warmup_iters=N (e.g. 300) or drop --muon_momentum_start.")
   if given("warmdown_frac") and args.lr_schedule != "warmdown":
     raise ValueError(f"--warmdown_frac has no effect on --lr_schedule={args.lr_schedule}; add "
                      f"--lr_schedule=warmdown or drop --warmdown_frac.")
@@ -177,6 +174,9 @@ def refuse_what_has_no_effect(args: Args) -> None:
     if given(name) and args.optimizer != "muon":
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
                        f"--optimizer=muon or drop --{name}.")
+  if given("muon_momentum_start") and not args.muon_momentum_warmup_iters:
+    raise ValueError("--muon_momentum_start has no effect without a momentum warmup; add "
+                     "--muon_momentum_warmup_iters=N (e.g. 300) or drop --muon_momentum_start.")
   if args.model != "gpt":
     if args.optimizer == "muon":
       raise ValueError(f"--optimizer=muon orthogonalises the hidden matrices of a GPT's "

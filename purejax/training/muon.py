@@ -144,8 +144,8 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
   a scale the orthogonalisation removes; with `momentum_warmup_iters`, the
   momentum rises from `momentum_start` over those steps,
   `nesterov_warmed_trace`) is orthogonalised and scaled by
-  `scale_by_newton_schulz` (`ns_steps` steps; so `learning_rate` means what it means in Muon's
-  reference and in modded-nanogpt), decayed by `weight_decay` times the
+  `scale_by_newton_schulz` (`ns_steps` steps; so `learning_rate` means what it
+  means in Muon's reference and in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
   matrices, each orthogonalised alone, never one flattened matrix.

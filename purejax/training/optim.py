@@ -309,11 +309,15 @@ def describe(config: OptimizerConfig) -> str:
                   f"{config.min_lr:g} over the last {config.warmdown_frac:.0%} of "
                   f"{config.decay_iters} steps)")
   if config.name == "muon":
-    parts[0] = (f"muon (lr {config.muon_learning_rate:g}, momentum {config.muon_momentum:g}"
-                f"{f', weight decay {config.muon_weight_decay:g}' if config.muon_weight_decay else ''}"
-                f"{f', {config.muon_ns_steps} Newton-Schulz steps' if config.muon_ns_steps != muon.MUON_NS_STEPS else ''}"
-                f"{f', momentum from {config.muon_momentum_start:g} over {config.muon_momentum_warmup_iters} steps' if config.muon_momentum_warmup_iters else ''}"
-                f") on the blocks' matrices; adamw on the rest")
+    muon_parts = [f"lr {config.muon_learning_rate:g}", f"momentum {config.muon_momentum:g}"]
+    if config.muon_weight_decay:
+      muon_parts.append(f"weight decay {config.muon_weight_decay:g}")
+    if config.muon_ns_steps != muon.MUON_NS_STEPS:
+      muon_parts.append(f"{config.muon_ns_steps} Newton-Schulz steps")
+    if config.muon_momentum_warmup_iters:
+      muon_parts.append(f"momentum from {config.muon_momentum_start:g} over "
+                        f"{config.muon_momentum_warmup_iters} steps")
+    parts[0] = f"muon ({', '.join(muon_parts)}) on the blocks' matrices; adamw on the rest"
   if config.name in ("adam", "adamw", "muon"):
     parts.append(f"betas {config.beta1:g}, {config.beta2:g}")
   elif config.name == "momentum":
