@@ -68,8 +68,8 @@ def main(argv):
       arms[arm] = timed(arm, harness.torch_train_arm(
           config, dataclasses.replace(adamw, name=name), batch_size, FLAGS.steps_per_call,
           muon_float32=float32))
-      reference[arm] = "torch_adamw" if name == "muon" else None
-    reference = {arm: vs for arm, vs in reference.items() if vs}
+      if name == "muon":
+        reference[arm] = "torch_adamw"
   rows = harness.summarise(harness.alternate(arms, rounds), reference, "s/iter")
   cpu_rows = harness.summarise(cpu, reference, "CPU s/iter")
   for clock, table in (("wall", rows), ("CPU", cpu_rows)):

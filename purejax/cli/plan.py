@@ -130,12 +130,12 @@ def plan(args: Args) -> int:
     except ValueError as e:
       errors.fail(e, args)
     above = (best or 0) + granule
+    estimate = gpu_plan.line_through_last_two(peaks, above)
     if above in peaks:
       over = f"; {above} plans {_gib(peaks[above])}"
-    elif best:
-      over = (f"; {above} would plan about {_gib(gpu_plan.line_through_last_two(peaks, above))} "
-              f"by the line through the last two compiles (not compiled: "
-              f"--confirm_max_batch compiles it)")
+    elif best and estimate is not None:
+      over = (f"; {above} would plan about {_gib(estimate)} by the line through the last two "
+              f"compiles (not compiled: --confirm_max_batch compiles it)")
     else:
       over = ""
     print(f"largest batch that fits: {best or 'none'}"
