@@ -22,7 +22,7 @@ from absl.testing import parameterized
 from jax.sharding import PartitionSpec as P
 
 from bench import hlo
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, host_devices
 from purejax import mlp
 from purejax.training import parallel
 
@@ -33,8 +33,7 @@ RTOL = 1e-5  # fp32, relative: the issue's bar for "the same losses"
 
 @functools.lru_cache(maxsize=None)
 def _run_worker(options_json: str) -> dict:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(os.environ, **host_devices(4), PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2")
   process = subprocess.run([sys.executable, str(WORKER), options_json], env=env,
                            capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
   assert process.returncode == 0, process.stderr[-3000:]
