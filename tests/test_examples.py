@@ -1,19 +1,21 @@
 """The examples run as a user runs them, and learn."""
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO_ROOT, require_test_data
+from conftest import REPO_ROOT, long_run_env, require_test_data
 
 pytestmark = pytest.mark.slow  # each trains for a minute or two
 
 
 def run_example(name, *args):
   process = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / name), *args],
-                           capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+                           capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
+                           env=dict(os.environ, **long_run_env()))
   assert process.returncode == 0, process.stderr[-3000:]
   return process.stdout
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import refusal, require_test_data, run_module
+from conftest import long_run_env, refusal, require_test_data, run_module
 from purejax.cli import sample
 from purejax.cli import train
 
@@ -59,7 +59,7 @@ def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
       "purejax.train", "--max_iters=500", "--lr_decay_iters=500", "--warmup_iters=20",
       "--eval_interval=250", "--eval_iters=50", "--sample_tokens=40",
       f"--tfds_manual_dir={text_dir}", f"--tfds_data_dir={tfds_data_dir}",
-      f"--out_dir={tmp_path}")
+      f"--out_dir={tmp_path}", env=long_run_env())
   metrics = final_metrics(process)
   assert metrics["step"] == 500
   # The best bigram model of the training text (counts, any smoothing) has a
