@@ -500,7 +500,7 @@ def pytest_configure(config):
   # so the tests check the programs users run; only the last bits of some
   # results differ from level 2's, the same in every process of the run. The
   # few command lines that train for hundreds of steps run at level 1
-  # (`LONG_RUN_ENV`), where the kernels run as fast as at 2.
+  # (`long_run_env()`), where the kernels run as fast as at 2.
   if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_backend_optimization_level=0").strip()
