@@ -21,6 +21,8 @@ from purejax.training import optim
 from purejax.training import runs
 from purejax.data import tokenizers
 
+from conftest import tensorboard_scalars
+
 TINY = gpt.GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False)
 FAST = loop.GPTTrainConfig(batch_size=4, max_iters=20, eval_interval=10, eval_iters=2,
                            log_interval=5, steps_per_call=5, sample_tokens=0, progress=False)
@@ -66,16 +68,14 @@ def test_a_run_logs_loss_lr_grad_norm_and_evals_to_metrics_jsonl(tmp_path):
 
 @pytest.mark.slow
 def test_tensorboard_reads_back_the_logged_scalars(tmp_path):
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   train(tmp_path)
-  events = event_accumulator.EventAccumulator(str(tmp_path))
-  events.Reload()
+  scalars = tensorboard_scalars(tmp_path)
   records = monitor.read_metrics(tmp_path)
   for tag, kind, name in (("train/loss", "train", "loss"), ("train/lr", "train", "lr"),
                           ("eval/val_loss", "eval", "val_loss"),
                           ("eval/val_bpb", "eval", "val_bpb")):
     logged = [(r["step"], r[name]) for r in records if r["kind"] == kind]
-    read = [(e.step, e.value) for e in events.Scalars(tag)]
+    read = scalars[tag]
     assert [s for s, _ in read] == [s for s, _ in logged]
     np.testing.assert_allclose([v for _, v in read], [v for _, v in logged], rtol=1e-6)
 

@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, tensorboard_scalars
 from purejax.training import flops as flops_lib
 from purejax.training import monitor
 from purejax.training import progress as progress_lib
@@ -189,25 +189,8 @@ def test_disabled_monitor_writes_nothing(tmp_path):
 
 
 def read_tensorboard(out_dir):
-  """`{tag: [(step, value)]}` as TensorBoard's own reader shows `out_dir`.
-
-  Without the tensorboard package, TensorFlow's raw event iterator, which
-  knows nothing of restarts (fine for a single run).
-  """
-  try:
-    from tensorboard.backend.event_processing import event_accumulator
-  except ImportError:
-    tf = pytest.importorskip("tensorflow")
-    scalars = {}
-    for path in sorted(out_dir.glob("events.out.tfevents.*")):
-      for event in tf.compat.v1.train.summary_iterator(str(path)):
-        for value in event.summary.value:
-          scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
-  accumulator = event_accumulator.EventAccumulator(str(out_dir))
-  accumulator.Reload()
-  return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-          for tag in accumulator.Tags()["scalars"]}
+  pytest.importorskip("tensorboard")
+  return tensorboard_scalars(out_dir)
 
 
 def test_tensorboard_gets_the_same_scalars(tmp_path):
