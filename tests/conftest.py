@@ -347,11 +347,11 @@ def built_once(name: str, build, *, computed: bool = True) -> pathlib.Path:
   the real model, a whole sweep). A build that raised is redone by the next ask,
   which then fails in its own test. The folder goes with the run's shared folder.
   `computed=False` for what holds no result XLA computed (prepared data): the
-  `xla_defaults` tests' process (`test_xla_defaults.py`) shares it; what XLA
-  computed it builds again under its own code generation.
+  `xla_defaults` tests' process (`test_xla_defaults.py`), which shares the run's
+  folder, reads it too; what XLA computed it builds again under its own code generation.
   """
   root = pathlib.Path(os.environ[_SHARED_DIR])
-  if computed and UNDER_XLA_DEFAULTS:
+  if computed and not suite_codegen():
     name += "-xla-defaults"
   folder, done = root / name, root / f"{name}.built"
   with file_lock(root / f"{name}.lock"):
@@ -529,19 +529,19 @@ _SHARED_DIR = "PUREJAX_TESTS_SHARED_DIR"
 # same in every process of the run, so comparing two runs of one program bit for bit
 # holds. The few command lines that train for hundreds of steps run with XLA's own
 # code generation (`long_run_env()`).
-SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+OLDER_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", OLDER_EMITTERS)
 # Some tests claim that two different programs (scanned and unrolled layers, a
 # training step and its replay) give the same bits. That holds for XLA's own
 # code generation, which users run; with the older emitters two of them got
 # other bits (the same float operations, fused otherwise). Those tests are
 # marked `xla_defaults`; where the suite's flags are in effect they run in one
 # process of their own with XLA's code generation (`test_xla_defaults.py`).
-UNDER_XLA_DEFAULTS = os.environ.get("PUREJAX_TESTS_XLA_DEFAULTS") == "1"
 
 
 def suite_codegen() -> bool:
   """Whether this run compiles with the suite's fast code generation (`SUITE_XLA_FLAGS`)."""
-  return "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "")
+  return OLDER_EMITTERS in os.environ.get("XLA_FLAGS", "")
 
 
 def _xla_accepts(flag: str) -> bool:
@@ -557,7 +557,7 @@ def pytest_configure(config):
   if not hasattr(config, "workerinput") and "xla_backend_optimization_level" not in flags:
     # Set by the first process (pytest, or xdist's controller) for all the others,
     # unless the user chose a level: then the suite compiles as the user asked.
-    suite = [f for f in SUITE_XLA_FLAGS if "fusion_emitters" not in f or _xla_accepts(f)]
+    suite = [f for f in SUITE_XLA_FLAGS if f != OLDER_EMITTERS or _xla_accepts(f)]
     os.environ["XLA_FLAGS"] = " ".join([flags, *suite]).strip()
   if not hasattr(config, "workerinput") and _SHARED_DIR not in os.environ:
     # What the run's processes build once and share (`built_once`).
@@ -660,8 +660,8 @@ def pytest_collection_modifyitems(config, items):
   # Under the suite's code generation the `xla_defaults` tests run in their own
   # process (`test_xla_defaults.py`), the same tests, not here; without it they
   # run here, and the test that starts that process has nothing to run.
-  elsewhere = [item for item in items
-               if item.get_closest_marker("xla_defaults" if suite_codegen() else "runs_xla_defaults")]
+  marker = "xla_defaults" if suite_codegen() else "runs_xla_defaults"
+  elsewhere = [item for item in items if item.get_closest_marker(marker)]
   if elsewhere:
     items[:] = [item for item in items if item not in elsewhere]
     config.hook.pytest_deselected(items=elsewhere)

@@ -5,8 +5,9 @@ The suite compiles with XLA's older CPU emitters at LLVM's level 0, which compil
 tiny model's programs three times faster (`SUITE_XLA_FLAGS` in `conftest.py`). With
 those emitters two different programs that run the same float operations (a step and
 its replay, scanned and unrolled layers) did not always give the same bits, as they do
-under XLA's own code generation. So those claims are checked where users run them: under XLA's own code generation, in one process of
-their own. The tests are the ones marked `xla_defaults`; this runs them.
+under XLA's own code generation. So those claims are checked where users run them:
+under XLA's own code generation, in one process of their own. The tests are the ones
+marked `xla_defaults`; this runs them.
 """
 
 import os
@@ -21,8 +22,7 @@ from conftest import REPO_ROOT, long_run_env
 @pytest.mark.slow
 @pytest.mark.runs_xla_defaults
 def test_the_bit_for_bit_claims_hold_under_xlas_own_code_generation():
-  env = dict(os.environ, **long_run_env(), PUREJAX_TESTS_XLA_DEFAULTS="1",
-             TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(os.environ, **long_run_env(), TF_CPP_MIN_LOG_LEVEL="2")
   process = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
        "-m", "xla_defaults", "tests"],
