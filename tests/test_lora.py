@@ -1,9 +1,12 @@
 """lora: adapters as a separate pytree, a merged view of the params, export of the merge."""
 
+import contextlib
 import dataclasses
+import io
 
 import chex
 import jax
+from jax import ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -145,6 +148,35 @@ def test_the_views_gradient_is_the_merges_and_skips_the_frozen_weights_products(
   weights = lora._weights_by_path(params)  # pylint: disable=protected-access
   frozen_products = sum(2 * tokens * weights[path].size for path in adapters)  # all layers
   assert flops(theirs) - flops(ours) >= 0.75 * frozen_products
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_remat_dots_keeps_one_output_per_low_rank_product(compute_dtype):
+  # Under remat "dots" a block keeps its products' outputs for the backward
+  # pass. A low-rank product x @ W + s (x @ A) @ B is one output: keeping
+  # x @ W and (x @ A) @ B apart held twice the bytes (LoRA on SmolLM2-135M:
+  # 1.70 against 1.17 GiB of temporaries per step).
+  rows, d_in, d_out, rank = 8, 16, 24, 2
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  x = jax.random.normal(keys[0], (rows, d_in))
+  weight = kernels.LowRankWeight(jax.random.normal(keys[1], (d_in, d_out)),
+                                 jax.random.normal(keys[2], (d_in, rank)),
+                                 jax.random.normal(keys[3], (rank, d_out)), 2.0)
+
+  def block(w, x):
+    return jnp.sum(jax.nn.silu(kernels.matmul(x, w, compute_dtype=compute_dtype,
+                                              forms=kernels.Forms())))
+
+  forms = kernels.Forms(remat="dots")
+  listing = io.StringIO()
+  with contextlib.redirect_stdout(listing):  # one line per residual: "f32[8,24] output of ..."
+    ad_checkpoint.print_saved_residuals(kernels.remat(block, forms, None), weight, x)
+  saved = listing.getvalue().splitlines()
+  assert sum(line.startswith(f"f32[{rows},{d_out}]") for line in saved) == 1, saved
+  # The same function and gradients as without remat.
+  plain = jax.value_and_grad(block)(weight, x)
+  chex.assert_trees_all_close(jax.value_and_grad(kernels.remat(block, forms, None))(weight, x),
+                              plain, rtol=1e-6, atol=1e-6)
 
 
 def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning():

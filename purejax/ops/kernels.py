@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 # The products live in ops/matmul.py; models call them as kernels.matmul etc.
+from purejax.ops.matmul import LOW_RANK_OUTPUT
 from purejax.ops.matmul import LowRankWeight  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import batched_matmul  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import matmul
@@ -39,7 +40,10 @@ MATMUL_OUTPUT_FORMS = ("float32", "compute")
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # The products' outputs; a low-rank product (`LowRankWeight`) counts as one.
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(LOW_RANK_OUTPUT)),
     # "full", with the saved block input in the compute dtype (`remat`).
     "full_compute_dtype": jax.checkpoint_policies.nothing_saveable,
 }

@@ -16,6 +16,10 @@ from typing import Any, Optional
 import chex
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+# The name a low-rank product's output carries for remat policies.
+LOW_RANK_OUTPUT = "low_rank_product"
 
 
 def row_major_transpose(a: chex.Array) -> chex.Array:
@@ -174,10 +178,19 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
   if isinstance(w, LowRankWeight):
     product = functools.partial(_matmul_2d, compute_dtype=compute_dtype, forms=forms,
                                 float32_output=float32_output)
-    base = jax.lax.stop_gradient(w.base)
-    y = (_matmul_2d(x2, base, compute_dtype=compute_dtype, forms=forms, frozen=True,
-                    float32_output=float32_output)
-         + w.scale * product(product(x2, w.a), w.b))
+
+    # Inside a checkpoint that saves nothing, then named: a remat policy that
+    # keeps products (`kernels.REMAT_POLICIES["dots"]`) keeps the one sum,
+    # not `x @ base` and `(x @ a) @ b` apart (twice the bytes, and the sum
+    # recomputed). The backward needs neither term: only `x @ a` ([rows,
+    # rank]), which it recomputes.
+    @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+    def low_rank_product(x2, base, a, b):
+      return (_matmul_2d(x2, jax.lax.stop_gradient(base), compute_dtype=compute_dtype,
+                         forms=forms, frozen=True, float32_output=float32_output)
+              + w.scale * product(product(x2, a), b))
+
+    y = checkpoint_name(low_rank_product(x2, w.base, w.a, w.b), LOW_RANK_OUTPUT)
   else:
     y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms,
                    float32_output=float32_output)
