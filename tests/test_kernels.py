@@ -93,8 +93,10 @@ slow = pytest.mark.slow
     ("blocked", 5), ("xla", 12),
     pytest.param("blocked", 2, marks=slow), pytest.param("blocked", 12, marks=slow),
     pytest.param("blocked", 64, marks=slow)])
-def test_attention_forms_equal_plain_values_and_gradients(form, block):
+@pytest.mark.parametrize("kv_heads", [3, 1])  # 1: grouped-query attention, 3 heads a key
+def test_attention_forms_equal_plain_values_and_gradients(form, block, kv_heads):
   q, k, v = qkv(0)
+  k, v = k[:, :, :kv_heads], v[:, :, :kv_heads]
   cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
 
   def value_and_grads(form):
@@ -158,6 +160,16 @@ class AttentionTest(parameterized.TestCase):
     chex.assert_trees_all_close(traced(jnp.float32(0.5)), jax.jit(lambda: run(0.5))(),
                                 rtol=1e-5, atol=1e-5)
     assert not np.array_equal(traced(jnp.float32(0.5)), traced(jnp.float32(0.0)))
+
+  def test_blocked_grouped_query_attention_drops_the_repeated_forms_masks(self):
+    # Unrepeated keys change the products' shapes, not which weights drop.
+    q, (k, v) = qkv(3, (2, 12, 4, 8))[0], qkv(4, (2, 12, 2, 8))[:2]
+    key = jax.random.PRNGKey(4)
+    run = lambda k, v: attention.causal_attention(
+        q, k, v, form="blocked", block=5, dropout=0.5, key=key, deterministic=False)
+    chex.assert_trees_all_close(run(k, v), run(jnp.repeat(k, 2, axis=2),
+                                               jnp.repeat(v, 2, axis=2)),
+                                rtol=1e-5, atol=1e-5)
 
   def test_cudnn_form_runs_xla_where_cudnn_does_not_apply_and_says_why(self):
     q, k, v = qkv(3)

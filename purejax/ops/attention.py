@@ -12,7 +12,9 @@ per head, and take plain arguments: nothing here knows a model config.
   up to its own end, so most of the masked upper triangle is never computed
   (10/16 of the scores for 256 positions in blocks of 64). Each block's
   softmax spans all its keys, so it is exact. With a finite mask and a
-  written-out softmax, it is the fastest form on XLA's CPU backend.
+  written-out softmax, it is the fastest form on XLA's CPU backend. With
+  fewer key/value heads than query heads, each key/value head's queries
+  are multiplied as one taller block, the keys not repeated.
 * "xla": the plain form with its two products in `compute_dtype` (float32
   accumulation, `kernels.batched_matmul`, also in the backward pass) and the
   softmax and dropout in float32. It holds the whole `[batch, head, time,
@@ -72,6 +74,42 @@ def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic):
   # Normalising the [b, h, t, d] output instead of the [b, h, t, s] weights
   # saves a pass over the larger array.
   return jnp.einsum("bhts,bhsd->bhtd", unnormalised, v) / total
+
+
+def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic):
+  """The "blocked" form for grouped-query attention, keys and values not repeated.
+
+  A key/value head's query heads are one block's rows: its products are
+  `[group * block, d] x [d, s]`, a third as many and three times as tall as
+  the repeated form's for three query heads a key (SmolLM2), which XLA's CPU
+  backend runs faster (attention forward and backward of SmolLM2-135M's
+  shape: 19.8 against 24.5 ms a layer). The same function, and with dropout
+  the same masks, as the repeated form.
+
+  Args:
+    q: `[b, t, h, d]` scaled queries.
+    k, v: `[b, s, g, d]`, `g` dividing `h`.
+  """
+  b, t, h, d = q.shape
+  g = k.shape[2]
+  q = q.reshape(b, t, g, h // g, d).transpose(0, 2, 3, 1, 4)  # [b, g, h/g, t, d]
+  k, v = _bhtd(k), _bhtd(v)  # [b, g, s, d]
+  dropping = dropout_lib.drops(dropout, deterministic)
+  blocks = []
+  for i, start in enumerate(range(0, t, block)):
+    stop = min(start + block, t)
+    scores = jnp.einsum("bgrtd,bgsd->bgrts", q[:, :, :, start:stop], k[:, :, :stop])
+    causal = jnp.arange(stop)[None, :] <= jnp.arange(start, stop)[:, None]  # [t, s]
+    scores = jnp.where(causal, scores, -1e30)
+    unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
+    total = unnormalised.sum(-1, keepdims=True)  # [b, g, h/g, t, 1]
+    if dropping:  # the repeated form's masks: drawn over [b, h, t, s], head i in group i // (h/g)
+      unnormalised = dropout_lib.dropout(
+          jax.random.fold_in(key, i), unnormalised.reshape(b, h, stop - start, stop),
+          dropout, deterministic=deterministic).reshape(unnormalised.shape)
+    blocks.append(jnp.einsum("bgrts,bgsd->bgrtd", unnormalised, v[:, :, :stop]) / total)
+  y = jnp.concatenate(blocks, axis=3)  # [b, g, h/g, t, d]
+  return y.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 def cudnn_unsupported(shape: Tuple[int, ...], dtype, dropping: bool) -> Optional[str]:
@@ -170,10 +208,12 @@ def causal_attention(
     _say_once(f"attention: cuDNN's fused attention does not apply ({reason}); running "
               f"the 'xla' form, which holds the [batch, head, time, time] scores.")
     form = "xla"
-  k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
-  scale = 1.0 / math.sqrt(q.shape[-1])
-  q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   drop = dict(dropout=dropout, deterministic=deterministic)
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  if form == "blocked" and k.shape[2] < q.shape[2]:
+    return _grouped_blocked_attention(q * scale, k, v, block=block, key=key, **drop)
+  k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
+  q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   if form == "xla":
     y = _xla_attention(q, k, v, compute_dtype=compute_dtype, key=key, **drop)
     return _bhtd(y).astype(q.dtype)
