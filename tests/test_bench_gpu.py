@@ -1,4 +1,4 @@
-"""The benches' harness (bench/harness.py, bench/jobs.py) and bench/gpu.py's pieces; no GPU needed."""
+"""The benches' harness (bench/harness.py, bench/jobs.py), bench/gpu.py's and bench/finetune_profile.py's pieces; no GPU needed."""
 
 import dataclasses
 import importlib
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench import finetune_profile
 from bench import gpu
 from bench import gpu_rows
 from bench import harness
@@ -264,3 +265,17 @@ def test_the_speedrun_reads_the_first_step_that_reaches_the_target():
   assert speedrun.first_reaching(evals, 1.95) == 50
   assert speedrun.first_reaching(evals, 1.9) == 50
   assert speedrun.first_reaching(evals, 1.7) is None
+
+
+def test_the_fine_tuning_profile_tells_products_attention_and_the_rest_apart():
+  heads = (9, 3)  # SmolLM2: query heads, key/value heads
+  kind = lambda name, shape: finetune_profile.purejax_kind(name, shape, heads)
+  assert kind("ynn_fusion.5", "f32[1024,3072]{1,0}") == "products"
+  assert kind("dot.322", "f32[576,3072]{1,0}") == "products"
+  assert kind("ynn_fusion.13", "f32[4,3,192,256]{3,2,1,0}") == "attention"  # batched dot
+  assert kind("slice_concatenate_fusion.3", "f32[4,256,9,64]{3,2,1,0}") == "attention"
+  assert kind("wrapped_broadcast.3", "f32[30,1024,3072]{2,1,0}") == "other"  # scan stack
+  assert kind("add_divide_fusion", "f32[4,256,1536]{2,1,0}") == "other"
+  program = "  %ynn_fusion.5 = f32[1024,3072]{1,0} fusion(%a, %b), kind=kCustom\n"
+  assert finetune_profile._shapes_by_op(program) == {  # pylint: disable=protected-access
+      "ynn_fusion.5": ("f32[1024,3072]{1,0}", "fusion")}
