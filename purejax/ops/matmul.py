@@ -157,7 +157,8 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
 
   Args:
     x: `[..., in_dim]` float.
-    w: `[in_dim, out_dim]` float, or a `LowRankWeight` of that shape.
+    w: `[in_dim, out_dim]` float, or a `LowRankWeight` of that shape (its
+      rank-wide adapter products run in float32 whatever `compute_dtype`).
     compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
     forms: the backward form (`Forms.matmul_backward`) and the output's
       dtype (`Forms.matmul_output`); None: the plain form, float32 output.
@@ -176,8 +177,11 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
   # backend to a slow generic loop instead of its GEMM kernel.
   x2 = x.reshape(-1, x.shape[-1])
   if isinstance(w, LowRankWeight):
-    product = functools.partial(_matmul_2d, compute_dtype=compute_dtype, forms=forms,
-                                float32_output=float32_output)
+    # The adapters' products are rank-wide, a percent or two of the layer's
+    # FLOPs: float32, where a low-precision product's row-major transposes
+    # of `[rows, in]` activations cost more than the products themselves.
+    def product(a, b):
+      return jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
 
     # Inside a checkpoint that saves nothing, then named: a remat policy that
     # keeps products (`kernels.REMAT_POLICIES["dots"]`) keeps the one sum,
@@ -186,9 +190,9 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
     # rank]), which it recomputes.
     @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
     def low_rank_product(x2, base, a, b):
-      return (_matmul_2d(x2, jax.lax.stop_gradient(base), compute_dtype=compute_dtype,
-                         forms=forms, frozen=True, float32_output=float32_output)
-              + w.scale * product(product(x2, a), b))
+      frozen = _matmul_2d(x2, jax.lax.stop_gradient(base), compute_dtype=compute_dtype,
+                          forms=forms, frozen=True, float32_output=float32_output)
+      return frozen + (w.scale * product(product(x2, a), b)).astype(frozen.dtype)
 
     y = checkpoint_name(low_rank_product(x2, w.base, w.a, w.b), LOW_RANK_OUTPUT)
   else:
