@@ -26,11 +26,12 @@ import datetime
 import glob
 import gzip
 import json
-import os
+import pathlib
 import re
 import subprocess
 import sys
 import tempfile
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -48,7 +49,7 @@ def _shapes_by_op(program_text: str) -> dict:
   return {name: (shape, opcode) for name, shape, opcode in found}
 
 
-def purejax_kind(name: str, shape: str, heads: int) -> str:
+def purejax_kind(name: str, shape: str, heads: Sequence[int]) -> str:
   """`KINDS` entry of one XLA:CPU thunk, from its name and output shape."""
   dims = [int(d) for d in re.findall(r"\d+", shape.partition("{")[0].partition("[")[2])]
   product = name.startswith(("dot", "ynn_fusion", "custom-call"))
@@ -64,7 +65,7 @@ def profile_purejax(setting: str) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   run = finetune_speed.make_arm("purejax", FLAGS.model, setting)
   shapes = _shapes_by_op(run.compiled().as_text())
-  config = json.loads(open(os.path.join(FLAGS.model, "config.json")).read())
+  config = json.loads(pathlib.Path(FLAGS.model, "config.json").read_text())
   heads = (config["num_attention_heads"], config.get("num_key_value_heads") or 0)
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):

@@ -56,6 +56,17 @@ def _masked_softmax_attention(q, k, v, positions, *, key, dropout, deterministic
   return jnp.einsum("bhts,bhsd->bhtd", weights, v)
 
 
+def _finite_mask_softmax_parts(scores: chex.Array, positions: chex.Array):
+  """The causal softmax of `[..., t, s]` scores of queries at `positions` `[t]`, unnormalised.
+
+  Returns the unnormalised weights and their `[..., t, 1]` sums.
+  """
+  causal = jnp.arange(scores.shape[-1])[None, :] <= positions[:, None]  # [t, s]
+  scores = jnp.where(causal, scores, -1e30)
+  unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
+  return unnormalised, unnormalised.sum(-1, keepdims=True)
+
+
 def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic):
   """As `_masked_softmax_attention`, in the form XLA CPU runs fastest.
 
@@ -64,12 +75,8 @@ def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic):
   at least itself, so no row is all masked. Dropout acts on the unnormalised
   weights, which is the same as on the normalised ones.
   """
-  s = k.shape[2]
   scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
-  causal = jnp.arange(s)[None, :] <= positions[:, None]  # [t, s]
-  scores = jnp.where(causal, scores, -1e30)
-  unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
-  total = unnormalised.sum(-1, keepdims=True)  # [b, h, t, 1]
+  unnormalised, total = _finite_mask_softmax_parts(scores, positions)  # total: [b, h, t, 1]
   unnormalised = dropout_lib.dropout(key, unnormalised, dropout, deterministic=deterministic)
   # Normalising the [b, h, t, d] output instead of the [b, h, t, s] weights
   # saves a pass over the larger array.
@@ -99,10 +106,7 @@ def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic):
   for i, start in enumerate(range(0, t, block)):
     stop = min(start + block, t)
     scores = jnp.einsum("bgrtd,bgsd->bgrts", q[:, :, :, start:stop], k[:, :, :stop])
-    causal = jnp.arange(stop)[None, :] <= jnp.arange(start, stop)[:, None]  # [t, s]
-    scores = jnp.where(causal, scores, -1e30)
-    unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
-    total = unnormalised.sum(-1, keepdims=True)  # [b, g, h/g, t, 1]
+    unnormalised, total = _finite_mask_softmax_parts(scores, jnp.arange(start, stop))
     if dropping:  # the repeated form's masks: drawn over [b, h, t, s], head i in group i // (h/g)
       unnormalised = dropout_lib.dropout(
           jax.random.fold_in(key, i), unnormalised.reshape(b, h, stop - start, stop),
