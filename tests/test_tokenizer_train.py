@@ -83,6 +83,40 @@ def test_a_model_corpus_reads_through_the_trained_file(text, tmp_path, capsys):
   assert data.tokenizer.decode(ids) == TEXT
 
 
+def test_a_corpus_alphabet_spends_no_tokens_on_bytes_the_text_lacks(text, tmp_path, capsys):
+  # The text has 43 distinct bytes: 213 of the 256 byte tokens would be unused rows.
+  assert len(set(TEXT.encode())) == 43
+  measured = {}
+  for alphabet, vocab_size in (("bytes", 280), ("corpus", 280 - 213)):
+    out = tmp_path / f"{alphabet}.json"
+    assert tokenizer_cli.run(["tokenizer", "--train", f"--dataset={text}",
+                              f"--vocab_size={vocab_size}", f"--alphabet={alphabet}",
+                              f"--out={out}"]) == 0
+    measured[alphabet] = report(capsys)
+  # The same 23 merges, so the same compression, in 67 tokens instead of 280.
+  assert measured["corpus"]["tokens"] == 67
+  assert measured["corpus"]["count"] == measured["bytes"]["count"], measured
+  tok = tokenizer_json.load(str(tmp_path / "corpus.json"))
+  assert tok.vocab_size == 67 and tok.decode(tok.encode(TEXT)) == TEXT
+  # Text with bytes it never saw is refused, not silently dropped as `tokenizers` would.
+  with pytest.raises(bpe_train.TokenizerError, match=r"2 character\(s\) .* has no tokens for, e.g. 'Q', 'é'"):
+    tok.encode("Speak, Q é.")
+  assert tokenizer_json.load(str(tmp_path / "bytes.json")).encode("Speak, Q é.").size
+
+
+def test_a_model_corpus_with_bytes_its_tokenizer_lacks_is_an_error(text, tmp_path):
+  out = tmp_path / "tok.json"
+  with bpe_train.corpus_text(str(text)) as chunks:
+    bpe_train.train(chunks, 100, alphabet="corpus").save(str(out))
+  other = tmp_path / "other.txt"
+  other.write_text(TEXT + "Zounds!\n")  # 'Z' and '!' are new
+  args = train_cli.command.parse(
+      ["train", f"--dataset={other}", f"--tokenizer_file={out}", f"--cache_dir={tmp_path}"],
+      lambda a: train_cli.train_flags.define_flags(a, "gpt"))
+  with pytest.raises(bpe_train.TokenizerError, match="e.g. '!', 'Z'"):
+    train_cli.load_corpus(args, tokenizer=None)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--train", "--vocab_size=256"], "--vocab_size=256 is out of range: a byte-level BPE "
      "holds the 256 bytes and <|endoftext|>, so at least 257"),
@@ -91,6 +125,12 @@ def test_a_model_corpus_reads_through_the_trained_file(text, tmp_path, capsys):
     ([], "pass --train (with --vocab_size and --out) to train a tokenizer, or "
      "--tokenizer_file=tok.json to measure one."),
     (["--tokenizer_file=t.json", "--vocab_size=300"], "--vocab_size applies to --train"),
+    (["--tokenizer_file=t.json", "--alphabet=corpus"], "--alphabet applies to --train"),
+    (["--train", "--vocab_size=0", "--alphabet=corpus", "--out=x.json"],
+     "--vocab_size=0 is out of range: a byte-level BPE holds at least one byte"),
+    (["--train", "--vocab_size=20", "--alphabet=corpus", "--out=x.json"],
+     "--vocab_size=20 is too small for this corpus's alphabet: it holds 43 distinct bytes, "
+     "so at least 44"),
 ])
 def test_bad_flags_are_one_line_errors(text, tmp_path, capsys, args, message):
   code = tokenizer_cli.run(["tokenizer", f"--dataset={text}", *args])

@@ -2,6 +2,7 @@
 
     python -m purejax.tokenizer --train --dataset=notes.txt --vocab_size=4096 --out=tok.json
     python -m purejax.tokenizer --train --dataset=notes.txt --vocab_size=4096 --split=nanochat --out=tok.json
+    python -m purejax.tokenizer --train --dataset=notes.txt --vocab_size=256 --alphabet=corpus --out=tok.json
     python -m purejax.tokenizer --dataset=notes.txt --tokenizer_file=tok.json   # its compression
     python -m purejax.train --dataset=notes.txt --tokenizer_file=tok.json       # train a model on it
 
@@ -28,8 +29,12 @@ def define_flags(args: flags.FlagValues) -> None:
                     "(without it: measure --tokenizer_file on --dataset).", flag_values=args)
   flags.DEFINE_string("dataset", None, "The text: a .txt file, a folder of them, or a TFDS "
                       "name (as python -m purejax.train reads it).", flag_values=args)
-  flags.DEFINE_integer("vocab_size", None, "Tokens, counting the 256 bytes and "
-                       "<|endoftext|> (at least 257).", flag_values=args)
+  flags.DEFINE_integer("vocab_size", None, "Tokens, counting the base bytes and "
+                       "<|endoftext|> (at least 257 with --alphabet=bytes).", flag_values=args)
+  flags.DEFINE_enum("alphabet", "bytes", list(bpe_train.ALPHABETS), "The base tokens: all "
+                    "256 bytes (any text encodes), or only the bytes --dataset holds (a small "
+                    "vocabulary spends no rows on unused bytes; other text cannot be "
+                    "encoded).", flag_values=args)
   flags.DEFINE_enum("split", "gpt2", list(bpe_train.SPLITS), "How text is cut before "
                     "merging: GPT-2's regex, or nanochat's (GPT-4's, digits in runs of at "
                     "most two).", flag_values=args)
@@ -49,7 +54,7 @@ def _check(args: flags.FlagValues) -> None:
     raise ValueError("--dataset is required: a .txt file, a folder of them, or a TFDS name.")
   if args.train:
     if args.vocab_size is not None:
-      bpe_train.check_vocab_size(args.vocab_size)
+      bpe_train.check_vocab_size(args.vocab_size, args.alphabet)
     for name in ("vocab_size", "out"):
       if args[name].value is None:
         raise ValueError(f"--train needs --{name} (e.g. --vocab_size=4096 --out=tok.json).")
@@ -64,7 +69,7 @@ def _check(args: flags.FlagValues) -> None:
   if args.tokenizer_file is None:
     raise ValueError("pass --train (with --vocab_size and --out) to train a tokenizer, or "
                      "--tokenizer_file=tok.json to measure one.")
-  for name in ("vocab_size", "out"):
+  for name in ("vocab_size", "out", "alphabet", "split"):
     if args[name].present:
       raise ValueError(f"--{name} applies to --train; add --train or drop --{name}.")
 
@@ -77,7 +82,8 @@ def tokenizer(args: flags.FlagValues) -> int:
     _check(args)
     if args.train:
       with text() as chunks:
-        tok = bpe_train.train(chunks, args.vocab_size, split=args.split)
+        tok = bpe_train.train(chunks, args.vocab_size, split=args.split,
+                              alphabet=args.alphabet)
       tok.save(str(pathlib.Path(args.out).expanduser()))
       name = args.out
     else:

@@ -2,15 +2,19 @@
 
     tok = bpe_train.train(texts, vocab_size=4096)                # a tokenizers.Tokenizer
     tok = bpe_train.train(texts, vocab_size=4096, split="nanochat")
+    tok = bpe_train.train(texts, vocab_size=256, alphabet="corpus")  # a small corpus's own bytes
     tok.save("tok.json")            # a tokenizer.json: tokenizer_json.load("tok.json") reads it
     bpe_train.bytes_per_token(tok, texts)                        # its compression
 
 The result is GPT-2's kind of tokenizer: text is cut into pieces by a
 regex, each piece's UTF-8 bytes are mapped to 256 printable characters, and
 BPE merges are learnt over them, so every string encodes (no unknown
-token) and decodes back to itself. The `tokenizers` library's trainer (Rust)
-does the counting and merging; it is already the package that runs
-`tokenizer.json` files (`tokenizer_json`).
+token) and decodes back to itself. With `alphabet="corpus"` the base
+tokens are only the bytes the corpus holds: a small vocabulary then spends
+no rows on bytes the text never uses (Tiny Shakespeare uses 65 of the 256),
+and encoding text with any other byte raises `TokenizerError`. The
+`tokenizers` library's trainer (Rust) does the counting and merging; it is
+already the package that runs `tokenizer.json` files (`tokenizer_json`).
 """
 
 import contextlib
@@ -30,23 +34,33 @@ from purejax.data.errors import TokenizerError
 NANOCHAT_SPLIT = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?"""
                   r"""[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
 SPLITS = ("gpt2", "nanochat")
+# The base tokens: all 256 bytes, or only those the corpus holds.
+ALPHABETS = ("bytes", "corpus")
 SPECIAL_TOKENS: Tuple[str, ...] = ("<|endoftext|>",)
 BYTES = 256
 # tokenizers' trainer stores ids as u32; larger vocabularies would not fit a model anyway.
 MAX_VOCAB_SIZE = 1 << 22
 
 
-def check_vocab_size(vocab_size: int) -> None:
-  """Raises TokenizerError unless a byte-level BPE can have `vocab_size` tokens."""
-  least = BYTES + len(SPECIAL_TOKENS)
+def check_vocab_size(vocab_size: int, alphabet: str = "bytes") -> None:
+  """Raises TokenizerError unless a byte-level BPE can have `vocab_size` tokens.
+
+  With `alphabet="corpus"` the least size depends on the corpus; `train`
+  checks it once the corpus is read.
+  """
+  if alphabet not in ALPHABETS:
+    raise TokenizerError(f"`alphabet={alphabet}` is not one of {', '.join(ALPHABETS)}.")
+  least = (BYTES if alphabet == "bytes" else 1) + len(SPECIAL_TOKENS)
   if not isinstance(vocab_size, int) or not least <= vocab_size <= MAX_VOCAB_SIZE:
+    holds = (f"the {BYTES} bytes" if alphabet == "bytes" else "at least one byte")
     raise TokenizerError(
-        f"`vocab_size={vocab_size}` is out of range: a byte-level BPE holds the {BYTES} "
-        f"bytes and {', '.join(SPECIAL_TOKENS)}, so at least {least}, and at most "
+        f"`vocab_size={vocab_size}` is out of range: a byte-level BPE holds {holds} "
+        f"and {', '.join(SPECIAL_TOKENS)}, so at least {least}, and at most "
         f"{MAX_VOCAB_SIZE:,}; choose e.g. 4096.")
 
 
-def train(texts: Iterable[str], vocab_size: int, *, split: str = "gpt2"):
+def train(texts: Iterable[str], vocab_size: int, *, split: str = "gpt2",
+          alphabet: str = "bytes"):
   """A byte-level BPE with up to `vocab_size` tokens, learnt from `texts`.
 
   Args:
@@ -55,14 +69,17 @@ def train(texts: Iterable[str], vocab_size: int, *, split: str = "gpt2"):
       (id 0). A small corpus may run out of pairs to merge first: the
       result's `get_vocab_size()` says how many it has.
     split: the pre-tokenizer, "gpt2" or "nanochat" (`NANOCHAT_SPLIT`).
+    alphabet: the base tokens: "bytes" (all 256, so any text encodes) or
+      "corpus" (only the bytes `texts` holds; other text cannot be encoded).
 
   Returns:
     A `tokenizers.Tokenizer` (`.save(path)` writes its tokenizer.json).
 
   Raises:
-    TokenizerError: a bad `vocab_size` or `split`, or `texts` holds no text.
+    TokenizerError: a bad `vocab_size`, `split` or `alphabet`, `texts` holds no
+      text, or (alphabet "corpus") more distinct bytes than `vocab_size` leaves room for.
   """
-  check_vocab_size(vocab_size)
+  check_vocab_size(vocab_size, alphabet)
   if split not in SPLITS:
     raise TokenizerError(f"`split={split}` is not one of {', '.join(SPLITS)}.")
   lib = tokenizer_json._import_tokenizers()  # pylint: disable=protected-access
@@ -77,7 +94,7 @@ def train(texts: Iterable[str], vocab_size: int, *, split: str = "gpt2"):
   trainer = lib.trainers.BpeTrainer(
       vocab_size=vocab_size, min_frequency=0, show_progress=False,
       special_tokens=list(SPECIAL_TOKENS),
-      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet())
+      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet() if alphabet == "bytes" else [])
   seen = [0]
 
   def counted(chunks):
@@ -88,6 +105,11 @@ def train(texts: Iterable[str], vocab_size: int, *, split: str = "gpt2"):
   tok.train_from_iterator(counted(texts), trainer=trainer)
   if not seen[0]:
     raise TokenizerError("the corpus holds no text; a tokenizer needs text to learn from.")
+  if tok.get_vocab_size() > vocab_size:  # the trainer keeps every byte it saw
+    raise TokenizerError(
+        f"`vocab_size={vocab_size}` is too small for this corpus's alphabet: it holds "
+        f"{tok.get_vocab_size() - len(SPECIAL_TOKENS)} distinct bytes, so at least "
+        f"{tok.get_vocab_size()} with {', '.join(SPECIAL_TOKENS)}; raise it.")
   return tok
 
 

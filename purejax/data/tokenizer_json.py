@@ -15,8 +15,10 @@ are not applied.
 """
 
 import dataclasses
+import functools
 import hashlib
 import pathlib
+import re
 from typing import Any, ClassVar, Optional
 
 import numpy as np
@@ -81,8 +83,36 @@ class JSONTokenizer:
     return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str) -> np.ndarray:
-    """Text -> int32 ids, without special tokens (no BOS/EOS added)."""
+    """Text -> int32 ids, without special tokens (no BOS/EOS added).
+
+    Raises:
+      TokenizerError: `text` holds a byte the tokenizer has no token for (a
+        byte-level BPE trained with only its corpus's bytes), which the
+        `tokenizers` library would drop silently.
+    """
+    lacking = self._lacking_bytes
+    if lacking is not None and lacking.search(text.encode("utf-8")):
+      chars = sorted({c for c in text if lacking.search(c.encode("utf-8"))})
+      raise TokenizerError(
+          f"the text holds {len(chars)} character(s) {self.encoding_file} has no tokens "
+          f"for, e.g. {', '.join(map(repr, chars[:5]))} (it was trained on text without "
+          f"them); remove them from the text, or train the tokenizer with every byte.")
     return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+  @property
+  def _byte_level(self) -> bool:
+    decoder = self.tokenizer.decoder
+    return decoder is not None and "ByteLevel" in f"{type(decoder).__name__} {decoder}"
+
+  @functools.cached_property
+  def _lacking_bytes(self) -> Optional["re.Pattern[bytes]"]:
+    """A byte-level BPE's bytes that have no token, as a pattern; None if it has all 256."""
+    if not self._byte_level:
+      return None
+    vocab = self.tokenizer.get_vocab(with_added_tokens=False)
+    lacking = [b for b, c in enumerate(_byte_level_alphabet()) if c not in vocab]
+    return re.compile(b"[" + b"".join(re.escape(bytes([b])) for b in lacking) + b"]"
+                      ) if lacking else None
 
   def decode(self, ids: Any) -> str:
     ids = np.asarray(ids).reshape(-1)
@@ -105,8 +135,7 @@ class JSONTokenizer:
     special = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()
                if t.special}
     alphabet = set(_byte_level_alphabet())
-    byte_level = "ByteLevel" in type(self.tokenizer.decoder).__name__ or (
-        self.tokenizer.decoder is not None and "ByteLevel" in str(self.tokenizer.decoder))
+    byte_level = self._byte_level
     lengths = []
     for i in range(self.vocab_size):
       token = self.tokenizer.id_to_token(i)
@@ -127,11 +156,12 @@ class JSONTokenizer:
 
 
 def _byte_level_alphabet() -> str:
-  """GPT-2's byte-level alphabet: one printable character per byte value."""
+  """GPT-2's byte-level alphabet: character `i` stands for byte value `i`."""
   printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
                + list(range(ord("®"), ord("ÿ") + 1)))
   extra = [b for b in range(256) if b not in printable]
-  return "".join(map(chr, printable + [256 + n for n in range(len(extra))]))
+  chars = dict(zip(printable + extra, map(chr, printable + [256 + n for n in range(len(extra))])))
+  return "".join(chars[b] for b in range(256))
 
 
 def load(path: str) -> JSONTokenizer:
