@@ -22,6 +22,12 @@ count (~0.8M), batch (12) and context (64), or the GPU recipe's (6 layers,
 - `modern_speedrun`: the same recipe on a schedule of `--speedrun_steps`
   steps, the speedrun proper: the time until its val loss first reaches the
   target, against the nanoGPT recipe's time to its best evaluation.
+- `llama_bpe` and `modern_bpe`: the Llama block with AdamW, and nanochat's
+  block (without value embeddings) with Muon, each on a byte-level BPE of
+  `BPE_VOCAB_SIZE` tokens trained on the corpus's train split with its own
+  bytes as the alphabet (`bpe_train`, `alphabet="corpus"`), as nanochat
+  trains its own tokenizer. Bits per byte compare them with the character
+  arms; val loss (nats per token) does not.
 
 Wall time is steps times the arm's median step time, and the step times are
 measured in one process with the arms' jitted training calls alternated
@@ -108,12 +114,37 @@ MODERN_OPTIMIZER = dataclasses.replace(
     loop.GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
     muon_learning_rate=1e-2)
 
+# The BPE arms' tokenizer: byte-level BPE over the train split's own bytes
+# (Tiny Shakespeare has 65), nanochat's split pattern.
+BPE_VOCAB_SIZE = 256
+
 # arm -> (GPTConfig options, OptimizerConfig)
 RECIPES = {
     "nanogpt": ({}, loop.GPT_OPTIMIZER),
     "llama": (gpt.ARCHITECTURES["llama"], loop.GPT_OPTIMIZER),
     "modern": (gpt.ARCHITECTURES["nanochat"], MODERN_OPTIMIZER),
+    "llama_bpe": ({**gpt.ARCHITECTURES["llama"], "vocab_size": BPE_VOCAB_SIZE},
+                  loop.GPT_OPTIMIZER),
+    # Value embeddings are `vocab x kv width` tables: 65k parameters at 256 tokens,
+    # which would put this arm 8 % above the others' size.
+    "modern_bpe": ({**gpt.ARCHITECTURES["nanochat"], "value_embeds": False,
+                    "vocab_size": BPE_VOCAB_SIZE}, MODERN_OPTIMIZER),
 }
+
+
+def uses_bpe(arm: str) -> bool:
+  """Whether `arm` trains on the BPE tokenizer (`train_bpe`) instead of characters."""
+  return arm.endswith("_bpe")
+
+
+def train_bpe(folder: str) -> str:
+  """The BPE arms' tokenizer, trained on the train split into `folder`; its path."""
+  from purejax.data import bpe_train  # pylint: disable=import-outside-toplevel
+  with bpe_train.corpus_text("tiny_shakespeare") as chunks:
+    tok = bpe_train.train(chunks, BPE_VOCAB_SIZE, split="nanochat", alphabet="corpus")
+  path = os.path.join(folder, f"bpe-{BPE_VOCAB_SIZE}.json")
+  tok.save(path)
+  return path
 
 # ablation -> what it changes in the modern recipe: (GPTConfig options, optimizer)
 ABLATIONS = {
@@ -168,13 +199,20 @@ def arm_configs(name: str, size: Size):
 
 def child(spec: dict) -> None:
   """Trains one run (`spec`: size, arm, seed, steps, schedule_steps, eval_interval,
-  eval_iters, out_dir)."""
-  from purejax.data import corpus  # pylint: disable=import-outside-toplevel
-  from purejax.training import runs  # pylint: disable=import-outside-toplevel
+  eval_iters, out_dir, and tokenizer_file for the BPE arms)."""
+  # pylint: disable=import-outside-toplevel
+  from purejax.data import corpus
+  from purejax.data import tokenizer_json
+  from purejax.training import runs
   size = SIZES[spec["size"]]
   config, optimizer = arm_configs(spec["arm"], size)
   optimizer = dataclasses.replace(optimizer, decay_iters=spec["schedule_steps"])
-  text = corpus.load_corpus("tiny_shakespeare", tokenizer="char")
+  tokenizer = (tokenizer_json.load(spec["tokenizer_file"]) if spec.get("tokenizer_file")
+               else "char")
+  text = corpus.load_corpus("tiny_shakespeare", tokenizer=tokenizer)
+  if text.vocab_size != config.vocab_size:
+    raise ValueError(f"{spec['arm']}: the tokenizer has {text.vocab_size} tokens, the "
+                     f"model {config.vocab_size}.")
   train = loop.GPTTrainConfig(
       batch_size=size.batch_size, max_iters=spec["steps"],
       eval_interval=spec["eval_interval"], eval_iters=spec["eval_iters"],
@@ -193,6 +231,7 @@ class Run:
   eval_interval: int
   schedule_steps: int
   label: Optional[str] = None
+  tokenizer_file: Optional[str] = None
 
   @property
   def name(self) -> str:
@@ -283,12 +322,24 @@ def recipe_runs(seeds: List[int], size: Size, ms: Dict[str, float], equal_steps:
   """
   every = max(1, min(FLAGS.speedrun_eval_interval, speedrun_steps))
   plan = []
+  bpe_file = train_bpe(scratch) if any(map(uses_bpe, RECIPES)) else None
+  if bpe_file:
+    from purejax.data import bpe_train  # pylint: disable=import-outside-toplevel
+    from purejax.data import tokenizer_json  # pylint: disable=import-outside-toplevel
+    with bpe_train.corpus_text("tiny_shakespeare") as chunks:
+      ratio = bpe_train.bytes_per_token(tokenizer_json.load(bpe_file).tokenizer, chunks)[0]
+    result["bpe"] = {"vocab_size": BPE_VOCAB_SIZE, "alphabet": "corpus", "split": "nanochat",
+                     "train_bytes_per_token": ratio,
+                     "fingerprint": tokenizer_json.load(bpe_file).fingerprint}
+    print(f"BPE: {BPE_VOCAB_SIZE} tokens, {ratio:.3f} bytes/token on the train split",
+          flush=True)
   for seed in seeds:
     for arm in RECIPES:
       steps = equal_steps[arm]
       # The nanoGPT recipe keeps its own schedule; the others end theirs at the budget.
       schedule = round(FLAGS.scale * size.schedule_steps) if arm == "nanogpt" else steps
-      plan.append(Run(arm, seed, steps, min(size.reference_eval_interval, steps), schedule))
+      plan.append(Run(arm, seed, steps, min(size.reference_eval_interval, steps), schedule,
+                      tokenizer_file=bpe_file if uses_bpe(arm) else None))
     plan.append(Run("modern", seed, speedrun_steps, every, speedrun_steps,
                     label="modern_speedrun"))
   runs = train_runs(plan, eval_iters, scratch, out, result, "runs")
@@ -309,7 +360,7 @@ def recipe_runs(seeds: List[int], size: Size, ms: Dict[str, float], equal_steps:
       equal_time_val_bpb=bpb, equal_time_best_val_bpb={arm: best_of(arm, "val_bpb")
                                                        for arm in RECIPES},
       equal_time_val_loss={arm: final(arm, "val_loss") for arm in RECIPES},
-      modern_bpb_vs_llama=bpb["modern"] / bpb["llama"] - 1)
+      bpb_vs_llama={arm: bpb[arm] / bpb["llama"] - 1 for arm in RECIPES})
   harness.write_results(out, result)
 
   print(f"\ntarget: the nanoGPT recipe's best val loss, median of seeds {seeds}: "
@@ -328,7 +379,8 @@ def recipe_runs(seeds: List[int], size: Size, ms: Dict[str, float], equal_steps:
                 f"{final(arm, 'val_loss'):.4f} | **{bpb[arm]:.4f}** | "
                 f"{best_of(arm, 'val_bpb'):.4f} | {seeds_bpb} |")
   print("\nequal wall time:\n" + "\n".join(rows))
-  print(f"modern vs llama val bpb: {100 * result['modern_bpb_vs_llama']:+.2f} %")
+  print("val bpb against llama's: " + ", ".join(
+      f"{arm} {100 * change:+.2f} %" for arm, change in result["bpb_vs_llama"].items()))
 
 
 def ablation_runs(seeds: List[int], ms: Dict[str, float], steps: int, eval_iters: int,

@@ -41,17 +41,22 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  if speedrun.uses_bpe(FLAGS.name) != speedrun.uses_bpe(FLAGS.base):
+    raise app.UsageError(f"--name={FLAGS.name}: a variant of a BPE arm ends in _bpe, "
+                         f"and only those do.")
   options, optimizer = speedrun.RECIPES[FLAGS.base]
   model, opt = json.loads(FLAGS.model), json.loads(FLAGS.optimizer)
   speedrun.RECIPES[FLAGS.name] = ({**options, **model}, dataclasses.replace(optimizer, **opt))
   size = speedrun.SIZES["cpu"]
   finals = []
   with tempfile.TemporaryDirectory() as scratch:
+    bpe_file = speedrun.train_bpe(scratch) if speedrun.uses_bpe(FLAGS.base) else None
     for seed in (int(s) for s in FLAGS.seeds):
       out_dir = os.path.join(scratch, f"{FLAGS.name}-{seed}")
       speedrun.child(dict(size="cpu", arm=FLAGS.name, seed=seed, steps=FLAGS.steps,
                           schedule_steps=FLAGS.steps, eval_interval=FLAGS.steps,
-                          eval_iters=size.eval_iters, out_dir=out_dir))
+                          eval_iters=size.eval_iters, out_dir=out_dir,
+                          tokenizer_file=bpe_file))
       with open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
       last = [r for r in records if r.get("kind") == "eval"][-1]

@@ -259,6 +259,23 @@ def test_the_speedrun_sizes_change_the_size_and_never_the_block():
       6, 384, 256, 64)
 
 
+def test_the_speedrun_bpe_arms_train_on_the_corpus_own_bytes_at_about_the_same_size(tmp_path):
+  from purejax.data import corpus, tokenizer_json  # pylint: disable=import-outside-toplevel
+  tok = tokenizer_json.load(speedrun.train_bpe(str(tmp_path)))
+  assert tok.vocab_size == speedrun.BPE_VOCAB_SIZE
+  # The alphabet is the train split's 65 characters (plus <|endoftext|>), so the other
+  # 190 tokens are merges; the val split holds no other byte, so it encodes.
+  text = corpus.load_corpus("tiny_shakespeare", tokenizer=tok)
+  assert text.vocab_size == speedrun.BPE_VOCAB_SIZE and len(text.val)
+  assert int(tok.byte_lengths().max()) > 2
+  cpu = speedrun.SIZES["cpu"]
+  reference = speedrun.param_count("nanogpt", cpu)
+  for arm in speedrun.RECIPES:
+    if speedrun.uses_bpe(arm):
+      assert speedrun.arm_configs(arm, cpu)[0].vocab_size == tok.vocab_size
+      assert speedrun.param_count(arm, cpu) <= 1.07 * reference, arm
+
+
 def test_the_speedrun_reads_the_first_step_that_reaches_the_target():
   evals = [{"step": 25, "val_loss": 2.5}, {"step": 50, "val_loss": 1.9},
            {"step": 75, "val_loss": 1.8}]
