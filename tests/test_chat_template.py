@@ -148,6 +148,17 @@ def test_ids_equal_transformers_apply_chat_template(smollm2_folder):
                                         add_generation_prompt=prompt))
 
 
+@pytest.mark.slow
+def test_a_character_the_vocabulary_lacks_is_an_error_not_dropped(smollm2_folder):
+  # SmolLM2's byte-level vocabulary has no token for a few control bytes; the
+  # tokenizers library alone would encode "a\x04b" as "ab".
+  tok = tokenizer_json.load(str(smollm2_folder))
+  assert tok.tokenizer.decode(tok.tokenizer.encode("a\x04b").ids) == "ab"
+  with pytest.raises(tokenizer_json.TokenizerError, match=r"e.g. '\\x04' .* dropped"):
+    tok.encode("a\x04b")
+  assert tok.decode(tok.encode("a\x05b\n\t")) == "a\x05b\n\t"
+
+
 def test_a_template_recorded_in_a_tokenizer_spec_makes_a_format(folder):
   # A GGUF file's tokenizer records its template, BOS/EOS and whether BOS is added.
   import types

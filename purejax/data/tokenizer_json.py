@@ -87,16 +87,18 @@ class JSONTokenizer:
 
     Raises:
       TokenizerError: `text` holds a byte the tokenizer has no token for (a
-        byte-level BPE trained with only its corpus's bytes), which the
-        `tokenizers` library would drop silently.
+        byte-level BPE trained with only its corpus's bytes; some released ones,
+        e.g. SmolLM2's, lack a few control characters), which the `tokenizers`
+        library would drop silently.
     """
     lacking = self._lacking_bytes
     if lacking is not None and lacking.search(text.encode("utf-8")):
       chars = sorted({c for c in text if lacking.search(c.encode("utf-8"))})
       raise TokenizerError(
           f"the text holds {len(chars)} character(s) {self.encoding_file} has no tokens "
-          f"for, e.g. {', '.join(map(repr, chars[:5]))} (it was trained on text without "
-          f"them); remove them from the text, or train the tokenizer with every byte.")
+          f"for, e.g. {', '.join(map(repr, chars[:5]))} (its byte-level vocabulary lacks "
+          f"their bytes, and they would be dropped silently); remove them from the text, "
+          f"or use a tokenizer trained with every byte (--alphabet=bytes).")
     return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
 
   @property
