@@ -42,11 +42,13 @@ SMOLLM2 = gpt.GPTConfig(vocab_size=49152, block_size=2048, n_layer=30, n_head=9,
                         n_kv_head=3, mlp_hidden=1536, compute_dtype="bfloat16",
                         **gpt.ARCHITECTURES["llama"])
 SMOLLM2_BATCH = 4
-# Budgets: today's plan (JAX 0.10.2) plus ~10 %, so a change that grows the
-# program's memory fails here. GPT-2 124M's step at batch 12 planned
-# 1.58 GiB of temporaries and a 2.97 GiB peak.
-GPT2_STEP_TEMP_BUDGET = 1.75 * GIB
-GPT2_STEP_PEAK_BUDGET = 3.3 * GIB
+# Budgets: today's plan (JAX 0.10.2) plus ~3 %, so a change that grows the
+# program's memory fails here (a transposed copy of the head's table kept
+# across the loss chunks, 147 MiB, passed the earlier 10 % budgets).
+# GPT-2 124M's step at batch 12 plans 1.55 GiB of temporaries and a 2.94
+# GiB peak.
+GPT2_STEP_TEMP_BUDGET = 1.6 * GIB
+GPT2_STEP_PEAK_BUDGET = 3.03 * GIB
 
 
 @pytest.fixture(scope="module")
