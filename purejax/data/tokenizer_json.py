@@ -98,7 +98,7 @@ class JSONTokenizer:
           f"the text holds {len(chars)} character(s) {self.encoding_file} has no tokens "
           f"for, e.g. {', '.join(map(repr, chars[:5]))} (its byte-level vocabulary lacks "
           f"their bytes, and they would be dropped silently); remove them from the text, "
-          f"or use a tokenizer trained with every byte (--alphabet=bytes).")
+          f"or use a tokenizer trained with every byte (`alphabet=bytes`).")
     return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
 
   @property
