@@ -259,6 +259,7 @@ def test_the_speedrun_sizes_change_the_size_and_never_the_block():
       6, 384, 256, 64)
 
 
+@pytest.mark.slow  # trains the tokenizer and encodes the corpus: ~7 s
 def test_the_speedrun_bpe_arms_train_on_the_corpus_own_bytes_at_about_the_same_size(tmp_path):
   from purejax.data import corpus, tokenizer_json  # pylint: disable=import-outside-toplevel
   tok = tokenizer_json.load(speedrun.train_bpe(str(tmp_path)))
