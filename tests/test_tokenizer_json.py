@@ -93,3 +93,20 @@ def test_a_corpus_tokenized_with_it(model_folder, tmp_path):
   assert both.tolist() == tok.encode(SHAKESPEARE[:5000]).tolist()
   again = corpus.load_corpus(str(notes), tokenizer=tok, cache_dir=str(tmp_path / "cache"))
   assert np.array_equal(np.asarray(again.train), np.asarray(text.train))  # from the cache
+
+
+def test_the_byte_level_alphabet_is_indexed_by_byte_value_as_tokenizers_maps_bytes():
+  hf = pytest.importorskip("tokenizers")
+  byte_level = hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  alphabet = tokenizer_json._byte_level_alphabet()  # pylint: disable=protected-access
+  # Every one- and two-byte character, and three- and four-byte ones for each
+  # lead byte: every byte value valid UTF-8 can hold.
+  chars = ([chr(c) for c in range(0x800)] + [chr(max(0x800, k << 12)) for k in range(16)]
+           + [chr(0x10000 + (k << 18)) for k in range(4)] + ["\U0010ffff"])
+  seen = set()
+  for char in chars:
+    (mapped, _), = byte_level.pre_tokenize_str(char)
+    assert mapped == "".join(alphabet[b] for b in char.encode("utf-8")), char
+    seen |= set(char.encode("utf-8"))
+  assert seen == set(range(256)) - {0xC0, 0xC1, *range(0xF5, 0x100)}
+  assert set(alphabet) == set(hf.pre_tokenizers.ByteLevel.alphabet())
