@@ -326,11 +326,11 @@ def recipe_runs(seeds: List[int], size: Size, ms: Dict[str, float], equal_steps:
   if bpe_file:
     from purejax.data import bpe_train  # pylint: disable=import-outside-toplevel
     from purejax.data import tokenizer_json  # pylint: disable=import-outside-toplevel
+    bpe = tokenizer_json.load(bpe_file)
     with bpe_train.corpus_text("tiny_shakespeare") as chunks:
-      ratio = bpe_train.bytes_per_token(tokenizer_json.load(bpe_file).tokenizer, chunks)[0]
+      ratio = bpe_train.bytes_per_token(bpe.tokenizer, chunks)[0]
     result["bpe"] = {"vocab_size": BPE_VOCAB_SIZE, "alphabet": "corpus", "split": "nanochat",
-                     "train_bytes_per_token": ratio,
-                     "fingerprint": tokenizer_json.load(bpe_file).fingerprint}
+                     "train_bytes_per_token": ratio, "fingerprint": bpe.fingerprint}
     print(f"BPE: {BPE_VOCAB_SIZE} tokens, {ratio:.3f} bytes/token on the train split",
           flush=True)
   for seed in seeds:
