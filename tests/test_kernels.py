@@ -46,7 +46,7 @@ class SelectTest(parameterized.TestCase):
     assert CPU_FORMS.attention == "blocked" and CPU_FORMS.matmul_backward == "row_major"
     assert CPU_FORMS.noise_ahead and CPU_FORMS.remat == "dots"
     assert GPU_FORMS.attention == "cudnn" and GPU_FORMS.matmul_backward == "plain"
-    assert not GPU_FORMS.noise_ahead and GPU_FORMS.remat == "full"
+    assert not GPU_FORMS.noise_ahead and GPU_FORMS.remat == "full_compute_dtype"
     # bf16 matmul outputs were measured faster on a GPU only.
     assert GPU_FORMS.matmul_output == "compute" and CPU_FORMS.matmul_output == "float32"
     assert kernels.select("tpu").matmul_output == "float32"
@@ -265,19 +265,61 @@ class MatmulTest(parameterized.TestCase):
 class TiedHeadLossTest(parameterized.TestCase):
 
   # 24 rows: chunks of 5 and 7 leave a shorter last chunk.
-  @parameterized.product(chunk_rows=[4, 5, 7, 8, 12], compute_dtype=[None, jnp.bfloat16])
-  def test_chunked_equals_plain_values_and_gradients(self, chunk_rows, compute_dtype):
+  @parameterized.product(chunk_rows=[4, 5, 7, 8, 12], softcap=[None, 3.0],
+                         weighted=[False, True])
+  def test_chunked_equals_plain_values_and_gradients(self, chunk_rows, softcap, weighted):
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
     table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
     labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
+    weights = jax.random.uniform(jax.random.PRNGKey(3), (3, 8)) if weighted else None
 
     def value_and_grads(chunk):
       f = lambda x, table: kernels.tied_head_cross_entropy(
-          x, table, labels, compute_dtype=compute_dtype, chunk_rows=chunk)
+          x, table, labels, chunk_rows=chunk, softcap=softcap, weights=weights)
       return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
 
     chex.assert_trees_all_close(value_and_grads(chunk_rows), value_and_grads(None),
                                 rtol=1e-5, atol=1e-6)
+
+  @parameterized.parameters(4, 5)
+  def test_chunked_bfloat16_gradients_are_as_close_to_float32_as_the_plain_forms(self, chunk):
+    # The chunks round the unscaled `softmax - one_hot` to bf16 where the plain
+    # form's backward rounds it divided by the row count: the same rounding of
+    # a different number, so the two agree to bf16, not bit for bit.
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
+    table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
+    labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
+
+    def value_and_grads(chunk_rows, compute_dtype):
+      f = lambda x, table: kernels.tied_head_cross_entropy(
+          x, table, labels, compute_dtype=compute_dtype, chunk_rows=chunk_rows)
+      return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
+
+    exact_loss, exact = value_and_grads(None, None)
+    plain_loss, plain = value_and_grads(None, jnp.bfloat16)
+    chunked_loss, chunked = value_and_grads(chunk, jnp.bfloat16)
+    np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-6)
+    for got, bf16_plain, want in zip(chunked, plain, exact):
+      scale = float(jnp.max(jnp.abs(want)))
+      error = float(jnp.max(jnp.abs(got - want))) / scale
+      assert error < 1e-2  # bf16 products
+      assert error <= 1.25 * float(jnp.max(jnp.abs(bf16_plain - want))) / scale
+
+  @parameterized.parameters((24, 8, 1), (24, 5, 2))
+  def test_chunked_gradients_run_the_head_product_once_per_chunk(self, rows, chunk, products):
+    # Forming the gradient while a chunk's logits exist: one `[chunk, vocab]`
+    # product in the whole differentiated program (one more for a shorter last
+    # chunk), where a rematerialised chunk would run it forward and again
+    # backward.
+    x = jnp.ones((rows, 8))
+    table = jnp.ones((1000, 8))
+    labels = jnp.zeros((rows,), jnp.int32)
+    grad = jax.grad(lambda x, table: kernels.tied_head_cross_entropy(x, table, labels,
+                                                                     chunk_rows=chunk),
+                    argnums=(0, 1))
+    heads = [eqn for eqn in all_eqns(jax.make_jaxpr(grad)(x, table).jaxpr)
+             if eqn.primitive.name == "dot_general" and eqn.outvars[0].aval.shape[-1] == 1000]
+    assert len(heads) == products
 
   def test_chunked_never_holds_the_whole_logits(self):
     x = jnp.ones((64, 8))

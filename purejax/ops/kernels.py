@@ -21,7 +21,7 @@ forms live in `purejax/ops/attention.py`; `select` picks among them too.
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import chex
 import jax
@@ -172,6 +172,9 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     unrolled (37.1 ms forward+backward; 33.0 ms/iter on the H200).
   * GPU only: matmul outputs in the compute dtype, as autocast: 36.2 against
     37.7 ms/iter scanned, 31.5 against 33.0 unrolled, on the H200.
+  * GPU only, scanned: remat "full_compute_dtype", each block's saved input
+    in bf16 (38.1 against 38.0 ms/iter for "full" on the H200): GPT-2 124M's
+    planned temporaries at batch 12 on an H100 are 1.15 GiB against 1.36.
   * the head and loss in chunks of 2048 rows when the logits are large: the
     float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
   * noise drawn per token: no rolled-loop penalty there, and drawing ahead
@@ -197,7 +200,7 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
                 noise_ahead=False, remat_scanned="full", remat_unrolled="none",
                 loss_chunk_rows=2048)
     if platform == "gpu":  # measured on a GPU only
-      base["matmul_output"] = "compute"
+      base.update(matmul_output="compute", remat_scanned="full_compute_dtype")
   scanned, unrolled = base.pop("remat_scanned"), base.pop("remat_unrolled")
   base["remat"] = scanned if given.get("scan_layers", True) else unrolled
   if given.get("attention") == "cudnn" and platform != "gpu":
@@ -306,9 +309,12 @@ def tied_head_cross_entropy(
   The plain form builds the whole `[rows, vocab]` float32 logits, which at
   GPT-2's vocabulary are gigabytes per step and are read and written
   several times. With `chunk_rows`, rows run `chunk_rows` at a time in a
-  `lax.scan` whose body is rematerialised: only one chunk's logits exist at
-  once, in the forward and the backward pass, at the cost of recomputing the
-  head's product once. Values and gradients equal the plain form.
+  `lax.scan`, and only one chunk's logits exist at once. Under
+  differentiation each chunk also forms its gradients while its logits
+  exist (`weight * (softmax - one_hot)` and the two products with it), so
+  the head's product runs once per chunk, never again in the backward pass,
+  and the rows' and table's gradients are all that is kept for it. Values and
+  gradients equal the plain form's (to float rounding).
 
   Args:
     x: `[..., dim]` final hidden states.
@@ -330,47 +336,143 @@ def tied_head_cross_entropy(
   rows = x.reshape(-1, dim)
   flat_labels = labels.reshape(-1)
   flat_weights = None if weights is None else weights.reshape(-1)
-  low_precision = compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32
-  if low_precision and forms is not None and forms.matmul_backward == "row_major":
+  n = rows.shape[0]
+  spec = _ChunkSpec(chunk_rows, None if compute_dtype is None else jnp.dtype(compute_dtype),
+                    forms, softcap)
+  if chunk_rows is None or n <= chunk_rows:
+    return cross_entropy(_logits(rows, table, spec, _head_operand(table, spec)), flat_labels,
+                         flat_weights)
+  return _chunked_loss_sum(rows, table, flat_labels, flat_weights, spec) / n
+
+
+def _softcap(logits: chex.Array, cap: float) -> chex.Array:
+  return cap * jnp.tanh(logits / cap)
+
+
+class _ChunkSpec(NamedTuple):
+  """The static choices of `_chunked_loss_sum` (hashable)."""
+  rows: int
+  compute_dtype: Any
+  forms: Optional[Forms]
+  softcap: Optional[float]
+
+
+def _head_operand(table, spec: _ChunkSpec) -> Optional[chex.Array]:
+  """A row-major `table.T` where the forms need one, made once; else None (`_logits`)."""
+  low_precision = spec.compute_dtype is not None and spec.compute_dtype != jnp.float32
+  if low_precision and spec.forms is not None and spec.forms.matmul_backward == "row_major":
     # `table.T` is a layout change, and XLA's CPU backend then runs the
     # low-precision product upcast: SmolLM2-135M's bf16 head forward took
     # 440-644 ms so against 283-303 ms from a row-major copy. The copy is of
     # the float32 table, so that a trained table's gradient stays float32.
-    table_t = row_major_transpose(table)
-    head = lambda h: matmul(h, table_t, compute_dtype=compute_dtype, forms=forms,
-                            float32_output=True)
-  else:
-    # `table.T` inside the chunks' body, where it is the dot's layout: taken
-    # outside, XLA's GPU compiler keeps a transposed copy of the table alive
-    # across the loop (GPT-2 124M's plan: +147 MiB).
-    head = lambda h: matmul(h, table.T, compute_dtype=compute_dtype, forms=forms,
-                            float32_output=True)
-  n = rows.shape[0]
-  if softcap is not None:  # without it, GPT-2's program, untouched
-    uncapped = head
-    head = lambda h: softcap * jnp.tanh(uncapped(h).astype(jnp.float32) / softcap)
-  if chunk_rows is None or n <= chunk_rows:
-    return cross_entropy(head(rows), flat_labels, flat_weights)
+    return row_major_transpose(table)
+  return None
 
-  @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
-  def chunk_loss(h, y, *w):
-    logits = head(h).astype(jnp.float32)  # [chunk, vocab]
-    picked = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
-    losses = jax.nn.logsumexp(logits, axis=-1) - picked
-    return jnp.sum(losses * w[0].astype(jnp.float32) if w else losses)
+
+def _logits(h, table, spec: _ChunkSpec, table_t=None) -> chex.Array:
+  """`[rows, vocab]` float32 logits of `h @ table.T` (`table_t`, if given, is
+  `table.T`), soft-capped if `spec` says."""
+  # Without a row-major copy, `table.T` here, inside the chunks' loop, where it
+  # is the dot's layout: taken outside, XLA's GPU compiler keeps a transposed
+  # copy of the table alive across the loop (GPT-2 124M's plan: +147 MiB).
+  logits = matmul(h, table.T if table_t is None else table_t, compute_dtype=spec.compute_dtype,
+                  forms=spec.forms, float32_output=True)
+  if spec.softcap is None:  # GPT-2's program, untouched
+    return logits
+  return _softcap(logits.astype(jnp.float32), spec.softcap)
+
+
+def _chunks(rows, labels, weights, size):
+  """Whole chunks of `size` rows stacked for a `lax.scan`, and the rows left over."""
+  whole = rows.shape[0] - rows.shape[0] % size
+  split = lambda a: (None if a is None else a[:whole].reshape(whole // size, size, *a.shape[1:]),
+                     None if a is None else a[whole:])
+  (rows_c, rows_r), (labels_c, labels_r), (weights_c, weights_r) = map(
+      split, (rows, labels, weights))
+  return (rows_c, labels_c, weights_c), (rows_r, labels_r, weights_r)
+
+
+def _chunk_loss_sum(h, y, w, table, table_t, spec):
+  logits = _logits(h, table, spec, table_t).astype(jnp.float32)  # [chunk, vocab]
+  losses = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
+  return jnp.sum(losses if w is None else losses * w.astype(jnp.float32))
+
+
+def _chunk_loss_sum_and_grads(h, y, w, table, table_t, spec):
+  """A chunk's summed loss and its gradients for `h` `[chunk, dim]` and `table`, in one pass.
+
+  The gradient of the summed loss for the logits is `weight * (softmax -
+  one_hot(label))` (times the soft-cap's `1 - tanh²`), so it is formed
+  straight from the logits while they exist: the head's product runs once
+  per chunk, where a rematerialised chunk would run it in the forward pass
+  and again in the backward.
+  """
+  logits = _logits(h, table, spec, table_t).astype(jnp.float32)  # [chunk, vocab]
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  losses = lse - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
+  grad = jnp.exp(logits - lse[:, None]) - (jnp.arange(logits.shape[-1]) == y[:, None])
+  if w is not None:
+    w = w.astype(jnp.float32)
+    losses, grad = losses * w, grad * w[:, None]
+  if spec.softcap is not None:
+    grad = grad * (1.0 - jnp.square(logits / spec.softcap))
+  dtype = spec.compute_dtype or jnp.result_type(h, table)
+  # The two gradient products as `matmul`'s backward forms them: operands in
+  # the compute dtype, float32 accumulation and outputs.
+  grad, hc, tc = grad.astype(dtype), h.astype(dtype), table.astype(dtype)
+  if spec.forms is not None and spec.forms.matmul_backward == "row_major":
+    d_h = jnp.dot(grad, tc, preferred_element_type=jnp.float32)
+    d_table = jnp.dot(row_major_transpose(grad), hc, preferred_element_type=jnp.float32)
+    d_h, d_table = jax.lax.optimization_barrier((d_h, d_table))
+  else:
+    d_h = jnp.dot(grad, tc, preferred_element_type=jnp.float32)  # [chunk, dim]
+    d_table = jnp.dot(grad.T, hc, preferred_element_type=jnp.float32)  # [vocab, dim]
+  return jnp.sum(losses), d_h, d_table
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunked_loss_sum(rows, table, labels, weights, spec: _ChunkSpec):
+  """Summed cross-entropy of `labels` under `rows @ table.T`, `spec.rows` rows at a time."""
+  (rows_c, labels_c, weights_c), rest = _chunks(rows, labels, weights, spec.rows)
+  table_t = _head_operand(table, spec)
 
   def body(total, chunk):
-    return total + chunk_loss(*chunk), None
+    return total + _chunk_loss_sum(*chunk, table, table_t, spec), None
 
   # Whole chunks in the scan; rows that do not fill one (an odd batch at
   # GPT-2's T=1024 and 2048-row chunks) run after it as one shorter chunk.
-  whole = n - n % chunk_rows
-  chunks = (rows[:whole].reshape(whole // chunk_rows, chunk_rows, dim),
-            flat_labels[:whole].reshape(whole // chunk_rows, chunk_rows))
-  if flat_weights is not None:  # (a plain batch's program is left as it was)
-    chunks += (flat_weights[:whole].reshape(whole // chunk_rows, chunk_rows),)
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
-  if whole < n:
-    rest = () if flat_weights is None else (flat_weights[whole:],)
-    total = total + chunk_loss(rows[whole:], flat_labels[whole:], *rest)
-  return total / n
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (rows_c, labels_c, weights_c))
+  if rest[0].shape[0]:
+    total = total + _chunk_loss_sum(*rest, table, table_t, spec)
+  return total
+
+
+def _chunked_loss_sum_fwd(rows, table, labels, weights, spec):
+  (rows_c, labels_c, weights_c), rest = _chunks(rows, labels, weights, spec.rows)
+  table_t = _head_operand(table, spec)
+
+  def body(carry, chunk):
+    total, d_table = carry
+    loss, d_h, d_table_chunk = _chunk_loss_sum_and_grads(*chunk, table, table_t, spec)
+    return (total + loss, d_table + d_table_chunk), d_h
+
+  # The table's gradient accumulates in float32 across the chunks; the rows'
+  # gradients are stacked, one chunk each.
+  init = (jnp.zeros((), jnp.float32), jnp.zeros(table.shape, jnp.float32))
+  (total, d_table), d_rows = jax.lax.scan(body, init, (rows_c, labels_c, weights_c))
+  d_rows = d_rows.reshape(-1, rows.shape[-1])
+  if rest[0].shape[0]:
+    loss, d_h, d_table_rest = _chunk_loss_sum_and_grads(*rest, table, table_t, spec)
+    total, d_table = total + loss, d_table + d_table_rest
+    d_rows = jnp.concatenate([d_rows, d_h])
+  return total, (d_rows, d_table, jnp.zeros((0,), rows.dtype), jnp.zeros((0,), table.dtype))
+
+
+def _chunked_loss_sum_bwd(spec, residuals, g):
+  del spec
+  d_rows, d_table, rows_like, table_like = residuals  # the empty arrays carry the dtypes
+  return ((g * d_rows).astype(rows_like.dtype), (g * d_table).astype(table_like.dtype),
+          None, None)
+
+
+_chunked_loss_sum.defvjp(_chunked_loss_sum_fwd, _chunked_loss_sum_bwd)
