@@ -191,16 +191,17 @@ def job_h_train(job: Job) -> None:
 
 
 # h.forms' arms: `kernels.select` overrides of the GPU's forms for the GPT-2 124M step.
-# (The first run on an H200 also had remat "dots" 40.6 ms/iter, "full_compute_dtype"
-# 38.1 and an unchunked loss 46.2, against 38.0 for the default:
-# bench/results/2026-11-26-gpu-h.forms.json.)
+# (The first run on an H200, before the loss chunks formed their own gradients,
+# also had remat "dots" 40.6 ms/iter and an unchunked loss 46.2, against 38.0
+# for remat "full" with float32 outputs: bench/results/2026-11-26-gpu-h.forms.json.)
 H_FORMS = {
-    "scanned, remat full (auto)": {},
-    "scanned, remat full, bf16 matmul outputs": dict(matmul_output="compute"),
+    "scanned, remat full_compute_dtype, bf16 matmul outputs (auto)": {},
+    "scanned, remat full, bf16 matmul outputs": dict(remat="full"),
+    "scanned, remat full, float32 matmul outputs": dict(remat="full", matmul_output="float32"),
     "scanned, remat none": dict(remat="none"),
-    "unrolled, remat none (auto)": dict(scan_layers=False),
-    "unrolled, remat none, bf16 matmul outputs": dict(scan_layers=False,
-                                                      matmul_output="compute"),
+    "unrolled, remat none, bf16 matmul outputs (auto)": dict(scan_layers=False),
+    "unrolled, remat none, float32 matmul outputs": dict(scan_layers=False,
+                                                         matmul_output="float32"),
 }
 
 
@@ -248,7 +249,7 @@ H_XLA_OPTIONS = {
 
 def job_h_xla(job: Job) -> None:
   """XLA's GPU options on the GPT-2 124M step (batch 12): `H_XLA_OPTIONS`, alternated."""
-  fastest = "unrolled, remat none, bf16 matmul outputs"
+  fastest = "unrolled, remat none, bf16 matmul outputs (auto)"
   both = "cuDNN layer norm and cuBLAS"
   gpt2_step_arms(job, {**{name: ({}, options or None) for name, options in H_XLA_OPTIONS.items()},
                        fastest: (H_FORMS[fastest], None),
