@@ -102,10 +102,6 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                        "--muon_momentum_start to --muon_momentum (0: none).", flag_values=args)
   flags.DEFINE_float("muon_momentum_start", defaults.muon_momentum_start, "--optimizer=muon: "
                      "the momentum warmup's first momentum.", flag_values=args)
-  flags.DEFINE_enum("muon_ns_dtype", defaults.muon_ns_dtype, list(optim.MUON_NS_DTYPES),
-                    "--optimizer=muon: the Newton-Schulz products' operands (float32 at full "
-                    "precision, or bfloat16 with float32 accumulation, as Muon's reference).",
-                    flag_values=args)
 
 
 def define_gpt_flags(args: flags.FlagValues) -> None:

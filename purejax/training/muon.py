@@ -40,8 +40,8 @@ def muon_labels(params) -> chex.ArrayTree:
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7,
-                  dtype: str = "float32") -> chex.Array:
+def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
+                  ) -> chex.Array:
   """Muon's orthogonalisation of each matrix `[..., m, n]`: about `U Vᵀ` of its SVD.
 
   Keller Jordan's quintic iteration `X <- a X + (b A + c A²) X`, `A = X Xᵀ`
@@ -55,19 +55,14 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7,
   the same iteration (equal to it to float32 rounding; tested against
   optax's), at `17 m³ + 2 m² n` multiply-adds (XLA drops the last step's
   unused `A`; the first `P` is `M` itself) instead of `5 (2 m² n + m³)`: a
-  third less on the blocks' `[d, 3d]` weights, 44 % less on `[d, 4d]`.
-
-  With `dtype="float32"` the products run at the highest precision (float32
-  on every platform, no TF32), since `A` squares the conditioning. With
-  "bfloat16" their operands are rounded to bf16 and accumulate in float32,
-  as Muon's reference runs its whole iteration in bf16; the polynomials'
-  sums stay float32.
+  third less on the blocks' `[d, 3d]` weights, 44 % less on `[d, 4d]`. The Gram
+  products run at the highest precision (float32 on every platform), since
+  `A` squares the conditioning.
 
   Args:
     x: `[..., m, n]` float32.
     steps: iterations.
     eps: keeps the normalisation finite for a zero matrix (which stays zero).
-    dtype: the products' operand dtype, "float32" or "bfloat16".
 
   Returns:
     `[..., m, n]`, the orthogonalised matrices.
@@ -78,11 +73,7 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7,
     x = jnp.swapaxes(x, -1, -2)
   x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + eps)
   m, n = x.shape[-2:]
-  if dtype == "float32":
-    mul = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
-  else:
-    mul = lambda p, q: jnp.matmul(p.astype(dtype), q.astype(dtype),
-                                  preferred_element_type=jnp.float32)
+  mul = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
   gram = mul(x, jnp.swapaxes(x, -1, -2))  # [..., m, m], symmetric
   if n >= 2 * m:
     eye = jnp.eye(m, dtype=x.dtype)
@@ -100,12 +91,11 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7,
   return jnp.swapaxes(x, -1, -2) if tall else x
 
 
-def scale_by_newton_schulz(steps: int = MUON_NS_STEPS, dtype: str = "float32"
-                           ) -> optax.GradientTransformation:
-  """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`, `steps` steps,
-  products in `dtype`) and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon."""
+def scale_by_newton_schulz(steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
+  """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`, `steps` steps)
+  and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon."""
   def scale(u):
-    return newton_schulz(u, steps, dtype=dtype) * jnp.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
+    return newton_schulz(u, steps) * jnp.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
 
   def update(updates, state, params=None):
     del params
@@ -146,8 +136,7 @@ def nesterov_warmed_trace(momentum: chex.Numeric, warmup_iters: int, start: floa
 def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
                   weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None,
                   ns_steps: int = MUON_NS_STEPS, momentum_warmup_iters: int = 0,
-                  momentum_start: float = 0.85, ns_dtype: str = "float32"
-                  ) -> optax.GradientTransformation:
+                  momentum_start: float = 0.85) -> optax.GradientTransformation:
   """Muon for a pytree of matrices `[..., in, out]`.
 
   Each matrix's Nesterov momentum (`momentum`; `optax.trace`, which is Muon's
@@ -155,8 +144,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
   a scale the orthogonalisation removes; with `momentum_warmup_iters`, the
   momentum rises from `momentum_start` over those steps,
   `nesterov_warmed_trace`) is orthogonalised and scaled by
-  `scale_by_newton_schulz` (`ns_steps` steps, products in `ns_dtype`; so
-  `learning_rate` means what it
+  `scale_by_newton_schulz` (`ns_steps` steps; so `learning_rate` means what it
   means in Muon's reference and in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
@@ -166,7 +154,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
            if momentum_warmup_iters else optax.trace(decay=momentum, nesterov=True))
   return optax.chain(
       trace,
-      scale_by_newton_schulz(ns_steps, ns_dtype),
+      scale_by_newton_schulz(ns_steps),
       optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
       optax.scale_by_learning_rate(learning_rate))
 
@@ -200,8 +188,7 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
 
   matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
                            config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps,
-                           config.muon_momentum_warmup_iters, config.muon_momentum_start,
-                           config.muon_ns_dtype)
+                           config.muon_momentum_warmup_iters, config.muon_momentum_start)
   rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
                      weight_decay=config.weight_decay, mask=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)

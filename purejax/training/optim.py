@@ -24,7 +24,6 @@ from purejax.training import nonfinite
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon")
 SCHEDULES = ("cosine", "warmdown", "constant")
-MUON_NS_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +60,6 @@ class OptimizerConfig:
       momentum rises linearly from `muon_momentum_start` to `muon_momentum`
       (0: none, as Muon's reference; modded-nanogpt and nanochat: 300).
     muon_momentum_start: "muon": that warmup's first momentum (0.85, theirs).
-    muon_ns_dtype: "muon": the Newton-Schulz products' operand dtype,
-      "float32" (at full precision) or "bfloat16" (float32 accumulation; the
-      reference runs its iteration in bf16).
   """
   name: str = "adamw"
   learning_rate: float = 1e-3
@@ -83,7 +79,6 @@ class OptimizerConfig:
   muon_ns_steps: int = muon.MUON_NS_STEPS
   muon_momentum_warmup_iters: int = 0
   muon_momentum_start: float = 0.85
-  muon_ns_dtype: str = "float32"
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
@@ -111,9 +106,6 @@ class OptimizerConfig:
                        f"{self.muon_momentum} and {self.muon_weight_decay}.")
     if not (isinstance(self.muon_ns_steps, int) and self.muon_ns_steps >= 1):
       raise ValueError(f"`muon_ns_steps` must be an integer >= 1, got {self.muon_ns_steps!r}.")
-    if self.muon_ns_dtype not in MUON_NS_DTYPES:
-      raise ValueError(f"`muon_ns_dtype` must be one of {MUON_NS_DTYPES}, got "
-                       f"{self.muon_ns_dtype!r}.")
     if self.muon_momentum_warmup_iters < 0 or not 0 <= self.muon_momentum_start < 1:
       raise ValueError(f"`muon_momentum_warmup_iters` must be >= 0 and `muon_momentum_start` "
                        f"in [0, 1); got {self.muon_momentum_warmup_iters} and "
