@@ -53,8 +53,9 @@ def forward_with_cache(
   gpt.check_tokens(tokens, config)
   gpt.check_params(params, config)
   kv_cache.check_cache(cache, config, tokens.shape[0])
-  return kv_cache.forward(kv_cache.layers_of(params, config.n_layer), params, tokens, cache, pos,
-                             config, forms or kernels.select(kernels.platform_of(params)))
+  layers = kv_cache.layers_of(params, config.n_layer, config.matmul_dtype)
+  return kv_cache.forward(layers, params, tokens, cache, pos, config,
+                          forms or kernels.select(kernels.platform_of(params)))
 
 
 def sample_logits(
@@ -219,7 +220,8 @@ def jitted_generate(
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
   prompt = prompt.astype(jnp.int32)
   gpt.check_params(params, config)
-  layers = kv_cache.layers_of(params, config.n_layer)  # once, outside the decode loop
+  # Once, outside the decode loop.
+  layers = kv_cache.layers_of(params, config.n_layer, config.matmul_dtype)
   plan = kv_cache.sliding_window(p, max_new_tokens, config.block_size)
   feed = functools.partial(kv_cache.forward, layers, params, config=config, forms=forms)
   stops = None if stop_ids is None else jnp.asarray(stop_ids, jnp.int32)
@@ -329,7 +331,8 @@ def model_part(params: Params, config: gpt.GPTConfig) -> Tuple[Tuple[Params, ...
   """`(layers, rest)`: each layer's params, sliced once (`kv_cache.layers_of`), and
   the params around them (embeddings, final norm, head), as `prefill` and `step` take them."""
   gpt.check_params(params, config)
-  layers = tuple(jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config.n_layer)))
+  layers = tuple(jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config.n_layer,
+                                                              config.matmul_dtype)))
   return layers, {k: v for k, v in params.items() if k != "blocks"}
 
 

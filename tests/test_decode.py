@@ -11,6 +11,7 @@ from absl.testing import parameterized
 
 from purejax import decode
 from purejax import gpt
+from purejax import kv_cache
 from purejax.ops import kernels
 from conftest import TINY, random_tokens, sharpened_params
 
@@ -130,6 +131,22 @@ class GenerateTest(parameterized.TestCase):
     logits, _ = decode.forward_with_cache(params, tokens[:, 5:6], cache, jnp.int32(5),
                                           config, forms=forms)
     chex.assert_trees_all_close(logits, full[:, 5], atol=5e-2)
+
+  def test_bf16_layers_hold_their_dense_weights_in_bf16_and_decode_the_same(self):
+    # The products cast the dense weights to the compute dtype anyway, so the
+    # decode loops hold them cast (half the bytes); nothing else is rounded.
+    config = dataclasses.replace(TINY, compute_dtype="bfloat16")
+    params = sharpened_params(config)
+    layers = kv_cache.layers_of(params, config.n_layer, config.matmul_dtype)
+    float32_layers = kv_cache.layers_of(params, config.n_layer)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(layers[0]):
+      assert leaf.dtype == (jnp.bfloat16 if path[-1].key == "w" else jnp.float32), path
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(float32_layers))
+    tokens = random_tokens(jax.random.PRNGKey(5), (2, 6))
+    forms = kernels.select("gpu", attention="xla")
+    feed = lambda layers: kv_cache.forward(layers, params, tokens, decode.init_kv_cache(config, 2),
+                                           0, config, forms)
+    chex.assert_trees_all_equal(jax.jit(feed)(layers), jax.jit(feed)(float32_layers))
 
   def test_forward_with_cache_rejects_a_cache_of_another_batch(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
