@@ -14,6 +14,13 @@ norm clipped to 1. Four settings, each a purejax arm and a PyTorch arm:
   `q,k,v,o,gate,up,down_proj`.
 - `full_f32`, `full_bf16`: every weight trained.
 
+purejax runs `--steps_per_call` steps in each jitted call (one `lax.scan`;
+default 1, one step a call as PyTorch's loop takes them; `purejax.train`
+runs 10 a call by default), all on the same batch, and a step's time is
+the call's over that count. Across the steps of one call XLA computes what
+does not change once (e.g. a LoRA run's bf16, row-major copies of the frozen
+weights).
+
 bf16 is mixed precision on both sides: float32 params and optimizer state,
 the matmuls' operands in bfloat16 (purejax `compute_dtype="bfloat16"`,
 PyTorch `torch.autocast("cpu", torch.bfloat16)`).
@@ -75,6 +82,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("block_size", 256, "Tokens per sequence.")
   flags.DEFINE_integer("rounds", 3, "Alternated rounds; each arm runs once per round.")
   flags.DEFINE_integer("steps", 3, "Timed steps of each arm's process, after its first.")
+  flags.DEFINE_integer("steps_per_call", 1, "purejax: steps in each jitted call (the "
+                       "trainer's --steps_per_call, 10 by default); a step's time is the "
+                       "call's over this. PyTorch takes one step a call.")
   flags.DEFINE_integer("threads", 2, "PyTorch's threads (the machine's cores).")
   flags.DEFINE_list("settings", list(SETTINGS), f"Which of {SETTINGS} to run.")
   flags.DEFINE_list("frameworks", ["purejax", "torch"], "Which sides to run.")
@@ -124,19 +134,20 @@ def purejax_arm(folder: str, setting: str):
                                {"train": jax.random.PRNGKey(0)}), "step": 0}
   # One fixed batch, as the PyTorch side trains: each step draws the same
   # window from ids that hold exactly that batch's rows.
-  tokens = batches.HostWindows(jnp.asarray(_batch(config.vocab_size))[None])
+  tokens = batches.HostWindows(jnp.repeat(jnp.asarray(_batch(config.vocab_size))[None],
+                                          FLAGS.steps_per_call, axis=0))
   kwargs = dict(config=config, optimizer=optimizer, batch_size=FLAGS.batch_size,
-                num_steps=1, forms=kernels.select("cpu"), params_view=view)
+                num_steps=FLAGS.steps_per_call, forms=kernels.select("cpu"), params_view=view)
 
   def run():
     start = time.perf_counter()
     state["train"], metrics = steps_lib.train_steps(state["train"], tokens, state["step"],
                                                     **kwargs)
-    loss = float(metrics.loss[-1])  # waits for the step
-    state["step"] += 1
+    loss = float(metrics.loss[-1])  # waits for the steps
+    state["step"] += FLAGS.steps_per_call
     if not np.isfinite(loss):
       raise FloatingPointError(f"non-finite loss at step {state['step']}")
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / FLAGS.steps_per_call
 
   run()
   # The compiled step, for `bench.finetune_profile` (the compilation cache answers).
@@ -195,7 +206,8 @@ def speed_and_memory(folder: str) -> dict:
         done = subprocess.run(
             [sys.executable, "-m", "bench.finetune_speed", f"--model={folder}", f"--arm={name}",
              f"--batch_size={FLAGS.batch_size}", f"--block_size={FLAGS.block_size}",
-             f"--threads={FLAGS.threads}", f"--steps={FLAGS.steps}"],
+             f"--threads={FLAGS.threads}", f"--steps={FLAGS.steps}",
+             f"--steps_per_call={FLAGS.steps_per_call}"],
             capture_output=True, text=True, check=False,
             env={**os.environ, "JAX_COMPILATION_CACHE_DIR": cache})
         lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
