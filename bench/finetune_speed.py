@@ -235,10 +235,11 @@ def one_arm(folder: str, name: str) -> None:
   _, rss_before = _peak_and_current_rss()
   arm = make_arm(framework, folder, setting)
   seconds, faults = [], []
+  steps_per_call = FLAGS.steps_per_call if framework == "purejax" else 1
   for _ in range(FLAGS.steps):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     seconds.append(arm())
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps_per_call)
   peak, _ = _peak_and_current_rss()
   print(json.dumps({"median_s": float(np.median(seconds)), "seconds": seconds,
                     "minor_faults_per_step": float(np.median(faults)), "peak_bytes": peak,
