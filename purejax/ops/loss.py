@@ -116,7 +116,7 @@ def _head_operand(table, spec: _ChunkSpec) -> Optional[chex.Array]:
   if low_precision and spec.forms is not None and spec.forms.matmul_backward == "row_major":
     # `table.T` is a layout change, and XLA's CPU backend then runs the
     # low-precision product upcast: SmolLM2-135M's bf16 head forward took
-    # 440-644 ms so against 283-303 ms from a row-major copy. The copy is of
+    # 440-644 ms against 283-303 ms from a row-major copy. The copy is of
     # the float32 table, so that a trained table's gradient stays float32.
     return row_major_transpose(table)
   return None
