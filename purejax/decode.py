@@ -53,9 +53,8 @@ def forward_with_cache(
   gpt.check_tokens(tokens, config)
   gpt.check_params(params, config)
   kv_cache.check_cache(cache, config, tokens.shape[0])
-  layers = kv_cache.layers_of(params, config.n_layer, config.matmul_dtype)
-  return kv_cache.forward(layers, params, tokens, cache, pos, config,
-                          forms or kernels.select(kernels.platform_of(params)))
+  return kv_cache.forward(kv_cache.layers_of(params, config), params, tokens, cache, pos,
+                          config, forms or kernels.select(kernels.platform_of(params)))
 
 
 def sample_logits(
@@ -220,8 +219,7 @@ def jitted_generate(
                      f"got prompt length {p} and max_new_tokens={max_new_tokens}.")
   prompt = prompt.astype(jnp.int32)
   gpt.check_params(params, config)
-  # Once, outside the decode loop.
-  layers = kv_cache.layers_of(params, config.n_layer, config.matmul_dtype)
+  layers = kv_cache.layers_of(params, config)  # once, outside the decode loop
   plan = kv_cache.sliding_window(p, max_new_tokens, config.block_size)
   feed = functools.partial(kv_cache.forward, layers, params, config=config, forms=forms)
   stops = None if stop_ids is None else jnp.asarray(stop_ids, jnp.int32)
@@ -331,8 +329,7 @@ def model_part(params: Params, config: gpt.GPTConfig) -> Tuple[Tuple[Params, ...
   """`(layers, rest)`: each layer's params, sliced once (`kv_cache.layers_of`), and
   the params around them (embeddings, final norm, head), as `prefill` and `step` take them."""
   gpt.check_params(params, config)
-  layers = tuple(jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config.n_layer,
-                                                              config.matmul_dtype)))
+  layers = tuple(jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config)))
   return layers, {k: v for k, v in params.items() if k != "blocks"}
 
 

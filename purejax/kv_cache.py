@@ -1,7 +1,7 @@
 """The KV cache: keys and values of past positions, and a GPT run through it.
 
     cache = kv_cache.init_kv_cache(config, batch=1, length=256)
-    logits, cache = kv_cache.forward(kv_cache.layers_of(params, config.n_layer), params,
+    logits, cache = kv_cache.forward(kv_cache.layers_of(params, config), params,
                                      tokens, cache, pos, config, forms)
 
 The pieces `purejax.decode` samples with: the cache pytree, the model's
@@ -90,18 +90,19 @@ def check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
                      f"init_kv_cache(config, batch).")
 
 
-def layers_of(params: Params, n_layer: int, compute_dtype=None) -> Tuple[Params, ...]:
+def layers_of(params: Params, config: gpt.GPTConfig) -> Tuple[Params, ...]:
   """Each layer's params, sliced from the stacked `params["blocks"]` (static slices).
 
   Decoding runs the layers as an unrolled loop. Sliced inside the decode
   loop, XLA copies each layer's weights for every token (that was most of
   the time per token), so the decode loops slice once, before the loop.
-  With a low-precision `compute_dtype` the dense weights (`w`, which only
-  the products read, and they cast them to it) are cast here too, so the
-  slices are held in it: GPT-2 124M's decode program planned 0.39 GiB of
+  With a low-precision `config.matmul_dtype` the dense weights (`w`, which
+  only the products read, and they cast them to it) are cast here too, so
+  the slices are held in it: GPT-2 124M's decode program planned 0.39 GiB of
   temporaries for an H100 with float32 slices, about all its block weights
   again. The products see the same values.
   """
+  compute_dtype = config.matmul_dtype
   low = compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32
 
   def layer_leaf(path, p, i):
@@ -109,7 +110,7 @@ def layers_of(params: Params, n_layer: int, compute_dtype=None) -> Tuple[Params,
     return p[i].astype(compute_dtype) if low and name == "w" else p[i]
 
   return tuple(jax.tree_util.tree_map_with_path(lambda path, p, i=i: layer_leaf(path, p, i),
-                                                params["blocks"]) for i in range(n_layer))
+                                                params["blocks"]) for i in range(config.n_layer))
 
 
 def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
@@ -154,7 +155,7 @@ def forward(layers, params, tokens, cache, pos, config, forms, last=None):
   """`decode.forward_with_cache` over per-layer params `layers` (`layers_of`).
 
   Args:
-    layers: `layers_of(params, config.n_layer)`.
+    layers: `layers_of(params, config)`.
     params: the model's params (embeddings, final norm, head).
     tokens: `[batch, time]` ids at positions `pos, ...`.
     cache: the cache; positions `< pos` hold earlier tokens.

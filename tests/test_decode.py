@@ -137,8 +137,8 @@ class GenerateTest(parameterized.TestCase):
     # decode loops hold them cast (half the bytes); nothing else is rounded.
     config = dataclasses.replace(TINY, compute_dtype="bfloat16")
     params = sharpened_params(config)
-    layers = kv_cache.layers_of(params, config.n_layer, config.matmul_dtype)
-    float32_layers = kv_cache.layers_of(params, config.n_layer)
+    layers = kv_cache.layers_of(params, config)
+    float32_layers = kv_cache.layers_of(params, dataclasses.replace(config, compute_dtype="float32"))
     for path, leaf in jax.tree_util.tree_leaves_with_path(layers[0]):
       assert leaf.dtype == (jnp.bfloat16 if path[-1].key == "w" else jnp.float32), path
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(float32_layers))
