@@ -145,10 +145,16 @@ def _chunks(rows, labels, weights, size):
   return (rows_c, labels_c, weights_c), (rows_r, labels_r, weights_r)
 
 
+def _chunk_losses(h, y, w, table, table_t, spec):
+  """A chunk's float32 logits `[chunk, vocab]`, their logsumexp and its (weighted) losses."""
+  logits = _logits(h, table, spec, table_t).astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  losses = lse - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
+  return logits, lse, losses if w is None else losses * w.astype(jnp.float32)
+
+
 def _chunk_loss_sum(h, y, w, table, table_t, spec):
-  logits = _logits(h, table, spec, table_t).astype(jnp.float32)  # [chunk, vocab]
-  losses = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
-  return jnp.sum(losses if w is None else losses * w.astype(jnp.float32))
+  return jnp.sum(_chunk_losses(h, y, w, table, table_t, spec)[2])
 
 
 def _chunk_loss_sum_and_grads(h, y, w, table, table_t, spec):
@@ -160,26 +166,22 @@ def _chunk_loss_sum_and_grads(h, y, w, table, table_t, spec):
   per chunk, where a rematerialised chunk would run it in the forward pass
   and again in the backward.
   """
-  logits = _logits(h, table, spec, table_t).astype(jnp.float32)  # [chunk, vocab]
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  losses = lse - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
+  logits, lse, losses = _chunk_losses(h, y, w, table, table_t, spec)
   grad = jnp.exp(logits - lse[:, None]) - (jnp.arange(logits.shape[-1]) == y[:, None])
   if w is not None:
-    w = w.astype(jnp.float32)
-    losses, grad = losses * w, grad * w[:, None]
+    grad = grad * w.astype(jnp.float32)[:, None]
   if spec.softcap is not None:
     grad = grad * (1.0 - jnp.square(logits / spec.softcap))
   dtype = spec.compute_dtype or jnp.result_type(h, table)
   # The two gradient products as `matmul`'s backward forms them: operands in
   # the compute dtype, float32 accumulation and outputs.
   grad, hc, tc = grad.astype(dtype), h.astype(dtype), table.astype(dtype)
-  if spec.forms is not None and spec.forms.matmul_backward == "row_major":
-    d_h = jnp.dot(grad, tc, preferred_element_type=jnp.float32)
-    d_table = jnp.dot(row_major_transpose(grad), hc, preferred_element_type=jnp.float32)
+  row_major = spec.forms is not None and spec.forms.matmul_backward == "row_major"
+  d_h = jnp.dot(grad, tc, preferred_element_type=jnp.float32)  # [chunk, dim]
+  grad_t = row_major_transpose(grad) if row_major else grad.T
+  d_table = jnp.dot(grad_t, hc, preferred_element_type=jnp.float32)  # [vocab, dim]
+  if row_major:  # as `matmul`'s backward: no later transpose folded into these dots
     d_h, d_table = jax.lax.optimization_barrier((d_h, d_table))
-  else:
-    d_h = jnp.dot(grad, tc, preferred_element_type=jnp.float32)  # [chunk, dim]
-    d_table = jnp.dot(grad.T, hc, preferred_element_type=jnp.float32)  # [vocab, dim]
   return jnp.sum(losses), d_h, d_table
 
 
