@@ -666,3 +666,17 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if item not in elsewhere]
     config.hook.pytest_deselected(items=elsewhere)
   items.sort(key=lambda item: -_budget(item))  # stable: the rest keep their order
+
+
+def dot_operand_dtypes(jaxpr):
+  """Every dot_general's operand dtypes in `jaxpr`, nested jaxprs (checkpoint, custom VJP) included."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      found.append(tuple(v.aval.dtype.name for v in eqn.invars))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          found += dot_operand_dtypes(inner)
+  return found

@@ -17,6 +17,7 @@ from purejax import lora
 from purejax.ops import kernels
 from purejax.training import optim
 from conftest import TINY
+from conftest import dot_operand_dtypes
 
 # in pytree order (dict keys sorted)
 GPT_TARGETS = ("blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w",
@@ -190,23 +191,77 @@ def test_in_bfloat16_only_the_frozen_product_multiplies_bfloat16_operands():
   backward = jax.make_jaxpr(jax.grad(lambda w, x: jnp.sum(kernels.matmul(
       x, w, compute_dtype=jnp.bfloat16, forms=kernels.Forms())), argnums=(0, 1)))(weight, x)
 
-  def dot_operand_dtypes(jaxpr):
-    """Every dot_general's operand dtypes, nested jaxprs (checkpoint, custom VJP) included."""
-    found = []
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == "dot_general":
-        found.append(tuple(v.aval.dtype.name for v in eqn.invars))
-      for param in eqn.params.values():
-        for sub in param if isinstance(param, (tuple, list)) else (param,):
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            found += dot_operand_dtypes(inner)
-    return found
-
   for jaxpr, frozen_products in ((forward, 1), (backward, 2)):  # y; y and dx in the backward
     dtypes = dot_operand_dtypes(jaxpr.jaxpr)
     assert dtypes.count(("bfloat16", "bfloat16")) == frozen_products, dtypes
     assert all(d in (("bfloat16", "bfloat16"), ("float32", "float32")) for d in dtypes), dtypes
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_a_prepared_frozen_base_changes_no_value_or_gradient(compute_dtype):
+  # prepare_frozen casts a frozen base to the compute dtype and writes its
+  # transpose once, ahead of the products; they read the same values.
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  weight = kernels.LowRankWeight(jax.random.normal(keys[0], (3, 16, 24)),  # 3 stacked layers
+                                 jax.random.normal(keys[1], (3, 16, 2)),
+                                 jax.random.normal(keys[2], (3, 2, 24)), 2.0)
+  x = jax.random.normal(keys[3], (8, 16))
+  forms = kernels.Forms(matmul_backward="row_major")
+  prepared = kernels.prepare_frozen(weight, compute_dtype, forms)
+  if compute_dtype == "float32":  # nothing to prepare
+    assert prepared is weight
+  else:
+    assert prepared.base.dtype == jnp.bfloat16
+    chex.assert_trees_all_equal(prepared.base_t, jnp.swapaxes(prepared.base, 1, 2))
+  # Plain forms (the GPU's) cast inside the products, where they fuse: nothing prepared.
+  assert kernels.prepare_frozen(weight, compute_dtype, kernels.Forms()) is weight
+
+  def loss(w, x):
+    layer = jax.tree.map(lambda p: p[1], w)  # as the layer scan slices it
+    return jnp.sum(jnp.sin(kernels.matmul(x, layer, compute_dtype=compute_dtype, forms=forms)))
+
+  gradient = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  (value, (dw, dx)), (value_p, (dw_p, dx_p)) = gradient(weight, x), gradient(prepared, x)
+  chex.assert_trees_all_equal((value, dx, dw.a, dw.b), (value_p, dx_p, dw_p.a, dw_p.b))
+
+
+def _transposed_in_scans(jaxpr, in_scan=False):
+  """Shapes of the transposes in `jaxpr` that run inside a `lax.scan`'s body."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "transpose" and in_scan:
+      found.append(eqn.invars[0].aval.shape)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          found += _transposed_in_scans(inner, in_scan or eqn.primitive.name == "scan")
+  return found
+
+
+def test_in_bfloat16_the_layer_scan_takes_the_frozen_bases_transposes_ready():
+  # On the CPU's row-major forms a bf16 input gradient needs W.T written out
+  # row-major. Made inside the layer scan, that copy ran once a layer and
+  # step (SmolLM2-135M: ~150 ms a step for the MLP's gate_up alone); made
+  # before it, XLA makes it once a call of several steps (`train_steps`).
+  config = dataclasses.replace(TINY, compute_dtype="bfloat16")
+  forms = kernels.Forms(matmul_backward="row_major")
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  adapters = lora.init(params, 2, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1))
+  tree, view = lora.trainable(params, adapters), lora.View(4.0)
+  x = jax.random.randint(jax.random.PRNGKey(2), (2, config.block_size), 0, config.vocab_size)
+  jaxpr = jax.make_jaxpr(jax.grad(lambda t: gpt.loss(view(t), x, x, config, forms=forms)))(tree)
+  weight_shapes = {w.shape[1:] for w in jax.tree.leaves(params["blocks"]) if w.ndim == 3}
+  # row_major_transpose splits W [in, out] as [in, out / 2, 2] before transposing.
+  splits = {(d_in, d_out // 2, 2) for d_in, d_out in weight_shapes}
+  in_scans = _transposed_in_scans(jaxpr.jaxpr)
+  assert not [s for s in in_scans if s in splits or s in weight_shapes], in_scans
+  # The same function: values and adapter gradients as the plain forms' within bf16 rounding.
+  plain = jax.value_and_grad(lambda t: gpt.loss(view(t), x, x, config, forms=kernels.Forms()))
+  ours = jax.value_and_grad(lambda t: gpt.loss(view(t), x, x, config, forms=forms))
+  (value, grads), (value_p, grads_p) = ours(tree), plain(tree)
+  chex.assert_trees_all_close((value, grads["adapters"]), (value_p, grads_p["adapters"]),
+                              atol=2e-2, rtol=2e-2)
 
 
 def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning():
