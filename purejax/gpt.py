@@ -129,7 +129,7 @@ def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex
     y = attention.causal_attention(
         q, k, v, form=forms.attention, block=forms.attn_block,
         dropout=_rate(config, dropout),
-        key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype)
+        key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype, forms=forms)
     return y, None
   return attend
 

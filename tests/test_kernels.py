@@ -19,6 +19,7 @@ from absl.testing import parameterized
 from purejax.ops import attention
 from purejax import gpt
 from purejax.ops import kernels
+from conftest import dot_operand_dtypes
 
 GPU_FORMS = kernels.select("gpu")
 CPU_FORMS = kernels.select("cpu")
@@ -106,6 +107,32 @@ def test_attention_forms_equal_plain_values_and_gradients(form, block, kv_heads)
 
   chex.assert_trees_all_close(value_and_grads(form), value_and_grads("plain"),
                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("matmul_backward", ["row_major", "plain"])
+@pytest.mark.parametrize("kv_heads", [3, 1])
+def test_blocked_attention_in_bfloat16_multiplies_bfloat16_operands(matmul_backward, kv_heads):
+  # The blocked form's two products take the compute dtype, as the dense
+  # layers' do, with float32 accumulation and a float32 softmax: close to
+  # the float32 reference, and every product of the forward and backward
+  # passes reads bfloat16 operands.
+  q, k, v = qkv(0)
+  k, v = k[:, :, :kv_heads], v[:, :, :kv_heads]
+  cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+  forms = kernels.Forms(matmul_backward=matmul_backward)
+
+  def value_and_grads(dtype):
+    f = lambda q, k, v: jnp.sum(cotangent * attention.causal_attention(
+        q, k, v, form="blocked", block=5, compute_dtype=dtype, forms=forms))
+    return jax.value_and_grad(f, argnums=(0, 1, 2))
+
+  ours = value_and_grads(jnp.bfloat16)(q, k, v)
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(ours))
+  chex.assert_trees_all_close(ours, value_and_grads(None)(q, k, v), rtol=5e-2, atol=5e-2)
+  jaxpr = jax.make_jaxpr(value_and_grads(jnp.bfloat16))(q, k, v).jaxpr
+  dtypes = dot_operand_dtypes(jaxpr)
+  assert len(dtypes) == 3 * 2 * 3  # 3 blocks (12 positions); 2 products, each with 2 gradients
+  assert set(dtypes) == {("bfloat16", "bfloat16")}, dtypes
 
 
 class AttentionTest(parameterized.TestCase):

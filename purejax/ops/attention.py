@@ -14,7 +14,9 @@ per head, and take plain arguments: nothing here knows a model config.
   softmax spans all its keys, so it is exact. With a finite mask and a
   written-out softmax, it is the fastest form on XLA's CPU backend. With
   fewer key/value heads than query heads, each key/value head's queries
-  are multiplied as one taller block, the keys not repeated.
+  are multiplied as one taller block, the keys not repeated. Its two
+  products take `compute_dtype` operands (float32 accumulation); the
+  softmax is float32.
 * "xla": the plain form with its two products in `compute_dtype` (float32
   accumulation, `kernels.batched_matmul`, also in the backward pass) and the
   softmax and dropout in float32. It holds the whole `[batch, head, time,
@@ -32,7 +34,7 @@ per head, and take plain arguments: nothing here knows a model config.
 import functools
 import logging
 import math
-from typing import Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -67,23 +69,71 @@ def _finite_mask_softmax_parts(scores: chex.Array, positions: chex.Array):
   return unnormalised, unnormalised.sum(-1, keepdims=True)
 
 
-def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic):
+class _BlockProducts(NamedTuple):
+  """The blocked form's two products over `[b, g, r, t, *]` query rows, `r` heads a key head.
+
+  scores: `[b, g, r, t, d] x [b, g, s, d] -> [b, g, r, t, s]` float32.
+  mix: `[b, g, r, t, s] x [b, g, s, d] -> [b, g, r, t, d]` float32.
+  """
+  scores: Callable[[chex.Array, chex.Array], chex.Array]
+  mix: Callable[[chex.Array, chex.Array], chex.Array]
+
+
+_FLOAT32_PRODUCTS = _BlockProducts(lambda q, k: jnp.einsum("bgrtd,bgsd->bgrts", q, k),
+                                   lambda w, v: jnp.einsum("bgrts,bgsd->bgrtd", w, v))
+
+
+def _block_products(compute_dtype, forms) -> Optional[_BlockProducts]:
+  """`kernels.batched_matmul`s of `compute_dtype` operands; None for float32 (einsums).
+
+  A low-precision product multiplies a key head's `r * t` query rows as one
+  `[r * t, d]` matrix (float32 accumulation, float32 out), so its weight
+  gradient is a plain batched product too; `forms` chooses the backward form
+  as for the dense layers (on the CPU, row-major operands: bf16 attention
+  forward and backward of SmolLM2-135M's shape ran 12.4 against 17.6 ms a
+  layer in float32).
+  """
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
+    return None
+  matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype, forms=forms)
+
+  def rows(a):  # [b, g, r, t, n] -> [b, g, r * t, n]
+    return a.reshape(*a.shape[:2], -1, a.shape[-1])
+
+  def scores(q, k):
+    return matmul(rows(q), jnp.swapaxes(k, -1, -2)).reshape(*q.shape[:-1], k.shape[-2])
+
+  def mix(weights, v):
+    return matmul(rows(weights), v).reshape(*weights.shape[:-1], v.shape[-1])
+
+  return _BlockProducts(scores, mix)
+
+
+def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic,
+                           products: Optional[_BlockProducts] = None):
   """As `_masked_softmax_attention`, in the form XLA CPU runs fastest.
 
   A finite "minus infinity" and a written-out softmax: `jax.nn.softmax` over
   -inf entries ran ~3x slower on XLA CPU (256-token blocks). Every query sees
   at least itself, so no row is all masked. Dropout acts on the unnormalised
-  weights, which is the same as on the normalised ones.
+  weights, which is the same as on the normalised ones. `products`: low-
+  precision ones (`_block_products`); None: float32 einsums.
   """
-  scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
+  if products is None:
+    scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
+  else:  # a head is a group of one: [b, h, 1, t, d]
+    scores = products.scores(q[:, :, None], k)[:, :, 0]
   unnormalised, total = _finite_mask_softmax_parts(scores, positions)  # total: [b, h, t, 1]
   unnormalised = dropout_lib.dropout(key, unnormalised, dropout, deterministic=deterministic)
   # Normalising the [b, h, t, d] output instead of the [b, h, t, s] weights
   # saves a pass over the larger array.
-  return jnp.einsum("bhts,bhsd->bhtd", unnormalised, v) / total
+  if products is None:
+    return jnp.einsum("bhts,bhsd->bhtd", unnormalised, v) / total
+  return products.mix(unnormalised[:, :, None], v)[:, :, 0] / total
 
 
-def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic):
+def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic,
+                               products: Optional[_BlockProducts] = None):
   """The "blocked" form for grouped-query attention, keys and values not repeated.
 
   A key/value head's query heads are one block's rows: its products are
@@ -96,7 +146,9 @@ def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic):
   Args:
     q: `[b, t, h, d]` scaled queries.
     k, v: `[b, s, g, d]`, `g` dividing `h`.
+    products: the block's two products (`_block_products`); None: float32 einsums.
   """
+  products = products or _FLOAT32_PRODUCTS
   b, t, h, d = q.shape
   g = k.shape[2]
   q = q.reshape(b, t, g, h // g, d).transpose(0, 2, 3, 1, 4)  # [b, g, h/g, t, d]
@@ -105,13 +157,13 @@ def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic):
   blocks = []
   for i, start in enumerate(range(0, t, block)):
     stop = min(start + block, t)
-    scores = jnp.einsum("bgrtd,bgsd->bgrts", q[:, :, :, start:stop], k[:, :, :stop])
+    scores = products.scores(q[:, :, :, start:stop], k[:, :, :stop])
     unnormalised, total = _finite_mask_softmax_parts(scores, jnp.arange(start, stop))
     if dropping:  # the repeated form's masks: drawn over [b, h, t, s], head i in group i // (h/g)
       unnormalised = dropout_lib.dropout(
           jax.random.fold_in(key, i), unnormalised.reshape(b, h, stop - start, stop),
           dropout, deterministic=deterministic).reshape(unnormalised.shape)
-    blocks.append(jnp.einsum("bgrts,bgsd->bgrtd", unnormalised, v[:, :, :stop]) / total)
+    blocks.append(products.mix(unnormalised, v[:, :, :stop]) / total)
   y = jnp.concatenate(blocks, axis=3)  # [b, g, h/g, t, d]
   return y.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
@@ -169,6 +221,7 @@ def causal_attention(
     key: Optional[chex.PRNGKey] = None,
     deterministic: bool = True,
     compute_dtype=None,
+    forms: Optional[kernels.Forms] = None,
 ) -> chex.Array:
   """Causal self-attention: position t attends to positions <= t.
 
@@ -187,9 +240,11 @@ def causal_attention(
       (`nn.dropout`), which always counts as dropping.
     key: dropout key (unused when deterministic).
     deterministic: disables dropout.
-    compute_dtype: operand dtype of the "xla" and "cudnn" forms' products
-      (None: q's dtype); "plain" and "blocked" multiply in float32, since
-      attention is a small share of the FLOPs at the contexts they serve.
+    compute_dtype: operand dtype of the "blocked", "xla" and "cudnn" forms'
+      products (float32 accumulation; None: q's dtype); "plain", the
+      reference, multiplies in float32.
+    forms: the low-precision products' backward form (`Forms.matmul_backward`,
+      as `kernels.batched_matmul` takes it); None: the plain form.
 
   Returns:
     `[batch, time, heads, head_dim]`, in q's dtype.
@@ -214,8 +269,10 @@ def causal_attention(
     form = "xla"
   drop = dict(dropout=dropout, deterministic=deterministic)
   scale = 1.0 / math.sqrt(q.shape[-1])
+  products = _block_products(compute_dtype, forms)
   if form == "blocked" and k.shape[2] < q.shape[2]:
-    return _grouped_blocked_attention(q * scale, k, v, block=block, key=key, **drop)
+    return _grouped_blocked_attention(q * scale, k, v, block=block, key=key, products=products,
+                                      **drop)
   k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
   q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   if form == "xla":
@@ -230,7 +287,7 @@ def causal_attention(
     block_key = jax.random.fold_in(key, i) if dropping else None
     blocks.append(_finite_mask_attention(q[:, :, start:stop], k[:, :, :stop],
                                          v[:, :, :stop], jnp.arange(start, stop),
-                                         key=block_key, **drop))
+                                         key=block_key, products=products, **drop))
   return _bhtd(jnp.concatenate(blocks, axis=2))
 
 
