@@ -199,8 +199,8 @@ def test_in_bfloat16_only_the_frozen_product_multiplies_bfloat16_operands():
 
 @pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
 def test_a_prepared_frozen_base_changes_no_value_or_gradient(compute_dtype):
-  # prepare_frozen casts a frozen base to the compute dtype and writes its
-  # transpose once, ahead of the products; they read the same values.
+  # prepare_frozen writes a frozen base's transpose in the compute dtype
+  # once, ahead of the products; they read the same values.
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   weight = kernels.LowRankWeight(jax.random.normal(keys[0], (3, 16, 24)),  # 3 stacked layers
                                  jax.random.normal(keys[1], (3, 16, 2)),
@@ -210,18 +210,20 @@ def test_a_prepared_frozen_base_changes_no_value_or_gradient(compute_dtype):
   prepared = kernels.prepare_frozen(weight, compute_dtype, forms)
   if compute_dtype == "float32":  # nothing to prepare
     assert prepared is weight
-  else:
-    assert prepared.base.dtype == jnp.bfloat16
-    chex.assert_trees_all_equal(prepared.base_t, jnp.swapaxes(prepared.base, 1, 2))
+  else:  # W.T in bfloat16, its pairs of values packed as uint32
+    assert prepared.base is weight.base and prepared.base_t.dtype == jnp.uint32
+    unpacked = jax.lax.bitcast_convert_type(prepared.base_t, jnp.bfloat16).reshape(3, 24, 16)
+    chex.assert_trees_all_equal(unpacked, jnp.swapaxes(weight.base, 1, 2).astype(jnp.bfloat16))
   # Plain forms (the GPU's) cast inside the products, where they fuse: nothing prepared.
   assert kernels.prepare_frozen(weight, compute_dtype, kernels.Forms()) is weight
 
-  def loss(w, x):
+  def loss(w, x, prepare):
+    w = kernels.prepare_frozen(w, compute_dtype, forms) if prepare else w
     layer = jax.tree.map(lambda p: p[1], w)  # as the layer scan slices it
     return jnp.sum(jnp.sin(kernels.matmul(x, layer, compute_dtype=compute_dtype, forms=forms)))
 
-  gradient = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-  (value, (dw, dx)), (value_p, (dw_p, dx_p)) = gradient(weight, x), gradient(prepared, x)
+  gradient = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
+  (value, (dw, dx)), (value_p, (dw_p, dx_p)) = gradient(weight, x, False), gradient(weight, x, True)
   chex.assert_trees_all_equal((value, dx, dw.a, dw.b), (value_p, dx_p, dw_p.a, dw_p.b))
 
 

@@ -102,6 +102,8 @@ def _low_precision_matmul_frozen_bwd(dtype, row_major, residuals, g):
   wc, w_t, x_like = residuals
   if w_t is None:
     w_t = row_major_transpose(wc) if row_major else jnp.swapaxes(wc, -1, -2)
+  elif w_t.dtype == jnp.uint32:  # pairs of `dtype` values (`prepare_frozen`)
+    w_t = jax.lax.bitcast_convert_type(w_t, dtype).reshape(*w_t.shape[:-1], -1)
   dx = _dot(g.astype(dtype), w_t, x_like.dtype)
   if row_major:
     dx = jax.lax.optimization_barrier(dx)  # as in `_low_precision_matmul_bwd`
@@ -130,9 +132,10 @@ class LowRankWeight:
     a: `[..., in_dim, rank]`.
     b: `[..., rank, out_dim]`.
     scale: the update's factor (LoRA's `alpha / rank`).
-    base_t: None, or `base` transposed, `[..., out_dim, in_dim]` in the
-      compute dtype and row-major, for the input gradient's product
-      (`prepare_frozen` makes it once, outside the layer scan).
+    base_t: None, or `base` transposed, `[..., out_dim, in_dim]` in a
+      16-bit compute dtype and row-major, each pair of values packed as one
+      uint32 (`[..., out_dim, in_dim / 2]`), for the input gradient's
+      product (`prepare_frozen` makes it once, outside the layer scan).
   """
   base: chex.Array
   a: chex.Array
@@ -240,14 +243,18 @@ def _row_major(forms) -> bool:
 def prepare_frozen(tree, compute_dtype, forms):
   """`tree` with each `LowRankWeight`'s frozen base made ready for low-precision products.
 
-  Under the row-major backward form (the CPU's), a frozen base is cast to
-  `compute_dtype` and given its row-major transpose (`base_t`) here, once
-  for the whole stack of layers, instead of inside each layer's products.
-  The base does not change between a call's steps, so XLA then makes both
-  once a call (`steps.train_steps` runs several steps a call) rather than
-  once a layer and step. Costs the two copies' memory, `2 x 2` bytes per
-  frozen value in bf16. Other forms and float32 products: `tree` as given.
-  The products' values are the same either way.
+  Under the row-major backward form (the CPU's), the input gradient's
+  product reads a frozen base's transpose in `compute_dtype`, written out
+  row-major. Made here (`base_t`), once for the whole stack of layers, it
+  is not made inside each layer's backward pass; the base does not change
+  between a call's steps, so XLA makes it once a call (`steps.train_steps`
+  runs several steps a call) rather than once a layer and step. It costs 2
+  bytes per frozen value. The pairs of 16-bit values are packed as uint32:
+  XLA's CPU backend slices a stacked bf16 array in a loop by converting the
+  whole stack to float32 first (SmolLM2-135M's LoRA step planned 0.79 GiB
+  more temporaries that way, against 0.2 packed). Other forms, other
+  dtypes and odd input widths: `tree` as given. The products' values are
+  the same either way.
 
   Args:
     tree: params (e.g. a `lora.View`'s), whose `LowRankWeight` leaves may be stacked.
@@ -255,7 +262,7 @@ def prepare_frozen(tree, compute_dtype, forms):
     forms: the model's forms (`matmul_backward`).
 
   Returns:
-    `tree`, its low-rank weights' bases in `compute_dtype` with `base_t` set.
+    `tree`, its low-rank weights with `base_t` set.
   """
   if not (_low_precision(compute_dtype) and _row_major(forms)):
     return tree
@@ -263,8 +270,12 @@ def prepare_frozen(tree, compute_dtype, forms):
   def prepare(w):
     if not isinstance(w, LowRankWeight) or w.base_t is not None:
       return w
-    base = jax.lax.stop_gradient(w.base).astype(compute_dtype)
-    return dataclasses.replace(w, base=base, base_t=row_major_transpose(base))
+    base = jax.lax.stop_gradient(w.base)
+    if jnp.dtype(compute_dtype).itemsize != 2 or base.shape[-2] % 2:
+      return w
+    t = row_major_transpose(base).astype(compute_dtype)  # [..., out, in]
+    return dataclasses.replace(w, base_t=jax.lax.bitcast_convert_type(
+        t.reshape(*t.shape[:-1], -1, 2), jnp.uint32))
 
   return jax.tree.map(prepare, tree, is_leaf=lambda w: isinstance(w, LowRankWeight))
 
