@@ -353,13 +353,16 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
     raise ValueError("remat='full_compute_dtype' does not take value_embeds; use remat='full'.")
   layer = kernels.remat(layer, forms, config.matmul_dtype,
                         static_argnums=() if forms.scan_layers else (4,))
-  blocks = kernels.prepare_frozen(params["blocks"], config.matmul_dtype, forms)  # LoRA's bases
   if forms.scan_layers:
-    xs = (blocks, layer_keys) + ((jnp.arange(config.n_layer),) if config.value_embeds else ())
-    x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, *xs[2:]), None), x, xs)
+    if not config.value_embeds:  # GPT-2's and Llama's scan, as it has always been
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
+                          (params["blocks"], layer_keys))
+    else:
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2]), None), x,
+                          (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
     return x
   for i in range(config.n_layer):
-    layer_params = jax.tree.map(lambda p, i=i: p[i], blocks)
+    layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
     x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout,
               i if config.value_embeds else None)
   return x

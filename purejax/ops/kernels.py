@@ -32,7 +32,6 @@ from purejax.ops.matmul import LOW_RANK_OUTPUT
 from purejax.ops.matmul import LowRankWeight  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import batched_matmul  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import matmul
-from purejax.ops.matmul import prepare_frozen  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import row_major_transpose  # noqa: F401  pylint: disable=unused-import
 # The losses live in ops/loss.py; models call them as kernels.tied_head_cross_entropy.
 from purejax.ops.loss import cross_entropy  # noqa: F401  pylint: disable=unused-import

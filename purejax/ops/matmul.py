@@ -80,41 +80,32 @@ def _low_precision_matmul_bwd(dtype, row_major, residuals, g):
 _low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _low_precision_matmul_frozen(x, w, w_t, dtype, row_major):
-  """`_low_precision_matmul` of a weight that gets no gradient: no weight product.
-
-  `w_t`: `w`'s transpose in `dtype`, row-major, made once ahead of the
-  products (`prepare_frozen`), or None to make it in the backward pass.
-  """
-  del w_t, row_major
-  return _dot(x.astype(dtype), w.astype(dtype), x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _low_precision_matmul_frozen(x, w, dtype, row_major):
+  """`_low_precision_matmul` of a weight that gets no gradient: no weight product."""
+  return _low_precision_matmul(x, w, dtype, row_major)
 
 
-def _low_precision_matmul_frozen_fwd(x, w, w_t, dtype, row_major):
+def _low_precision_matmul_frozen_fwd(x, w, dtype, row_major):
   del row_major
   wc = w.astype(dtype)
-  kept = (wc, None) if w_t is None else (None, w_t)
-  return _dot(x.astype(dtype), wc, x.dtype), (*kept, jnp.zeros((0,), x.dtype))
+  return _dot(x.astype(dtype), wc, x.dtype), (wc, jnp.zeros((0,), x.dtype))
 
 
 def _low_precision_matmul_frozen_bwd(dtype, row_major, residuals, g):
-  wc, w_t, x_like = residuals
-  if w_t is None:
-    w_t = row_major_transpose(wc) if row_major else jnp.swapaxes(wc, -1, -2)
-  elif w_t.dtype == jnp.uint32:  # pairs of `dtype` values (`prepare_frozen`)
-    w_t = jax.lax.bitcast_convert_type(w_t, dtype).reshape(*w_t.shape[:-1], -1)
-  dx = _dot(g.astype(dtype), w_t, x_like.dtype)
+  wc, x_like = residuals
+  transpose = row_major_transpose if row_major else lambda a: jnp.swapaxes(a, -1, -2)
+  dx = _dot(g.astype(dtype), transpose(wc), x_like.dtype)
   if row_major:
     dx = jax.lax.optimization_barrier(dx)  # as in `_low_precision_matmul_bwd`
-  return dx, None, None  # no gradient for w (the caller stops it) or its transpose
+  return dx, jnp.zeros(wc.shape, jnp.float32)  # the caller passes w as float32
 
 
 _low_precision_matmul_frozen.defvjp(_low_precision_matmul_frozen_fwd,
                                     _low_precision_matmul_frozen_bwd)
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=("base", "a", "b", "base_t"),
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("base", "a", "b"),
                    meta_fields=("scale",))
 @dataclasses.dataclass(frozen=True)
 class LowRankWeight:
@@ -132,16 +123,11 @@ class LowRankWeight:
     a: `[..., in_dim, rank]`.
     b: `[..., rank, out_dim]`.
     scale: the update's factor (LoRA's `alpha / rank`).
-    base_t: None, or `base` transposed, `[..., out_dim, in_dim]` in a
-      16-bit compute dtype and row-major, each pair of values packed as one
-      uint32 (`[..., out_dim, in_dim / 2]`), for the input gradient's
-      product (`prepare_frozen` makes it once, outside the layer scan).
   """
   base: chex.Array
   a: chex.Array
   b: chex.Array
   scale: float
-  base_t: Optional[chex.Array] = None
 
   @property
   def shape(self):
@@ -203,81 +189,28 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
     # recomputed). The backward needs neither term: only `x @ a` ([rows,
     # rank]), which it recomputes.
     @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
-    def low_rank_product(x2, base, base_t, a, b):
+    def low_rank_product(x2, base, a, b):
       frozen = _matmul_2d(x2, jax.lax.stop_gradient(base), compute_dtype=compute_dtype,
-                          forms=forms, frozen=True, base_t=base_t,
-                          float32_output=float32_output)
+                          forms=forms, frozen=True, float32_output=float32_output)
       return frozen + (w.scale * product(product(x2, a), b)).astype(frozen.dtype)
 
-    y = checkpoint_name(low_rank_product(x2, w.base, w.base_t, w.a, w.b), LOW_RANK_OUTPUT)
+    y = checkpoint_name(low_rank_product(x2, w.base, w.a, w.b), LOW_RANK_OUTPUT)
   else:
     y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms,
                    float32_output=float32_output)
   return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
-def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False, base_t=None,
-               float32_output=False):
-  if not _low_precision(compute_dtype):
+def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False, float32_output=False):
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     return x2 @ w
-  row_major = _row_major(forms)
+  row_major = forms is not None and forms.matmul_backward == "row_major"
   rounded = (not float32_output and forms is not None
              and getattr(forms, "matmul_output", "float32") == "compute")
+  product = _low_precision_matmul_frozen if frozen else _low_precision_matmul
   # The output (and x's gradient) take x's dtype here: float32, or the compute dtype.
   out = jnp.dtype(compute_dtype) if rounded else jnp.float32
-  if frozen:  # w as given: float32, or already the compute dtype (`prepare_frozen`)
-    return _low_precision_matmul_frozen(x2.astype(out), w, base_t, jnp.dtype(compute_dtype),
-                                        row_major)
-  return _low_precision_matmul(x2.astype(out), w.astype(jnp.float32), jnp.dtype(compute_dtype),
-                               row_major)
-
-
-def _low_precision(compute_dtype) -> bool:
-  return compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32
-
-
-def _row_major(forms) -> bool:
-  return forms is not None and forms.matmul_backward == "row_major"
-
-
-def prepare_frozen(tree, compute_dtype, forms):
-  """`tree` with each `LowRankWeight`'s frozen base made ready for low-precision products.
-
-  Under the row-major backward form (the CPU's), the input gradient's
-  product reads a frozen base's transpose in `compute_dtype`, written out
-  row-major. Made here (`base_t`), once for the whole stack of layers, it
-  is not made inside each layer's backward pass; the base does not change
-  between a call's steps, so XLA makes it once a call (`steps.train_steps`
-  runs several steps a call) rather than once a layer and step. It costs 2
-  bytes per frozen value. The pairs of 16-bit values are packed as uint32:
-  XLA's CPU backend slices a stacked bf16 array in a loop by converting the
-  whole stack to float32 first (SmolLM2-135M's LoRA step planned 0.79 GiB
-  more temporaries that way, against 0.2 packed). Other forms, other
-  dtypes and odd input widths: `tree` as given. The products' values are
-  the same either way.
-
-  Args:
-    tree: params (e.g. a `lora.View`'s), whose `LowRankWeight` leaves may be stacked.
-    compute_dtype: the products' operand dtype (`GPTConfig.matmul_dtype`).
-    forms: the model's forms (`matmul_backward`).
-
-  Returns:
-    `tree`, its low-rank weights with `base_t` set.
-  """
-  if not (_low_precision(compute_dtype) and _row_major(forms)):
-    return tree
-
-  def prepare(w):
-    if not isinstance(w, LowRankWeight) or w.base_t is not None:
-      return w
-    base = jax.lax.stop_gradient(w.base)
-    if jnp.dtype(compute_dtype).itemsize != 2 or base.shape[-2] % 2:
-      return w
-    t = row_major_transpose(base).astype(compute_dtype)  # [..., out, in]
-    return dataclasses.replace(w, base_t=jax.lax.bitcast_convert_type(
-        t.reshape(*t.shape[:-1], -1, 2), jnp.uint32))
-
-  return jax.tree.map(prepare, tree, is_leaf=lambda w: isinstance(w, LowRankWeight))
+  return product(x2.astype(out), w.astype(jnp.float32), jnp.dtype(compute_dtype), row_major)
 
 
 def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
@@ -288,8 +221,8 @@ def batched_matmul(a: chex.Array, b: chex.Array, *, compute_dtype=None,
   products when `compute_dtype` is given (float32 output), and `forms` as there.
   """
   chex.assert_rank(b, a.ndim)
-  if not _low_precision(compute_dtype):
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     return a @ b
-  row_major = _row_major(forms)
+  row_major = forms is not None and forms.matmul_backward == "row_major"
   return _low_precision_matmul(a.astype(jnp.float32), b.astype(jnp.float32),
                                jnp.dtype(compute_dtype), row_major)
