@@ -70,21 +70,23 @@ def _finite_mask_softmax_parts(scores: chex.Array, positions: chex.Array):
 
 
 class _BlockProducts(NamedTuple):
-  """The blocked form's two products over `[b, g, r, t, *]` query rows, `r` heads a key head.
+  """The blocked form's two products, over heads `[b, h, t, *]` or grouped heads `[b, g, r, t, *]`.
 
-  scores: `[b, g, r, t, d] x [b, g, s, d] -> [b, g, r, t, s]` float32.
-  mix: `[b, g, r, t, s] x [b, g, s, d] -> [b, g, r, t, d]` float32.
+  scores: queries `[..., t, d]` x keys `[b, h | g, s, d]` -> `[..., t, s]` float32.
+  mix: weights `[..., t, s]` x values `[b, h | g, s, d]` -> `[..., t, d]` float32.
   """
   scores: Callable[[chex.Array, chex.Array], chex.Array]
   mix: Callable[[chex.Array, chex.Array], chex.Array]
 
 
-_FLOAT32_PRODUCTS = _BlockProducts(lambda q, k: jnp.einsum("bgrtd,bgsd->bgrts", q, k),
-                                   lambda w, v: jnp.einsum("bgrts,bgsd->bgrtd", w, v))
+_HEAD_EINSUMS = _BlockProducts(lambda q, k: jnp.einsum("bhtd,bhsd->bhts", q, k),
+                               lambda w, v: jnp.einsum("bhts,bhsd->bhtd", w, v))
+_GROUPED_EINSUMS = _BlockProducts(lambda q, k: jnp.einsum("bgrtd,bgsd->bgrts", q, k),
+                                  lambda w, v: jnp.einsum("bgrts,bgsd->bgrtd", w, v))
 
 
-def _block_products(compute_dtype, forms) -> Optional[_BlockProducts]:
-  """`kernels.batched_matmul`s of `compute_dtype` operands; None for float32 (einsums).
+def _block_products(compute_dtype, forms, grouped: bool) -> _BlockProducts:
+  """float32 einsums, or `kernels.batched_matmul`s of `compute_dtype` operands.
 
   A low-precision product multiplies a key head's `r * t` query rows as one
   `[r * t, d]` matrix (float32 accumulation, float32 out), so its weight
@@ -94,10 +96,10 @@ def _block_products(compute_dtype, forms) -> Optional[_BlockProducts]:
   layer in float32).
   """
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
-    return None
+    return _GROUPED_EINSUMS if grouped else _HEAD_EINSUMS
   matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype, forms=forms)
 
-  def rows(a):  # [b, g, r, t, n] -> [b, g, r * t, n]
+  def rows(a):  # [b, g, r, t, n] -> [b, g, r * t, n]; [b, h, t, n] as it is
     return a.reshape(*a.shape[:2], -1, a.shape[-1])
 
   def scores(q, k):
@@ -110,30 +112,25 @@ def _block_products(compute_dtype, forms) -> Optional[_BlockProducts]:
 
 
 def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic,
-                           products: Optional[_BlockProducts] = None):
+                           products: _BlockProducts):
   """As `_masked_softmax_attention`, in the form XLA CPU runs fastest.
 
   A finite "minus infinity" and a written-out softmax: `jax.nn.softmax` over
   -inf entries ran ~3x slower on XLA CPU (256-token blocks). Every query sees
   at least itself, so no row is all masked. Dropout acts on the unnormalised
-  weights, which is the same as on the normalised ones. `products`: low-
-  precision ones (`_block_products`); None: float32 einsums.
+  weights, which is the same as on the normalised ones. `products`:
+  `_block_products` of heads.
   """
-  if products is None:
-    scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
-  else:  # a head is a group of one: [b, h, 1, t, d]
-    scores = products.scores(q[:, :, None], k)[:, :, 0]
+  scores = products.scores(q, k)  # [b, h, t, s]
   unnormalised, total = _finite_mask_softmax_parts(scores, positions)  # total: [b, h, t, 1]
   unnormalised = dropout_lib.dropout(key, unnormalised, dropout, deterministic=deterministic)
   # Normalising the [b, h, t, d] output instead of the [b, h, t, s] weights
   # saves a pass over the larger array.
-  if products is None:
-    return jnp.einsum("bhts,bhsd->bhtd", unnormalised, v) / total
-  return products.mix(unnormalised[:, :, None], v)[:, :, 0] / total
+  return products.mix(unnormalised, v) / total
 
 
 def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic,
-                               products: Optional[_BlockProducts] = None):
+                               products: _BlockProducts):
   """The "blocked" form for grouped-query attention, keys and values not repeated.
 
   A key/value head's query heads are one block's rows: its products are
@@ -146,9 +143,8 @@ def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic,
   Args:
     q: `[b, t, h, d]` scaled queries.
     k, v: `[b, s, g, d]`, `g` dividing `h`.
-    products: the block's two products (`_block_products`); None: float32 einsums.
+    products: `_block_products` of grouped heads.
   """
-  products = products or _FLOAT32_PRODUCTS
   b, t, h, d = q.shape
   g = k.shape[2]
   q = q.reshape(b, t, g, h // g, d).transpose(0, 2, 3, 1, 4)  # [b, g, h/g, t, d]
@@ -269,10 +265,10 @@ def causal_attention(
     form = "xla"
   drop = dict(dropout=dropout, deterministic=deterministic)
   scale = 1.0 / math.sqrt(q.shape[-1])
-  products = _block_products(compute_dtype, forms)
   if form == "blocked" and k.shape[2] < q.shape[2]:
-    return _grouped_blocked_attention(q * scale, k, v, block=block, key=key, products=products,
-                                      **drop)
+    return _grouped_blocked_attention(
+        q * scale, k, v, block=block, key=key,
+        products=_block_products(compute_dtype, forms, grouped=True), **drop)
   k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
   q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   if form == "xla":
@@ -281,6 +277,7 @@ def causal_attention(
   if form == "plain":
     return _bhtd(_masked_softmax_attention(q, k, v, jnp.arange(q.shape[2]), key=key, **drop))
   t = q.shape[2]
+  products = _block_products(compute_dtype, forms, grouped=False)
   blocks = []
   for i, start in enumerate(range(0, t, block)):
     stop = min(start + block, t)
@@ -332,7 +329,5 @@ def attend_to_cache(
                                   deterministic=True)
   else:
     y = _finite_mask_attention(q, k, v, positions, key=None, dropout=0.0,
-                               deterministic=True)
+                               deterministic=True, products=_HEAD_EINSUMS)
   return y.reshape(b, h, t, d)
-  return _finite_mask_attention(q, k, v, query_start, key=None, dropout=0.0,
-                                deterministic=True)
