@@ -45,8 +45,10 @@ def define_flags() -> None:
 def main(argv):
   del argv
   config, batch_size = loop.SHAKESPEARE_CHAR, loop.GPTTrainConfig().batch_size
+  # The twin's `c_attn` is one Linear, which PyTorch's Muon orthogonalises whole:
+  # so does purejax's arm here (`muon_split_qkv=False`), for the same work.
   adamw = dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=1000,
-                              muon_ns_steps=FLAGS.muon_ns_steps)
+                              muon_ns_steps=FLAGS.muon_ns_steps, muon_split_qkv=False)
   rounds = 3 if FLAGS.quick else FLAGS.rounds
   cpu = {}
 

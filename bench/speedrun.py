@@ -112,7 +112,7 @@ SIZES = {
 # recipe's betas, decay and clipping) on embeddings, head and value embeddings.
 MODERN_OPTIMIZER = dataclasses.replace(
     loop.GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
-    muon_learning_rate=1e-2)
+    muon_learning_rate=1e-2, muon_split_qkv=False)
 
 # The BPE arms' tokenizer: byte-level BPE over the train split's own bytes
 # (Tiny Shakespeare has 65), nanochat's split pattern.

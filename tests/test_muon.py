@@ -92,11 +92,12 @@ def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
   rest = lambda tree: jax.tree.map(lambda x, l: x if l == "adamw" else jnp.zeros(()),
                                    tree, labels)
   chex.assert_trees_all_close(rest(update), rest(expected), rtol=1e-6)
-  # The Muon group steps at its own rate, on Muon's scale: a [16, 48] qkv layer's
-  # orthogonal update has RMS sqrt(16 / (16 * 48)), times sqrt(48 / 16).
+  # The Muon group steps at its own rate, on Muon's scale: each of a [16, 48] qkv
+  # layer's [16, 16] query, key and value matrices has an orthogonal update, RMS
+  # sqrt(1 / 16).
   qkv = update["blocks"]["attn"]["qkv"]["w"][0]
   rms = float(jnp.sqrt(jnp.mean(qkv ** 2)))
-  assert 0.5 < rms / (MUON.muon_learning_rate * np.sqrt(3 / 48)) < 1.5, rms
+  assert 0.5 < rms / (MUON.muon_learning_rate * np.sqrt(1 / 16)) < 1.5, rms
 
 def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
@@ -111,20 +112,49 @@ def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
   assert all(jnp.any(u) for u in jax.tree.leaves(update["adapters"]))
 
 
+def first_muon_update(config, params, grads, name):
+  """The Muon group's first update of the `name` weight of the blocks (`attn.qkv`, ...)."""
+  optimizer = optim.make_optimizer(config)
+  update = jax.jit(optimizer.update)(grads, optimizer.init(params), params)[0]
+  group, layer = name.split(".")
+  return update["blocks"][group][layer]["w"]
+
+
 def test_the_number_of_newton_schulz_steps_is_the_configs():
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
   grads = random_like(params, 3)
-  qkv = lambda config: jax.jit(optim.make_optimizer(config).update)(
-      grads, optim.make_optimizer(config).init(params), params)[0]["blocks"]["attn"]["qkv"]["w"]
   two = dataclasses.replace(MUON, muon_ns_steps=2, muon_weight_decay=0.0)
   # Nesterov's first step is the gradient itself (times 1 + beta, which the
   # orthogonalisation's normalisation removes); the rate and Muon's shape scale follow.
-  expected = reference_newton_schulz(grads["blocks"]["attn"]["qkv"]["w"], steps=2) * (
-      -two.muon_learning_rate * np.sqrt(3))
-  np.testing.assert_allclose(qkv(two), expected, atol=1e-5)
-  assert not np.allclose(qkv(dataclasses.replace(two, muon_ns_steps=5)), expected, atol=1e-3)
+  fc = grads["blocks"]["mlp"]["fc"]["w"]  # [n_layer, 16, 64]
+  expected = reference_newton_schulz(fc, steps=2) * (-two.muon_learning_rate * np.sqrt(4))
+  update = lambda config: first_muon_update(config, params, grads, "mlp.fc")
+  np.testing.assert_allclose(update(two), expected, atol=1e-5)
+  assert not np.allclose(update(dataclasses.replace(two, muon_ns_steps=5)), expected, atol=1e-3)
   with pytest.raises(ValueError, match="`muon_ns_steps` must be an integer >= 1, got 0"):
     dataclasses.replace(MUON, muon_ns_steps=0)
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 1])
+def test_the_fused_qkv_weight_is_orthogonalised_as_its_query_key_and_value(n_kv_head):
+  # nanochat's and modded-nanogpt's projections are separate matrices, and Muon
+  # orthogonalises each: so does purejax with its fused [d, d + 2 kv] weight.
+  config = dataclasses.replace(TINY, n_head=2, n_kv_head=n_kv_head)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  grads = random_like(params, 4)
+  g = np.asarray(grads["blocks"]["attn"]["qkv"]["w"])  # [n_layer, 16, 16 + 2 kv]
+  kv = (g.shape[-1] - 16) // 2
+  opt = dataclasses.replace(MUON, muon_weight_decay=0.0)
+  # Each part is square or wide ([16, kv]), so Muon's shape scale is 1.
+  parts = np.split(g, (16, 16 + kv), axis=-1)
+  expected = np.concatenate([reference_newton_schulz(p) for p in parts], axis=-1)
+  np.testing.assert_allclose(first_muon_update(opt, params, grads, "attn.qkv"),
+                             -opt.muon_learning_rate * expected, atol=2e-5)
+  # `muon_split_qkv=False`: one [16, 16 + 2 kv] matrix, scaled by sqrt(out / in).
+  fused = dataclasses.replace(opt, muon_split_qkv=False)
+  expected = reference_newton_schulz(g) * np.sqrt(g.shape[-1] / 16)
+  np.testing.assert_allclose(first_muon_update(fused, params, grads, "attn.qkv"),
+                             -opt.muon_learning_rate * expected, atol=2e-5)
 
 
 def test_the_momentum_warms_up_from_its_start_as_modded_nanogpts():

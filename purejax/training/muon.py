@@ -5,6 +5,7 @@
 """
 
 import functools
+import math
 from typing import NamedTuple, Optional, Tuple
 
 import chex
@@ -91,15 +92,47 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
   return jnp.swapaxes(x, -1, -2) if tall else x
 
 
-def scale_by_newton_schulz(steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
+def _shape_scale(u: chex.Array) -> float:
+  return math.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
+
+
+def _orthogonalise_qkv(u: chex.Array, steps: int) -> chex.Array:
+  """The fused attention projection `[..., d, d + 2 kv]` orthogonalised as its
+  query, key and value matrices, each alone (the GPT's queries are `n_head *
+  head_dim = d` wide, keys and values `kv` each)."""
+  d, width = u.shape[-2:]
+  kv = (width - d) // 2
+  if kv == d:  # one batched iteration over the three square matrices
+    parts = jnp.stack(jnp.split(u, 3, axis=-1))
+    return jnp.concatenate(list(newton_schulz(parts, steps)), axis=-1)
+  q, k, v = jnp.split(u, (d, d + kv), axis=-1)
+  k, v = newton_schulz(jnp.stack([k, v]), steps)
+  return jnp.concatenate([newton_schulz(q, steps), k, v], axis=-1)
+
+
+def is_fused_qkv(path: Tuple[str, ...], u: chex.Array) -> bool:
+  """Whether `path` names the attention's fused query/key/value weight (not an adapter's)."""
+  return path[-2:] == ("qkv", "w") and u.ndim >= 2 and u.shape[-1] > u.shape[-2]
+
+
+def scale_by_newton_schulz(steps: int = MUON_NS_STEPS, split_qkv: bool = True
+                           ) -> optax.GradientTransformation:
   """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`, `steps` steps)
-  and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon."""
-  def scale(u):
-    return newton_schulz(u, steps) * jnp.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
+  and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon.
+
+  With `split_qkv`, the attention's fused `qkv` weight is its query, key and
+  value matrices, each orthogonalised alone (and square or wide, so scaled
+  by 1), as nanochat and modded-nanogpt do with theirs; False treats it as
+  one `[d, 3d]` matrix. LoRA's factors are orthogonalised whole.
+  """
+  def scale(path, u):
+    if split_qkv and is_fused_qkv(_dotted_path(path), u):
+      return _orthogonalise_qkv(u, steps)
+    return newton_schulz(u, steps) * _shape_scale(u)
 
   def update(updates, state, params=None):
     del params
-    return jax.tree.map(scale, updates), state
+    return jax.tree_util.tree_map_with_path(scale, updates), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
@@ -136,7 +169,8 @@ def nesterov_warmed_trace(momentum: chex.Numeric, warmup_iters: int, start: floa
 def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
                   weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None,
                   ns_steps: int = MUON_NS_STEPS, momentum_warmup_iters: int = 0,
-                  momentum_start: float = 0.85) -> optax.GradientTransformation:
+                  momentum_start: float = 0.85, split_qkv: bool = True
+                  ) -> optax.GradientTransformation:
   """Muon for a pytree of matrices `[..., in, out]`.
 
   Each matrix's Nesterov momentum (`momentum`; `optax.trace`, which is Muon's
@@ -144,7 +178,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
   a scale the orthogonalisation removes; with `momentum_warmup_iters`, the
   momentum rises from `momentum_start` over those steps,
   `nesterov_warmed_trace`) is orthogonalised and scaled by
-  `scale_by_newton_schulz` (`ns_steps` steps; so `learning_rate` means what it
+  `scale_by_newton_schulz` (`ns_steps` steps, `split_qkv`; so `learning_rate` means what it
   means in Muon's reference and in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
@@ -154,7 +188,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
            if momentum_warmup_iters else optax.trace(decay=momentum, nesterov=True))
   return optax.chain(
       trace,
-      scale_by_newton_schulz(ns_steps),
+      scale_by_newton_schulz(ns_steps, split_qkv),
       optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
       optax.scale_by_learning_rate(learning_rate))
 
@@ -188,7 +222,8 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
 
   matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
                            config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps,
-                           config.muon_momentum_warmup_iters, config.muon_momentum_start)
+                           config.muon_momentum_warmup_iters, config.muon_momentum_start,
+                           config.muon_split_qkv)
   rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
                      weight_decay=config.weight_decay, mask=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)

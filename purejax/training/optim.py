@@ -60,6 +60,9 @@ class OptimizerConfig:
       momentum rises linearly from `muon_momentum_start` to `muon_momentum`
       (0: none, as Muon's reference; modded-nanogpt and nanochat: 300).
     muon_momentum_start: "muon": that warmup's first momentum (0.85, theirs).
+    muon_split_qkv: "muon": orthogonalise the attention's fused query/key/value
+      weight as three matrices, as nanochat and modded-nanogpt (whose
+      projections are separate) do; False: as one `[d, 3d]` matrix.
   """
   name: str = "adamw"
   learning_rate: float = 1e-3
@@ -79,6 +82,7 @@ class OptimizerConfig:
   muon_ns_steps: int = muon.MUON_NS_STEPS
   muon_momentum_warmup_iters: int = 0
   muon_momentum_start: float = 0.85
+  muon_split_qkv: bool = True
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
@@ -314,6 +318,8 @@ def describe(config: OptimizerConfig) -> str:
       muon_parts.append(f"weight decay {config.muon_weight_decay:g}")
     if config.muon_ns_steps != muon.MUON_NS_STEPS:
       muon_parts.append(f"{config.muon_ns_steps} Newton-Schulz steps")
+    if not config.muon_split_qkv:
+      muon_parts.append("qkv as one matrix")
     if config.muon_momentum_warmup_iters:
       muon_parts.append(f"momentum from {config.muon_momentum_start:g} over "
                         f"{config.muon_momentum_warmup_iters} steps")
