@@ -2,6 +2,7 @@
 layer, AdamW on the rest, and runs that resume and sweep exactly."""
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -48,30 +49,63 @@ def test_a_stacked_weight_is_orthogonalised_one_layer_at_a_time():
     assert 0.4 < singular.min() and singular.max() < 1.6, singular
 
 
-def reference_newton_schulz(x, steps=muon.MUON_NS_STEPS):
-  """Keller Jordan's iteration as written, on each matrix, in float64."""
-  a, b, c = muon.MUON_NS_COEFFS
+def reference_newton_schulz(x, steps=muon.MUON_NS_STEPS, coeffs="keller"):
+  """Keller Jordan's iteration as written (each step's quintic from `coeffs`), on
+  each matrix, in float64."""
   x = np.asarray(x, np.float64)
   tall = x.shape[-2] > x.shape[-1]
   x = np.swapaxes(x, -1, -2) if tall else x
   x = x / (np.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
-  for _ in range(steps):
+  for a, b, c in muon.ns_coefficients(coeffs, steps):
     gram = x @ np.swapaxes(x, -1, -2)
     x = a * x + (b * gram + c * gram @ gram) @ x
   return np.swapaxes(x, -1, -2) if tall else x
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 48), (2, 48, 16), (2, 16, 16)])
-def test_newton_schulz_is_the_reference_iteration(shape):
-  # Wide matrices run in the Gram space: the same iteration, to within 3e-4 on
-  # singular values from 1e-3 to 1 (the reference's own bf16 runs are 4e-2 off).
-  k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+def matrices_with_singular_values(shape, singular, seed=0):
+  """`[batch, m, n]` matrices whose singular values are `singular` (`min(m, n)` of them)."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
   m = min(shape[1:])
   u = jnp.linalg.qr(jax.random.normal(k1, shape[:2] + shape[1:2]))[0][..., :m]
   v = jnp.linalg.qr(jax.random.normal(k2, shape[:1] + shape[2:] * 2))[0][..., :m]
-  x = (u * jnp.logspace(-3, 0, m)) @ jnp.swapaxes(v, 1, 2)
-  np.testing.assert_allclose(jax.jit(muon.newton_schulz)(x), reference_newton_schulz(x),
-                             atol=3e-4 if max(shape) >= 2 * m else 1e-5)
+  return (u * singular) @ jnp.swapaxes(v, 1, 2)
+
+
+@pytest.mark.parametrize("coeffs", ["keller", "minimax"])
+@pytest.mark.parametrize("shape", [(2, 16, 48), (2, 48, 16), (2, 16, 16)])
+def test_newton_schulz_is_the_reference_iteration(shape, coeffs):
+  # Wide matrices run in the Gram space: the same iteration, to within 3e-4 on
+  # singular values from 1e-3 to 1 (the reference's own bf16 runs are 4e-2 off).
+  x = matrices_with_singular_values(shape, jnp.logspace(-3, 0, min(shape[1:])))
+  quintics = muon.ns_coefficients(coeffs, 5)
+  np.testing.assert_allclose(
+      jax.jit(functools.partial(muon.newton_schulz, coeffs=quintics))(x),
+      reference_newton_schulz(x, coeffs=coeffs), atol=3e-4 if max(shape) >= 2 * 16 else 1e-5)
+
+
+def test_minimax_quintics_are_their_derivation_and_orthogonalise_in_fewer_steps():
+  # The table is the greedy minimax construction's output, to its 4 decimals.
+  np.testing.assert_allclose(muon.minimax_coefficients(5, 3e-3), muon.MINIMAX_NS_COEFFS,
+                             atol=2e-3)
+  # Singular values from 0.006 to 1: from 3.2e-3 to 0.53 after the normalisation.
+  x = matrices_with_singular_values((1, 32, 96), jnp.geomspace(0.006, 1, 32), seed=1)
+  def ends(coeffs, steps):
+    out = muon.newton_schulz(x, steps, coeffs=muon.ns_coefficients(coeffs, steps))
+    s = np.linalg.svd(np.asarray(out[0]), compute_uv=False)
+    return s.min(), s.max()
+  # Within [3e-3, 1], 4 minimax steps reach [0.8, 1.2]; Keller Jordan's quintic
+  # needs 5 for [0.68, 1.2], and 4 leave the smallest near 0.44.
+  lo, hi = ends("minimax", 4)
+  assert 0.79 < lo and hi < 1.21, (lo, hi)
+  lo, hi = ends("keller", 5)
+  assert 0.67 < lo and hi < 1.21, (lo, hi)
+  lo, _ = ends("keller", 4)
+  assert lo < 0.45, lo
+  # Past the table, the classical quintic holds them near 1.
+  lo, hi = ends("minimax", 7)
+  assert 0.99 < lo and hi < 1.01, (lo, hi)
+  with pytest.raises(ValueError, match="unknown `muon_ns_coeffs` 'polar'"):
+    dataclasses.replace(MUON, muon_ns_coeffs="polar")
 
 
 def test_the_blocks_matrices_take_muon_and_everything_else_adamw():

@@ -72,7 +72,8 @@ def optimizer_config(args: Args) -> optim.OptimizerConfig:
       muon_learning_rate=args.muon_learning_rate, muon_momentum=args.muon_momentum,
       muon_weight_decay=args.muon_weight_decay, muon_ns_steps=args.muon_ns_steps,
       muon_momentum_warmup_iters=args.muon_momentum_warmup_iters,
-      muon_momentum_start=args.muon_momentum_start, muon_split_qkv=args.muon_split_qkv)
+      muon_momentum_start=args.muon_momentum_start, muon_split_qkv=args.muon_split_qkv,
+      muon_ns_coeffs=args.muon_ns_coeffs)
 
 
 def depth_lr_scale(args: Args) -> float:
@@ -170,7 +171,8 @@ def refuse_what_has_no_effect(args: Args) -> None:
     raise ValueError(f"--warmdown_frac has no effect on --lr_schedule={args.lr_schedule}; add "
                      f"--lr_schedule=warmdown or drop --warmdown_frac.")
   for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay", "muon_ns_steps",
-               "muon_momentum_warmup_iters", "muon_momentum_start", "muon_split_qkv"):
+               "muon_momentum_warmup_iters", "muon_momentum_start", "muon_split_qkv",
+               "muon_ns_coeffs"):
     if given(name) and args.optimizer != "muon":
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
                        f"--optimizer=muon or drop --{name}.")

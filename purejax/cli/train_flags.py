@@ -102,6 +102,10 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                        "--muon_momentum_start to --muon_momentum (0: none).", flag_values=args)
   flags.DEFINE_float("muon_momentum_start", defaults.muon_momentum_start, "--optimizer=muon: "
                      "the momentum warmup's first momentum.", flag_values=args)
+  flags.DEFINE_enum("muon_ns_coeffs", defaults.muon_ns_coeffs, list(optim.muon.NS_COEFFICIENTS),
+                    "--optimizer=muon: each Newton-Schulz step's quintic: keller (the "
+                    "reference's) or minimax (as orthogonal in 4 steps as keller in 5).",
+                    flag_values=args)
   flags.DEFINE_bool("muon_split_qkv", defaults.muon_split_qkv, "--optimizer=muon: "
                     "orthogonalise the attention's fused query/key/value weight as its three "
                     "matrices (false: as one).", flag_values=args)

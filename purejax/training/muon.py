@@ -6,7 +6,7 @@
 
 import functools
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -17,6 +17,57 @@ import optax
 MUON_NS_COEFFS = (3.4445, -4.7750, 2.0315)
 MUON_NS_STEPS = 5
 MUON, ADAMW = "muon", "adamw"
+
+# A quintic per step, each the odd quintic `a s + b s³ + c s⁵` closest to 1 in
+# the max norm over the interval the singular values lie in before it, from
+# [3e-3, 1] (the greedy minimax construction of Polar Express, Amsel et al.
+# 2025, computed by `minimax_coefficients(5, 3e-3)`). Singular values from 3e-3
+# to 1 end in [0.80, 1.20] after 4 steps, [0.995, 1.005] after 5; Keller
+# Jordan's quintic takes 5 steps to [0.68, 1.20]. Further steps take the
+# classical quintic (15/8, -10/8, 3/8), whose fixed point 1 they then sit near.
+MINIMAX_NS_COEFFS = (
+    (8.3837, -24.7659, 18.3571), (4.0434, -3.0114, 0.5695), (3.5056, -2.6267, 0.5257),
+    (2.4901, -1.8343, 0.4368), (1.9178, -1.2968, 0.3797))
+CLASSICAL_NS_COEFFS = (1.875, -1.25, 0.375)
+NS_COEFFICIENTS = ("keller", "minimax")
+
+
+def ns_coefficients(name: str, steps: int) -> Tuple[Tuple[float, float, float], ...]:
+  """The quintic `(a, b, c)` of each of `steps` Newton-Schulz steps: "keller"
+  (`MUON_NS_COEFFS` at every step) or "minimax" (`MINIMAX_NS_COEFFS`' first
+  `steps`, then `CLASSICAL_NS_COEFFS`)."""
+  if name == "keller":
+    return (MUON_NS_COEFFS,) * steps
+  if name == "minimax":
+    return (MINIMAX_NS_COEFFS + (CLASSICAL_NS_COEFFS,) * steps)[:steps]
+  raise ValueError(f"unknown Newton-Schulz coefficients {name!r}; use one of {NS_COEFFICIENTS}.")
+
+
+def minimax_coefficients(steps: int, lower: float, points: int = 2000
+                         ) -> Tuple[Tuple[float, float, float], ...]:
+  """Greedy minimax quintics for singular values in `[lower, 1]` (`MINIMAX_NS_COEFFS`).
+
+  Step `k`'s `(a, b, c)` minimise `max |1 - (a s + b s³ + c s⁵)|` over the
+  interval `[l_k, u_k]` (a linear program on `points` geometric and `points`
+  linear samples of it); the next interval is that quintic's range there.
+  Needs scipy (a dependency of jax).
+  """
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from scipy import optimize  # pylint: disable=import-outside-toplevel
+  lo, hi, coeffs = lower, 1.0, []
+  for _ in range(steps):
+    s = np.concatenate([np.geomspace(lo, hi, points), np.linspace(lo, hi, points)])
+    powers = np.stack([s, s ** 3, s ** 5], axis=1)
+    ones = np.ones((len(s), 1))
+    # Variables (a, b, c, E): p(s) - 1 <= E and 1 - p(s) <= E, minimise E.
+    res = optimize.linprog([0, 0, 0, 1], A_ub=np.block([[powers, -ones], [-powers, -ones]]),
+                           b_ub=np.concatenate([ones[:, 0], -ones[:, 0]]),
+                           bounds=[(None, None)] * 3 + [(0, None)])
+    a, b, c, _ = res.x
+    coeffs.append((float(a), float(b), float(c)))
+    p = a * s + b * s ** 3 + c * s ** 5
+    lo, hi = float(p.min()), float(p.max())
+  return tuple(coeffs)
 
 
 def _dotted_path(path) -> Tuple[str, ...]:
@@ -41,8 +92,8 @@ def muon_labels(params) -> chex.ArrayTree:
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
-                  ) -> chex.Array:
+def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7,
+                  coeffs: Optional[Sequence[Tuple[float, float, float]]] = None) -> chex.Array:
   """Muon's orthogonalisation of each matrix `[..., m, n]`: about `U Vᵀ` of its SVD.
 
   Keller Jordan's quintic iteration `X <- a X + (b A + c A²) X`, `A = X Xᵀ`
@@ -64,11 +115,14 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
     x: `[..., m, n]` float32.
     steps: iterations.
     eps: keeps the normalisation finite for a zero matrix (which stays zero).
+    coeffs: each step's `(a, b, c)` (`ns_coefficients`); None: Keller Jordan's.
 
   Returns:
     `[..., m, n]`, the orthogonalised matrices.
   """
-  a, b, c = MUON_NS_COEFFS
+  coeffs = ns_coefficients("keller", steps) if coeffs is None else tuple(coeffs)
+  if len(coeffs) != steps:
+    raise ValueError(f"{len(coeffs)} quintics for {steps} Newton-Schulz steps.")
   tall = x.shape[-2] > x.shape[-1]
   if tall:
     x = jnp.swapaxes(x, -1, -2)
@@ -79,13 +133,13 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7
   if n >= 2 * m:
     eye = jnp.eye(m, dtype=x.dtype)
     product = None  # the identity, never multiplied by
-    for _ in range(steps):
+    for a, b, c in coeffs:
       poly = a * eye + b * gram + c * mul(gram, gram)
       product = poly if product is None else mul(poly, product)
       gram = mul(poly, mul(gram, poly))
     x = x if product is None else mul(product, x)
   else:
-    for step in range(steps):
+    for step, (a, b, c) in enumerate(coeffs):
       if step:
         gram = mul(x, jnp.swapaxes(x, -1, -2))
       x = a * x + mul(b * gram + c * mul(gram, gram), x)
@@ -96,7 +150,7 @@ def _shape_scale(u: chex.Array) -> float:
   return math.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
 
 
-def _orthogonalise_qkv(u: chex.Array, steps: int) -> chex.Array:
+def _orthogonalise_qkv(u: chex.Array, orthogonalise: callable) -> chex.Array:
   """The fused attention projection `[..., d, d + 2 kv]` orthogonalised as its
   query, key and value matrices, each alone (the GPT's queries are `n_head *
   head_dim = d` wide, keys and values `kv` each)."""
@@ -104,10 +158,10 @@ def _orthogonalise_qkv(u: chex.Array, steps: int) -> chex.Array:
   kv = (width - d) // 2
   if kv == d:  # one batched iteration over the three square matrices
     parts = jnp.stack(jnp.split(u, 3, axis=-1))
-    return jnp.concatenate(list(newton_schulz(parts, steps)), axis=-1)
+    return jnp.concatenate(list(orthogonalise(parts)), axis=-1)
   q, k, v = jnp.split(u, (d, d + kv), axis=-1)
-  k, v = newton_schulz(jnp.stack([k, v]), steps)
-  return jnp.concatenate([newton_schulz(q, steps), k, v], axis=-1)
+  k, v = orthogonalise(jnp.stack([k, v]))
+  return jnp.concatenate([orthogonalise(q), k, v], axis=-1)
 
 
 def is_fused_qkv(path: Tuple[str, ...], u: chex.Array) -> bool:
@@ -115,20 +169,24 @@ def is_fused_qkv(path: Tuple[str, ...], u: chex.Array) -> bool:
   return path[-2:] == ("qkv", "w") and u.ndim >= 2 and u.shape[-1] > u.shape[-2]
 
 
-def scale_by_newton_schulz(steps: int = MUON_NS_STEPS, split_qkv: bool = True
-                           ) -> optax.GradientTransformation:
+def scale_by_newton_schulz(steps: int = MUON_NS_STEPS, split_qkv: bool = True,
+                           coeffs: str = "keller") -> optax.GradientTransformation:
   """Each update matrix `[..., in, out]` orthogonalised (`newton_schulz`, `steps` steps)
   and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon.
 
   With `split_qkv`, the attention's fused `qkv` weight is its query, key and
   value matrices, each orthogonalised alone (and square or wide, so scaled
   by 1), as nanochat and modded-nanogpt do with theirs; False treats it as
-  one `[d, 3d]` matrix. LoRA's factors are orthogonalised whole.
+  one `[d, 3d]` matrix. LoRA's factors are orthogonalised whole. `coeffs`
+  names each step's quintic (`ns_coefficients`).
   """
+  quintics = ns_coefficients(coeffs, steps)
+  orthogonalise = functools.partial(newton_schulz, steps=steps, coeffs=quintics)
+
   def scale(path, u):
     if split_qkv and is_fused_qkv(_dotted_path(path), u):
-      return _orthogonalise_qkv(u, steps)
-    return newton_schulz(u, steps) * _shape_scale(u)
+      return _orthogonalise_qkv(u, orthogonalise)
+    return orthogonalise(u) * _shape_scale(u)
 
   def update(updates, state, params=None):
     del params
@@ -169,8 +227,8 @@ def nesterov_warmed_trace(momentum: chex.Numeric, warmup_iters: int, start: floa
 def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
                   weight_decay: chex.Numeric, decay_mask_fn: Optional[callable] = None,
                   ns_steps: int = MUON_NS_STEPS, momentum_warmup_iters: int = 0,
-                  momentum_start: float = 0.85, split_qkv: bool = True
-                  ) -> optax.GradientTransformation:
+                  momentum_start: float = 0.85, split_qkv: bool = True,
+                  ns_coeffs: str = "keller") -> optax.GradientTransformation:
   """Muon for a pytree of matrices `[..., in, out]`.
 
   Each matrix's Nesterov momentum (`momentum`; `optax.trace`, which is Muon's
@@ -178,7 +236,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
   a scale the orthogonalisation removes; with `momentum_warmup_iters`, the
   momentum rises from `momentum_start` over those steps,
   `nesterov_warmed_trace`) is orthogonalised and scaled by
-  `scale_by_newton_schulz` (`ns_steps` steps, `split_qkv`; so `learning_rate` means what it
+  `scale_by_newton_schulz` (`ns_steps` steps of `ns_coeffs`' quintics, `split_qkv`; so `learning_rate` means what it
   means in Muon's reference and in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
@@ -188,7 +246,7 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
            if momentum_warmup_iters else optax.trace(decay=momentum, nesterov=True))
   return optax.chain(
       trace,
-      scale_by_newton_schulz(ns_steps, split_qkv),
+      scale_by_newton_schulz(ns_steps, split_qkv, ns_coeffs),
       optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
       optax.scale_by_learning_rate(learning_rate))
 
@@ -223,7 +281,7 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
   matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
                            config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps,
                            config.muon_momentum_warmup_iters, config.muon_momentum_start,
-                           config.muon_split_qkv)
+                           config.muon_split_qkv, config.muon_ns_coeffs)
   rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
                      weight_decay=config.weight_decay, mask=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)

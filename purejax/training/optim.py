@@ -56,6 +56,10 @@ class OptimizerConfig:
       multiplied by its rate as Muon's reference does (default 0, as there).
     muon_ns_steps: "muon": Newton-Schulz steps of each orthogonalisation
       (`muon.newton_schulz`; 5, the reference's).
+    muon_ns_coeffs: "muon": the steps' quintics (`muon.ns_coefficients`):
+      "keller" (Keller Jordan's, the reference's) or "minimax" (Polar
+      Express's construction: as close to orthogonal in 4 steps as Keller
+      Jordan's in 5).
     muon_momentum_warmup_iters: "muon": steps over which the Muon group's
       momentum rises linearly from `muon_momentum_start` to `muon_momentum`
       (0: none, as Muon's reference; modded-nanogpt and nanochat: 300).
@@ -83,6 +87,7 @@ class OptimizerConfig:
   muon_momentum_warmup_iters: int = 0
   muon_momentum_start: float = 0.85
   muon_split_qkv: bool = True
+  muon_ns_coeffs: str = "keller"
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
@@ -108,6 +113,9 @@ class OptimizerConfig:
       raise ValueError(f"Muon needs `muon_learning_rate` > 0, `muon_momentum` in [0, 1) and "
                        f"`muon_weight_decay` >= 0; got {self.muon_learning_rate}, "
                        f"{self.muon_momentum} and {self.muon_weight_decay}.")
+    if self.muon_ns_coeffs not in muon.NS_COEFFICIENTS:
+      raise ValueError(f"unknown `muon_ns_coeffs` {self.muon_ns_coeffs!r}; use one of "
+                       f"{muon.NS_COEFFICIENTS}.")
     if not (isinstance(self.muon_ns_steps, int) and self.muon_ns_steps >= 1):
       raise ValueError(f"`muon_ns_steps` must be an integer >= 1, got {self.muon_ns_steps!r}.")
     if self.muon_momentum_warmup_iters < 0 or not 0 <= self.muon_momentum_start < 1:
@@ -318,6 +326,8 @@ def describe(config: OptimizerConfig) -> str:
       muon_parts.append(f"weight decay {config.muon_weight_decay:g}")
     if config.muon_ns_steps != muon.MUON_NS_STEPS:
       muon_parts.append(f"{config.muon_ns_steps} Newton-Schulz steps")
+    if config.muon_ns_coeffs != "keller":
+      muon_parts.append(f"{config.muon_ns_coeffs} quintics")
     if not config.muon_split_qkv:
       muon_parts.append("qkv as one matrix")
     if config.muon_momentum_warmup_iters:
