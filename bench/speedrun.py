@@ -17,13 +17,14 @@ count (~0.8M), batch (12) and context (64), or the GPU recipe's (6 layers,
   loss bottoms out near step 1750 and then rises).
 - `llama`: the Llama block with the same AdamW, the best recipe before this
   one, trained for the nanoGPT recipe's wall time.
-- `modern`: nanochat's block (`--arch=nanochat`) with Muon on the blocks'
-  matrices, trained for the nanoGPT recipe's wall time.
+- `modern`: nanochat's block (`--arch=nanochat`, but with RMSNorm's learned
+  scales and no embedding norm) with Muon on the blocks' matrices (3 minimax
+  Newton-Schulz steps), trained for the nanoGPT recipe's wall time.
 - `modern_speedrun`: the same recipe on a schedule of `--speedrun_steps`
   steps, the speedrun proper: the time until its val loss first reaches the
   target, against the nanoGPT recipe's time to its best evaluation.
-- `llama_bpe` and `modern_bpe`: the Llama block with AdamW, and nanochat's
-  block (without value embeddings) with Muon, each on a byte-level BPE of
+- `llama_bpe` and `modern_bpe`: the Llama block with AdamW, and the modern
+  recipe (without value embeddings), each on a byte-level BPE of
   `BPE_VOCAB_SIZE` tokens trained on the corpus's train split with its own
   bytes as the alphabet (`bpe_train`, `alphabet="corpus"`), as nanochat
   trains its own tokenizer. Bits per byte compare them with the character
@@ -40,9 +41,10 @@ recipe's steps. Each run trains in a process of its own through
 to its `metrics.jsonl`, whose `val_loss` and `val_bpb` (bits per UTF-8 byte)
 are read here.
 
-The ablations take one piece out of the modern recipe at a time and train it
-on the speedrun's schedule, so each row says what that piece buys in val
-loss at the same step count, and what it costs per step.
+The ablations take one piece out of the modern recipe at a time (or put
+back nanochat's choice, or the reference's Newton-Schulz) and train it on
+the speedrun's schedule, so each row says what that piece buys in val loss
+at the same step count, and what it costs per step.
 """
 
 import dataclasses
@@ -110,9 +112,17 @@ SIZES = {
 
 # The modern recipe's optimizer: Muon on the blocks' matrices, AdamW (the
 # recipe's betas, decay and clipping) on embeddings, head and value embeddings.
+# Three minimax Newton-Schulz steps (as close to orthogonal as Keller Jordan's
+# five, for 0.6 of their cost), the fused qkv weight as one matrix: at this size
+# Newton-Schulz is a quarter of the step, and both buy steps at equal time
+# (docs/architectures.md).
 MODERN_OPTIMIZER = dataclasses.replace(
     loop.GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
-    muon_learning_rate=1e-2, muon_split_qkv=False)
+    muon_learning_rate=1e-2, muon_split_qkv=False, muon_ns_coeffs="minimax", muon_ns_steps=3)
+
+# The modern recipe's block: nanochat's, with RMSNorm's learned scales and no
+# norm after the embedding, which train better at this size (the ablations).
+MODERN_BLOCK = {**gpt.ARCHITECTURES["nanochat"], "norm_scale": True, "embed_norm": False}
 
 # The BPE arms' tokenizer: byte-level BPE over the train split's own bytes
 # (Tiny Shakespeare has 65), nanochat's split pattern.
@@ -122,13 +132,13 @@ BPE_VOCAB_SIZE = 256
 RECIPES = {
     "nanogpt": ({}, loop.GPT_OPTIMIZER),
     "llama": (gpt.ARCHITECTURES["llama"], loop.GPT_OPTIMIZER),
-    "modern": (gpt.ARCHITECTURES["nanochat"], MODERN_OPTIMIZER),
+    "modern": (MODERN_BLOCK, MODERN_OPTIMIZER),
     "llama_bpe": ({**gpt.ARCHITECTURES["llama"], "vocab_size": BPE_VOCAB_SIZE},
                   loop.GPT_OPTIMIZER),
     # Value embeddings are `vocab x kv width` tables: 65k parameters at 256 tokens,
     # which would put this arm 14 % above the nanoGPT recipe's size (6 % without).
-    "modern_bpe": ({**gpt.ARCHITECTURES["nanochat"], "value_embeds": False,
-                    "vocab_size": BPE_VOCAB_SIZE}, MODERN_OPTIMIZER),
+    "modern_bpe": ({**MODERN_BLOCK, "value_embeds": False, "vocab_size": BPE_VOCAB_SIZE},
+                   MODERN_OPTIMIZER),
 }
 
 
@@ -156,7 +166,13 @@ ABLATIONS = {
     "tied head": (dict(tie_embeddings=True), None),
     "no value embeddings": (dict(value_embeds=False), None),
     "learned positions instead of RoPE": (dict(position="learned"), None),
-    "RMSNorm with scales, no embedding norm": (dict(norm_scale=True, embed_norm=False), None),
+    "nanochat's norms: no scales, embedding norm": (dict(norm_scale=False, embed_norm=True),
+                                                    None),
+    "Keller Jordan's quintic, 3 steps": (
+        {}, dataclasses.replace(MODERN_OPTIMIZER, muon_ns_coeffs="keller")),
+    "Keller Jordan's quintic, 5 steps": (
+        {}, dataclasses.replace(MODERN_OPTIMIZER, muon_ns_coeffs="keller", muon_ns_steps=5)),
+    "qkv as three matrices": ({}, dataclasses.replace(MODERN_OPTIMIZER, muon_split_qkv=True)),
 }
 
 
