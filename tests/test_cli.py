@@ -141,6 +141,8 @@ def test_non_finite_numbers_without_a_default_and_in_other_command_lines(capsys)
      "--optimizer=adamw; add --optimizer=muon or drop --muon_learning_rate."),
     (["--muon_ns_steps=4"], "--muon_ns_steps has no effect on --optimizer=adamw; add "
      "--optimizer=muon or drop --muon_ns_steps."),
+    (["--muon_ns_coeffs=minimax"], "--muon_ns_coeffs has no effect on --optimizer=adamw; add "
+     "--optimizer=muon or drop --muon_ns_coeffs."),
     (["--optimizer=muon", "--muon_ns_steps=0"], "--muon_ns_steps must be an integer >= 1, "
      "got 0."),
     (["--optimizer=muon", "--muon_momentum_start=0.8"], "--muon_momentum_start has no effect "

@@ -236,12 +236,13 @@ def test_a_muon_run_resumes_and_sweeps_bit_identically(tmp_path, text_file, caps
   # A sweep of Muon's own numbers: on a CPU each run trains in the program it has
   # alone, so run 0.02 is the run alone, which stops at step 10 and resumes,
   # half way through its momentum warmup.
-  warmup = "--muon_momentum_warmup_iters=15"
-  train(tmp_path / "sweep", text_file, "--sweep=muon_learning_rate=0.01,0.02", warmup)
-  train(tmp_path / "resumed", text_file, "--max_iters=10", warmup)
-  assert ("muon (lr 0.02, momentum 0.95, momentum from 0.85 over 15 steps) on the blocks' "
-          "matrices") in capsys.readouterr().out
-  train(tmp_path / "resumed", text_file, "--resume", warmup)
+  # The speedrun recipe's Newton-Schulz: 3 steps of the minimax quintics.
+  warmup = ["--muon_momentum_warmup_iters=15", "--muon_ns_steps=3", "--muon_ns_coeffs=minimax"]
+  train(tmp_path / "sweep", text_file, "--sweep=muon_learning_rate=0.01,0.02", *warmup)
+  train(tmp_path / "resumed", text_file, "--max_iters=10", *warmup)
+  assert ("muon (lr 0.02, momentum 0.95, 3 Newton-Schulz steps, minimax quintics, momentum "
+          "from 0.85 over 15 steps) on the blocks' matrices") in capsys.readouterr().out
+  train(tmp_path / "resumed", text_file, "--resume", *warmup)
   whole = final_arrays(tmp_path / "sweep" / "muon_learning_rate=0.02_seed=0")
   resumed = final_arrays(tmp_path / "resumed")
   assert any("mu" in name for name in whole)  # Muon's momentum is in the checkpoint
