@@ -39,6 +39,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("quick", False, "Few rounds: a smoke run.")
   flags.DEFINE_bool("torch", True, "Also time the PyTorch twin with AdamW and with torch's Muon.")
   flags.DEFINE_integer("muon_ns_steps", 5, "Newton-Schulz steps of both libraries' Muon.")
+  flags.DEFINE_enum("muon_ns_coeffs", "keller", ["keller", "minimax"], "purejax's quintics "
+                    "(PyTorch's Muon has Keller Jordan's only; a step costs the same with "
+                    "either).")
   flags.DEFINE_string("out", None, "Results file (default bench/results/<date>-optimizers.json).")
 
 
@@ -48,7 +51,8 @@ def main(argv):
   # The twin's `c_attn` is one Linear, which PyTorch's Muon orthogonalises whole:
   # so does purejax's arm here (`muon_split_qkv=False`), for the same work.
   adamw = dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=1000,
-                              muon_ns_steps=FLAGS.muon_ns_steps, muon_split_qkv=False)
+                              muon_ns_steps=FLAGS.muon_ns_steps, muon_split_qkv=False,
+                              muon_ns_coeffs=FLAGS.muon_ns_coeffs)
   rounds = 3 if FLAGS.quick else FLAGS.rounds
   cpu = {}
 
@@ -81,7 +85,7 @@ def main(argv):
       print(f"{name}: median {1000 * row['median']:.3f} {clock} ms/iter over {row['n']} "
             f"rounds{ratio}")
   results = {"case": "optimizers", "model": str(config), "batch_size": batch_size,
-             "muon_ns_steps": FLAGS.muon_ns_steps,
+             "muon_ns_steps": FLAGS.muon_ns_steps, "muon_ns_coeffs": FLAGS.muon_ns_coeffs,
              "steps_per_call": FLAGS.steps_per_call, "rows": rows, "cpu_rows": cpu_rows}
   out = pathlib.Path(FLAGS.out) if FLAGS.out else harness.unused_results_path(
       pathlib.Path(__file__).parent / "results",
