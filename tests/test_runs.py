@@ -1,5 +1,6 @@
 """runs: the run's life as library calls, with explicit arguments (no flags)."""
 
+import dataclasses
 import signal
 
 import jax.numpy as jnp
@@ -58,6 +59,24 @@ def test_start_or_resume_refuses_to_overwrite_and_checks_identity(tmp_path):
   with pytest.raises(checkpoint.CheckpointError, match="seed"):
     runs.start_or_resume(resume, template, {**meta, "seed": 1},
                          saved_defaults={"config": {"added_later": 0}})
+
+
+@pytest.mark.parametrize("name", ["muon", "adamw"])
+def test_an_optimizer_saved_before_a_field_existed_resumes_as_it_trained(tmp_path, name):
+  # Muon runs saved before `muon_split_qkv` orthogonalised qkv as one matrix, which
+  # is no longer the default: they resume only as that; AdamW's never read it.
+  template = TrainState({"w": jnp.zeros((2,))}, (), {"train": jnp.zeros((2,), jnp.uint32)})
+  asked = dataclasses.asdict(optim.OptimizerConfig(name=name))
+  old = {k: v for k, v in asked.items() if k not in ("muon_split_qkv", "muon_ns_coeffs")}
+  runs.save_checkpoint(runs.RunConfig(out_dir=str(tmp_path)), 5, template, {"optimizer": old})
+  resume = runs.RunConfig(out_dir=str(tmp_path), resume=True)
+  if name == "muon":
+    with pytest.raises(checkpoint.CheckpointError, match="optimizer.muon_split_qkv=False, this "
+                       "run has optimizer.muon_split_qkv=True"):
+      runs.start_or_resume(resume, template, {"optimizer": asked})
+    asked = {**asked, "muon_split_qkv": False}
+  _, step, saved = runs.start_or_resume(resume, template, {"optimizer": asked})
+  assert step == 5 and optim.from_saved(saved["optimizer"]) == optim.OptimizerConfig(**asked)
 
 
 def test_a_signal_is_noted_until_the_loop_asks_and_handlers_are_restored():

@@ -17,6 +17,7 @@ from purejax.cli import forms_flags
 from purejax.data import datasets as data_lib
 from purejax.training import loop
 from purejax.training import mlp_loop
+from purejax.training import muon
 from purejax.training import optim
 
 MODELS = ("gpt", "mlp")
@@ -102,7 +103,7 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                        "--muon_momentum_start to --muon_momentum (0: none).", flag_values=args)
   flags.DEFINE_float("muon_momentum_start", defaults.muon_momentum_start, "--optimizer=muon: "
                      "the momentum warmup's first momentum.", flag_values=args)
-  flags.DEFINE_enum("muon_ns_coeffs", defaults.muon_ns_coeffs, list(optim.muon.NS_COEFFICIENTS),
+  flags.DEFINE_enum("muon_ns_coeffs", defaults.muon_ns_coeffs, list(muon.NS_COEFFICIENTS),
                     "--optimizer=muon: each Newton-Schulz step's quintic: keller (the "
                     "reference's) or minimax (as orthogonal in 4 steps as keller in 5).",
                     flag_values=args)

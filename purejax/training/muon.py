@@ -97,8 +97,9 @@ def newton_schulz(x: chex.Array, steps: int = MUON_NS_STEPS, eps: float = 1e-7,
   """Muon's orthogonalisation of each matrix `[..., m, n]`: about `U Vᵀ` of its SVD.
 
   Keller Jordan's quintic iteration `X <- a X + (b A + c A²) X`, `A = X Xᵀ`
-  (`MUON_NS_COEFFS`), from `X / |X|_F`, on the wide orientation (`m <= n`);
-  its singular values end in about [0.5, 1.5], as the reference's do.
+  (`MUON_NS_COEFFS`, or each step's own `coeffs`), from `X / |X|_F`, on the
+  wide orientation (`m <= n`); with his quintic its singular values end in
+  about [0.5, 1.5], as the reference's do.
   Leading axes are batch axes: each matrix is orthogonalised alone.
 
   Each step multiplies `X` by a polynomial `M` of `A`, so for a wide matrix
@@ -236,8 +237,9 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
   a scale the orthogonalisation removes; with `momentum_warmup_iters`, the
   momentum rises from `momentum_start` over those steps,
   `nesterov_warmed_trace`) is orthogonalised and scaled by
-  `scale_by_newton_schulz` (`ns_steps` steps of `ns_coeffs`' quintics, `split_qkv`; so `learning_rate` means what it
-  means in Muon's reference and in modded-nanogpt), decayed by `weight_decay` times the
+  `scale_by_newton_schulz` (`ns_steps` steps of `ns_coeffs`' quintics,
+  `split_qkv`; so `learning_rate` means what it means in Muon's reference and
+  in modded-nanogpt), decayed by `weight_decay` times the
   rate (where `decay_mask_fn` says, all matrices if None), and stepped by
   `learning_rate`. A stacked `[n_layer, in, out]` weight is `n_layer`
   matrices, each orthogonalised alone, never one flattened matrix.

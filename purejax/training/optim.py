@@ -12,7 +12,7 @@ is the schedule scaled by `muon_learning_rate / learning_rate`.
 """
 
 import dataclasses
-from typing import List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import chex
 import jax
@@ -308,6 +308,24 @@ def schedule_warnings(config: OptimizerConfig, max_iters: int) -> List[str]:
                  f"{config.min_lr:g} at step {config.warmup_iters}; make decay_iters longer "
                  f"than the warmup.")
   return found
+
+
+# Fields added after Muon runs were first saved whose default is not what those
+# runs did: a saved "muon" config without one was trained with this value.
+MUON_FIELDS_BEFORE = {"muon_split_qkv": False}
+
+
+def saved_defaults(saved: Mapping[str, Any]) -> Dict[str, Any]:
+  """What a saved config's missing fields were when it trained: the defaults,
+  except `MUON_FIELDS_BEFORE` for a "muon" run (so its resume or replay is the
+  same computation)."""
+  defaults = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)}
+  return {**defaults, **MUON_FIELDS_BEFORE} if saved.get("name") == "muon" else defaults
+
+
+def from_saved(saved: Mapping[str, Any]) -> OptimizerConfig:
+  """The `OptimizerConfig` a run's metadata saved (`dataclasses.asdict`), of any version."""
+  return OptimizerConfig(**{**saved_defaults(saved), **saved})
 
 
 def describe(config: OptimizerConfig) -> str:

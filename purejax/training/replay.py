@@ -280,7 +280,7 @@ def _restore(arrays, path, meta, config, params_key):
   if lora_config is not None:
     params = jax.eval_shape(lambda p: lora.trainable(p, lora.init(
         p, lora_config.rank, lora_config.targets, params_key)), params)
-  opt_config = optim.OptimizerConfig(**meta["optimizer"])
+  opt_config = optim.from_saved(meta["optimizer"])
   key = jax.eval_shape(lambda: params_key)
   error = None
   for skip in (False, True):

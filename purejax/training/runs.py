@@ -105,7 +105,7 @@ def start_or_resume(
     meta: Dict[str, Any],
     *,
     identity: Sequence[str] = ("model", "config", "optimizer", "batch_size", "seed", "lora"),
-    saved_defaults: Optional[Dict[str, Dict[str, Any]]] = None,
+    saved_defaults: Optional[Dict[str, Any]] = None,
     ignored: Optional[Dict[str, Sequence[str]]] = None,
     digest_extra: Any = None,
     log: Log = print_line,
@@ -122,9 +122,10 @@ def start_or_resume(
     meta: this run's metadata, saved with every checkpoint.
     identity: keys of `meta` that must equal the checkpoint's for it to
       continue the same computation; a difference names the key.
-    saved_defaults: `{meta key: {field: default}}` filled into a saved dict
-      before comparing, so a checkpoint saved before a field existed counts
-      as trained with that field's default (the optimizer's always are).
+    saved_defaults: `{meta key: {field: default}}` (or a function of the saved
+      dict giving them) filled into a saved dict before comparing, so a
+      checkpoint saved before a field existed counts as trained with that
+      field's default (the optimizer's: `optim.saved_defaults`).
     ignored: `{meta key: [field, ...]}` left out of the comparison (settings
       a resumed run may change, e.g. where the schedule ends).
     digest_extra: further settings that must agree across processes.
@@ -140,8 +141,7 @@ def start_or_resume(
   parallel.check_same_on_all_processes(
       digest, "the processes were started with different settings; pass the same "
       "settings to every process (only `process_id` differs).")
-  saved_defaults = {"optimizer": dataclass_defaults(optim.OptimizerConfig),
-                    **(saved_defaults or {})}
+  saved_defaults = {"optimizer": optim.saved_defaults, **(saved_defaults or {})}
   state, step, saved = _start_or_resume(run, template, meta, identity,
                                         saved_defaults, ignored or {}, log, at_most)
   parallel.check_same_on_all_processes(
@@ -178,7 +178,8 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
     for name in identity:
       value = saved.get(name)
       if isinstance(value, dict) and name in saved_defaults:
-        value = {**saved_defaults[name], **value}
+        defaults = saved_defaults[name]
+        value = {**(defaults(value) if callable(defaults) else defaults), **value}
       # as JSON holds them (a tuple reads back as a list)
       saved_value = without_ignored(name, value)
       asked = json.loads(json.dumps(without_ignored(name, meta.get(name)), default=str))
