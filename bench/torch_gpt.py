@@ -12,7 +12,7 @@ checked to compute the same function.
 On a GPU (bench/gpu.py) the same module trains under `torch.compile` and
 bf16 autocast, with `make_optimizer(..., fused=True)`.
 
-torch is a bench-only dependency: `pip install -r bench/requirements.txt`.
+torch comes with the `test` extra: `pip install -e ".[test]"`.
 """
 
 import math

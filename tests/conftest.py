@@ -2,8 +2,9 @@
 
 Integration tests read the original data from the folder named by the
 `PUREJAX_TEST_DATA` environment variable: `mnist/` with MNIST's four
-original `.gz` files, and `tinyshakespeare/input.txt`. Without it they skip,
-except under `CI=true`, where missing data is a failure, not a skip.
+original `.gz` files, and `tinyshakespeare/input.txt`. Without it the MNIST
+tests skip, except under `CI=true`, where missing data is a failure, not a
+skip; the Tiny Shakespeare tests read the copy the package ships.
 
 Tiers: `pytest -m "not slow" tests` runs the fast tier (unit tests of every
 module, in-process); `pytest tests` runs everything. Tests that train through
@@ -49,15 +50,38 @@ TEST_DATA = os.environ.get("PUREJAX_TEST_DATA")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+# The install that brings every optional dependency of the suite (torch,
+# transformers, peft, wandb, tensorboard, matplotlib): setup.cfg's `test` extra.
+TEST_EXTRA = 'pip install -e ".[test]"'
+
+
+def need(module: str):
+  """`module` imported, or the test skipped with the install that brings it."""
+  return pytest.importorskip(module, reason=f"{module} is not installed: {TEST_EXTRA}")
+
+
+DATA_FILES = {"mnist": "MNIST's four original .gz files",
+              "tinyshakespeare": "Tiny Shakespeare's input.txt"}
+
+
 def require_test_data(name: str) -> pathlib.Path:
   """Path of `$PUREJAX_TEST_DATA/<name>`; skips outside CI if absent, fails in CI."""
   path = pathlib.Path(TEST_DATA or "<PUREJAX_TEST_DATA unset>") / name
   if not path.is_dir():
-    message = f"{path} not found (set PUREJAX_TEST_DATA to the folder of the test data)"
+    message = (f"{path} not found: set PUREJAX_TEST_DATA to a folder holding {name}/ "
+               f"({DATA_FILES[name]})")
     if IN_CI:
       pytest.fail(message + "; integration tests must run under CI=true.")
     pytest.skip(message)
   return path
+
+
+def tinyshakespeare_dir() -> pathlib.Path:
+  """Tiny Shakespeare's folder: the test data's where `PUREJAX_TEST_DATA` is set, else
+  the copy the package ships (the same file), so its tests run on any machine."""
+  if TEST_DATA:
+    return require_test_data("tinyshakespeare")
+  return datasets.EMBEDDED_SHAKESPEARE_DIR
 
 
 # Tiny Shakespeare as the package ships it: the tests' text for tokenizers and corpora.
@@ -80,9 +104,9 @@ def tfds_data_dir() -> str:
   per test run (`built_once`; TFDS's own preparation of mnist takes ~25 s)."""
 
   def prepare(folder):
-    for name, files, splits in (("tiny_shakespeare", "tinyshakespeare", ("train",)),
-                                ("mnist", "mnist", ("train", "test"))):
-      manual_dir = pathlib.Path(TEST_DATA or "<unset>") / files
+    for name, manual_dir, splits in (
+        ("tiny_shakespeare", tinyshakespeare_dir(), ("train",)),
+        ("mnist", pathlib.Path(TEST_DATA or "<unset>") / "mnist", ("train", "test"))):
       if manual_dir.is_dir():  # where it is not, the tests that need it skip or fail
         datasets.load_tfds_splits(name, splits, data_dir=str(folder),
                                   manual_dir=str(manual_dir))
@@ -388,7 +412,7 @@ def char_gpt_run(tmp_path_factory):
 
 def tiny_shakespeare_flags(tfds_data_dir):
   """Flags of a run on TFDS's tiny_shakespeare, prepared from the test data."""
-  return [f"--tfds_manual_dir={require_test_data('tinyshakespeare')}",
+  return [f"--tfds_manual_dir={tinyshakespeare_dir()}",
           f"--tfds_data_dir={tfds_data_dir}"]
 
 

@@ -50,8 +50,8 @@ def _require(*modules: str) -> None:
     except ImportError:
       missing.append(name)
   if missing:
-    message = (f"the real-model tests need {', '.join(missing)} "
-               "(pip install -r bench/requirements.txt)")
+    message = (f"the real-model tests need {', '.join(missing)}: "
+               'pip install -e ".[test]"')
     if IN_CI:
       pytest.fail(message + "; they must run under CI=true.")
     pytest.skip(message)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import need
 from bench import finetune_profile
 from bench import gpu
 from bench import gpu_rows
@@ -226,13 +227,23 @@ def test_shakespeare_is_split_as_nanogpt_splits_it():
   assert text.tokenizer.decode(text.val[:50]) == raw[n:n + 50]
 
 
+BENCH_FLAGS = ("cases", "quick", "time_budget_s", "runs", "dump_to", "seeds", "epochs", "mb",
+               "time_rounds")
+
+
 def test_the_benches_import_together_and_define_no_flags_on_import():
   for module in ("bench.run", "bench.gpu", "bench.gpu_rows", "bench.harness", "bench.jobs",
-                 "bench.sweeps", "bench.hlo_ab", "bench.torch_recipe", "bench.mlp_epoch",
-                 "bench.tokenize_bpe", "bench.arch_compare", "bench.speedrun"):
+                 "bench.sweeps", "bench.hlo_ab", "bench.mlp_epoch", "bench.tokenize_bpe",
+                 "bench.arch_compare", "bench.speedrun"):
     importlib.import_module(module)
-  for name in ("cases", "quick", "time_budget_s", "runs", "dump_to", "seeds", "epochs", "mb",
-               "time_rounds"):
+  for name in BENCH_FLAGS:
+    assert name not in flags.FLAGS
+
+
+def test_the_pytorch_recipe_bench_defines_no_flags_on_import():
+  need("torch")  # the recipe's twin is PyTorch from its first line
+  importlib.import_module("bench.torch_recipe")
+  for name in BENCH_FLAGS:
     assert name not in flags.FLAGS
 
 

@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from conftest import SHAKESPEARE, train_tokenizer_json
+from conftest import need, SHAKESPEARE, train_tokenizer_json
 from purejax.data import chat
 from purejax.data import tokenizer_json
 from real_model import smollm2_folder  # noqa: F401  (the fixture)
@@ -132,7 +132,7 @@ def test_bad_templates_and_conversations_are_one_line_errors(folder, tmp_path):
 
 @pytest.mark.slow
 def test_ids_equal_transformers_apply_chat_template(smollm2_folder):
-  transformers = pytest.importorskip("transformers")
+  transformers = need("transformers")
   reference = transformers.AutoTokenizer.from_pretrained(str(smollm2_folder))
   tok = tokenizer_json.load(str(smollm2_folder))
   fmt = chat.load_chat_format(str(smollm2_folder), tok)

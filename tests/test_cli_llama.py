@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, TINY_GPT, assert_same_run, final,
-                      refusal, run_cli, train_run, train_tokenizer_json)
+                      need, refusal, run_cli, train_run, train_tokenizer_json)
 from purejax.cli import convert
 from purejax.cli import sample
 from purejax.cli import train
@@ -41,9 +41,8 @@ def test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one(tmp_p
 
 
 def test_a_llama_folder_fine_tunes_exports_and_samples(tmp_path, text_file, capsys):
-  torch = pytest.importorskip("torch", reason="pip install -r bench/requirements.txt")
-  transformers = pytest.importorskip("transformers",
-                                     reason="pip install -r bench/requirements.txt")
+  torch = need("torch")
+  transformers = need("transformers")
   folder = tmp_path / "tiny-llama"
   train_tokenizer_json(folder, SHAKESPEARE[:20_000], vocab_size=300)
   torch.manual_seed(0)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, SHORT_FLAGS, TINY_FLAGS, final, refusal, run_cli
+from conftest import final, need, refusal, REPO_ROOT, run_cli, SHORT_FLAGS, TINY_FLAGS
 from purejax.cli import convert
 from purejax.cli import sample
 from purejax.cli import train
@@ -66,9 +66,8 @@ def test_a_nanogpt_bin_folder_trains_unchanged(tmp_path, capsys):
 
 
 def test_hugging_face_weights_fine_tune_evaluate_and_export(tmp_path, text_file, capsys):
-  torch = pytest.importorskip("torch", reason="pip install -r bench/requirements.txt")
-  transformers = pytest.importorskip("transformers",
-                                     reason="pip install -r bench/requirements.txt")
+  torch = need("torch")
+  transformers = need("transformers")
   torch.manual_seed(0)
   model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
       vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=2))

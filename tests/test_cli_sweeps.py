@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (CHAR_GPT_TEXT, SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final,
+from conftest import (CHAR_GPT_TEXT, SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final, need,
                       read_wandb_offline_history, refusal, run_cli, run_module)
 from purejax import gpt
 from purejax import lora
@@ -113,8 +113,8 @@ def test_a_dropout_sweep_records_each_runs_rate_and_a_run_replays_alone(tmp_path
 
 
 def test_lora_fine_tunes_a_run_and_exports_the_merged_weights(tmp_path, char_gpt_run):
-  transformers = pytest.importorskip("transformers")
-  torch = pytest.importorskip("torch")
+  transformers = need("transformers")
+  torch = need("torch")
   base_dir, tuned_dir = char_gpt_run, tmp_path / "tuned"
   unseen = tmp_path / "unseen.txt"  # a text the base has not seen, same characters
   seen = set(CHAR_GPT_TEXT)
@@ -177,7 +177,7 @@ def test_replay_recomputes_a_logged_loss_bit_for_bit(tmp_path, text_file, capsys
 
 
 def test_wandb_offline_holds_the_runs_metrics(tmp_path, text_file):
-  pytest.importorskip("wandb")
+  need("wandb")
   out = tmp_path / "run"
   final(run_module("purejax.train", *TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}",
                    "--wandb_log", "--wandb_project=purejax-test", "--wandb_run_name=tiny",

@@ -2,9 +2,8 @@
 
 The format checks run everywhere (safetensors and numpy only). The checks
 against the real consumers, `transformers.GPT2LMHeadModel` and a module
-with nanoGPT's layout, need torch and transformers, which are bench/test
-extras: they skip without them (`pip install -r bench/requirements.txt`;
-CI installs it). Nothing here uses the network.
+with nanoGPT's layout, need torch and transformers, which the `test` extra
+installs: they skip without them. Nothing here uses the network.
 """
 
 import collections
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import SHAKESPEARE, refusal, run_module
+from conftest import SHAKESPEARE, need, refusal, run_module
 from purejax.cli import convert as cli_convert
 from purejax.training import checkpoint
 from purejax import weights
@@ -33,11 +32,6 @@ from purejax.weights import tensors
 from purejax.data import tokenizers
 
 CONFIG = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
-EXTRAS = "pip install -r bench/requirements.txt"
-
-
-def need(module: str):
-  return pytest.importorskip(module, reason=f"{module} is a test/bench extra: {EXTRAS}")
 
 
 def random_params(config: gpt.GPTConfig, seed: int = 0):

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import refusal
+from conftest import need, refusal
 from purejax import gpt
 from purejax import weights
 from purejax.cli import convert as cli_convert
@@ -24,7 +24,7 @@ from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.weights import gguf_files
 from purejax.weights import llama
 
-gguf = pytest.importorskip("gguf")
+gguf = need("gguf")
 Q = gguf.GGMLQuantizationType
 
 # head_dim 128 and widths of 256: every type's blocks (32 or 256 values) fit a row.
@@ -319,9 +319,8 @@ def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
 def test_written_files_load_in_transformers_with_purejaxs_logits(tmp_path):
   # transformers' GGUF loader on each written type: the logits purejax computes
   # from the same rounded weights (the f16/bf16/q8_0 values the file holds).
-  torch = pytest.importorskip("torch", reason="pip install -r bench/requirements.txt")
-  transformers = pytest.importorskip("transformers",
-                                     reason="pip install -r bench/requirements.txt")
+  torch = need("torch")
+  transformers = need("transformers")
   write_gguf(tmp_path / "src.gguf", hf_state(random_params()))
   params, config, spec = weights.from_gguf(str(tmp_path / "src.gguf"))
   ids = np.random.default_rng(0).integers(0, 256, (2, 12))
@@ -374,8 +373,7 @@ def write_sentencepiece_gguf(path):
 def test_tokenizer_ids_equal_transformers_gguf_tokenizer(tmp_path):
   # Both tokenizer models: SentencePiece BPE (merges from the scores, byte
   # fallback, BOS by default) here, byte-level BPE on the real model.
-  transformers = pytest.importorskip("transformers",
-                                     reason="pip install -r bench/requirements.txt")
+  transformers = need("transformers")
   write_sentencepiece_gguf(tmp_path / "spm.gguf")
   ours = gguf_tokenizer.load(str(tmp_path / "spm.gguf"))
   theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")

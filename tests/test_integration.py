@@ -1,6 +1,8 @@
-"""End to end on the real data in $PUREJAX_TEST_DATA, through the command line.
+"""End to end on the real data, through the command line.
 
-These run under CI=true (missing data fails there, see conftest).
+MNIST comes from $PUREJAX_TEST_DATA (without it those tests skip, and under
+CI=true they fail, see conftest); Tiny Shakespeare from there or, where it is
+unset, from the copy the package ships.
 """
 
 import json
@@ -8,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import long_run_env, refusal, require_test_data, run_module
+from conftest import long_run_env, refusal, require_test_data, run_module, tinyshakespeare_dir
 from purejax.cli import sample
 from purejax.cli import train
 
@@ -54,7 +56,7 @@ def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
 
 def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
     tfds_data_dir, tmp_path, capsys):
-  text_dir = require_test_data("tinyshakespeare")
+  text_dir = tinyshakespeare_dir()
   process = run_module(
       "purejax.train", "--max_iters=500", "--lr_decay_iters=500", "--warmup_iters=20",
       "--eval_interval=250", "--eval_iters=50", "--sample_tokens=40",

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import CUDNN_BACKWARD, CUDNN_FORWARD, custom_calls, square_faces, train_step_hlo
+from conftest import CUDNN_BACKWARD, CUDNN_FORWARD, custom_calls, need, square_faces, train_step_hlo
 from purejax import decode
 from purejax import gpt
 from purejax.weights import huggingface
@@ -29,7 +29,6 @@ from purejax.weights import nanogpt
 from purejax.weights import pretrained
 from purejax.weights.errors import ConversionError
 
-EXTRAS = "pip install -r bench/requirements.txt"
 VOCAB = 97
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
@@ -48,10 +47,6 @@ MODELS = {
 }
 FAST = ("llama_gqa_untied", "qwen2_qkv_bias")
 CASES = [pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in MODELS]
-
-
-def need(module: str):
-  return pytest.importorskip(module, reason=f"{module} is a test/bench extra: {EXTRAS}")
 
 
 def build(name: str, folder, **overrides):

@@ -16,7 +16,7 @@ from purejax import gpt
 from purejax import lora
 from purejax.ops import kernels
 from purejax.training import optim
-from conftest import TINY
+from conftest import need, TINY
 from conftest import dot_operand_dtypes
 
 # in pytree order (dict keys sorted)
@@ -264,8 +264,8 @@ def test_fine_tuning_the_adapters_on_an_unseen_text_lowers_its_loss():
 
 @pytest.mark.slow
 def test_merged_export_reloads_in_transformers_with_the_lora_forwards_logits(tmp_path):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = need("torch")
+  transformers = need("transformers")
   from purejax.weights import huggingface  # pylint: disable=g-import-not-at-top
   config = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
   params = gpt.init_params(config, jax.random.PRNGKey(0))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import need
 from purejax import decode
 from purejax import gpt
 from purejax import nn
@@ -174,8 +175,8 @@ def test_qk_norm_is_unit_rms_heads_and_commutes_with_rope():
 
 
 def test_rms_normalize_equals_transformers_qk_norm():
-  torch = pytest.importorskip("torch")
-  qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+  torch = need("torch")
+  qwen3 = need("transformers.models.qwen3.modeling_qwen3")
   x = random((2, 5, 3, 16))
   want = qwen3.Qwen3RMSNorm(16, eps=1e-6)(torch.from_numpy(x)).detach().numpy()
   chex.assert_trees_all_close(np.asarray(nn.rms_normalize(jnp.asarray(x), eps=1e-6)), want,
@@ -183,8 +184,8 @@ def test_rms_normalize_equals_transformers_qk_norm():
 
 
 def test_relu_squared_mlp_equals_numpy_and_transformers():
-  torch = pytest.importorskip("torch")
-  activations = pytest.importorskip("transformers.activations")
+  torch = need("torch")
+  activations = need("transformers.activations")
   x = random((3, 10))
   want = activations.ACT2FN["relu2"](torch.from_numpy(x)).numpy()
   chex.assert_trees_all_close(np.asarray(nn.relu_squared(jnp.asarray(x))), want)

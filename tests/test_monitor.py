@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-from conftest import REPO_ROOT, tensorboard_scalars
+from conftest import need, REPO_ROOT, tensorboard_scalars
 from purejax.training import flops as flops_lib
 from purejax.training import monitor
 from purejax.training import progress as progress_lib
@@ -189,7 +189,7 @@ def test_disabled_monitor_writes_nothing(tmp_path):
 
 
 def read_tensorboard(out_dir):
-  pytest.importorskip("tensorboard")
+  need("tensorboard")
   return tensorboard_scalars(out_dir)
 
 
@@ -212,7 +212,7 @@ def test_tensorboard_gets_the_same_scalars(tmp_path):
 
 
 def test_tensorboard_hides_the_steps_a_resumed_run_redoes(tmp_path):
-  pytest.importorskip("tensorboard")  # the restart logic is TensorBoard's reader's
+  need("tensorboard")  # the restart logic is TensorBoard's reader's
   with monitor.Monitor(tmp_path) as mon:
     for step in (10, 20, 30):
       mon.log_train(step, loss=1.0)

@@ -11,13 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import need
 from purejax import nn
 
-EXTRAS = "pip install -r bench/requirements.txt"
-
-
-def need(module: str):
-  return pytest.importorskip(module, reason=f"{module} is a test/bench extra: {EXTRAS}")
 
 
 def random(shape, seed=0):

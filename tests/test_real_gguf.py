@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import SHAKESPEARE
+from conftest import SHAKESPEARE, need
 from purejax import decode, gpt, weights
 from purejax.cli import convert as cli_convert
 from purejax.cli import train
@@ -110,8 +110,8 @@ def first_val_loss(lines):
 
 def test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0(
     smollm2_gguf, tmp_path, capsys):
-  import torch
-  import transformers
+  torch = need("torch")  # transformers reads the export back
+  transformers = need("transformers")
   text = tmp_path / "plays.txt"
   text.write_text(SHAKESPEARE[:30_000])
   out_dir = tmp_path / "tuned"

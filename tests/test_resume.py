@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, built_once, require_test_data, run_cli
+from conftest import REPO_ROOT, built_once, require_test_data, run_cli, tinyshakespeare_dir
 from purejax.cli import train as train_cli
 from purejax.training import checkpoint
 
@@ -35,7 +35,7 @@ TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_
 
 @pytest.fixture(scope="session")
 def data_flags(tfds_data_dir):
-  text_dir = require_test_data("tinyshakespeare")
+  text_dir = tinyshakespeare_dir()
   return [f"--tfds_manual_dir={text_dir}", f"--tfds_data_dir={tfds_data_dir}"]
 
 

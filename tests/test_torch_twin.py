@@ -1,8 +1,7 @@
 """The PyTorch twins in bench/ compute the same functions as purejax.
 
-This makes the benchmarks apples to apples. torch is a bench-only
-dependency: CI installs it (bench/requirements.txt); elsewhere these tests
-skip when it is absent.
+This makes the benchmarks apples to apples. torch comes with the `test`
+extra; without it these tests skip.
 """
 
 import dataclasses
@@ -13,8 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="torch is bench-only: pip install -r bench/requirements.txt")
+from conftest import need
+
+torch = need("torch")
 
 from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
 from purejax import decode, gpt, mlp  # pylint: disable=g-import-not-at-top

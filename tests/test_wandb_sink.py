@@ -4,11 +4,11 @@ import pathlib
 
 import pytest
 
-from conftest import read_wandb_offline_history
+from conftest import need, read_wandb_offline_history
 from purejax.training import monitor
 from purejax.training import wandb_sink
 
-wandb = pytest.importorskip("wandb", reason="wandb is a test extra: pip install purejax[test]")
+wandb = need("wandb")
 
 
 @pytest.fixture(autouse=True)

@@ -146,9 +146,11 @@ def to_nanogpt(
   Raises:
     ConversionError: `path` exists and not `overwrite`.
   """
-  torch = torch_files.import_torch("writing a nanoGPT checkpoint")
+  # What the model and target allow is checked before the optional dependency: a
+  # model nanoGPT cannot hold is refused as such, torch or not.
   check_target(path, overwrite)
   state = gpt2.state_from_params(params, config, transposed=True)
+  torch = torch_files.import_torch("writing a nanoGPT checkpoint")
   # Copies: arrays that came from jax are read-only, which torch tensors cannot wrap.
   model = {f"transformer.{name}": torch.from_numpy(np.array(value))
            for name, value in state.items()}
