@@ -8,7 +8,9 @@ Dumps the optimised HLO (`jax.jit(f).lower(...).compile().as_text()`) of
 the train step of bench cases a and b (`bench/run.py`: nanoGPT's CPU recipe
 4L/128 T=64 batch 12, and 6L/384 T=256 batch 16) in float32 and bfloat16,
 and of `decode.generate` (case c: 1000 tokens from a one-token prompt), and
-the same three for the Llama block at case a's size, each
+the same three for the Llama block at case a's size; and at case a's size
+the step with LoRA adapters, on conversation rows (`DeviceRows`), on the
+host's windows (`HostWindows`), and a sweep's step (two runs vmapped), each
 normalised: instruction and computation names stripped, metadata dropped,
 lines sorted. Identical files mean identical programs up to naming.
 """
@@ -25,9 +27,12 @@ import jax.numpy as jnp
 
 from purejax import decode
 from purejax import gpt
+from purejax import lora
 from purejax.data import batches
 from purejax.ops import kernels
 from purejax.training import optim
+from purejax.training import state as state_lib
+from purejax.training import sweep
 from purejax.training import steps as steps_lib
 from purejax.training.state import TrainState
 
@@ -71,18 +76,48 @@ def normalise(hlo_text: str) -> str:
   return "\n".join(sorted(lines)) + "\n"
 
 
-def train_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
-  """The train step of `bench/run.py`'s purejax arm, one device."""
+_OPTIMIZER = optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=10, decay_iters=1000,
+                                   min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
+
+
+def train_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int, tokens: str = "device",
+              lora_config=None) -> str:
+  """The train step of `bench/run.py`'s purejax arm, one device; `tokens` the batch kind
+  ("device", "rows", "host"), `lora_config` adapters trained instead of the params."""
   key = jax.random.PRNGKey(0)
   data = jax.random.randint(key, (200_000,), 0, config.vocab_size)
+  batch = {
+      "device": lambda: batches.DeviceTokens(data),
+      "rows": lambda: batches.DeviceRows(
+          data[:64 * (config.block_size + 1)].reshape(64, config.block_size + 1),
+          jnp.ones((64, config.block_size), jnp.float32)),
+      "host": lambda: batches.HostWindows(
+          data[:num_steps * batch_size * (config.block_size + 1)].reshape(
+              num_steps, batch_size, config.block_size + 1)),
+  }[tokens]()
   params = gpt.init_params(config, key)
-  optimizer = optim.make_optimizer(optim.OptimizerConfig(
-      learning_rate=1e-3, warmup_iters=10, decay_iters=1000, min_lr=1e-4, beta2=0.99,
-      weight_decay=0.1, grad_clip=1.0))
+  optimizer = optim.RunOptimizer(_OPTIMIZER, frozen_base=lora_config is not None)()
+  state, view = state_lib.start_state(params, {"params": key, "train": key, "eval": key},
+                                      optimizer, lora_config)
   static = dict(config=config, optimizer=optimizer, batch_size=batch_size,
-                num_steps=num_steps, forms=kernels.select("cpu"))
-  state = TrainState(params, optimizer.init(params), {"train": key})
-  lowered = steps_lib.train_steps.lower(state, batches.DeviceTokens(data), 0, **static)
+                num_steps=num_steps, forms=kernels.select("cpu"), params_view=view)
+  lowered = steps_lib.train_steps.lower(state, batch, 0, **static)
+  return lowered.compile().as_text()
+
+
+def sweep_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
+  """A sweep's train step: two runs of other learning rates, vmapped together."""
+  key = jax.random.PRNGKey(0)
+  data = jax.random.randint(key, (200_000,), 0, config.vocab_size)
+  specs = sweep.expand(_OPTIMIZER, 0, {"learning_rate": (1e-3, 3e-3)}, 1)
+  make = optim.RunOptimizer(_OPTIMIZER)
+  states = [state_lib.start_state(gpt.init_params(config, k), {"params": k, "train": k,
+                                                               "eval": k}, make())[0]
+            for k in jax.random.split(key, len(specs))]
+  lowered = sweep.train_steps.lower(
+      sweep.stack(states), batches.DeviceTokens(data), 0, sweep.hyperparams(specs),
+      config=config, make_optimizer=make, batch_size=batch_size, num_steps=num_steps,
+      forms=kernels.select("cpu"), sweep_batch=0)
   return lowered.compile().as_text()
 
 
@@ -108,6 +143,12 @@ def programs():
     out[f"train_llama_{name}"] = train_hlo(dataclasses.replace(llama, compute_dtype=dtype),
                                            *_CASES["a"][1:])
   out["generate_llama"] = generate_hlo(llama)
+  config, batch_size, num_steps = _CASES["a"]
+  out["train_a_lora"] = train_hlo(config, batch_size, num_steps,
+                                  lora_config=lora.LoraConfig(rank=4))
+  out["train_a_rows"] = train_hlo(config, batch_size, num_steps, tokens="rows")
+  out["train_a_host"] = train_hlo(config, batch_size, num_steps, tokens="host")
+  out["train_a_sweep"] = sweep_hlo(config, batch_size, num_steps)
   return out
 
 
