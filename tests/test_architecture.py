@@ -1,4 +1,4 @@
-"""The package's shape: layers that import only downward, no circles, small modules,
+"""The package's shape: layers that import only downward, no circles, no runaway modules,
 and the forms chosen only where a user starts.
 
 The layers are the ones `purejax/__init__.py`'s docstring draws, bottom to
@@ -15,7 +15,9 @@ from typing import Dict, List, Tuple
 import purejax
 
 PACKAGE = pathlib.Path(purejax.__file__).parent
-MAX_LINES = 450
+# A sanity bound, not a target: modules are split by job, and a long one is a
+# signal to look at it, not a reason to cut it where the count falls.
+MAX_LINES = 800
 
 
 def layers() -> Dict[str, int]:
@@ -106,10 +108,10 @@ def test_no_import_circles():
     visit(name)
 
 
-def test_every_module_is_small():
+def test_no_module_runs_away():
   long = {str(path.relative_to(PACKAGE.parent)): n for path in modules().values()
           if (n := len(path.read_text().splitlines())) > MAX_LINES}
-  assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+  assert not long, f"modules over {MAX_LINES} lines (does each still do one job?): {long}"
 
 
 def test_library_errors_name_arguments_not_flags():

@@ -11,7 +11,10 @@ background thread while the device runs the previous call (`BatchPrefetcher`,
 draws what the first run drew.
 
 What a step is given says which of the two it is: `DeviceTokens` (the ids,
-from which the step draws) or `HostWindows` (the windows themselves).
+from which the step draws), `HostWindows` (the windows themselves) or
+`DeviceRows` (whole rows with a weight per target). Each kind draws its own
+batches: a jitted step asks it what its scan slices per step (`per_step`) and
+for each step's batch (`draw`), and never which kind it has.
 """
 
 import queue
@@ -24,6 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 
+Batch = Tuple[chex.Array, ...]  # (inputs, targets) or (inputs, targets, weights)
+
+
 class DeviceTokens(NamedTuple):
   """A token stream on the device, from which each step draws its own windows.
 
@@ -31,6 +37,18 @@ class DeviceTokens(NamedTuple):
     ids: `[num_tokens]` int32 ids, `num_tokens > block_size`.
   """
   ids: chex.Array
+
+  on_device = True  # every run of a sweep can draw its own batches from it
+
+  def per_step(self, num_steps: int, block_size: int, batch_size: int) -> None:
+    """What a scan over `num_steps` steps slices for each step: nothing (each draws)."""
+    del num_steps, block_size, batch_size
+    return None
+
+  def draw(self, key: chex.PRNGKey, sliced: None, block_size: int, batch_size: int) -> Batch:
+    """One step's `(inputs, targets)`, `[batch_size, block_size]` each (`sample_batch`)."""
+    del sliced
+    return sample_batch(key, self.ids, block_size, batch_size)
 
 
 class HostWindows(NamedTuple):
@@ -42,6 +60,19 @@ class HostWindows(NamedTuple):
       targets.
   """
   windows: chex.Array
+
+  on_device = False  # read for one run by the host
+
+  def per_step(self, num_steps: int, block_size: int, batch_size: int) -> chex.Array:
+    """What a scan over `num_steps` steps slices for each step: its windows."""
+    chex.assert_shape(self.windows, (num_steps, batch_size, block_size + 1))
+    return self.windows
+
+  def draw(self, key: chex.PRNGKey, sliced: chex.Array, block_size: int, batch_size: int
+           ) -> Batch:
+    """One step's `(inputs, targets)`, cut from its windows `sliced` `[batch, block + 1]`."""
+    del key, block_size, batch_size
+    return sliced[:, :-1].astype(jnp.int32), sliced[:, 1:].astype(jnp.int32)
 
 
 class DeviceRows(NamedTuple):
@@ -60,6 +91,22 @@ class DeviceRows(NamedTuple):
   """
   rows: chex.Array
   weights: chex.Array
+
+  on_device = True
+
+  def per_step(self, num_steps: int, block_size: int, batch_size: int) -> None:
+    """What a scan over `num_steps` steps slices for each step: nothing (each draws)."""
+    del num_steps, batch_size
+    chex.assert_shape(self.rows, (None, block_size + 1))
+    chex.assert_shape(self.weights, (self.rows.shape[0], block_size))
+    return None
+
+  def draw(self, key: chex.PRNGKey, sliced: None, block_size: int, batch_size: int) -> Batch:
+    """One step's `(inputs, targets, weights)` (`sample_rows`), the weights of mean 1
+    over the batch (`normalized_weights`)."""
+    del sliced, block_size
+    x, y, weights = sample_rows(key, self, batch_size)
+    return x, y, normalized_weights(weights)
 
 
 Tokens = Union[DeviceTokens, HostWindows, DeviceRows]

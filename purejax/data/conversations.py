@@ -37,10 +37,11 @@ import dataclasses
 import json
 import math
 import pathlib
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from purejax.data import batches
 from purejax.data import chat
 from purejax.data.errors import TokenizerError
 
@@ -76,6 +77,28 @@ class Conversations:
   @property
   def vocab_size(self) -> int:
     return self.tokenizer.vocab_size
+
+  def check_block_size(self, block_size: int) -> None:
+    """Raises ValueError where the rows are not padded to the model's `block_size + 1`."""
+    if self.train[0].shape[1] != block_size + 1:
+      raise ValueError(f"the conversations are padded to {self.train[0].shape[1]} tokens, "
+                       f"not the model's block_size + 1 = {block_size + 1}; load "
+                       f"them with the model's block_size.")
+
+  def on_device(self) -> bool:
+    """Always: whole rows on every device, from which each step draws."""
+    return True
+
+  def byte_lengths(self) -> Optional[np.ndarray]:
+    """None: the loss counts the assistant's tokens only, so bits per byte would need
+    the weights too (not logged)."""
+    return None
+
+  def feed(self, put: Callable, **unused) -> batches.Feed:
+    """Its batches for a training loop: the rows and weights of both splits on every
+    device (`batches.rows_feed`); the windowing arguments of `Corpus.feed` do not apply."""
+    del unused
+    return batches.rows_feed(self.train, self.val, put)
 
 
 def is_conversations_file(dataset: str) -> bool:

@@ -23,11 +23,12 @@ import os
 import pathlib
 import re
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from purejax import _files
+from purejax.data import batches
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
@@ -71,6 +72,34 @@ class Corpus:
   @property
   def vocab_size(self) -> int:
     return self.tokenizer.vocab_size
+
+  def check_block_size(self, block_size: int) -> None:
+    """Raises ValueError where a window of `block_size + 1` tokens does not fit a split."""
+    if block_size >= min(len(self.train), len(self.val)):
+      raise ValueError(f"`block_size={block_size}` must be shorter than the validation "
+                       f"text ({len(self.val)} tokens) and the training text "
+                       f"({len(self.train)} tokens).")
+
+  def on_device(self) -> bool:
+    """Whether its batches are drawn on the device (`fits_on_device`), not read by the host."""
+    return fits_on_device(self)
+
+  def byte_lengths(self) -> Optional[np.ndarray]:
+    """`[vocab]` UTF-8 bytes per id, for bits per byte (`tokenizers.byte_lengths`)."""
+    return tokenizers.byte_lengths(self.tokenizer)
+
+  def feed(self, put: Callable, *, block_size: int, batch_size: int, eval_batches: int,
+           seed: int, start_step: int, end_step: int,
+           steps_per_call: Callable[[int], int]) -> batches.Feed:
+    """Its batches for a training loop: both splits on every device (`put`) where they
+    fit (`batches.device_feed`), else windows read by the host one call ahead
+    (`batches.host_feed`, with the loop's call lengths `steps_per_call`)."""
+    if self.on_device():
+      return batches.device_feed(self.train, self.val, put)
+    return batches.host_feed(
+        self.train, self.val, put, block_size=block_size, batch_size=batch_size,
+        eval_batches=eval_batches, seed=seed, start_step=start_step, end_step=end_step,
+        steps_per_call=steps_per_call)
 
 
 def default_cache_dir() -> pathlib.Path:

@@ -16,7 +16,6 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from purejax import gpt
 from purejax import lora
 from purejax.data import batches
-from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import optim
@@ -92,15 +91,7 @@ def check_fits(config: gpt.GPTConfig, text, batch_size: int) -> None:
     raise ValueError(f"the model's vocab_size {config.vocab_size} is below the "
                      f"{text.vocab_size} ids of the data's tokenizer; use the model's "
                      f"own tokenizer (`tokenizer`) or a larger model vocabulary.")
-  if isinstance(text, conversations.Conversations):
-    if text.train[0].shape[1] != config.block_size + 1:
-      raise ValueError(f"the conversations are padded to {text.train[0].shape[1]} tokens, "
-                       f"not the model's block_size + 1 = {config.block_size + 1}; load "
-                       f"them with the model's block_size.")
-  elif config.block_size >= min(len(text.train), len(text.val)):
-    raise ValueError(f"`block_size={config.block_size}` must be shorter than the "
-                     f"validation text ({len(text.val)} tokens) and the training text "
-                     f"({len(text.train)} tokens).")
+  text.check_block_size(config.block_size)
 
 
 class CallLengths:
@@ -127,18 +118,13 @@ def forms_of(plan: parallel.ShardingPlan, forms: Optional[kernels.Forms] = None
 
 def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None
               ) -> batches.Feed:
-  """The corpus on every device if it fits (`corpus.fits_on_device`), else read by the host."""
-  put = functools.partial(parallel.put, shardings=plan.replicated)
-  if isinstance(text, conversations.Conversations):  # whole padded rows, on the device
-    return batches.rows_feed(text.train, text.val, put)
-  if corpus_lib.fits_on_device(text):
-    # Each device samples its rows of every batch from its own copy.
-    return batches.device_feed(text.train, text.val, put)
-  return batches.host_feed(
-      text.train, text.val, put, block_size=config.block_size, batch_size=train.batch_size,
-      eval_batches=train.eval_iters, seed=train.seed, start_step=start_step,
-      end_step=train.max_iters if end_step is None else end_step,
-      steps_per_call=steps_per_call)
+  """The data's batches (`Corpus.feed`, `Conversations.feed`): on every device where they
+  fit (each device draws its rows of every batch from its own copy), else read by the host."""
+  return text.feed(functools.partial(parallel.put, shardings=plan.replicated),
+                   block_size=config.block_size, batch_size=train.batch_size,
+                   eval_batches=train.eval_iters, seed=train.seed, start_step=start_step,
+                   end_step=train.max_iters if end_step is None else end_step,
+                   steps_per_call=steps_per_call)
 
 
 def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:

@@ -21,9 +21,7 @@ import numpy as np
 from purejax import decode
 from purejax import gpt
 from purejax import lora
-from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
-from purejax.data import tokenizers
 from purejax.ops import kernels
 from purejax.training import flops
 from purejax.training import gpt_run
@@ -80,9 +78,7 @@ def device_byte_lengths(text, plan) -> Optional[jax.Array]:
   """The bytes per id of the corpus's tokenizer on the plan's devices; None where it
   has no text, and for conversations, whose loss counts the assistant's tokens only
   (their bits per byte would need the weights too: not logged)."""
-  if isinstance(text, conversations.Conversations):
-    return None
-  lengths = tokenizers.byte_lengths(text.tokenizer)
+  lengths = text.byte_lengths()
   return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
 
 

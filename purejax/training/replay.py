@@ -358,7 +358,7 @@ def replay_run(out_dir: str, step: int, *, forms: kernels.Forms, dataset: Option
   tok = tokenizers.from_spec(TokenizerSpec.from_dict(meta["tokenizer"]),
                              encoding_file=corpus_options.get("tokenizer_file"))
   text = corpus_lib.load_corpus(dataset, tokenizer=tok, **corpus_options)
-  host_seed = None if corpus_lib.fits_on_device(text) else meta["seed"]
+  host_seed = None if text.on_device() else meta["seed"]
   train_ids = text.train if host_seed is not None else jnp.asarray(text.train, jnp.int32)
   run = dict(config=config, optimizer=optimizer, batch_size=meta["batch_size"],
              grad_accum_steps=meta.get("grad_accum_steps", 1), host_seed=host_seed,

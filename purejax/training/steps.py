@@ -53,18 +53,6 @@ def _update(params, opt_state, loss_fn, batch, *, optimizer, grad_accum_steps, p
   return optax.apply_updates(params, updates), opt_state, value, grads
 
 
-def _inputs_and_targets(tokens: batches.Tokens, window, key, block_size, batch_size):
-  """One step's `(inputs, targets)` `[batch, block]`: drawn from the device's ids, or
-  cut from the host's `window` `[batch, block + 1]`; or, for `DeviceRows`,
-  `(inputs, targets, weights)` with the weights of mean 1 over the batch."""
-  if isinstance(tokens, batches.HostWindows):
-    return window[:, :-1].astype(jnp.int32), window[:, 1:].astype(jnp.int32)
-  if isinstance(tokens, batches.DeviceRows):
-    x, y, weights = batches.sample_rows(key, tokens, batch_size)
-    return x, y, batches.normalized_weights(weights)
-  return batches.sample_batch(key, tokens.ids, block_size, batch_size)
-
-
 def _loss(params, batch, config, **kwargs):
   """`gpt.loss` of a batch `(inputs, targets)` or `(inputs, targets, weights)`."""
   if len(batch) == 3:
@@ -72,20 +60,13 @@ def _loss(params, batch, config, **kwargs):
   return gpt.loss(params, batch[0], batch[1], config, **kwargs)
 
 
-def _per_step_windows(tokens: batches.Tokens, num: int, config: gpt.GPTConfig,
-                      batch_size: int):
-  """What the scan slices per step: the host's windows, or nothing for device ids."""
-  if isinstance(tokens, batches.HostWindows):
-    chex.assert_shape(tokens.windows, (num, batch_size, config.block_size + 1))
-    return tokens.windows
-  if isinstance(tokens, batches.DeviceTokens):
-    return None
-  if isinstance(tokens, batches.DeviceRows):
-    chex.assert_shape(tokens.rows, (None, config.block_size + 1))
-    chex.assert_shape(tokens.weights, (tokens.rows.shape[0], config.block_size))
-    return None
-  raise TypeError(f"tokens must be batches.DeviceTokens, batches.DeviceRows or "
-                  f"batches.HostWindows, got {type(tokens).__name__}.")
+def _per_step(tokens: batches.Tokens, num: int, block_size: int, batch_size: int):
+  """What the scan slices per step (`per_step` of the batch kind: the host's windows, or
+  nothing where each step draws its own)."""
+  if not hasattr(tokens, "draw"):
+    raise TypeError(f"tokens must be batches.DeviceTokens, batches.DeviceRows or "
+                    f"batches.HostWindows, got {type(tokens).__name__}.")
+  return tokens.per_step(num, block_size, batch_size)
 
 
 @functools.partial(
@@ -147,14 +128,14 @@ def train_steps(
   Returns:
     `(state, StepMetrics)` with `[num_steps]` entries.
   """
-  windows = _per_step_windows(tokens, num_steps, config, batch_size)
+  windows = _per_step(tokens, num_steps, config.block_size, batch_size)
   key = state.keys["train"]
 
   def one_step(carry, xs):
     params, opt_state = carry
     s, window = xs
     batch_key, dropout_key = jax.random.split(rng.fold_in_step(key, s))
-    batch = _inputs_and_targets(tokens, window, batch_key, config.block_size, batch_size)
+    batch = tokens.draw(batch_key, window, config.block_size, batch_size)
 
     def microbatch_loss(params, xy, index):  # (the weights, if any, are cut with the rows)
       return _loss(_view(params_view, params), xy, config,
@@ -199,11 +180,11 @@ def evaluate(
   across devices, and `forms` chooses how the model runs, as in `train_steps`;
   `params_view` too.
   """
-  windows = _per_step_windows(tokens, num_batches, config, batch_size)
+  windows = _per_step(tokens, num_batches, config.block_size, batch_size)
 
   def body(total, xs):
     k, window = xs
-    batch = _inputs_and_targets(tokens, window, k, config.block_size, batch_size)
+    batch = tokens.draw(k, window, config.block_size, batch_size)
     if plan is not None:
       batch = parallel.constrain(batch, plan.batch)
     return total + _loss(_view(params_view, params), batch, config, forms=forms), None
@@ -233,15 +214,11 @@ def target_bytes(
   Args:
     byte_lengths: `[vocab]` int32, each id's bytes (`tokenizers.byte_lengths`).
   """
-  if isinstance(tokens, batches.HostWindows):
-    chex.assert_shape(tokens.windows, (num_batches, batch_size, block_size + 1))
-    windows = tokens.windows
-  else:
-    windows = _per_step_windows(tokens, num_batches, None, batch_size)
+  windows = _per_step(tokens, num_batches, block_size, batch_size)
 
   def body(_, xs):
     k, window = xs
-    _, y = _inputs_and_targets(tokens, window, k, block_size, batch_size)
+    y = tokens.draw(k, window, block_size, batch_size)[1]
     return None, jnp.sum(byte_lengths[y], dtype=jnp.int32)
 
   _, counts = jax.lax.scan(body, None, (jax.random.split(key, num_batches), windows))

@@ -300,7 +300,7 @@ def _train_steps(
     `(state, StepMetrics)`, both with the leading runs axis; metrics are
     `[runs, num_steps]`.
   """
-  if not isinstance(tokens, (batches.DeviceTokens, batches.DeviceRows)):
+  if not getattr(tokens, "on_device", False):
     raise TypeError("a sweep draws its batches on the device (batches.DeviceTokens); load "
                     "a corpus that fits in device memory (host-read batches differ per run).")
 

@@ -45,7 +45,6 @@ import numpy as np
 from purejax import _files
 from purejax import gpt
 from purejax import lora
-from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import checkpoint
@@ -255,7 +254,7 @@ def train_gpt_sweep(
       grid value, a resume with another grid (other runs) than the sweep's,
       or runs that hold checkpoints of no step in common.
   """
-  if not (isinstance(text, conversations.Conversations) or corpus_lib.fits_on_device(text)):
+  if not text.on_device():
     raise ValueError(f"a sweep draws every run's batches on the device, and {text.source} "
                      f"does not fit there; train its runs one at a time.")
   if devices.fsdp or (devices.num_devices or 1) > 1:
