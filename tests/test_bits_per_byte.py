@@ -1,7 +1,7 @@
 """Bits per byte: every evaluation's val loss per UTF-8 byte of the text it scored.
 
 Each test scores fixed windows with a small random GPT and compares
-`loop.bits_per_byte` with the direct computation: every target token's
+`gpt_metrics.bits_per_byte` with the direct computation: every target token's
 cross-entropy from the logits, summed, over the bytes of the targets' text
 as the tokenizer decodes it.
 """
@@ -14,6 +14,7 @@ from conftest import CPU_FORMS, tiny_ranks, train_tokenizer_json, write_tiktoken
 from purejax import gpt
 from purejax.data import batches
 from purejax.data import tokenizers
+from purejax.training import gpt_metrics
 from purejax.training import loop
 from purejax.training import steps
 
@@ -47,7 +48,7 @@ def library_bits_per_byte(params, config, windows, tokenizer):
   tokens = batches.HostWindows(windows)
   loss = float(steps.evaluate(params, tokens, jax.random.PRNGKey(0), config=config,
                               batch_size=BATCH, num_batches=NUM_BATCHES, forms=CPU_FORMS))
-  return loop.bits_per_byte(loss, tokens, jax.random.PRNGKey(0),
+  return gpt_metrics.bits_per_byte(loss, tokens, jax.random.PRNGKey(0),
                             tokenizers.byte_lengths(tokenizer), config, train)
 
 

@@ -1,17 +1,21 @@
-"""What a GPT run is and how it starts, for a run alone and for a sweep's runs.
+"""What a GPT run is, how it starts and what trains it, for a run alone and a sweep's runs.
 
     started = start_runs(config, text, train, devices, [Member(run, seed, config, opt)])
-    state, train_steps = run_program(started.runs[0].state, started.plan, ...)
+    driven = RunsOneByOne(started)          # or RunsTogether(started, ...): a sweep vmapped
+    skeleton.train_loop(driven, ...)
 
 `loop.train_gpt` starts one run here and `sweep_loop.train_gpt_sweep` its N
 (each in its own folder, resumed from their newest common step): the same
 checks, checkpoint metadata, seeded or resumed state, schedule, devices,
-forms and batches, so a run of a sweep is the run trained alone.
+forms and batches, so a run of a sweep is the run trained alone. What the
+runs share is one `RunContext`; what trains them is a `skeleton.Driven`.
 """
 
 import dataclasses
 import functools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 from purejax import gpt
 from purejax import lora
@@ -21,8 +25,10 @@ from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import runs
+from purejax.training import skeleton
 from purejax.training import state as state_lib
 from purejax.training import steps
+from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
 from purejax.training.state import TrainState
@@ -110,6 +116,16 @@ class CallLengths:
     return min(self._train.steps_per_call, boundary - step)
 
 
+def cadence(context: "RunContext") -> skeleton.Cadence:
+  """When a GPT loop evaluates, logs and saves: its `train`'s intervals, in calls of up to
+  `steps_per_call` steps (`CallLengths`)."""
+  train = context.train
+  return skeleton.Cadence(total=train.max_iters, eval_interval=train.eval_interval,
+                          log_interval=train.log_interval,
+                          checkpoint_interval=train.checkpoint_interval,
+                          call_length=context.call_length)
+
+
 def forms_of(plan: parallel.ShardingPlan, forms: Optional[kernels.Forms] = None
              ) -> kernels.Forms:
   """`forms`, else those `kernels.select` chooses for the plan's platform."""
@@ -158,15 +174,54 @@ def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config
   return optim.RunOptimizer(opt_config, run.skip_nonfinite, lora_config is not None)
 
 
-def run_program(state, plan, config, opt_config, run, lora_config, train, grad_accum_steps,
-                forms, view):
+class RunContext(NamedTuple):
+  """What the runs of a GPT loop share.
+
+  Attributes:
+    config: the model (a sweep's run may differ in dropout: `StartedRun.config`).
+    train: steps, evaluation, logging, checkpoints.
+    run: where the run lives and how it persists (a sweep's: its folder).
+    plan: how the step is spread over devices.
+    forms: how the model runs.
+    view: the params view of LoRA's base and adapters (None without LoRA).
+    lora_config: the LoRA adapters trained (None: the params train).
+    grad_accum_steps: microbatches per step.
+    feed: the batches of every run (each draws its own from its keys).
+    call_length: steps per call from a step (`CallLengths`).
+  """
+  config: gpt.GPTConfig
+  train: GPTTrainConfig
+  run: Optional[RunConfig]
+  plan: parallel.ShardingPlan
+  forms: kernels.Forms
+  view: Optional[Any]
+  lora_config: Optional[lora.LoraConfig]
+  grad_accum_steps: int
+  feed: batches.Feed
+  call_length: Optional["CallLengths"]
+
+
+def run_program(state: TrainState, opt_config: optim.OptimizerConfig, config: gpt.GPTConfig,
+                context: RunContext):
   """`(state on the plan's devices, its jitted `steps.train_steps`)`: one run's program,
   the same for a run alone and a run of a sweep taken one at a time (so they agree bitwise)."""
-  state, shardings = state_lib.shard(state, plan)
+  state, shardings = state_lib.shard(state, context.plan)
   return state, parallel.sharded_step(
-      steps.train_steps, plan, shardings, config=config,
-      optimizer=run_optimizer(opt_config, run, lora_config)(), batch_size=train.batch_size,
-      grad_accum_steps=grad_accum_steps, forms=forms, params_view=view)
+      steps.train_steps, context.plan, shardings, config=config,
+      optimizer=run_optimizer(opt_config, context.run, context.lora_config)(),
+      batch_size=context.train.batch_size, grad_accum_steps=context.grad_accum_steps,
+      forms=context.forms, params_view=context.view)
+
+
+def evaluate_splits(params, eval_key, context: RunContext,
+                    config: Optional[gpt.GPTConfig] = None) -> Dict[str, float]:
+  """One run's mean loss of `train.eval_iters` batches of each split, drawn with `eval_key`
+  (the same batches at every evaluation): `{"train_loss", "val_loss"}`."""
+  return {name: float(steps.evaluate(params, tokens, eval_key, config=config or context.config,
+                                     batch_size=context.train.batch_size,
+                                     num_batches=context.train.eval_iters, plan=context.plan,
+                                     forms=context.forms, params_view=context.view))
+          for name, tokens in context.feed.eval.items()}
 
 
 class Member(NamedTuple):
@@ -217,19 +272,11 @@ class Started(NamedTuple):
   Attributes:
     runs: one `StartedRun` per member, in order.
     step: the step they all start from.
-    plan: how the step is spread over devices.
-    forms: how the model runs.
-    view: the params view of LoRA's base and adapters (None without LoRA).
-    feed: the batches of every run (each draws its own from its keys).
-    call_length: steps per call from a step (`CallLengths`).
+    context: what they share.
   """
   runs: List[StartedRun]
   step: int
-  plan: parallel.ShardingPlan
-  forms: kernels.Forms
-  view: Optional[Any]
-  feed: batches.Feed
-  call_length: CallLengths
+  context: RunContext
 
 
 def _start(member: Member, text, train: GPTTrainConfig, devices: ParallelConfig, init_params,
@@ -259,8 +306,8 @@ def _start(member: Member, text, train: GPTTrainConfig, devices: ParallelConfig,
 
 
 def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
-               devices: ParallelConfig, members: Sequence[Member], *, init_params=None,
-               init_from=None, forms=None, lora_config=None, data=None,
+               devices: ParallelConfig, members: Sequence[Member], *, run: RunConfig,
+               init_params=None, init_from=None, forms=None, lora_config=None, data=None,
                at_most: Optional[int] = None, what: str = "run") -> Started:
   """Everything a GPT loop builds before its first step, for a run alone or a sweep's runs.
 
@@ -269,6 +316,7 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
     text, train, devices, init_params, init_from, forms, lora_config, data:
       as `train_gpt`.
     members: the runs (one alone; a sweep's in its order).
+    run: how the runs persist (a sweep's: its folder; each member has its own).
     at_most: resume every run from its newest checkpoint of this step or
       older (a sweep's newest common step); None: its newest.
     what: what the runs are, for the log ("run" or "sweep").
@@ -302,4 +350,85 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
                     f"{lora_config}")
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
-  return Started(started, first.step, plan, forms, first.view, feed, call_length)
+  context = RunContext(config, train, run, plan, forms, first.view, lora_config,
+                       devices.grad_accum_steps, feed, call_length)
+  return Started(started, first.step, context)
+
+
+# ----------------------------------------------------------------------------
+# What trains the started runs: the training loop's `skeleton.Driven`.
+
+class RunsOneByOne:
+  """The runs one after another, each in the program it compiles alone (`run_program`):
+  a run alone, or a sweep's runs where `sweep_batch` is 1 (the CPU), so a run of the
+  sweep is bit-identical to the run trained alone."""
+  how = "one at a time, each in its own program"
+
+  def __init__(self, started: Started):
+    self._context = started.context
+    self._configs = [r.config for r in started.runs]
+    self._states, self._programs = [], []
+    for r in started.runs:
+      state, program = run_program(r.state, r.opt_config, r.config, started.context)
+      self._states.append(state)
+      self._programs.append(program)
+
+  def train(self, step: int, num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Runs `num_steps` steps of every run; `(losses, grad norms)`, `[runs, num_steps]` each."""
+    tokens = self._context.feed.train(step, num_steps)
+    metrics = []
+    for i, program in enumerate(self._programs):
+      self._states[i], m = program(self._states[i], tokens, step, num_steps=num_steps)
+      metrics.append(m)
+    return (np.stack([np.asarray(m.loss) for m in metrics]),
+            np.stack([np.asarray(m.grad_norm) for m in metrics]))
+
+  def split_losses(self) -> Dict[str, np.ndarray]:
+    """`{split: [runs] mean losses}` (`evaluate_splits` of each run)."""
+    losses = [evaluate_splits(s.params, s.keys["eval"], self._context, config)
+              for s, config in zip(self._states, self._configs)]
+    return {name: np.asarray([l[name] for l in losses]) for name in losses[0]}
+
+  def eval_key(self, index: int):
+    return self._states[index].keys["eval"]
+
+  def run_state(self, index: int) -> TrainState:
+    return self._states[index]
+
+
+class RunsTogether:
+  """A sweep's runs in one program (`sweep.train_steps`), `sweep_batch` of them vmapped
+  together: equal to the runs trained alone to float rounding."""
+
+  def __init__(self, started: Started, specs: Sequence[sweep.RunSpec],
+               sweep_batch: Optional[int]):
+    context = started.context
+    self.state = sweep.stack([r.state for r in started.runs])
+    self._feed, self._hyper = context.feed, sweep.hyperparams(specs)
+    self.how = f"in one program, {sweep_batch or len(specs)} vmapped together"
+    # The settings the runs share are any run's: each replaces the swept numbers with its own.
+    shared = started.runs[0].opt_config
+    self._steps = functools.partial(
+        sweep.train_steps, config=context.config,
+        make_optimizer=run_optimizer(shared, context.run, context.lora_config),
+        batch_size=context.train.batch_size, grad_accum_steps=context.grad_accum_steps,
+        params_view=context.view, forms=context.forms, sweep_batch=sweep_batch)
+    self._evaluate = functools.partial(
+        sweep.evaluate, config=context.config, batch_size=context.train.batch_size,
+        num_batches=context.train.eval_iters, params_view=context.view, forms=context.forms,
+        sweep_batch=sweep_batch)
+
+  def train(self, step: int, num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+    self.state, metrics = self._steps(self.state, self._feed.train(step, num_steps), step,
+                                      self._hyper, num_steps=num_steps)
+    return np.asarray(metrics.loss), np.asarray(metrics.grad_norm)
+
+  def split_losses(self) -> Dict[str, np.ndarray]:
+    return {name: np.asarray(self._evaluate(self.state.params, tokens, self.state.keys["eval"]))
+            for name, tokens in self._feed.eval.items()}
+
+  def eval_key(self, index: int):
+    return sweep.unstack(self.state.keys["eval"], index)
+
+  def run_state(self, index: int) -> TrainState:
+    return sweep.unstack(self.state, index)

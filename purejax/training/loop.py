@@ -5,17 +5,17 @@
 
 `python -m purejax.train` only turns its flags into these configs and calls
 `train_gpt` (or `mlp_loop.train_mlp`); a Python user can call them the same
-way. The loop reads top to bottom: data -> model -> loss -> optimizer ->
-checkpoint and log; what it shares with the MLP's loop (progress, metrics,
-evaluations, checkpoints, signals) is `session.Session`.
+way. It reads top to bottom: the run starts (`gpt_run.start_runs`: data,
+model, optimizer, resumed state), the one training loop every run shares
+(`skeleton.train_loop`) trains it with its evaluation metrics
+(`gpt_metrics`) and this module's `RunReport`, then the run ends with its
+plot and a sample.
 """
 
 import contextlib
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from purejax import decode
@@ -24,14 +24,15 @@ from purejax import lora
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import flops
+from purejax.training import gpt_metrics
 from purejax.training import gpt_run
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import plots
 from purejax.training import progress as progress_lib
 from purejax.training import runs
+from purejax.training import skeleton
 from purejax.training import state as state_lib
-from purejax.training import steps
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
 from purejax.training.gpt_run import GPTTrainConfig  # (a name of this module's API)
@@ -48,85 +49,48 @@ GPT_OPTIMIZER = optim.OptimizerConfig(
     weight_decay=0.1, grad_clip=1.0)
 
 
-def evaluate_splits(params, eval_key, feed, config, train, plan, forms, view=None,
-                    byte_lengths=None) -> Dict[str, float]:
-  """Mean loss of `train.eval_iters` batches of each split, the same batches every time;
-  with `byte_lengths` (`tokenizers.byte_lengths`) also `val_bpb`, the val
-  batches' bits per UTF-8 byte (`steps.target_bytes`)."""
-  losses = {name: float(steps.evaluate(params, tokens, eval_key, config=config,
-                                       batch_size=train.batch_size,
-                                       num_batches=train.eval_iters, plan=plan, forms=forms,
-                                       params_view=view))
-            for name, tokens in feed.eval.items()}
-  if byte_lengths is not None and "val_loss" in losses:
-    losses["val_bpb"] = bits_per_byte(losses["val_loss"], feed.eval["val_loss"], eval_key,
-                                      byte_lengths, config, train)
-  return losses
-
-
-def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) -> float:
-  """`loss`, the mean of `steps.evaluate`'s batches of `tokens` drawn with `eval_key`, in
-  bits per UTF-8 byte: the sum of their tokens' losses over the bytes they decode to."""
-  counts = steps.target_bytes(tokens, eval_key, byte_lengths, block_size=config.block_size,
-                              batch_size=train.batch_size, num_batches=train.eval_iters)
-  num_bytes = int(np.sum(np.asarray(counts), dtype=np.int64))
-  num_tokens = train.eval_iters * train.batch_size * config.block_size
-  return loss * num_tokens / (np.log(2) * num_bytes) if num_bytes else float("nan")
-
-
-def device_byte_lengths(text, plan) -> Optional[jax.Array]:
-  """The bytes per id of the corpus's tokenizer on the plan's devices; None where it
-  has no text, and for conversations, whose loss counts the assistant's tokens only
-  (their bits per byte would need the weights too: not logged)."""
-  lengths = text.byte_lengths()
-  return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
-
-
-def _evaluate_and_record(session: Session, step: int, state: TrainState, feed, config,
-                         train, plan, forms, view=None, byte_lengths=None) -> None:
-  losses = evaluate_splits(state.params, state.keys["eval"], feed, config, train, plan, forms,
-                           view, byte_lengths)
-  bpb = f" | val bpb {losses['val_bpb']:.4f}" if "val_bpb" in losses else ""
-  session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
-              f"val loss {losses['val_loss']:.4f}{bpb}")
-  session.record.add_eval(step, state, {"step": step, **losses}, **losses)
-
-
-class _Throughput:
-  """The GPT loop's per-call timing, progress and log lines (tokens/s, MFU)."""
+class RunReport:
+  """What a run alone shows of its calls and evaluations (`skeleton.Report`): the
+  progress bar (loss, tokens/s), a log line and a metrics record at the log interval
+  (loss, rate, gradient norm, ms/iter, tokens/s, MFU), and each evaluation's line."""
 
   def __init__(self, config: gpt.GPTConfig, train: GPTTrainConfig, schedule, n_params: int,
                num_devices: int):
-    self._train, self._schedule = train, schedule
-    self.tokens_per_step = train.batch_size * config.block_size
+    self._schedule = schedule
+    self._tokens_per_step = train.batch_size * config.block_size
     self._flops_per_token = flops.transformer_flops_per_token(
         n_params, config.n_layer, config.n_head, config.head_dim, config.block_size)
     peak = train.peak_flops or flops.device_peak_flops(jax.devices()[0], config.compute_dtype)
     self._peak = peak * num_devices if peak else None
-    self.times: List[float] = []  # seconds per step of every call
     self._since_log: List[float] = []
 
-  def record(self, session: Session, step: int, seconds_per_step: float,
-             losses: np.ndarray, metrics: steps.StepMetrics) -> None:
-    """Notes a call that ended at `step` with `losses`; logs a line at the log interval."""
-    self.times.append(seconds_per_step)
-    self._since_log.append(seconds_per_step)
-    loss = float(losses[-1])
+  def trained(self, session: Session, call: skeleton.Call, log_due: bool) -> None:
+    self._since_log.append(call.seconds_per_step)
+    loss, step = float(call.losses[0, -1]), call.step
     session.progress.update_to(step, loss=loss,
-                               tok_s=self.tokens_per_step / seconds_per_step)
-    if not runs.every(self._train.log_interval, step, self._train.max_iters):
+                               tok_s=self._tokens_per_step / call.seconds_per_step)
+    if not log_due:
       return
     ms = 1000 * float(np.median(self._since_log))
     self._since_log = []
-    tokens_per_s = self.tokens_per_step / ms * 1000
+    tokens_per_s = self._tokens_per_step / ms * 1000
     record = session.record.monitor.log_train(
         step, loss=loss, lr=float(self._schedule(step - 1)),
-        grad_norm=float(metrics.grad_norm[-1]), ms_per_iter=ms, tokens_per_s=tokens_per_s,
+        grad_norm=float(call.grad_norms[0, -1]), ms_per_iter=ms, tokens_per_s=tokens_per_s,
         mfu=flops.mfu(self._flops_per_token, tokens_per_s, self._peak))
     mfu = f" | MFU {100 * record['mfu']:.1f}%" if record.get("mfu") else ""
     session.log(f"step {step:5d} | loss {loss:.4f} | lr {record['lr']:.2e} | "
                 f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
                 f"{tokens_per_s:8.0f} tokens/s{mfu}")
+
+  def evaluated(self, session: Session, step: int, values: skeleton.Values,
+                call: Optional[skeleton.Call], run_state) -> None:
+    del call
+    losses = gpt_metrics.one_run(values)
+    bpb = f" | val bpb {losses['val_bpb']:.4f}" if "val_bpb" in losses else ""
+    session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
+                f"val loss {losses['val_loss']:.4f}{bpb}")
+    session.record.add_eval(step, run_state(0), {"step": step, **losses}, **losses)
 
 
 def train_gpt(
@@ -178,62 +142,43 @@ def train_gpt(
   """
   started = gpt_run.start_runs(
       config, text, train, devices, [gpt_run.Member(run, train.seed, config, opt_config)],
-      init_params=init_params, init_from=init_from, forms=forms, lora_config=lora_config,
-      data=data)
+      run=run, init_params=init_params, init_from=init_from, forms=forms,
+      lora_config=lora_config, data=data)
   (one,) = started.runs
-  plan, forms, view, feed = started.plan, started.forms, started.view, started.feed
+  context = started.context
   runs.print_line(f"optimizer: {optim.describe(one.opt_config)}")
   for warning in optim.schedule_warnings(one.opt_config, train.max_iters):
     runs.print_line(f"warning: {warning}")
-  state, train_steps = gpt_run.run_program(one.state, plan, config, one.opt_config, run,
-                                           lora_config, train, devices.grad_accum_steps, forms,
-                                           view)
-  throughput = _Throughput(config, train, optim.make_schedule(one.opt_config), one.n_params,
-                           plan.num_devices)
-  profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
-  byte_lengths = device_byte_lengths(text, plan)
-  step = started.step
-  with contextlib.closing(feed), Session(
-      [Recorded(run, one.meta, one.saved, sinks)], total=train.max_iters, start=step,
-      bar=train.progress, keep_best=not train.always_save_checkpoint) as session:
-    while step < train.max_iters:
-      if step % train.eval_interval == 0 and not session.record.evaluated_at(step):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
-                             byte_lengths)
-      num_steps = started.call_length(step)
-      profiler.before(step)
-      began = time.perf_counter()
-      state, metrics = train_steps(state, feed.train(step, num_steps), step,
-                                   num_steps=num_steps)
-      losses = np.asarray(metrics.loss)  # waits for the steps to finish
-      seconds_per_step = (time.perf_counter() - began) / num_steps
-      profiler.after(step + num_steps, session.log)
-      session.record.check_finite(losses, step)
-      step += num_steps
-      throughput.record(session, step, seconds_per_step, losses, metrics)
-      if runs.every(train.eval_interval, step, train.max_iters):
-        _evaluate_and_record(session, step, state, feed, config, train, plan, forms, view,
-                             byte_lengths)
-      session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
-                       state)
-  return _finish(run, state, session.record.history, step, throughput, text, config,
-                 one.keys, train, forms, view)
+  driven = gpt_run.RunsOneByOne(started)
+  report = RunReport(config, train, optim.make_schedule(one.opt_config), one.n_params,
+                     context.plan.num_devices)
+  with contextlib.closing(context.feed), Session(
+      [Recorded(run, one.meta, one.saved, sinks)],
+      total=train.max_iters, start=started.step, bar=train.progress,
+      keep_best=not train.always_save_checkpoint) as session:
+    step, times = skeleton.train_loop(
+        driven, session, gpt_run.cadence(context),
+        metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
+        start=started.step, profiler=progress_lib.Profiler(train.profile_steps, run.out_dir))
+  return _finish(session.record.history, step, times, driven.run_state(0), text, one.keys,
+                 context)
 
 
-def _finish(run, state, history, step, throughput, text, config, keys, train, forms,
-            view=None) -> Dict[str, Any]:
+def _finish(history, step: int, times, state: TrainState, text, keys,
+            context: gpt_run.RunContext) -> Dict[str, Any]:
   """The run's final metrics; then its loss plot and a sample, as nanoGPT ends."""
   metrics = dict(history[-1]) if history else {"step": step}
-  ms = progress_lib.median_ms(throughput.times)
+  ms = progress_lib.median_ms(times)
   if ms is not None:
     metrics["ms_per_iter"] = ms
     runs.print_line(f"median {ms:.2f} ms/iter after compilation")
   if parallel.is_main_process():
-    plots.save_loss_plot(run.out_dir)
-  if train.sample_tokens > 0:
+    plots.save_loss_plot(context.run.out_dir)
+  if context.train.sample_tokens > 0:
+    view = context.view
     params = state.params if view is None else jax.jit(view)(state.params)
-    sample = sample_text(params, text.tokenizer, config, keys["sample"],
-                         train.sample_tokens, forms=forms)
+    sample = sample_text(params, text.tokenizer, context.config, keys["sample"],
+                         context.train.sample_tokens, forms=context.forms)
     runs.print_line("---- sample ----\n" + sample)
   return metrics
 
@@ -251,10 +196,13 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
   plan = parallel.make_plan(devices, train.batch_size)
   feed = gpt_run.make_feed(text, config, train, plan, start_step=0,
                            steps_per_call=lambda _: 1, end_step=0)
+  context = gpt_run.RunContext(config, train, None, plan, gpt_run.forms_of(plan, forms), None,
+                               None, devices.grad_accum_steps, feed, None)
   try:
-    return evaluate_splits(parallel.put(params, plan.replicated), keys["eval"], feed, config,
-                           train, plan, gpt_run.forms_of(plan, forms),
-                           byte_lengths=device_byte_lengths(text, plan))
+    values = skeleton.evaluate(
+        gpt_metrics.FixedParams(parallel.put(params, plan.replicated), keys["eval"], context),
+        gpt_metrics.evaluation_metrics(text, context))
+    return gpt_metrics.one_run(values)
   finally:
     feed.close()
 

@@ -5,10 +5,11 @@
                               grid={"learning_rate": (3e-4, 1e-3, 3e-3)}, num_seeds=2)
 
 The runs (`sweep.expand`: every combination of the grid's values, each with
-`num_seeds` seeds from `train.seed`) train together: on a GPU in one
-vmapped program (`sweep.train_steps`), equal to each run alone to float
-rounding; where `sweep_batch` is 1 (the CPU), one after another, each
-in the program it compiles alone (`gpt_run.run_program`), so bit for bit. Each
+`num_seeds` seeds from `train.seed`) train together in the one training loop
+(`skeleton.train_loop`): on a GPU in one vmapped program
+(`gpt_run.RunsTogether`), equal to each run alone to float rounding; where
+`sweep_batch` is 1 (the CPU), one after another, each in the program it
+compiles alone (`gpt_run.RunsOneByOne`), so bit for bit. Each
 run lives in `out_dir/<run name>/` (its settings: `learning_rate=0.001_seed=0`,
 so the same grid in any order finds the same runs) exactly as if it had
 been trained alone: its own `metrics.jsonl`, TensorBoard events (so
@@ -33,11 +34,9 @@ The corpus must fit on the device: every run draws its own batches there.
 
 import contextlib
 import dataclasses
-import functools
 import json
 import pathlib
 import re
-import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -49,88 +48,52 @@ from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.training import checkpoint
 from purejax.training import gpt_run
-from purejax.training import loop
+from purejax.training import gpt_metrics
 from purejax.training import optim
 from purejax.training import parallel
 from purejax.training import plots
 from purejax.training import progress as progress_lib
 from purejax.training import runs
+from purejax.training import skeleton
 from purejax.training import sweep
 from purejax.training.parallel import ParallelConfig
 from purejax.training.runs import RunConfig
 from purejax.training.session import Recorded, Session
-from purejax.training.state import TrainState
 
 
-class _OneByOne:
-  """The runs one after another, each in the program it compiles alone (`gpt_run.run_program`),
-  so a run of the sweep is bit-identical to the run trained alone (`sweep_batch` 1)."""
-  how = "one at a time, each in its own program"
+class SweepReport:
+  """What a sweep shows of its calls and evaluations (`skeleton.Report`): one progress bar
+  and log line for all runs (the best and worst), each run's metrics in its own folder."""
 
-  def __init__(self, started: gpt_run.Started, run, lora_config, train, grad_accum):
-    self._states, self._programs, self._feed = [], [], started.feed
-    self._evaluate = [functools.partial(loop.evaluate_splits, feed=started.feed,
-                                        config=r.config, train=train, plan=started.plan,
-                                        forms=started.forms, view=started.view)
-                      for r in started.runs]
-    for r in started.runs:
-      state, program = gpt_run.run_program(r.state, started.plan, r.config, r.opt_config, run,
-                                           lora_config, train, grad_accum, started.forms,
-                                           started.view)
-      self._states.append(state)
-      self._programs.append(program)
+  def __init__(self, names: Sequence[str], schedules, tokens_per_step: int):
+    self._names, self._schedules, self._tokens_per_step = names, schedules, tokens_per_step
 
-  def train(self, step: int, num_steps: int):
-    """Runs `num_steps` steps of every run; `(losses, grad norms)`, `[runs, num_steps]` each."""
-    metrics = []
-    for i, program in enumerate(self._programs):
-      self._states[i], m = program(self._states[i], self._feed.train(step, num_steps), step,
-                                   num_steps=num_steps)
-      metrics.append(m)
-    return (np.stack([np.asarray(m.loss) for m in metrics]),
-            np.stack([np.asarray(m.grad_norm) for m in metrics]))
+  def trained(self, session: Session, call: skeleton.Call, log_due: bool) -> None:
+    losses, seconds, step = call.losses, call.seconds_per_step, call.step
+    best = sweep.best_run(losses[:, -1])
+    session.progress.update_to(step, best=self._names[best], loss=float(losses[best, -1]))
+    if not log_due:
+      return
+    for i, record in enumerate(session.records):
+      record.monitor.log_train(step, loss=losses[i, -1], lr=float(self._schedules[i](step - 1)),
+                               grad_norm=float(call.grad_norms[i, -1]),
+                               ms_per_iter=1000 * seconds,
+                               tokens_per_s=self._tokens_per_step / seconds)
+    runs_count = len(self._names)
+    session.log(f"step {step:5d} | best loss {losses[best, -1]:.4f} ({self._names[best]}) "
+                f"| worst {np.nanmax(losses[:, -1]):.4f} | {1000 * seconds:6.2f} ms/iter for "
+                f"{runs_count} runs | {runs_count * self._tokens_per_step / seconds:8.0f} "
+                f"tokens/s")
 
-  def evaluate(self) -> Dict[str, np.ndarray]:
-    losses = [evaluate(s.params, s.keys["eval"]) for evaluate, s in
-              zip(self._evaluate, self._states)]
-    return {name: np.asarray([l[name] for l in losses]) for name in losses[0]}
-
-  def run_state(self, index: int) -> TrainState:
-    return self._states[index]
-
-
-class _Together:
-  """The runs in one program (`sweep.train_steps`), `sweep_batch` of them vmapped
-  together: equal to the runs trained alone to float rounding."""
-
-  def __init__(self, started: gpt_run.Started, specs, config, run, lora_config, train,
-               grad_accum, sweep_batch):
-    self.state = sweep.stack([r.state for r in started.runs])
-    self._feed, self._hyper = started.feed, sweep.hyperparams(specs)
-    self.how = f"in one program, {sweep_batch or len(specs)} vmapped together"
-    # The settings the runs share are any run's: each replaces the swept numbers with its own.
-    shared = started.runs[0].opt_config
-    self._steps = functools.partial(
-        sweep.train_steps, config=config,
-        make_optimizer=gpt_run.run_optimizer(shared, run, lora_config),
-        batch_size=train.batch_size, grad_accum_steps=grad_accum, params_view=started.view,
-        forms=started.forms, sweep_batch=sweep_batch)
-    self._evaluate = functools.partial(sweep.evaluate, config=config,
-                                       batch_size=train.batch_size, num_batches=train.eval_iters,
-                                       params_view=started.view, forms=started.forms,
-                                       sweep_batch=sweep_batch)
-
-  def train(self, step: int, num_steps: int):
-    self.state, metrics = self._steps(self.state, self._feed.train(step, num_steps), step,
-                                      self._hyper, num_steps=num_steps)
-    return np.asarray(metrics.loss), np.asarray(metrics.grad_norm)
-
-  def evaluate(self) -> Dict[str, np.ndarray]:
-    return {name: np.asarray(self._evaluate(self.state.params, tokens, self.state.keys["eval"]))
-            for name, tokens in self._feed.eval.items()}
-
-  def run_state(self, index: int) -> TrainState:
-    return sweep.unstack(self.state, index)
+  def evaluated(self, session: Session, step: int, values: skeleton.Values,
+                call: Optional[skeleton.Call], run_state) -> None:
+    del call, run_state  # a sweep keeps no best checkpoint
+    for i, record in enumerate(session.records):
+      one = gpt_metrics.one_run(values, i)
+      record.add_eval(step, None, {"step": step, **one}, **one)
+    best = sweep.best_run(values["val_loss"])
+    session.log(f"step {step:5d} | best val loss {values['val_loss'][best]:.4f} "
+                f"({self._names[best]}) | worst {np.nanmax(values['val_loss']):.4f}")
 
 
 def run_dir(out_dir: str, name: str) -> pathlib.Path:
@@ -213,7 +176,7 @@ def common_step(run: RunConfig, members: Sequence[RunConfig], log) -> Optional[i
 def train_gpt_sweep(
     config: gpt.GPTConfig,
     text: corpus_lib.Corpus,
-    train: loop.GPTTrainConfig,
+    train: gpt_run.GPTTrainConfig,
     opt_config: optim.OptimizerConfig,
     run: RunConfig,
     grid: Mapping[str, Sequence[float]],
@@ -270,68 +233,28 @@ def train_gpt_sweep(
       config, text, train, devices,
       [gpt_run.Member(folder, spec.seed, spec.model_config(config), spec.opt_config)
        for spec, folder in zip(specs, folders)],
-      init_params=init_params, init_from=init_from, forms=forms, lora_config=lora_config,
-      data=data, at_most=common_step(run, folders, runs.print_line), what="sweep")
+      run=run, init_params=init_params, init_from=init_from, forms=forms,
+      lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line),
+      what="sweep")
+  context = started.context
   record_runs(run, names)
-  sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(started.plan), sweep_batch)
-  grad_accum = devices.grad_accum_steps
+  sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(context.plan), sweep_batch)
   if sweep_batch == 1:
-    program = _OneByOne(started, run, lora_config, train, grad_accum)
+    driven = gpt_run.RunsOneByOne(started)
   else:
-    program = _Together(started, specs, config, run, lora_config, train, grad_accum,
-                        sweep_batch)
-  tokens_per_step = train.batch_size * config.block_size  # per run
-  runs.print_line(f"sweep: {len(specs)} runs {program.how}, each in {run.out_dir}/<run>: "
+    driven = gpt_run.RunsTogether(started, specs, sweep_batch)
+  runs.print_line(f"sweep: {len(specs)} runs {driven.how}, each in {run.out_dir}/<run>: "
                   + ", ".join(names))
-  schedules = [optim.make_schedule(r.opt_config) for r in started.runs]
-  step, times = started.step, []
-  with contextlib.closing(started.feed), Session(
+  report = SweepReport(names, [optim.make_schedule(r.opt_config) for r in started.runs],
+                       train.batch_size * config.block_size)
+  with contextlib.closing(context.feed), Session(
       [Recorded(r.run, r.meta, r.saved, sinks(name, r.meta))
        for r, name in zip(started.runs, names)],
-      total=train.max_iters, start=step, bar=train.progress) as session:
-    records, log = session.records, session.log
-    byte_lengths = loop.device_byte_lengths(text, started.plan)
-
-    def evaluate(step):
-      losses = program.evaluate()
-      if byte_lengths is not None:  # each run draws its val batches with its own key
-        losses["val_bpb"] = np.asarray([loop.bits_per_byte(
-            float(loss), started.feed.eval["val_loss"], program.run_state(i).keys["eval"],
-            byte_lengths, config, train) for i, loss in enumerate(losses["val_loss"])])
-      for i, record in enumerate(records):
-        values = {name: float(v[i]) for name, v in losses.items()}
-        record.add_eval(step, None, {"step": step, **values}, **values)
-      best = sweep.best_run(losses["val_loss"])
-      log(f"step {step:5d} | best val loss {losses['val_loss'][best]:.4f} "
-          f"({names[best]}) | worst {np.nanmax(losses['val_loss']):.4f}")
-
-    while step < train.max_iters:
-      if step % train.eval_interval == 0 and not records[0].evaluated_at(step):
-        evaluate(step)
-      num_steps = started.call_length(step)
-      began = time.perf_counter()
-      losses, grad_norms = program.train(step, num_steps)  # [runs, num_steps] each
-      seconds = (time.perf_counter() - began) / num_steps
-      times.append(seconds)
-      for i, record in enumerate(records):
-        record.check_finite(losses[i], step)
-      step += num_steps
-      best = sweep.best_run(losses[:, -1])
-      session.progress.update_to(step, best=names[best], loss=float(losses[best, -1]))
-      if runs.every(train.log_interval, step, train.max_iters):
-        for i, record in enumerate(records):
-          record.monitor.log_train(step, loss=losses[i, -1], lr=float(schedules[i](step - 1)),
-                                   grad_norm=float(grad_norms[i, -1]),
-                                   ms_per_iter=1000 * seconds,
-                                   tokens_per_s=tokens_per_step / seconds)
-        log(f"step {step:5d} | best loss {losses[best, -1]:.4f} ({names[best]}) "
-            f"| worst {np.nanmax(losses[:, -1]):.4f} | {1000 * seconds:6.2f} ms/iter for "
-            f"{len(specs)} runs | {len(specs) * tokens_per_step / seconds:8.0f} tokens/s")
-      if runs.every(train.eval_interval, step, train.max_iters):
-        evaluate(step)
-      # every run saves, then all prune: a step every run holds survives a kill
-      session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
-                       program.run_state)
+      total=train.max_iters, start=started.step, bar=train.progress) as session:
+    step, times = skeleton.train_loop(
+        driven, session, gpt_run.cadence(context),
+        metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
+        start=started.step)
   if parallel.is_main_process():
     for folder in folders:
       plots.save_loss_plot(folder.out_dir)
@@ -339,4 +262,4 @@ def train_gpt_sweep(
     runs.print_line(f"median {progress_lib.median_ms(times):.2f} ms/iter for {len(specs)} "
                     f"runs after compilation")
   return [{"run": name, **(record.history[-1] if record.history else {"step": step})}
-          for name, record in zip(names, records)]
+          for name, record in zip(names, session.records)]
