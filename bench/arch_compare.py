@@ -66,9 +66,9 @@ def step_times() -> Dict[str, List[float]]:
   """Seconds per step of each arm, timed in alternation in this process."""
   import dataclasses  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
-  from purejax.training import loop  # pylint: disable=import-outside-toplevel
-  arms = {arm: (dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm]),
-                loop.GPT_OPTIMIZER) for arm in ARMS}
+  from purejax.training import recipes  # pylint: disable=import-outside-toplevel
+  arms = {arm: (dataclasses.replace(recipes.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm]),
+                recipes.GPT_OPTIMIZER) for arm in ARMS}
   return harness.recipe_step_times(arms, FLAGS.max_iters, FLAGS.time_rounds,
                                    FLAGS.steps_per_call)
 
@@ -77,10 +77,10 @@ def param_counts() -> Dict[str, int]:
   import dataclasses  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
-  from purejax.training import loop  # pylint: disable=import-outside-toplevel
+  from purejax.training import recipes  # pylint: disable=import-outside-toplevel
   counts = {}
   for arm in ARMS:
-    config = dataclasses.replace(loop.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
+    config = dataclasses.replace(recipes.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])
     shapes = jax.eval_shape(lambda k, c=config: gpt.init_params(c, k), jax.random.PRNGKey(0))
     counts[arm] = sum(x.size for x in jax.tree.leaves(shapes))
   return counts

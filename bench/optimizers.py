@@ -4,7 +4,7 @@
     python -m bench.optimizers --quick         # a smoke run
 
 The purejax arms are `steps.train_steps` of the same model, batch and
-schedule (`loop.SHAKESPEARE_CHAR`, `loop.GPT_OPTIMIZER`), one with
+schedule (`recipes.SHAKESPEARE_CHAR`, `recipes.GPT_OPTIMIZER`), one with
 `--optimizer=muon` (Newton-Schulz on the blocks' matrices, AdamW on the
 rest). The peer's arms are the PyTorch twin's step (`harness.torch_train_arm`)
 with AdamW, with PyTorch's own Muon (`torch.optim.Muon` on the blocks'
@@ -29,6 +29,7 @@ from absl import flags
 
 from bench import harness
 from purejax.training import loop
+from purejax.training import recipes
 
 FLAGS = flags.FLAGS
 
@@ -47,10 +48,10 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  config, batch_size = loop.SHAKESPEARE_CHAR, loop.GPTTrainConfig().batch_size
+  config, batch_size = recipes.SHAKESPEARE_CHAR, loop.GPTTrainConfig().batch_size
   # The twin's `c_attn` is one Linear, which PyTorch's Muon orthogonalises whole:
   # so does purejax's arm here (`muon_split_qkv=False`), for the same work.
-  adamw = dataclasses.replace(loop.GPT_OPTIMIZER, decay_iters=1000,
+  adamw = dataclasses.replace(recipes.GPT_OPTIMIZER, decay_iters=1000,
                               muon_ns_steps=FLAGS.muon_ns_steps, muon_split_qkv=False,
                               muon_ns_coeffs=FLAGS.muon_ns_coeffs)
   rounds = 3 if FLAGS.quick else FLAGS.rounds

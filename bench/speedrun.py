@@ -66,6 +66,7 @@ from absl import logging
 from bench import harness
 from purejax import gpt
 from purejax.training import loop
+from purejax.training import recipes
 
 FLAGS = flags.FLAGS
 
@@ -96,33 +97,25 @@ class Size:
 
 SIZES = {
     # nanoGPT's CPU recipe: 4L/128, T=64, batch 12, 2000 steps, evaluated at the end.
-    "cpu": Size(loop.SHAKESPEARE_CHAR, batch_size=12, schedule_steps=2000,
+    "cpu": Size(recipes.SHAKESPEARE_CHAR, batch_size=12, schedule_steps=2000,
                 reference_steps=2000, reference_eval_interval=2000, speedrun_steps=400,
                 eval_iters=200),
     # nanoGPT's GPU recipe (config/train_shakespeare_char.py): 6L/384, T=256, batch 64,
     # dropout 0.2, a 5000-step schedule, bf16 matmuls. Its val loss bottoms out near
     # step 1750 and then rises (the model overfits), so the run stops at 2500 and its
     # target is its best evaluation, as nanoGPT reports it.
-    "gpu": Size(dataclasses.replace(loop.SHAKESPEARE_CHAR, block_size=256, n_layer=6,
+    "gpu": Size(dataclasses.replace(recipes.SHAKESPEARE_CHAR, block_size=256, n_layer=6,
                                     n_head=6, n_embd=384, dropout=0.2,
                                     compute_dtype="bfloat16"),
                 batch_size=64, schedule_steps=5000, reference_steps=2500,
                 reference_eval_interval=250, speedrun_steps=1000, eval_iters=100),
 }
 
-# The modern recipe's optimizer: Muon on the blocks' matrices, AdamW (the
-# recipe's betas, decay and clipping) on embeddings, head and value embeddings.
-# Three minimax Newton-Schulz steps (as close to orthogonal as Keller Jordan's
-# five, for 0.6 of their cost), the fused qkv weight as one matrix: at this size
-# Newton-Schulz is a quarter of the step, and both buy steps at equal time
-# (docs/architectures.md).
-MODERN_OPTIMIZER = dataclasses.replace(
-    loop.GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
-    muon_learning_rate=1e-2, muon_split_qkv=False, muon_ns_coeffs="minimax", muon_ns_steps=3)
-
-# The modern recipe's block: nanochat's, with RMSNorm's learned scales and no
-# norm after the embedding, which train better at this size (the ablations).
-MODERN_BLOCK = {**gpt.ARCHITECTURES["nanochat"], "norm_scale": True, "embed_norm": False}
+# The modern recipe: the library's (`recipes.RECIPES["modern"]`, which
+# `python -m purejax.train --recipe=modern` trains): its optimizer, and its
+# block as GPTConfig options.
+MODERN_OPTIMIZER = recipes.RECIPES["modern"].optimizer
+MODERN_BLOCK = recipes.RECIPES["modern"].block_options()
 
 # The BPE arms' tokenizer: byte-level BPE over the train split's own bytes
 # (Tiny Shakespeare has 65), nanochat's split pattern.
@@ -130,11 +123,11 @@ BPE_VOCAB_SIZE = 256
 
 # arm -> (GPTConfig options, OptimizerConfig)
 RECIPES = {
-    "nanogpt": ({}, loop.GPT_OPTIMIZER),
-    "llama": (gpt.ARCHITECTURES["llama"], loop.GPT_OPTIMIZER),
+    "nanogpt": ({}, recipes.GPT_OPTIMIZER),
+    "llama": (gpt.ARCHITECTURES["llama"], recipes.GPT_OPTIMIZER),
     "modern": (MODERN_BLOCK, MODERN_OPTIMIZER),
     "llama_bpe": ({**gpt.ARCHITECTURES["llama"], "vocab_size": BPE_VOCAB_SIZE},
-                  loop.GPT_OPTIMIZER),
+                  recipes.GPT_OPTIMIZER),
     # Value embeddings are `vocab x kv width` tables: 65k parameters at 256 tokens,
     # which would put this arm 14 % above the nanoGPT recipe's size (6 % without).
     "modern_bpe": ({**MODERN_BLOCK, "value_embeds": False, "vocab_size": BPE_VOCAB_SIZE},
@@ -158,7 +151,7 @@ def train_bpe(folder: str) -> str:
 
 # ablation -> what it changes in the modern recipe: (GPTConfig options, optimizer)
 ABLATIONS = {
-    "AdamW instead of Muon": ({}, dataclasses.replace(loop.GPT_OPTIMIZER, warmup_iters=20)),
+    "AdamW instead of Muon": ({}, dataclasses.replace(recipes.GPT_OPTIMIZER, warmup_iters=20)),
     "no QK-norm": (dict(qk_norm=False), None),
     "GELU MLP instead of ReLU^2": (dict(mlp="gelu"), None),
     "no logit soft-cap": (dict(logit_softcap=None), None),

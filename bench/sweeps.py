@@ -37,7 +37,7 @@ from bench import harness
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import loop
+from purejax.training import recipes
 from purejax.training import optim
 from purejax.training import steps
 from purejax.training import sweep
@@ -45,7 +45,7 @@ from purejax.training.state import TrainState
 
 FLAGS = flags.FLAGS
 RECIPES = {  # (model, batch size, optimizer)
-    "cpu": (loop.SHAKESPEARE_CHAR, 12, dataclasses.replace(loop.GPT_OPTIMIZER,
+    "cpu": (recipes.SHAKESPEARE_CHAR, 12, dataclasses.replace(recipes.GPT_OPTIMIZER,
                                                            decay_iters=2000)),
     "gpu": (gpu_bench.SHAKESPEARE_GPU, 64, gpu_bench.SHAKESPEARE_OPTIMIZER),
 }

@@ -21,7 +21,7 @@ from bench import harness
 from bench import torch_gpt
 from purejax.data import corpus
 from purejax import gpt
-from purejax.training import loop
+from purejax.training import recipes
 from purejax.training import optim
 
 FLAGS = flags.FLAGS
@@ -37,7 +37,7 @@ BATCH, EVAL_ITERS = 12, 200
 
 def optimizer_config(max_iters: int) -> optim.OptimizerConfig:
   """`purejax.train`'s recipe optimizer, its cosine ending at the run's last step."""
-  return optim.with_schedule_end(loop.GPT_OPTIMIZER, max_iters)
+  return optim.with_schedule_end(recipes.GPT_OPTIMIZER, max_iters)
 
 
 def batch(data, block, generator):

@@ -29,14 +29,14 @@ from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
 from purejax.training import gpu_plan
-from purejax.training import loop
 from purejax.training import optim
+from purejax.training import recipes
 from purejax.training import steps
 
 pytestmark = pytest.mark.slow
 
 GIB = 1 << 30
-OPTIMIZER = optim.with_schedule_end(loop.GPT_OPTIMIZER, 5000)
+OPTIMIZER = optim.with_schedule_end(recipes.GPT_OPTIMIZER, 5000)
 # SmolLM2-135M's shape (HuggingFaceTB/SmolLM2-135M's config.json) at its training context.
 SMOLLM2 = gpt.GPTConfig(vocab_size=49152, block_size=2048, n_layer=30, n_head=9, n_embd=576,
                         n_kv_head=3, mlp_hidden=1536, compute_dtype="bfloat16",

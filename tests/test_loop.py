@@ -18,6 +18,7 @@ from purejax import gpt
 from purejax.training import loop
 from purejax.training import monitor
 from purejax.training import optim
+from purejax.training import recipes
 from purejax.training import runs
 from purejax.data import tokenizers
 
@@ -26,7 +27,7 @@ from conftest import tensorboard_scalars
 TINY = gpt.GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False)
 FAST = loop.GPTTrainConfig(batch_size=4, max_iters=20, eval_interval=10, eval_iters=2,
                            log_interval=5, steps_per_call=5, sample_tokens=0, progress=False)
-OPT = dataclasses.replace(loop.GPT_OPTIMIZER, warmup_iters=2)
+OPT = dataclasses.replace(recipes.GPT_OPTIMIZER, warmup_iters=2)
 
 
 def make_corpus(train_text: str, val_text: str) -> corpus_lib.Corpus:
@@ -183,7 +184,7 @@ def test_logged_mfu_is_nanogpts_formula_over_the_given_peak(tmp_path):
 @pytest.mark.slow  # a short training run
 def test_a_schedule_that_does_not_fit_the_run_is_one_line_at_start_up(tmp_path, capsys):
   # nanoGPT's recipe warms up for 100 steps: a 20-step fine-tune never reaches its rate.
-  recipe = loop.GPT_OPTIMIZER
+  recipe = recipes.GPT_OPTIMIZER
   warnings = optim.schedule_warnings(dataclasses.replace(recipe, decay_iters=20), 20)
   assert warnings == [
       f"warmup_iters=100 >= max_iters=20: the run only warms up, to lr "

@@ -13,6 +13,7 @@ from purejax.data import corpus as corpus_lib
 from purejax.training import checkpoint
 from purejax.training import loop
 from purejax.training import optim
+from purejax.training import recipes
 from purejax.training import replay
 from purejax.training import runs
 from purejax.training import steps
@@ -90,7 +91,7 @@ def train_a_run(folder, max_iters, **options):
   train = loop.GPTTrainConfig(batch_size=4, max_iters=max_iters, eval_interval=10,
                               eval_iters=2, log_interval=1, steps_per_call=5,
                               sample_tokens=0, progress=False)
-  opt = dataclasses.replace(loop.GPT_OPTIMIZER, warmup_iters=2)
+  opt = dataclasses.replace(recipes.GPT_OPTIMIZER, warmup_iters=2)
   keep = options.pop("keep_checkpoints", 2)
   init = options.pop("init_from", None)
   init_params = None if init is None else gpt.init_params(config, jax.random.PRNGKey(5))

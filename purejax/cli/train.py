@@ -97,7 +97,7 @@ def parallel_config(args: Args) -> parallel.ParallelConfig:
 
 # Flags that define the architecture: with --init_from it comes from the weights.
 ARCHITECTURE_FLAGS = ("arch", "depth", "n_layer", "n_head", "n_kv_head", "n_embd", "block_size",
-                      "bias")
+                      "bias", *train_flags.block_field_flags())
 
 
 def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
@@ -109,6 +109,9 @@ def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
   arch = dict(gpt.ARCHITECTURES[args.arch])
   if args["bias"].present or "bias" not in arch:
     arch["bias"] = args.bias
+  for name in train_flags.block_field_flags():  # set by the recipe or on the command line
+    if args[name].value is not None:
+      arch[name] = args[name].value
   shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
   if args.depth is not None:
     shape = gpt.depth_shape(args.depth)
@@ -373,8 +376,8 @@ def train(args: Args) -> int:
 
 def run(argv: Sequence[str]) -> int:
   """`python -m purejax.train` with `argv` (the program's name first): the exit code."""
-  model = train_flags.model_from_argv(argv)
-  return command.run(argv, lambda args: train_flags.define_flags(args, model), train,
+  model, recipe = train_flags.model_from_argv(argv), train_flags.recipe_from_argv(argv)
+  return command.run(argv, lambda args: train_flags.define_flags(args, model, recipe), train,
                      usage=__doc__)
 
 

@@ -1,13 +1,21 @@
 """The flags of `python -m purejax.train`, per model, defaulting to the library's recipes.
 
 Each model defines its own flags, with defaults taken from the library's
-recipes (`loop.SHAKESPEARE_CHAR`, `loop.GPT_OPTIMIZER`, `loop.GPTTrainConfig`,
-and `mlp_loop`'s), so `--help` lists only the chosen model's flags and every
-default lives in one place. Every function defines into the `args` it is
-given (a fresh `flags.FlagValues` per command line, `command.parse`).
+recipes (the GPT's `--recipe`, `recipes.RECIPES`: its block, optimizer and
+steps over `recipes.SHAKESPEARE_CHAR`'s shape and `loop.GPTTrainConfig`; the
+MLP's `mlp_loop` defaults), so `--help` lists only the chosen model's flags
+with the chosen recipe's defaults, and every default lives in one place. Every
+field of `gpt.GPTConfig` that is model math has a flag: the block's options
+are derived from the dataclass (flag name = field name, help = its docstring),
+defaulting to the recipe's block (None: the `--arch`'s). Every function defines
+into the `args` it is given (a fresh `flags.FlagValues` per command line,
+`command.parse`).
 """
 
-from typing import Sequence
+import dataclasses
+import re
+import typing
+from typing import Dict, Sequence
 
 from absl import flags
 
@@ -19,6 +27,7 @@ from purejax.training import loop
 from purejax.training import mlp_loop
 from purejax.training import muon
 from purejax.training import optim
+from purejax.training import recipes
 
 MODELS = ("gpt", "mlp")
 
@@ -112,12 +121,81 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
                     "matrices (false: as one).", flag_values=args)
 
 
-def define_gpt_flags(args: flags.FlagValues) -> None:
-  """The GPT's flags (nanoGPT's names), defaulting to nanoGPT's CPU recipe."""
-  model, train = loop.SHAKESPEARE_CHAR, loop.GPTTrainConfig()
-  define_optimizer_flags(args, loop.GPT_OPTIMIZER)
+# GPTConfig fields set by a flag of another kind: the data's tokenizer gives the
+# vocabulary, and RoPE scaling (a dict) comes with pretrained weights.
+NOT_FLAGS = ("vocab_size", "rope_scaling")
+# GPTConfig fields whose flags are written by hand below (nanoGPT's names).
+HAND_WRITTEN = {"block_size": "block_size", "n_layer": "n_layer", "n_head": "n_head",
+                "n_embd": "n_embd", "dropout": "dropout", "bias": "bias",
+                "n_kv_head": "n_kv_head", "compute_dtype": "dtype"}
+
+
+def field_docs(cls) -> Dict[str, str]:
+  """`{field: its text}` from the `Attributes:` section of a dataclass's docstring."""
+  docs, names = {}, []
+  section = cls.__doc__.split("Attributes:", 1)[1]
+  for line in section.splitlines():
+    match = re.match(r"^    (\w+(?:, \w+)*): (.*)$", line)
+    if match:
+      names = match.group(1).split(", ")
+      for name in names:
+        docs[name] = match.group(2)
+    elif names and line.startswith(" " * 6):
+      for name in names:
+        docs[name] += " " + line.strip()
+    else:
+      names = []
+  return docs
+
+
+def block_field_flags() -> Sequence[str]:
+  """The GPTConfig fields with a flag of their own name, derived from the dataclass."""
+  return [f.name for f in dataclasses.fields(gpt.GPTConfig)
+          if f.name not in NOT_FLAGS and f.name not in HAND_WRITTEN]
+
+
+def _define_field_flag(args: flags.FlagValues, field: dataclasses.Field, default, help_text):
+  kind = field.type
+  if typing.get_origin(kind) is typing.Union:  # Optional[X]
+    kind = next(a for a in typing.get_args(kind) if a is not type(None))
+  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+            str: flags.DEFINE_string}[kind]
+  define(field.name, default, help_text, flag_values=args)
+
+
+def define_block_flags(args: flags.FlagValues, recipe: recipes.Recipe) -> None:
+  """A flag per GPTConfig option of the block (`block_field_flags`), defaulting to the
+  recipe's block; None (unset) leaves the option to `--arch`."""
+  docs = field_docs(gpt.GPTConfig)
+  fields = {f.name: f for f in dataclasses.fields(gpt.GPTConfig)}
+  for name in block_field_flags():
+    default = recipe.block.get(name)
+    _define_field_flag(args, fields[name], default,
+                       f"GPTConfig.{name}: {docs[name]} (default: "
+                       f"{'the recipe' if default is not None else '--arch'}'s).")
+
+
+def recipe_from_argv(argv: Sequence[str]) -> str:
+  """The `--recipe` value in `argv` (default `recipes.DEFAULT_RECIPE`), read before flags
+  are defined (its settings are the flags' defaults)."""
+  return _value_from_argv(argv, "recipe", recipes.DEFAULT_RECIPE)
+
+
+def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_RECIPE
+                     ) -> None:
+  """The GPT's flags (nanoGPT's names), defaulting to the recipe's settings."""
+  known = recipe_name in recipes.RECIPES  # an unknown one: --recipe's enum refuses it
+  recipe = recipes.RECIPES[recipe_name if known else recipes.DEFAULT_RECIPE]
+  model, train = recipes.SHAKESPEARE_CHAR, loop.GPTTrainConfig()
+  flags.DEFINE_enum("recipe", recipe_name if known else recipes.DEFAULT_RECIPE,
+                    list(recipes.RECIPES),
+                    "Named settings of the block, optimizer and steps, as the flags' "
+                    "defaults (any flag still overrides one): " + "; ".join(
+                        f"{name}: {r.summary}" for name, r in recipes.RECIPES.items()) + ".",
+                    flag_values=args)
+  define_optimizer_flags(args, recipe.optimizer)
   flags.DEFINE_integer("batch_size", train.batch_size, "Sequences per step.", flag_values=args)
-  flags.DEFINE_enum("arch", "gpt2", list(gpt.ARCHITECTURES),
+  flags.DEFINE_enum("arch", recipe.arch, list(gpt.ARCHITECTURES),
                     "The block: gpt2 (LayerNorm, learned positions, GELU), llama (RMSNorm, "
                     "RoPE, SwiGLU, no biases) or nanochat (parameter-free RMSNorm, RoPE, "
                     "QK-norm, ReLU^2, value embeddings, soft-capped logits, untied head); "
@@ -139,8 +217,9 @@ def define_gpt_flags(args: flags.FlagValues) -> None:
                     "(nanoGPT's train.py default: off; GPT-2 has them).", flag_values=args)
   flags.DEFINE_enum("dtype", model.compute_dtype, ["float32", "bfloat16"],
                     "Matmul dtype; params stay float32.", flag_values=args)
+  define_block_flags(args, recipe)
   forms_flags.define_forms_flags(args)
-  flags.DEFINE_integer("max_iters", train.max_iters, "Training steps.", flag_values=args)
+  flags.DEFINE_integer("max_iters", recipe.max_iters, "Training steps.", flag_values=args)
   flags.DEFINE_integer("eval_interval", train.eval_interval, "Steps between evaluations.",
                        flag_values=args)
   flags.DEFINE_integer("eval_iters", train.eval_iters, "Batches per evaluation.", flag_values=args)
@@ -220,17 +299,26 @@ def define_mlp_flags(args: flags.FlagValues) -> None:
                     flag_values=args)
 
 
+def _value_from_argv(argv: Sequence[str], name: str, default: str) -> str:
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return default
+
+
 def model_from_argv(argv: Sequence[str]) -> str:
   """The `--model` value in `argv` (default "gpt"), read before flags are defined."""
-  for i, arg in enumerate(argv[1:], start=1):
-    if arg.startswith("--model="):
-      return arg.split("=", 1)[1]
-    if arg == "--model" and i + 1 < len(argv):
-      return argv[i + 1]
-  return "gpt"
+  return _value_from_argv(argv, "model", "gpt")
 
 
-def define_flags(args: flags.FlagValues, model: str) -> None:
-  """The flags of `model` (an unknown model gets the common flags, and --model refuses it)."""
+def define_flags(args: flags.FlagValues, model: str,
+                 recipe: str = recipes.DEFAULT_RECIPE) -> None:
+  """The flags of `model` (an unknown model gets the common flags, and --model refuses it);
+  the GPT's defaults are `recipe`'s (an unknown one: the default's, and --recipe refuses it)."""
   define_common_flags(args, model if model in MODELS else "gpt")
-  {"gpt": define_gpt_flags, "mlp": define_mlp_flags}.get(model, lambda _: None)(args)
+  if model == "gpt":
+    define_gpt_flags(args, recipe)
+  elif model == "mlp":
+    define_mlp_flags(args)

@@ -2,7 +2,7 @@
 
     devices = gpu_plan.target_devices("h100", num_devices=1)    # no GPU needed
     compiled = gpu_plan.compile_train_step(config, devices, batch_size=12, forms=forms,
-                                           opt_config=loop.GPT_OPTIMIZER)
+                                           opt_config=recipes.GPT_OPTIMIZER)
     plan = gpu_plan.read_program(compiled)   # bytes XLA planned, cuDNN calls, collectives
 
 XLA's GPU compiler runs on a CPU host when JAX's CUDA plugin is installed
@@ -35,6 +35,7 @@ from purejax.data import batches
 from purejax.ops import kernels
 from purejax.training import optim
 from purejax.training import parallel
+from purejax.training import recipes
 from purejax.training import state as state_lib
 from purejax.training import steps
 

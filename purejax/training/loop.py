@@ -1,7 +1,7 @@
 """The GPT's training loop, as a library function that reads no flags.
 
     metrics = train_gpt(model_config, text, GPTTrainConfig(max_iters=2000),
-                        GPT_OPTIMIZER, RunConfig(out_dir="out-gpt"))
+                        recipes.GPT_OPTIMIZER, RunConfig(out_dir="out-gpt"))
 
 `python -m purejax.train` only turns its flags into these configs and calls
 `train_gpt` (or `mlp_loop.train_mlp`); a Python user can call them the same
@@ -38,16 +38,6 @@ from purejax.training.runs import RunConfig
 from purejax.training.gpt_run import GPTTrainConfig  # (a name of this module's API)
 from purejax.training.session import Recorded, Session
 from purejax.training.state import TrainState
-
-# nanoGPT's character-level Shakespeare recipe for a CPU: the model (no
-# biases, as nanoGPT's train.py; GPTConfig's own default is GPT-2's biases)
-# and its optimizer. `purejax.train`'s GPT flags default to these.
-SHAKESPEARE_CHAR = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
-                                 n_embd=128, dropout=0.0, bias=False)
-GPT_OPTIMIZER = optim.OptimizerConfig(
-    learning_rate=1e-3, schedule="cosine", warmup_iters=100, min_lr=1e-4, beta2=0.99,
-    weight_decay=0.1, grad_clip=1.0)
-
 
 class RunReport:
   """What a run alone shows of its calls and evaluations (`skeleton.Report`): the

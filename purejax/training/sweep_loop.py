@@ -1,7 +1,7 @@
 """The GPT's training loop for a sweep: N runs in one program, each a run of its own.
 
     results = train_gpt_sweep(model_config, text, GPTTrainConfig(max_iters=2000),
-                              GPT_OPTIMIZER, RunConfig(out_dir="out-sweep"),
+                              recipes.GPT_OPTIMIZER, RunConfig(out_dir="out-sweep"),
                               grid={"learning_rate": (3e-4, 1e-3, 3e-3)}, num_seeds=2)
 
 The runs (`sweep.expand`: every combination of the grid's values, each with
