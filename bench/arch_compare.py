@@ -66,7 +66,7 @@ def step_times() -> Dict[str, List[float]]:
   """Seconds per step of each arm, timed in alternation in this process."""
   import dataclasses  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
-  from purejax.training import recipes  # pylint: disable=import-outside-toplevel
+  from purejax.training.loops import recipes  # pylint: disable=import-outside-toplevel
   arms = {arm: (dataclasses.replace(recipes.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm]),
                 recipes.GPT_OPTIMIZER) for arm in ARMS}
   return harness.recipe_step_times(arms, FLAGS.max_iters, FLAGS.time_rounds,
@@ -77,7 +77,7 @@ def param_counts() -> Dict[str, int]:
   import dataclasses  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from purejax import gpt  # pylint: disable=import-outside-toplevel
-  from purejax.training import recipes  # pylint: disable=import-outside-toplevel
+  from purejax.training.loops import recipes  # pylint: disable=import-outside-toplevel
   counts = {}
   for arm in ARMS:
     config = dataclasses.replace(recipes.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES[arm])

@@ -35,13 +35,13 @@ import numpy as np  # noqa: E402
 
 from bench import hlo as hlo_lib  # noqa: E402
 from purejax import gpt  # noqa: E402
-from purejax.ops import kernels  # noqa: E402
-from purejax.training import optim  # noqa: E402
-from purejax.training import parallel  # noqa: E402
 from purejax.data import batches  # noqa: E402
-from purejax.training import state as state_lib  # noqa: E402
-from purejax.training import steps  # noqa: E402
-from purejax.training.state import TrainState  # noqa: E402
+from purejax.ops import kernels  # noqa: E402
+from purejax.optimizers import optim  # noqa: E402
+from purejax.training.pure import parallel  # noqa: E402
+from purejax.training.pure import state as state_lib  # noqa: E402
+from purejax.training.pure import steps  # noqa: E402
+from purejax.training.pure.state import TrainState  # noqa: E402
 
 FLAGS = flags.FLAGS
 

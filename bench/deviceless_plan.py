@@ -21,7 +21,7 @@ import jax
 
 from bench import gpu
 from purejax.ops import kernels
-from purejax.training import gpu_plan
+from purejax.training.tools import gpu_plan
 
 FLAGS = flags.FLAGS
 

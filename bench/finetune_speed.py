@@ -63,9 +63,9 @@ from purejax import lora
 from purejax import weights
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import steps as steps_lib
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.pure import steps as steps_lib
+from purejax.training.pure.state import TrainState
 
 FLAGS = flags.FLAGS
 DEFAULT_MODEL = harness.REAL_MODEL_FOLDER

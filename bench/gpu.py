@@ -32,6 +32,7 @@ import numpy as np
 from bench import gpu_rows
 from bench import harness
 from bench import jobs
+from purejax import checkpoint
 from purejax import decode
 from purejax import gpt
 from purejax.data import batches
@@ -39,13 +40,12 @@ from purejax.data import corpus as corpus_lib
 from purejax.data import datasets
 from purejax.data import tokenizers
 from purejax.ops import kernels
-from purejax.training import checkpoint
-from purejax.training import flops
-from purejax.training import gpu_plan
-from purejax.training import loop
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import runs
+from purejax.optimizers import optim
+from purejax.training.effects import runs
+from purejax.training.loops import gpt_loop
+from purejax.training.pure import flops
+from purejax.training.pure import parallel
+from purejax.training.tools import gpu_plan
 
 FLAGS = flags.FLAGS
 
@@ -496,19 +496,19 @@ def job_i_purejax_recipe(job: Job) -> None:
   config = s.shakespeare
   set_recipe_config(job)
   name = f"purejax (dropout {config.dropout}: {harness.attention_form(config)} attention)"
-  train = loop.GPTTrainConfig(
+  train = gpt_loop.GPTTrainConfig(
       batch_size=s.recipe_batch, max_iters=s.recipe_iters, eval_interval=s.eval_interval,
       eval_iters=s.eval_iters, log_interval=s.eval_interval, steps_per_call=10,
       sample_tokens=0, seed=0)
   with tempfile.TemporaryDirectory() as out_dir:
     start = time.perf_counter()
-    metrics = loop.train_gpt(config, shakespeare(), train, SHAKESPEARE_OPTIMIZER,
+    metrics = gpt_loop.train_gpt(config, shakespeare(), train, SHAKESPEARE_OPTIMIZER,
                              runs.RunConfig(out_dir=out_dir, keep_checkpoints=1),
                              parallel.ParallelConfig(num_devices=1))  # one GPU, as the twin
     wall = time.perf_counter() - start
     history = checkpoint.latest_meta(out_dir)[1].get("history", [])
   row = {"median": metrics["ms_per_iter"] / 1000, "min": None, "max": None, "unit": "s/iter",
-         "wall_s": wall, "via": "loop.train_gpt", **gpu_rows.losses_of(history)}
+         "wall_s": wall, "via": "gpt_loop.train_gpt", **gpu_rows.losses_of(history)}
   job.result["history"] = history
   job.result["rows"] = {name: gpu_rows.add_speed(row, config, s.recipe_batch, job.peak_flops)}
 
@@ -519,7 +519,7 @@ def job_i_torch_recipe(job: Job) -> None:
   The learning rate follows the library's schedule (`harness.lr_table`).
   Every `eval_interval` steps (and at the end) it evaluates `eval_iters`
   random batches of each split and saves a checkpoint (model and
-  optimizer), as `loop.train_gpt` does. Batches are drawn on the device, as
+  optimizer), as `gpt_loop.train_gpt` does. Batches are drawn on the device, as
   purejax draws them. Time is measured over 10 steps between syncs, like
   purejax's 10-step calls; the first two calls (compiling) are left out.
   """
@@ -689,7 +689,7 @@ JOBS = {
     "h.max_batch.purejax_unrolled": ("h: largest batch, purejax (scan_layers=False)",
                                      functools.partial(job_h_max_batch,
                                                        arm="purejax_unrolled")),
-    "i.purejax_recipe": ("i: Shakespeare GPU recipe, purejax (loop.train_gpt)",
+    "i.purejax_recipe": ("i: Shakespeare GPU recipe, purejax (gpt_loop.train_gpt)",
                          job_i_purejax_recipe),
     "i.torch_recipe": ("i: Shakespeare GPU recipe, torch twin", job_i_torch_recipe),
     "i.speed": ("i: Shakespeare GPU recipe, ms/iter, dropout 0.2 and 0", job_i_speed),

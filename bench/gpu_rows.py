@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from bench import harness
 from bench.harness import fmt
 from purejax import gpt
-from purejax.training import flops
+from purejax.training.pure import flops
 
 
 @functools.lru_cache(maxsize=None)

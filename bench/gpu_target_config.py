@@ -17,7 +17,7 @@ import re
 from absl import app
 from absl import flags
 
-from purejax.training import gpu_plan
+from purejax.training.tools import gpu_plan
 
 FLAGS = flags.FLAGS
 

@@ -36,11 +36,11 @@ from purejax import gpt
 from purejax.data import batches
 from purejax.ops import attention
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import steps as steps_lib
-from purejax.training import state as state_lib
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps as steps_lib
+from purejax.training.pure.state import TrainState
 
 RESULTS_DIR = pathlib.Path(__file__).parent / "results"
 # The real model's float32 folder, where the tests' fixture makes it (tests/real_model.py).
@@ -310,7 +310,7 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
     windows: instead of `data`, a function returning the next call's
       `[steps, batch_size, block_size + 1]` windows read by the host (e.g.
       from a `batches.BatchPrefetcher`); they are waited for and put on the
-      device inside the timing, as `loop.train_gpt` feeds a corpus too large
+      device inside the timing, as `gpt_loop.train_gpt` feeds a corpus too large
       for the device.
     num_devices: > 1 runs the step data parallel as `purejax.train` does.
     forms: how the step runs (default: the forms of the params' platform).

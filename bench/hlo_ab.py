@@ -30,11 +30,11 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import state as state_lib
-from purejax.training import sweep
-from purejax.training import steps as steps_lib
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps as steps_lib
+from purejax.training.pure import sweep
+from purejax.training.pure.state import TrainState
 
 FLAGS = flags.FLAGS
 

@@ -34,7 +34,7 @@ from absl import flags
 import jax
 
 from bench import harness
-from purejax.training import flops
+from purejax.training.pure import flops
 
 FLAGS = flags.FLAGS
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import numpy as np
 import optax
 
 from purejax import mlp
-from purejax.training import steps
-from purejax.training.state import TrainState
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 
 FLAGS = flags.FLAGS
 

@@ -28,8 +28,8 @@ from absl import app
 from absl import flags
 
 from bench import harness
-from purejax.training import loop
-from purejax.training import recipes
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import recipes
 
 FLAGS = flags.FLAGS
 
@@ -48,7 +48,7 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  config, batch_size = recipes.SHAKESPEARE_CHAR, loop.GPTTrainConfig().batch_size
+  config, batch_size = recipes.SHAKESPEARE_CHAR, gpt_loop.GPTTrainConfig().batch_size
   # The twin's `c_attn` is one Linear, which PyTorch's Muon orthogonalises whole:
   # so does purejax's arm here (`muon_split_qkv=False`), for the same work.
   adamw = dataclasses.replace(recipes.GPT_OPTIMIZER, decay_iters=1000,

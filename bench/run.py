@@ -34,10 +34,10 @@ from purejax import decode
 from purejax import gpt
 from purejax import mlp
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import steps as steps_lib
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.pure import parallel
+from purejax.training.pure import steps as steps_lib
+from purejax.training.pure.state import TrainState
 
 ALL_CASES = {"a", "b", "c", "d", "e", "f", "g"}
 FLAGS = flags.FLAGS

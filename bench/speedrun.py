@@ -37,7 +37,7 @@ same machine; evaluation and compilation are not counted, as in
 modded-nanogpt's record times. "Equal wall time" gives every arm
 `round(budget / its ms per step)` steps, the budget being the nanoGPT
 recipe's steps. Each run trains in a process of its own through
-`loop.train_gpt` (`--parallel` of them at a time) and logs its evaluations
+`gpt_loop.train_gpt` (`--parallel` of them at a time) and logs its evaluations
 to its `metrics.jsonl`, whose `val_loss` and `val_bpb` (bits per UTF-8 byte)
 are read here.
 
@@ -65,8 +65,8 @@ from absl import logging
 
 from bench import harness
 from purejax import gpt
-from purejax.training import loop
-from purejax.training import recipes
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import recipes
 
 FLAGS = flags.FLAGS
 
@@ -212,7 +212,7 @@ def child(spec: dict) -> None:
   # pylint: disable=import-outside-toplevel
   from purejax.data import corpus
   from purejax.data import tokenizer_json
-  from purejax.training import runs
+  from purejax.training.effects import runs
   size = SIZES[spec["size"]]
   config, optimizer = arm_configs(spec["arm"], size)
   optimizer = dataclasses.replace(optimizer, decay_iters=spec["schedule_steps"])
@@ -222,12 +222,12 @@ def child(spec: dict) -> None:
   if text.vocab_size != config.vocab_size:
     raise ValueError(f"{spec['arm']}: the tokenizer has {text.vocab_size} tokens, the "
                      f"model {config.vocab_size}.")
-  train = loop.GPTTrainConfig(
+  train = gpt_loop.GPTTrainConfig(
       batch_size=size.batch_size, max_iters=spec["steps"],
       eval_interval=spec["eval_interval"], eval_iters=spec["eval_iters"],
       log_interval=spec["eval_interval"], sample_tokens=0, seed=spec["seed"],
       progress=False, checkpoint_every=spec["steps"])
-  loop.train_gpt(config, text, train, optimizer, runs.RunConfig(out_dir=spec["out_dir"]))
+  gpt_loop.train_gpt(config, text, train, optimizer, runs.RunConfig(out_dir=spec["out_dir"]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,11 +37,11 @@ from bench import harness
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import recipes
-from purejax.training import optim
-from purejax.training import steps
-from purejax.training import sweep
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.loops import recipes
+from purejax.training.pure import steps
+from purejax.training.pure import sweep
+from purejax.training.pure.state import TrainState
 
 FLAGS = flags.FLAGS
 RECIPES = {  # (model, batch size, optimizer)

@@ -19,10 +19,10 @@ import torch
 
 from bench import harness
 from bench import torch_gpt
-from purejax.data import corpus
 from purejax import gpt
-from purejax.training import recipes
-from purejax.training import optim
+from purejax.data import corpus
+from purejax.optimizers import optim
+from purejax.training.loops import recipes
 
 FLAGS = flags.FLAGS
 

@@ -11,7 +11,7 @@ import optax
 
 import purejax
 from purejax import mlp
-from purejax.training import steps
+from purejax.training.pure import steps
 
 manual_dir = sys.argv[1] if len(sys.argv) > 1 else None
 mnist = purejax.data.datasets.load_mnist(manual_dir=manual_dir)

@@ -12,7 +12,8 @@ import purejax
 from purejax import decode, gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import optim, steps
+from purejax.optimizers import optim
+from purejax.training.pure import steps
 
 text = purejax.data.corpus.load_corpus("tiny_shakespeare")
 config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,

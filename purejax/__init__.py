@@ -12,7 +12,8 @@ Models are params pytrees (nested dicts of arrays) plus pure functions:
 The layers, bottom to top (each imports only from its own and those below
 it; tests/test_architecture.py checks that against this drawing):
 
-    _files      crash-safe file writes
+    _files, checkpoint   crash-safe file writes; checkpoint files (the format
+                training writes and weights reads)
     ops/, rng   execution forms (`Forms`, chosen per platform by `select`: matmul,
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
@@ -21,9 +22,12 @@ it; tests/test_architecture.py checks that against this drawing):
                 and init beside gpt); the KV cache and sampling with it; low-rank
                 adapters over any model's params (below training and weights,
                 which both use it)
-    data/       tokenizers (and training them), corpora, batches, MNIST and TFDS
-    training/   state, steps, optimizer, devices, checkpoints, metrics, the loops,
-                sweeps, replayed steps
+    data/       tokenizers (and training them), corpora, batches (each kind draws its
+                own), MNIST and TFDS
+    optimizers/ optax optimizers and schedules, Muon
+    training/   pure/ (state, steps, sweeps, devices), effects/ (a run's files,
+                signals, progress), loops/ (the one training loop, GPT runs, recipes),
+                tools/ (replayed steps, GPU plans)
     weights/    pretrained weights in and out, one module per format
     cli/, train, sample, chat, plot, convert, replay, tokenizer, plan   the command lines, the only layer
                 that speaks of --flags: `purejax.cli.<cmd>` is `python -m
@@ -45,24 +49,24 @@ from purejax.data.batches import sample_batch
 from purejax.data.corpus import Corpus
 from purejax.data.corpus import load_corpus
 from purejax.data.tokenizers import CharTokenizer
-from purejax.decode import KVCache
 from purejax.decode import generate
+from purejax.decode import KVCache
 from purejax.gpt import GPTConfig
 from purejax.ops.kernels import Forms
 from purejax.ops.kernels import select as select_forms
-from purejax.training.loop import GPTTrainConfig
-from purejax.training.mlp_loop import MLPTrainConfig
-from purejax.training.loop import evaluate_gpt
-from purejax.training.loop import train_gpt
-from purejax.training.mlp_loop import train_mlp
-from purejax.training.optim import OptimizerConfig
-from purejax.training.optim import make_optimizer
-from purejax.training.parallel import ParallelConfig
-from purejax.training.runs import RunConfig
-from purejax.training.steps import StepMetrics
-from purejax.training.steps import evaluate
-from purejax.training.steps import train_steps
-from purejax.training.state import TrainState
+from purejax.optimizers.optim import make_optimizer
+from purejax.optimizers.optim import OptimizerConfig
+from purejax.training.effects.runs import RunConfig
+from purejax.training.loops.gpt_loop import evaluate_gpt
+from purejax.training.loops.gpt_loop import GPTTrainConfig
+from purejax.training.loops.gpt_loop import train_gpt
+from purejax.training.loops.mlp_loop import MLPTrainConfig
+from purejax.training.loops.mlp_loop import train_mlp
+from purejax.training.pure.parallel import ParallelConfig
+from purejax.training.pure.state import TrainState
+from purejax.training.pure.steps import evaluate
+from purejax.training.pure.steps import StepMetrics
+from purejax.training.pure.steps import train_steps
 from purejax.weights import convert
 from purejax.weights import from_pretrained
 

@@ -17,11 +17,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax.ops import kernels
 from purejax import gpt
 from purejax import kv_cache
 from purejax.kv_cache import (KVCache, SlidingWindow, cache_length, grow_cache,  # noqa: F401
                               init_kv_cache, sliding_window)
+from purejax.ops import kernels
 
 Params = gpt.Params
 

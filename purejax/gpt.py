@@ -26,7 +26,7 @@ unrolled layers, the mixed-precision matmul's backward, loss chunking) is a
 use the forms of the platform the params live on (`kernels.select`); every
 other function takes them as an argument. Sampling (a KV cache through the
 same `block`) is in `purejax/decode.py`, training steps in
-`purejax/training/steps.py`.
+`purejax/training/pure/steps.py`.
 """
 
 import functools
@@ -36,16 +36,16 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax.ops import attention
-from purejax.ops import kernels
 from purejax import gpt_config
 from purejax import nn
 from purejax import rng
 from purejax.gpt_config import ARCHITECTURES  # pylint: disable=unused-import
-from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
-from purejax.gpt_config import GPTConfig
 from purejax.gpt_config import depth_lr_scale  # pylint: disable=unused-import
 from purejax.gpt_config import depth_shape  # pylint: disable=unused-import
+from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
+from purejax.gpt_config import GPTConfig
+from purejax.ops import attention
+from purejax.ops import kernels
 # Initialisation lives beside this file (`gpt_init`); these are its names here.
 from purejax.gpt_init import init_block  # pylint: disable=unused-import
 from purejax.gpt_init import init_norm  # pylint: disable=unused-import

@@ -17,9 +17,9 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from purejax import gpt
 from purejax.ops import attention
 from purejax.ops import kernels
-from purejax import gpt
 
 Params = gpt.Params
 

@@ -6,7 +6,7 @@
 
 `predict` is written for one example and batched with `jax.vmap`. A whole
 epoch as one jitted `lax.scan` of steps, across devices, is the training
-layer's (`purejax.training.steps.train_epoch`).
+layer's (`purejax.training.pure.steps.train_epoch`).
 """
 
 import functools

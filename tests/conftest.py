@@ -34,16 +34,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from purejax import checkpoint
 from purejax import gpt
 from purejax.cli import train as train_cli
 from purejax.data import batches
-from purejax.ops import kernels
-from purejax.training import checkpoint
-from purejax.training import monitor
-from purejax.training import optim
-from purejax.training import steps
-from purejax.training.state import TrainState
 from purejax.data import datasets
+from purejax.ops import kernels
+from purejax.optimizers import optim
+from purejax.training.effects import monitor
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEST_DATA = os.environ.get("PUREJAX_TEST_DATA")

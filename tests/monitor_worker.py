@@ -11,8 +11,8 @@ import time
 # The repository this file is in, not whichever purejax is installed (a
 # script's sys.path starts at its own folder, tests/).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from purejax.training import monitor  # pylint: disable=wrong-import-position
-from purejax.training import progress as progress_lib  # pylint: disable=wrong-import-position
+from purejax.training.effects import monitor  # pylint: disable=wrong-import-position
+from purejax.training.effects import progress as progress_lib  # pylint: disable=wrong-import-position
 
 
 def write_metrics_forever(out_dir: str) -> None:

@@ -22,9 +22,9 @@ from purejax import gpt
 from purejax import mlp
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import parallel
-from purejax.training import state as state_lib
-from purejax.training import steps
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps
 
 GPT_CONFIG = dict(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=True)
 

@@ -167,7 +167,7 @@ FORMS_ENTRY_POINTS = {
     "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
     "purejax.cli.replay",             # the replay command line
     "purejax.cli.plan",               # the GPU plan's command line (always GPU forms)
-    "purejax.training.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
+    "purejax.training.loops.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
     "purejax.gpt",                    # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
 }

@@ -21,8 +21,8 @@ from bench import jobs
 from bench import speedrun
 from purejax import gpt
 from purejax.data import datasets
-from purejax.training import flops
-from purejax.training import optim
+from purejax.optimizers import optim
+from purejax.training.pure import flops
 
 
 def test_alternate_runs_the_arms_in_turn_and_reports_every_round():

@@ -14,9 +14,9 @@ from conftest import CPU_FORMS, tiny_ranks, train_tokenizer_json, write_tiktoken
 from purejax import gpt
 from purejax.data import batches
 from purejax.data import tokenizers
-from purejax.training import gpt_metrics
-from purejax.training import loop
-from purejax.training import steps
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import gpt_metrics
+from purejax.training.pure import steps
 
 TEXT = ("Ça va? Très bien — naïve café, 東京 and 🚀 rockets.\n" * 8
         + "the other thing, the ring in the outer reach\n" * 8)
@@ -44,7 +44,7 @@ def direct_bits_per_byte(params, config, windows, text_bytes):
 
 
 def library_bits_per_byte(params, config, windows, tokenizer):
-  train = loop.GPTTrainConfig(batch_size=BATCH, eval_iters=NUM_BATCHES)
+  train = gpt_loop.GPTTrainConfig(batch_size=BATCH, eval_iters=NUM_BATCHES)
   tokens = batches.HostWindows(windows)
   loss = float(steps.evaluate(params, tokens, jax.random.PRNGKey(0), config=config,
                               batch_size=BATCH, num_batches=NUM_BATCHES, forms=CPU_FORMS))

@@ -16,7 +16,9 @@ import pytest
 from purejax import decode, lora, weights
 from purejax.cli import chat as chat_cli
 from purejax.data import chat, conversations, tokenizer_json
-from purejax.training import loop, optim, runs
+from purejax.optimizers import optim
+from purejax.training.effects import runs
+from purejax.training.loops import gpt_loop
 from purejax.weights import pretrained
 from conftest import built_once
 from real_model import smollm2_folder  # noqa: F401  (the fixture)
@@ -51,12 +53,12 @@ def finetuned(smollm2, smollm2_folder):
                                  {"role": "assistant", "content": FACT}]}) + "\n"
         for q in QUESTIONS))
     data = conversations.load_conversations(str(chats), tokenizer, fmt, BLOCK_SIZE)
-    train = loop.GPTTrainConfig(batch_size=4, max_iters=STEPS, eval_interval=STEPS,
+    train = gpt_loop.GPTTrainConfig(batch_size=4, max_iters=STEPS, eval_interval=STEPS,
                                 eval_iters=1, log_interval=STEPS, steps_per_call=STEPS,
                                 sample_tokens=0)
     opt = optim.OptimizerConfig(learning_rate=3e-3, schedule="constant", warmup_iters=0,
                                 weight_decay=0.0, grad_clip=1.0)
-    loop.train_gpt(dataclasses.replace(config, block_size=BLOCK_SIZE), data, train, opt,
+    gpt_loop.train_gpt(dataclasses.replace(config, block_size=BLOCK_SIZE), data, train, opt,
                    runs.RunConfig(str(root / "out")), init_params=params,
                    init_from=str(smollm2_folder), lora_config=lora.LoraConfig(rank=8))
 

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from purejax.training import checkpoint
+from purejax import checkpoint
 from purejax import gpt
 
 CONFIG = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)

@@ -18,7 +18,7 @@ from purejax.cli import errors
 from purejax.cli import replay
 from purejax.cli import sample
 from purejax.cli import train
-from purejax.training import optim
+from purejax.optimizers import optim
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +26,8 @@ def no_training(monkeypatch):
   """A refused command line must stop before any training: reaching it fails the test."""
   def reached(*args, **kwargs):
     raise AssertionError("the command line trained instead of refusing its flags")
-  for module, name in ((train.loop, "train_gpt"), (train.sweep_loop, "train_gpt_sweep"),
-                       (train.mlp_loop, "train_mlp"), (train.loop, "evaluate_gpt")):
+  for module, name in ((train.gpt_loop, "train_gpt"), (train.sweep_loop, "train_gpt_sweep"),
+                       (train.mlp_loop, "train_mlp"), (train.gpt_loop, "evaluate_gpt")):
     monkeypatch.setattr(module, name, reached)
 
 
@@ -215,7 +215,7 @@ def test_sample_without_a_trained_model(capsys, tmp_path):
 def test_sample_refuses_a_checkpoint_of_another_model(capsys, tmp_path):
   import jax
   from purejax import mlp
-  from purejax.training import checkpoint
+  from purejax import checkpoint
   params = mlp.init_network_params([4, 3], jax.random.PRNGKey(0))
   checkpoint.save(str(tmp_path), 1, {"params": params}, {"model": "mlp"})
   assert "holds a 'mlp' model, not a GPT" in refusal(capsys, sample, f"--out_dir={tmp_path}")

@@ -16,7 +16,7 @@ from conftest import refusal
 from purejax import gpt
 from purejax.cli import plan
 from purejax.ops import kernels
-from purejax.training import gpu_plan
+from purejax.training.tools import gpu_plan
 
 SMALL = ["--n_layer=2", "--n_head=4", "--n_embd=256", "--block_size=256", "--vocab_size=8192",
          "--nobias", "--dtype=bfloat16"]

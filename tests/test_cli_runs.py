@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from conftest import final, need, refusal, REPO_ROOT, run_cli, SHORT_FLAGS, TINY_FLAGS
+from purejax import checkpoint
 from purejax.cli import convert
 from purejax.cli import sample
 from purejax.cli import train
-from purejax.training import checkpoint
-from purejax.training import monitor
+from purejax.training.effects import monitor
 
 pytestmark = pytest.mark.slow
 

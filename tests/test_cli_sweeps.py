@@ -14,13 +14,13 @@ import pytest
 
 from conftest import (CHAR_GPT_TEXT, SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final, need,
                       read_wandb_offline_history, refusal, run_cli, run_module)
+from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax.cli import convert
 from purejax.cli import replay
 from purejax.cli import train
-from purejax.training import checkpoint
-from purejax.training import monitor
+from purejax.training.effects import monitor
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,11 @@ from purejax import gpt
 from purejax.cli import train as train_cli
 from purejax.data import batches, chat, conversations, tokenizers
 from purejax.ops import kernels
-from purejax.training import loop, optim, runs, steps
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.effects import runs
+from purejax.training.loops import gpt_loop
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}|\n{% endfor %}"
             "{% if add_generation_prompt %}<a>{% endif %}")
@@ -152,13 +155,13 @@ def test_microbatches_average_to_the_whole_batch_mean(tmp_path):
 @pytest.mark.slow
 def test_a_conversation_run_resumes_exactly(tmp_path):
   data, _ = rows_of(tmp_path)
-  train = lambda steps_: loop.GPTTrainConfig(batch_size=4, max_iters=steps_, eval_interval=2,
+  train = lambda steps_: gpt_loop.GPTTrainConfig(batch_size=4, max_iters=steps_, eval_interval=2,
                                              eval_iters=1, log_interval=2, steps_per_call=2,
                                              sample_tokens=0)
   opt = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=0, decay_iters=4)
-  whole = loop.train_gpt(CONFIG, data, train(4), opt, runs.RunConfig(str(tmp_path / "a")))
-  loop.train_gpt(CONFIG, data, train(2), opt, runs.RunConfig(str(tmp_path / "b")))
-  resumed = loop.train_gpt(CONFIG, data, train(4), opt,
+  whole = gpt_loop.train_gpt(CONFIG, data, train(4), opt, runs.RunConfig(str(tmp_path / "a")))
+  gpt_loop.train_gpt(CONFIG, data, train(2), opt, runs.RunConfig(str(tmp_path / "b")))
+  resumed = gpt_loop.train_gpt(CONFIG, data, train(4), opt,
                            runs.RunConfig(str(tmp_path / "b"), resume=True))
   assert resumed == {**whole, "ms_per_iter": resumed["ms_per_iter"]}
   assert whole["train_loss"] < 3.5  # it learns (ln(vocab) is 3.6)
@@ -166,7 +169,7 @@ def test_a_conversation_run_resumes_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_trains_on_conversations_as_each_run_alone(tmp_path):
-  from purejax.training import sweep
+  from purejax.training.pure import sweep
   _, rows = rows_of(tmp_path)
   base = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=0, schedule="constant")
   specs = sweep.expand(base, seed=0, grid={"learning_rate": (1e-2, 3e-2)})

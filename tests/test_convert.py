@@ -20,16 +20,16 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import SHAKESPEARE, need, refusal, run_module
-from purejax.cli import convert as cli_convert
-from purejax.training import checkpoint
-from purejax import weights
+from purejax import checkpoint
 from purejax import decode
 from purejax import gpt
+from purejax import weights
+from purejax.cli import convert as cli_convert
+from purejax.data import tokenizers
 from purejax.weights import gpt2
 from purejax.weights import huggingface
 from purejax.weights import nanogpt
 from purejax.weights import tensors
-from purejax.data import tokenizers
 
 CONFIG = gpt.GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32)
 

@@ -23,11 +23,11 @@ from conftest import (ABSTRACT_KEY, ABSTRACT_TOKENS, CUDNN_BACKWARD, CUDNN_FORWA
                       GPT2_BATCH, abstract_state, custom_calls, lower_for, square_faces,
                       train_step_hlo)
 from purejax import decode
-from purejax.data import batches
 from purejax import gpt
+from purejax.data import batches
 from purejax.ops import attention
 from purejax.ops import kernels
-from purejax.training import steps
+from purejax.training.pure import steps
 
 _DOT = re.compile(r"stablehlo\.dot_general [^\n]*: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> "
                   r"(tensor<[^>]*>)")

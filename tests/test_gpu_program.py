@@ -1,5 +1,5 @@
 """The compiled GPU program, on a CPU: GPT-2 124M and a SmolLM2-135M-shaped Llama
-compiled for an H100 by XLA's GPU compiler, without a GPU (`purejax.training.gpu_plan`).
+compiled for an H100 by XLA's GPU compiler, without a GPU (`purejax.training.tools.gpu_plan`).
 
 test_gpu_lowering.py reads the StableHLO JAX hands to XLA; these tests read
 what XLA makes of it: the optimised program a GPU would run and the memory
@@ -28,10 +28,10 @@ from purejax import decode
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import gpu_plan
-from purejax.training import optim
-from purejax.training import recipes
-from purejax.training import steps
+from purejax.optimizers import optim
+from purejax.training.loops import recipes
+from purejax.training.pure import steps
+from purejax.training.tools import gpu_plan
 
 pytestmark = pytest.mark.slow
 

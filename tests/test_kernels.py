@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from purejax.ops import attention
 from purejax import gpt
+from purejax.ops import attention
 from purejax.ops import kernels
 from conftest import dot_operand_dtypes
 

@@ -11,21 +11,21 @@ import jax
 import numpy as np
 import pytest
 
-from purejax.training import checkpoint
-from purejax.data import corpus as corpus_lib
-from purejax.training import flops
+from purejax import checkpoint
 from purejax import gpt
-from purejax.training import loop
-from purejax.training import monitor
-from purejax.training import optim
-from purejax.training import recipes
-from purejax.training import runs
+from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
+from purejax.optimizers import optim
+from purejax.training.effects import monitor
+from purejax.training.effects import runs
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import recipes
+from purejax.training.pure import flops
 
 from conftest import tensorboard_scalars
 
 TINY = gpt.GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False)
-FAST = loop.GPTTrainConfig(batch_size=4, max_iters=20, eval_interval=10, eval_iters=2,
+FAST = gpt_loop.GPTTrainConfig(batch_size=4, max_iters=20, eval_interval=10, eval_iters=2,
                            log_interval=5, steps_per_call=5, sample_tokens=0, progress=False)
 OPT = dataclasses.replace(recipes.GPT_OPTIMIZER, warmup_iters=2)
 
@@ -41,7 +41,7 @@ TEXT = make_corpus("abcd" * 300 + "xyz", "abcd" * 60)
 
 def train(out_dir, corpus=TEXT, config=TINY, train_config=FAST, opt=OPT, **run):
   config = dataclasses.replace(config, vocab_size=corpus.vocab_size)
-  return loop.train_gpt(config, corpus, train_config, opt,
+  return gpt_loop.train_gpt(config, corpus, train_config, opt,
                         runs.RunConfig(out_dir=str(out_dir), **run))
 
 @pytest.mark.slow  # over 5 s: the full suite runs it
@@ -115,7 +115,7 @@ def test_best_checkpoint_is_the_lowest_val_loss_when_val_loss_rises(tmp_path):
   # model learns which characters occur, learning train's order makes the
   # val loss rise, as an overfitting run's does.
   corpus = make_corpus("abcd" * 300 + "xyzw" * 3, "dcba" * 60)
-  config = loop.GPTTrainConfig(batch_size=8, max_iters=60, eval_interval=5, eval_iters=2,
+  config = gpt_loop.GPTTrainConfig(batch_size=8, max_iters=60, eval_interval=5, eval_iters=2,
                                log_interval=5, steps_per_call=5, sample_tokens=0,
                                always_save_checkpoint=False, progress=False)
   train(tmp_path, corpus=corpus, train_config=config,
@@ -132,7 +132,7 @@ def test_best_checkpoint_is_the_lowest_val_loss_when_val_loss_rises(tmp_path):
   # And evaluating it gives the logged val loss.
   params = checkpoint.extract(arrays, {"params": gpt.init_params(
       dataclasses.replace(TINY, vocab_size=corpus.vocab_size), jax.random.PRNGKey(0))})
-  losses = loop.evaluate_gpt(params["params"], dataclasses.replace(
+  losses = gpt_loop.evaluate_gpt(params["params"], dataclasses.replace(
       TINY, vocab_size=corpus.vocab_size), corpus, config)
   np.testing.assert_allclose(losses["val_loss"], val[lowest], rtol=1e-5)
 
@@ -160,7 +160,7 @@ def test_bad_settings_are_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="`profile_steps=5,50`"):
     dataclasses.replace(FAST, profile_steps=(5, 50))
   with pytest.raises(ValueError, match="below the 7 ids"):
-    loop.train_gpt(dataclasses.replace(TINY, vocab_size=3), TEXT, FAST, OPT,
+    gpt_loop.train_gpt(dataclasses.replace(TINY, vocab_size=3), TEXT, FAST, OPT,
                    runs.RunConfig(out_dir=str(tmp_path)))
   with pytest.raises(ValueError, match="must be shorter than the validation text"):
     train(tmp_path, corpus=make_corpus("abcd" * 100, "abcd"))

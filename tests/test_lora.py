@@ -15,7 +15,7 @@ import pytest
 from purejax import gpt
 from purejax import lora
 from purejax.ops import kernels
-from purejax.training import optim
+from purejax.optimizers import optim
 from conftest import need, TINY
 from conftest import dot_operand_dtypes
 

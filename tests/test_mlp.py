@@ -9,8 +9,8 @@ import pytest
 from jax import test_util as jtu
 
 from purejax import mlp
-from purejax.training import steps
-from purejax.training.state import TrainState
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 
 SIZES = [16, 32, 32, 4]
 

@@ -19,9 +19,9 @@ import types
 import pytest
 
 from conftest import need, REPO_ROOT, tensorboard_scalars
-from purejax.training import flops as flops_lib
-from purejax.training import monitor
-from purejax.training import progress as progress_lib
+from purejax.training.effects import monitor
+from purejax.training.effects import progress as progress_lib
+from purejax.training.pure import flops as flops_lib
 
 WORKER = REPO_ROOT / "tests" / "monitor_worker.py"
 

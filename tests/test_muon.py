@@ -12,14 +12,14 @@ import optax
 import pytest
 
 from conftest import RTOL, TINY, TINY_FLAGS, TINY_GPT, newest, step_losses, train_run
+from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax import mlp
 from purejax.cli import train as train_cli
-from purejax.training import checkpoint
-from purejax.training import monitor
-from purejax.training import muon
-from purejax.training import optim
+from purejax.optimizers import muon
+from purejax.optimizers import optim
+from purejax.training.effects import monitor
 
 MUON = optim.OptimizerConfig(name="muon", learning_rate=1e-3, schedule="constant",
                              weight_decay=0.1, muon_learning_rate=0.02,

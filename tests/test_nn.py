@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from purejax.ops import kernels
 from purejax import nn
+from purejax.ops import kernels
 
 
 class NNTest(chex.TestCase, parameterized.TestCase):

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from bench import hlo
 from conftest import REPO_ROOT, host_devices
 from purejax import mlp
-from purejax.training import parallel
+from purejax.training.pure import parallel
 
 
 WORKER = REPO_ROOT / "tests" / "parallel_worker.py"

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_module
 from purejax.cli import plot
-from purejax.training import plots
+from purejax.training.effects import plots
 
 try:
   import matplotlib  # pylint: disable=unused-import

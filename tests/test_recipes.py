@@ -17,7 +17,7 @@ from purejax import gpt
 from purejax.cli import command
 from purejax.cli import train
 from purejax.cli import train_flags
-from purejax.training import recipes
+from purejax.training.loops import recipes
 
 VOCAB = 65
 

@@ -8,16 +8,16 @@ import jax
 import numpy as np
 import pytest
 
+from purejax import checkpoint
 from purejax import gpt
 from purejax.data import corpus as corpus_lib
-from purejax.training import checkpoint
-from purejax.training import loop
-from purejax.training import optim
-from purejax.training import recipes
-from purejax.training import replay
-from purejax.training import runs
-from purejax.training import steps
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.effects import runs
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import recipes
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
+from purejax.training.tools import replay
 from conftest import CPU_FORMS, SHAKESPEARE, TINY, built_once, random_tokens
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
@@ -88,14 +88,14 @@ def train_a_run(folder, max_iters, **options):
   corpus = corpus_lib.load_corpus(str(text), cache_dir=cache)
   config = gpt.GPTConfig(vocab_size=corpus.vocab_size, block_size=16, n_layer=1, n_head=2,
                          n_embd=16, dropout=0.1)
-  train = loop.GPTTrainConfig(batch_size=4, max_iters=max_iters, eval_interval=10,
+  train = gpt_loop.GPTTrainConfig(batch_size=4, max_iters=max_iters, eval_interval=10,
                               eval_iters=2, log_interval=1, steps_per_call=5,
                               sample_tokens=0, progress=False)
   opt = dataclasses.replace(recipes.GPT_OPTIMIZER, warmup_iters=2)
   keep = options.pop("keep_checkpoints", 2)
   init = options.pop("init_from", None)
   init_params = None if init is None else gpt.init_params(config, jax.random.PRNGKey(5))
-  loop.train_gpt(config, corpus, train, opt, runs.RunConfig(out_dir=str(folder / "run"),
+  gpt_loop.train_gpt(config, corpus, train, opt, runs.RunConfig(out_dir=str(folder / "run"),
                                                              keep_checkpoints=keep),
                  data=str(text), init_params=init_params, init_from=init)
   return folder / "run", cache

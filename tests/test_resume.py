@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, built_once, require_test_data, run_cli, tinyshakespeare_dir
+from purejax import checkpoint
 from purejax.cli import train as train_cli
-from purejax.training import checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,12 @@ import numpy as np
 import optax
 import pytest
 
-from purejax.training import checkpoint
-from purejax.training import nonfinite
-from purejax.training import optim
-from purejax.training import runs
-from purejax.training import signals
-from purejax.training.state import TrainState
+from purejax import checkpoint
+from purejax.optimizers import optim
+from purejax.training.effects import nonfinite
+from purejax.training.effects import runs
+from purejax.training.effects import signals
+from purejax.training.pure.state import TrainState
 
 
 def test_nonfinite_message_names_the_last_good_checkpoint():
@@ -30,7 +30,7 @@ def test_nonfinite_message_names_the_last_good_checkpoint():
 
 
 def test_skip_nonfinite_leaves_params_unchanged_on_a_nan_gradient():
-  optimizer = nonfinite.skip_nonfinite_updates(
+  optimizer = optim.skip_nonfinite_updates(
       optim.make_optimizer(optim.OptimizerConfig(learning_rate=0.1, decay_iters=10)))
   params = {"w": jnp.ones((2, 2))}
   state = optimizer.init(params)

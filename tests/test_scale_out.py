@@ -19,9 +19,9 @@ import pytest
 
 from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, final, host_devices, newest,
                       require_test_data, run_cli, run_module, tiny_shakespeare_flags, train_run)
+from purejax import checkpoint
 from purejax.cli import train
-from purejax.training import checkpoint
-from purejax.training import monitor
+from purejax.training.effects import monitor
 
 pytestmark = pytest.mark.slow
 

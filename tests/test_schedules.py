@@ -8,7 +8,7 @@ import pytest
 
 from conftest import refusal
 from purejax.cli import train
-from purejax.training import optim
+from purejax.optimizers import optim
 
 BASE = optim.OptimizerConfig(learning_rate=1.0, warmup_iters=4, decay_iters=100, min_lr=0.1)
 

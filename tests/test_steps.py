@@ -10,11 +10,11 @@ import pytest
 import optax
 from absl.testing import parameterized
 
-from purejax.data import batches
 from purejax import gpt
-from purejax.training import optim
-from purejax.training import steps
-from purejax.training.state import TrainState
+from purejax.data import batches
+from purejax.optimizers import optim
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 from conftest import CPU_FORMS, TINY, random_tokens
 
 

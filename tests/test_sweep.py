@@ -7,16 +7,16 @@ import jax
 import numpy as np
 import pytest
 
+from purejax import checkpoint
 from purejax import gpt
-from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import steps
 from purejax.data import batches
-from purejax.training import checkpoint
-from purejax.training import runs as runs_lib
-from purejax.training import sweep
-from purejax.training import sweep_loop
-from purejax.training.state import TrainState
+from purejax.ops import kernels
+from purejax.optimizers import optim
+from purejax.training.effects import runs as runs_lib
+from purejax.training.loops import sweep_loop
+from purejax.training.pure import steps
+from purejax.training.pure import sweep
+from purejax.training.pure.state import TrainState
 from conftest import TINY, random_tokens
 
 # Batching the runs' matmuls may add in another order, so a run of a sweep

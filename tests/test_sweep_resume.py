@@ -20,8 +20,8 @@ import pytest
 
 from conftest import (CHAR_GPT_TEXT, REPO_ROOT, TINY_FLAGS, built_once, final,
                       one_line_error, run_cli)
+from purejax import checkpoint
 from purejax.cli import train as train_cli
-from purejax.training import checkpoint
 
 pytestmark = pytest.mark.slow
 

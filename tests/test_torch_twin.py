@@ -19,7 +19,7 @@ torch = need("torch")
 from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
 from purejax import decode, gpt, mlp  # pylint: disable=g-import-not-at-top
 from purejax.data import batches  # pylint: disable=g-import-not-at-top
-from purejax.training import optim  # pylint: disable=g-import-not-at-top
+from purejax.optimizers import optim  # pylint: disable=g-import-not-at-top
 
 CONFIG = gpt.GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
@@ -154,7 +154,7 @@ def test_twin_kv_generate_top_k_sampling():
 
 def test_the_twins_float32_muon_steps_as_purejaxs_muon():
   # bench.optimizers compares Muon's cost in both libraries: the same step.
-  from purejax.training import muon  # pylint: disable=g-import-not-at-top
+  from purejax.optimizers import muon  # pylint: disable=g-import-not-at-top
   grads = np.random.default_rng(0).normal(size=(3, 24, 72)).astype(np.float32)  # [in, out]
   ours = muon.muon_matrices(learning_rate=0.02, momentum=0.95, weight_decay=0.0)
   params = {"w": jnp.zeros_like(grads)}

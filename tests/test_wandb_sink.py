@@ -5,8 +5,8 @@ import pathlib
 import pytest
 
 from conftest import need, read_wandb_offline_history
-from purejax.training import monitor
-from purejax.training import wandb_sink
+from purejax.training.effects import monitor
+from purejax.training.effects import wandb_sink
 
 wandb = need("wandb")
 
@@ -41,7 +41,7 @@ def test_the_offline_run_holds_the_values_of_metrics_jsonl(tmp_path, monkeypatch
 
 def test_wandb_is_imported_only_when_a_sink_is_made():
   import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
-  code = ("import sys, purejax, purejax.training.wandb_sink, purejax.training.loop; "
+  code = ("import sys, purejax, purejax.training.effects.wandb_sink, purejax.training.loops.gpt_loop; "
           "print('wandb' in sys.modules)")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        check=True, cwd=pathlib.Path(__file__).resolve().parents[1])

@@ -19,13 +19,13 @@ from typing import List, Optional, Sequence
 from absl import flags
 import jax
 
+from purejax import checkpoint
 from purejax import decode
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import models
 from purejax.data import chat
-from purejax.training import checkpoint
 
 COMMANDS = "/reset starts over, /quit or Ctrl-D ends"
 FIRST_CACHE = 512  # positions of a new conversation's cache; it doubles as needed

@@ -14,9 +14,9 @@ from typing import Sequence
 
 from absl import flags
 
+from purejax import checkpoint
 from purejax.cli import command
 from purejax.cli import errors
-from purejax.training import checkpoint
 from purejax.weights import pretrained
 
 

@@ -13,11 +13,11 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from purejax import checkpoint
 from purejax import gpt
 from purejax import weights
 from purejax.data import chat
 from purejax.data import tokenizers
-from purejax.training import checkpoint
 
 GPT2_END = "<|endoftext|>"
 

@@ -13,7 +13,6 @@ time and MFU they allow at the card's peak. docs/performance.md says what the
 numbers are and are not.
 """
 
-import dataclasses
 import sys
 from typing import Sequence
 
@@ -27,9 +26,9 @@ from purejax.cli import forms_flags
 from purejax.cli import train
 from purejax.cli import train_flags
 from purejax.ops import kernels
-from purejax.training import flops
-from purejax.training import gpu_plan
-from purejax.training import optim
+from purejax.optimizers import optim
+from purejax.training.pure import flops
+from purejax.training.tools import gpu_plan
 
 Args = flags.FlagValues
 GIB = 1 << 30
@@ -42,8 +41,6 @@ def define_flags(args: Args) -> None:
                       flag_values=args)
   flags.DEFINE_integer("vocab_size", 50304, "Token ids (the model's vocabulary; GPT-2: 50304 "
                        "as nanoGPT pads it).", lower_bound=1, flag_values=args)
-  flags.DEFINE_integer("mlp_hidden", None, "The MLP's hidden width (default: the "
-                       "architecture's).", lower_bound=1, flag_values=args)
   flags.DEFINE_bool("max_batch", True, "Also find the largest batch that fits (a few "
                     "compiles more).", flag_values=args)
   flags.DEFINE_bool("confirm_max_batch", False, "Also compile the batch one step above the "
@@ -68,8 +65,6 @@ def plan(args: Args) -> int:
   try:
     card = gpu_plan.card(args.gpu)
     config = train.gpt_config(args, vocab_size=args.vocab_size)
-    if args.mlp_hidden:
-      config = dataclasses.replace(config, mlp_hidden=args.mlp_hidden)
     forms = kernels.select("gpu", **forms_flags.forms_overrides(args))
     opt_config = optim.with_schedule_end(train.optimizer_config(args), args.max_iters)
     num_devices = args.num_devices or 1

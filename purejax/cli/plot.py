@@ -2,7 +2,7 @@
 
     python -m purejax.plot out-gpt out-gpt-bf16 --out=loss.png
 
-The library behind it is `purejax.training.plots`. Needs matplotlib, an
+The library behind it is `purejax.training.effects.plots`. Needs matplotlib, an
 optional extra: `pip install purejax[plot]`.
 """
 
@@ -11,7 +11,7 @@ import sys
 from typing import NoReturn, Optional, Sequence
 
 from purejax.cli import command
-from purejax.training import plots
+from purejax.training.effects import plots
 
 
 class _Parser(argparse.ArgumentParser):

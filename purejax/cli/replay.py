@@ -5,7 +5,7 @@ r"""Replays one training step of a run, to see what made its loss.
 
 Restores the newest checkpoint at or before the step (before every kept
 checkpoint: the run's start, which its seed makes again), replays the run's
-updates up to it and runs the step once more (`purejax.training.replay`):
+updates up to it and runs the step once more (`purejax.training.tools.replay`):
 its loss equals the one `metrics.jsonl` logged at `--step`, bit for bit,
 for a run trained alone on one device. It prints the loss beside the logged
 one, each layer's gradient norm and the tokens of highest loss in their context,
@@ -19,13 +19,13 @@ from typing import Sequence
 
 from absl import flags
 
+from purejax import checkpoint
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.data import datasets as data_lib
 from purejax.ops import kernels
-from purejax.training import checkpoint
-from purejax.training import monitor
-from purejax.training import replay
+from purejax.training.effects import monitor
+from purejax.training.tools import replay
 
 
 def define_flags(args: flags.FlagValues) -> None:

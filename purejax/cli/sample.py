@@ -14,12 +14,12 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from purejax import checkpoint
 from purejax import decode
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import models
-from purejax.training import checkpoint
 
 load_model = models.load_model  # where it has always been
 

@@ -5,7 +5,7 @@ r"""Trains a purejax model from the command line.
     python -m purejax.train --model=mlp --help    # the MLP's flags
 
 This file only reads flags (defined in `train_flags`): it turns them into the
-library's configs and calls `loop.train_gpt` or `mlp_loop.train_mlp`. Bad
+library's configs and calls `gpt_loop.train_gpt` or `mlp_loop.train_mlp`. Bad
 values, and flags that would have no effect, stop the run at once with a
 one-line message naming the flag; `run(argv)` returns the exit code, so a
 test checks a command line in-process.
@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 from absl import flags
 
+from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax import weights
@@ -33,17 +34,16 @@ from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
-from purejax.training import checkpoint
-from purejax.training import loop
-from purejax.training import mlp_loop
-from purejax.training import nonfinite
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import runs
-from purejax.training import signals
-from purejax.training import sweep
-from purejax.training import sweep_loop
-from purejax.training import wandb_sink
+from purejax.optimizers import optim
+from purejax.training.effects import nonfinite
+from purejax.training.effects import runs
+from purejax.training.effects import signals
+from purejax.training.effects import wandb_sink
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import mlp_loop
+from purejax.training.loops import sweep_loop
+from purejax.training.pure import parallel
+from purejax.training.pure import sweep
 
 Args = flags.FlagValues
 
@@ -119,7 +119,7 @@ def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
                        n_kv_head=args.n_kv_head, **shape, **arch, **tunable)
 
 
-def gpt_train_config(args: Args) -> loop.GPTTrainConfig:
+def gpt_train_config(args: Args) -> gpt_loop.GPTTrainConfig:
   profile = None
   if args.profile_steps:
     try:
@@ -128,7 +128,7 @@ def gpt_train_config(args: Args) -> loop.GPTTrainConfig:
     except (ValueError, AssertionError):
       raise ValueError(f"--profile_steps must be two steps A,B, got "
                        f"{','.join(args.profile_steps)}.") from None
-  return loop.GPTTrainConfig(
+  return gpt_loop.GPTTrainConfig(
       batch_size=args.batch_size, max_iters=args.max_iters,
       eval_interval=args.eval_interval, eval_iters=args.eval_iters,
       log_interval=args.log_interval, steps_per_call=args.steps_per_call,
@@ -297,7 +297,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
         config, text, train, optimizer_config(args), run, grid or {}, args.sweep_seeds,
         devices, init_params=init_params, init_from=init_from, forms=forms,
         sweep_batch=sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks)}
-  return loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
+  return gpt_loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
                         init_params=init_params, init_from=init_from, forms=forms,
                         lora_config=adapters, data=args.dataset, sinks=sinks(None, {}))
 
@@ -312,7 +312,7 @@ def wandb_sinks(args: Args, run_name: Optional[str], meta: dict) -> list:
                                out_dir=args.out_dir)]
 
 
-def eval_gpt(args: Args, run: runs.RunConfig, train: loop.GPTTrainConfig,
+def eval_gpt(args: Args, run: runs.RunConfig, train: gpt_loop.GPTTrainConfig,
              devices: parallel.ParallelConfig, forms) -> dict:
   """`--eval_only`: the loss of the newest (or best) checkpoint, or of --init_from's model."""
   best = args.eval_checkpoint == "best"
@@ -326,7 +326,7 @@ def eval_gpt(args: Args, run: runs.RunConfig, train: loop.GPTTrainConfig,
   params, config, tokenizer = pretrained(args, source, best=best)
   text = load_corpus(args, tokenizer, config.block_size)
   runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
-  return {"source": source, **loop.evaluate_gpt(params, config, text, train, devices,
+  return {"source": source, **gpt_loop.evaluate_gpt(params, config, text, train, devices,
                                                 forms=forms)}
 
 

@@ -2,7 +2,7 @@
 
 Each model defines its own flags, with defaults taken from the library's
 recipes (the GPT's `--recipe`, `recipes.RECIPES`: its block, optimizer and
-steps over `recipes.SHAKESPEARE_CHAR`'s shape and `loop.GPTTrainConfig`; the
+steps over `recipes.SHAKESPEARE_CHAR`'s shape and `gpt_loop.GPTTrainConfig`; the
 MLP's `mlp_loop` defaults), so `--help` lists only the chosen model's flags
 with the chosen recipe's defaults, and every default lives in one place. Every
 field of `gpt.GPTConfig` that is model math has a flag: the block's options
@@ -23,11 +23,11 @@ from purejax import gpt
 from purejax import lora
 from purejax.cli import forms_flags
 from purejax.data import datasets as data_lib
-from purejax.training import loop
-from purejax.training import mlp_loop
-from purejax.training import muon
-from purejax.training import optim
-from purejax.training import recipes
+from purejax.optimizers import muon
+from purejax.optimizers import optim
+from purejax.training.loops import gpt_loop
+from purejax.training.loops import mlp_loop
+from purejax.training.loops import recipes
 
 MODELS = ("gpt", "mlp")
 
@@ -52,7 +52,7 @@ def define_common_flags(args: flags.FlagValues, model: str) -> None:
                       "Folder with the dataset's original files, for offline preparation "
                       "(MNIST: the four .gz files; Shakespeare defaults to the text in "
                       "the package).", flag_values=args)
-  # Devices and hosts (see purejax/training/parallel.py).
+  # Devices and hosts (see purejax/training/pure/parallel.py).
   flags.DEFINE_integer("num_devices", None, "Devices to train on (default: all JAX sees).",
                        flag_values=args)
   flags.DEFINE_integer(
@@ -186,7 +186,7 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
   """The GPT's flags (nanoGPT's names), defaulting to the recipe's settings."""
   known = recipe_name in recipes.RECIPES  # an unknown one: --recipe's enum refuses it
   recipe = recipes.RECIPES[recipe_name if known else recipes.DEFAULT_RECIPE]
-  model, train = recipes.SHAKESPEARE_CHAR, loop.GPTTrainConfig()
+  model, train = recipes.SHAKESPEARE_CHAR, gpt_loop.GPTTrainConfig()
   flags.DEFINE_enum("recipe", recipe_name if known else recipes.DEFAULT_RECIPE,
                     list(recipes.RECIPES),
                     "Named settings of the block, optimizer and steps, as the flags' "

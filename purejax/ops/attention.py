@@ -40,8 +40,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax.ops import kernels
 from purejax.ops import dropout as dropout_lib
+from purejax.ops import kernels
 
 
 def _bhtd(x: chex.Array) -> chex.Array:

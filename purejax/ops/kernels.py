@@ -8,7 +8,7 @@ Model files call these and read as the math; which form runs is decided by
 `select(platform, **overrides)` alone, from measurements cited next to
 each choice, and travels as one `Forms` value (the execution options: how a
 model runs, never what it computes). `select` runs once, at the entry points
-a user calls (the command lines, `loop.train_gpt` and `evaluate_gpt`, and
+a user calls (the command lines, `gpt_loop.train_gpt` and `evaluate_gpt`, and
 `gpt.forward`, `gpt.loss`, `decode.generate` when given no forms); every
 function below them takes the `Forms` as an argument
 (`tests/test_architecture.py` keeps `select` to those modules). Every form
@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 
 # The products live in ops/matmul.py; models call them as kernels.matmul etc.
+from purejax.ops.matmul import batched_matmul  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import LOW_RANK_OUTPUT
 from purejax.ops.matmul import LowRankWeight  # noqa: F401  pylint: disable=unused-import
-from purejax.ops.matmul import batched_matmul  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import matmul
 from purejax.ops.matmul import row_major_transpose  # noqa: F401  pylint: disable=unused-import
 # The losses live in ops/loss.py; models call them as kernels.tied_head_cross_entropy.

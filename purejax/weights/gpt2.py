@@ -31,10 +31,10 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import gpt
+from purejax.data import tokenizers
 from purejax.weights import hf_config as hf_config_lib
 from purejax.weights import tensors
 from purejax.weights.errors import ConversionError
-from purejax.data import tokenizers
 
 Params = Dict[str, Any]
 

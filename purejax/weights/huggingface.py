@@ -28,13 +28,13 @@ import numpy as np
 
 from purejax import _files
 from purejax import gpt
-from purejax.weights import gpt2
-from purejax.weights import gguf_files
-from purejax.weights import hf_talk
-from purejax.weights import llama
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.weights import gguf_files
+from purejax.weights import gpt2
+from purejax.weights import hf_talk
+from purejax.weights import llama
 from purejax.weights import torch_files
 from purejax.weights.errors import ConversionError
 

@@ -17,11 +17,11 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import _files
-from purejax.training import checkpoint
+from purejax import checkpoint
 from purejax import gpt
-from purejax.weights import gpt2
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.weights import gpt2
 from purejax.weights import torch_files
 from purejax.weights.errors import ConversionError
 

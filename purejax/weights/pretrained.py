@@ -19,11 +19,11 @@ import dataclasses
 import pathlib
 from typing import Any, Dict, Optional, Tuple
 
+from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
-from purejax.training import checkpoint
 from purejax.weights import gguf_files
 from purejax.weights import gpt2
 from purejax.weights import huggingface

@@ -18,7 +18,7 @@ import signal
 import threading
 from typing import List
 
-from purejax.training import parallel
+from purejax.training.pure import parallel
 
 _CAUGHT = (signal.SIGINT, signal.SIGTERM)
 

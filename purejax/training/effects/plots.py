@@ -13,7 +13,7 @@ Needs matplotlib, an optional extra: `pip install purejax[plot]`.
 import pathlib
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from purejax.training import monitor
+from purejax.training.effects import monitor
 
 MATPLOTLIB_MISSING = ("purejax.plot needs matplotlib: pip install purejax[plot] "
                       "(or pip install matplotlib)")

@@ -22,13 +22,13 @@ handler, each run's files in its own folder. Only process 0 prints and writes.
 import contextlib
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
-from purejax.training import monitor as monitor_lib
-from purejax.training import nonfinite
-from purejax.training import parallel
-from purejax.training import progress as progress_lib
-from purejax.training import runs
-from purejax.training import signals
-from purejax.training.state import TrainState
+from purejax.training.effects import monitor as monitor_lib
+from purejax.training.effects import nonfinite
+from purejax.training.effects import progress as progress_lib
+from purejax.training.effects import runs
+from purejax.training.effects import signals
+from purejax.training.pure import parallel
+from purejax.training.pure.state import TrainState
 
 
 class Recorded(NamedTuple):

@@ -1,13 +1,12 @@
-"""NaN/Inf losses: stop before saving them, or skip the updates that cause them.
+"""NaN/Inf losses: stop before saving them (or, where the optimizer skips such updates,
+`optim.skip_nonfinite_updates`, warn).
 
     check_finite(losses, first_step, last_saved, skip=False)   # raises NonFiniteLoss
-    optimizer = skip_nonfinite_updates(optimizer)               # or leave such steps out
 """
 
 from typing import Callable, Optional
 
 import numpy as np
-import optax
 
 
 class NonFiniteLoss(RuntimeError):
@@ -36,9 +35,3 @@ def check_finite(losses: np.ndarray, first_step: int, last_saved: Optional[str],
            f"(`resume`)" if last_saved else "no checkpoint was saved before it")
   raise NonFiniteLoss(f"{where}; stopped without saving. {saved}. Try a lower "
                       f"`learning_rate`, or `skip_nonfinite` to skip such updates.")
-
-
-def skip_nonfinite_updates(optimizer: optax.GradientTransformation
-                           ) -> optax.GradientTransformation:
-  """`optimizer` that leaves params and moments unchanged on NaN/Inf gradients."""
-  return optax.apply_if_finite(optimizer, max_consecutive_errors=100)

@@ -2,7 +2,7 @@
 
     recipe = RECIPES["modern"]
     config = recipe.model_config(vocab_size=65)        # nanoGPT's CPU shape, the recipe's block
-    loop.train_gpt(config, text, GPTTrainConfig(max_iters=recipe.max_iters),
+    gpt_loop.train_gpt(config, text, GPTTrainConfig(max_iters=recipe.max_iters),
                    recipe.optimizer, RunConfig(out_dir="out-modern"))
 
 `python -m purejax.train --recipe=NAME` takes a recipe's settings as its
@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Dict, Mapping
 
 from purejax import gpt
-from purejax.training import optim
+from purejax.optimizers import optim
 
 # nanoGPT's character-level Shakespeare recipe for a CPU: the model (no
 # biases, as nanoGPT's train.py; GPTConfig's own default is GPT-2's biases)

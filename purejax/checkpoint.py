@@ -283,5 +283,5 @@ def latest_meta(out_dir: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     return arrays, manifest["meta"]
   detail = f" ({'; '.join(problems)})" if problems else ""
   raise CheckpointError(f"no valid checkpoint in {out_dir}{detail}; train first "
-                        f"(`loop.train_gpt`, or `python -m purejax.train`) into it.")
+                        f"(`gpt_loop.train_gpt`, or `python -m purejax.train`) into it.")
 

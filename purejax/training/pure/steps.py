@@ -25,13 +25,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from purejax.data import batches
 from purejax import gpt
 from purejax import mlp
-from purejax.ops import kernels
-from purejax.training import parallel
-from purejax.training.state import TrainState
 from purejax import rng
+from purejax.data import batches
+from purejax.ops import kernels
+from purejax.training.pure import parallel
+from purejax.training.pure.state import TrainState
 
 
 class StepMetrics(NamedTuple):
@@ -111,7 +111,7 @@ def train_steps(
     batch_size: sequences per step (the global batch).
     num_steps: steps to run.
     forms: how the model runs (`kernels.select`, which the entry points call:
-      `loop.train_gpt`, the command lines).
+      `gpt_loop.train_gpt`, the command lines).
     grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
       must divide `batch_size`. Each draws its dropout from its own key.
     plan: how the step is spread over devices (`parallel.ShardingPlan`);

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from purejax import _files
+from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax import rng
@@ -41,13 +42,12 @@ from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.ops import kernels
-from purejax.training import checkpoint
-from purejax.training import monitor
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import state as state_lib
-from purejax.training import steps
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.effects import monitor
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 
 
 class StepReport(NamedTuple):
@@ -298,7 +298,7 @@ def _restore(arrays, path, meta, config, params_key):
 
 
 def _initial_state(out_dir, step, oldest, meta, config, optimizer):
-  """The state a run started from, built as `loop.train_gpt` built it (its seed's keys)."""
+  """The state a run started from, built as `gpt_loop.train_gpt` built it (its seed's keys)."""
   if meta.get("init_from"):
     raise ValueError(
         f"step {step} is before {out_dir}'s oldest checkpoint (step {oldest}), and the run "

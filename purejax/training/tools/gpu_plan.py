@@ -33,11 +33,11 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import recipes
-from purejax.training import state as state_lib
-from purejax.training import steps
+from purejax.optimizers import optim
+from purejax.training.loops import recipes
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps
 
 # The plugin must match jaxlib's version exactly.
 PLUGIN_INSTALL = (f"pip install jax-cuda12-plugin=={jaxlib.__version__} "
@@ -195,7 +195,7 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
                        num_tokens: int = 1 << 20) -> TrainStepProgram:
   """One call of the training loop's program (`steps.train_steps`) for `devices`.
 
-  The same program `loop.train_gpt` jits (`parallel.jit_train_step` over a
+  The same program `gpt_loop.train_gpt` jits (`parallel.jit_train_step` over a
   data mesh), with abstract inputs: nothing is allocated.
 
   Args:

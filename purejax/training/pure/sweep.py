@@ -52,9 +52,9 @@ import optax
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import steps
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.pure import steps
+from purejax.training.pure.state import TrainState
 
 # The model's drop rate, swept besides the optimizer's numbers.
 DROPOUT = "dropout"

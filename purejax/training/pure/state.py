@@ -19,7 +19,7 @@ import optax
 
 from purejax import lora
 from purejax import rng
-from purejax.training import parallel
+from purejax.training.pure import parallel
 
 
 class TrainState(NamedTuple):

@@ -34,8 +34,8 @@ queue `flush()` does not drain, so `sync()` here really puts every logged
 scalar in the file. If tensorboardX is missing or fails to import, the run
 goes on without event files after one warning line.
 
-The MFU values logged come from `purejax.training.flops`; the progress bar whose
-`write` the example passes as `log` is `purejax.training.progress`.
+The MFU values logged come from `purejax.training.pure.flops`; the progress bar whose
+`write` the example passes as `log` is `purejax.training.effects.progress`.
 """
 
 import json

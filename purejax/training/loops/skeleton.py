@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Se
 
 import numpy as np
 
-from purejax.training import runs
-from purejax.training.session import Session
-from purejax.training.state import TrainState
+from purejax.training.effects import runs
+from purejax.training.effects.session import Session
+from purejax.training.pure.state import TrainState
 
 Values = Dict[str, np.ndarray]  # {metric name: [runs] values}
 

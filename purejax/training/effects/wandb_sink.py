@@ -19,7 +19,7 @@ import importlib
 import os
 from typing import Any, Dict, Mapping, Optional
 
-from purejax.training import monitor
+from purejax.training.effects import monitor
 
 
 def _import_wandb():

@@ -5,7 +5,7 @@ thing for each.
 
 "muon" trains two groups of params, each with its own rate and decay
 (`muon.muon_labels`): the hidden matrices of the GPT's blocks take Muon
-(momentum orthogonalised by Newton-Schulz, `purejax.training.muon`), everything
+(momentum orthogonalised by Newton-Schulz, `purejax.optimizers.muon`), everything
 else (embeddings, head, norms, biases) takes AdamW with the ordinary
 optimizer numbers. Both follow one schedule's shape: the Muon group's rate
 is the schedule scaled by `muon_learning_rate / learning_rate`.
@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from purejax.training import muon
-from purejax.training import nonfinite
+from purejax.optimizers import muon
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon")
 SCHEDULES = ("cosine", "warmdown", "constant")
@@ -254,7 +253,7 @@ def make_optimizer(
     hyperparams: values that replace `config`'s fields of these names (any
       of `HYPERPARAMS`), as scalars or traced arrays: a function of them
       builds one run's optimizer inside a `jax.vmap` over runs
-      (`purejax.training.sweep`). The state's structure does not depend on
+      (`purejax.training.pure.sweep`). The state's structure does not depend on
       them. They are not validated; `config`'s values are.
 
   Returns:
@@ -377,6 +376,12 @@ def frozen_base(optimizer: optax.GradientTransformation) -> optax.GradientTransf
   return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
+def skip_nonfinite_updates(optimizer: optax.GradientTransformation
+                           ) -> optax.GradientTransformation:
+  """`optimizer` that leaves params and moments unchanged on NaN/Inf gradients."""
+  return optax.apply_if_finite(optimizer, max_consecutive_errors=100)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptimizer:
   """Builds one run's optimizer from its numbers: `train_steps`' `make_optimizer`.
@@ -385,7 +390,7 @@ class RunOptimizer:
 
   Attributes:
     config: the settings the runs share.
-    skip_nonfinite: skip non-finite updates (`nonfinite.skip_nonfinite_updates`).
+    skip_nonfinite: skip non-finite updates (`skip_nonfinite_updates`).
     frozen_base: the params are LoRA's base and adapters; only the adapters
       train (`frozen_base`).
   """
@@ -398,4 +403,4 @@ class RunOptimizer:
     optimizer = make_optimizer(self.config, hyperparams=hyperparams)
     if self.frozen_base:
       optimizer = frozen_base(optimizer)
-    return nonfinite.skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer
+    return skip_nonfinite_updates(optimizer) if self.skip_nonfinite else optimizer

@@ -4,7 +4,7 @@
     driven = RunsOneByOne(started)          # or RunsTogether(started, ...): a sweep vmapped
     skeleton.train_loop(driven, ...)
 
-`loop.train_gpt` starts one run here and `sweep_loop.train_gpt_sweep` its N
+`gpt_loop.train_gpt` starts one run here and `sweep_loop.train_gpt_sweep` its N
 (each in its own folder, resumed from their newest common step): the same
 checks, checkpoint metadata, seeded or resumed state, schedule, devices,
 forms and batches, so a run of a sweep is the run trained alone. What the
@@ -22,16 +22,16 @@ from purejax import lora
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import runs
-from purejax.training import skeleton
-from purejax.training import state as state_lib
-from purejax.training import steps
-from purejax.training import sweep
-from purejax.training.parallel import ParallelConfig
-from purejax.training.runs import RunConfig
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.effects import runs
+from purejax.training.effects.runs import RunConfig
+from purejax.training.loops import skeleton
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps
+from purejax.training.pure import sweep
+from purejax.training.pure.parallel import ParallelConfig
+from purejax.training.pure.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,21 +23,21 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
-from purejax.training import flops
-from purejax.training import gpt_metrics
-from purejax.training import gpt_run
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import plots
-from purejax.training import progress as progress_lib
-from purejax.training import runs
-from purejax.training import skeleton
-from purejax.training import state as state_lib
-from purejax.training.parallel import ParallelConfig
-from purejax.training.runs import RunConfig
-from purejax.training.gpt_run import GPTTrainConfig  # (a name of this module's API)
-from purejax.training.session import Recorded, Session
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.effects import plots
+from purejax.training.effects import progress as progress_lib
+from purejax.training.effects import runs
+from purejax.training.effects.runs import RunConfig
+from purejax.training.effects.session import Recorded, Session
+from purejax.training.loops import gpt_metrics
+from purejax.training.loops import gpt_run
+from purejax.training.loops import skeleton
+from purejax.training.loops.gpt_run import GPTTrainConfig  # (a name of this module's API)
+from purejax.training.pure import flops
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure.parallel import ParallelConfig
+from purejax.training.pure.state import TrainState
 
 class RunReport:
   """What a run alone shows of its calls and evaluations (`skeleton.Report`): the
@@ -102,7 +102,7 @@ def train_gpt(
 
   What a run writes to `run.out_dir`: checkpoints (`ckpt_<step>.npz`, and
   `ckpt_best.npz` with `always_save_checkpoint=False`), `metrics.jsonl` and
-  TensorBoard events with every log and eval point (`purejax.training.monitor`), and
+  TensorBoard events with every log and eval point (`purejax.training.effects.monitor`), and
   `loss.png` at the end when matplotlib is installed.
 
   Args:

@@ -5,7 +5,7 @@
 
 Each metric is a `skeleton.Metric`: `(driven, values so far) -> {name: [runs]
 values}`, called in order by the training loop at every evaluation (and by
-`loop.evaluate_gpt`). A run draws its evaluation batches with its own eval
+`gpt_loop.evaluate_gpt`). A run draws its evaluation batches with its own eval
 key, the same at every evaluation, so its numbers compare step to step. A new
 metric is one function here, added to `evaluation_metrics`' list.
 """
@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.training import gpt_run
-from purejax.training import parallel
-from purejax.training import steps
-from purejax.training.skeleton import Metric, Values
+from purejax.training.loops import gpt_run
+from purejax.training.loops.skeleton import Metric, Values
+from purejax.training.pure import parallel
+from purejax.training.pure import steps
 
 
 def split_losses(driven, values: Values) -> Values:

@@ -20,11 +20,11 @@ import tempfile
 import zlib
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
 
-from purejax.training import checkpoint
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import state as state_lib
-from purejax.training.state import TrainState
+from purejax import checkpoint
+from purejax.optimizers import optim
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure.state import TrainState
 
 Log = Callable[[str], None]
 

@@ -42,23 +42,23 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from purejax import _files
+from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
-from purejax.training import checkpoint
-from purejax.training import gpt_run
-from purejax.training import gpt_metrics
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import plots
-from purejax.training import progress as progress_lib
-from purejax.training import runs
-from purejax.training import skeleton
-from purejax.training import sweep
-from purejax.training.parallel import ParallelConfig
-from purejax.training.runs import RunConfig
-from purejax.training.session import Recorded, Session
+from purejax.optimizers import optim
+from purejax.training.effects import plots
+from purejax.training.effects import progress as progress_lib
+from purejax.training.effects import runs
+from purejax.training.effects.runs import RunConfig
+from purejax.training.effects.session import Recorded, Session
+from purejax.training.loops import gpt_metrics
+from purejax.training.loops import gpt_run
+from purejax.training.loops import skeleton
+from purejax.training.pure import parallel
+from purejax.training.pure import sweep
+from purejax.training.pure.parallel import ParallelConfig
 
 
 class SweepReport:
@@ -194,7 +194,7 @@ def train_gpt_sweep(
   """Trains every run of a sweep in one program; returns each run's final evaluation.
 
   Args:
-    config, text, train, opt_config: as `loop.train_gpt`; `train.seed` is the
+    config, text, train, opt_config: as `gpt_loop.train_gpt`; `train.seed` is the
       first seed, `opt_config` holds the settings the grid does not vary.
     run: `out_dir` is the sweep's folder; each run gets `out_dir/<run name>`.
     grid: `{optimizer field, or "dropout": values}` (`sweep.parse_grid`);
@@ -202,7 +202,7 @@ def train_gpt_sweep(
       each run trains, and records in its metadata, its own rate.
     num_seeds: seeds per combination.
     devices: one device only (`grad_accum_steps` may be > 1).
-    init_params, init_from, forms, lora_config, data: as `loop.train_gpt`,
+    init_params, init_from, forms, lora_config, data: as `gpt_loop.train_gpt`,
       for every run.
     sweep_batch: runs vmapped together (`sweep.choose_sweep_batch`); None:
       the platform's choice; 0: all at once.

@@ -17,16 +17,16 @@ import numpy as np
 from purejax import mlp
 from purejax import rng
 from purejax.data import datasets as data_lib
-from purejax.training import optim
-from purejax.training import parallel
-from purejax.training import runs
-from purejax.training import skeleton
-from purejax.training import state as state_lib
-from purejax.training import steps
-from purejax.training.parallel import ParallelConfig
-from purejax.training.runs import RunConfig
-from purejax.training.session import Recorded, Session
-from purejax.training.state import TrainState
+from purejax.optimizers import optim
+from purejax.training.effects import runs
+from purejax.training.effects.runs import RunConfig
+from purejax.training.effects.session import Recorded, Session
+from purejax.training.loops import skeleton
+from purejax.training.pure import parallel
+from purejax.training.pure import state as state_lib
+from purejax.training.pure import steps
+from purejax.training.pure.parallel import ParallelConfig
+from purejax.training.pure.state import TrainState
 
 MLP_OPTIMIZER = optim.OptimizerConfig(
     learning_rate=3e-3, schedule="cosine", warmup_iters=0, min_lr=0.0, beta2=0.999,
