@@ -29,6 +29,7 @@ import numpy as np
 
 from bench import harness
 from purejax import decode
+from purejax import kv_cache
 from purejax import weights
 from purejax.data import chat
 from purejax.data import tokenizer_json
@@ -89,7 +90,7 @@ def conversation_turns(folder: str, turns: int, answer_tokens: int):
   fmt = chat.load_chat_format(folder, tok)
   forms = kernels.select("cpu")
   layers, rest = decode.model_part(jax.tree.map(jnp.asarray, params), config)
-  conversation = decode.Conversation(decode.init_kv_cache(config, 1, 1024))
+  conversation = decode.Conversation(kv_cache.init_kv_cache(config, 1, 1024))
   messages, seconds, contexts = [], [], []
   for turn in range(turns + 1):  # turn 0 compiles
     messages.append({"role": "user", "content": f"Question {turn}: {QUESTION}"})

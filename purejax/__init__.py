@@ -17,11 +17,11 @@ it; tests/test_architecture.py checks that against this drawing):
     ops/, rng   execution forms (`Forms`, chosen per platform by `select`: matmul,
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
-                matmul; `nn.dropout` is ops.dropout's)
-    gpt, gpt_config, gpt_init, mlp, kv_cache, decode, lora   the models (GPTConfig
-                and init beside gpt); the KV cache and sampling with it; low-rank
-                adapters over any model's params (below training and weights,
-                which both use it)
+                matmul and loss)
+    gpt/, mlp, kv_cache, decode, lora   the models (gpt/: its config, and its
+                model with each init beside its apply); the KV cache and sampling
+                with it; low-rank adapters over any model's params (below
+                training and weights, which both use it)
     data/       tokenizers (and training them), corpora, batches (each kind draws its
                 own), MNIST and TFDS
     optimizers/ optax optimizers and schedules, Muon
@@ -50,7 +50,7 @@ from purejax.data.corpus import Corpus
 from purejax.data.corpus import load_corpus
 from purejax.data.tokenizers import CharTokenizer
 from purejax.decode import generate
-from purejax.decode import KVCache
+from purejax.kv_cache import KVCache
 from purejax.gpt import GPTConfig
 from purejax.ops.kernels import Forms
 from purejax.ops.kernels import select as select_forms

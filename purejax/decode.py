@@ -3,7 +3,7 @@
     out = generate(params, prompt, config, key, max_new_tokens=500,
                    temperature=0.8, top_k=200)          # [batch, prompt + new]
 
-The model's own code is `purejax/gpt.py`; this module runs its blocks one
+The model's own code is `purejax/gpt/model.py`; this module runs its blocks one
 token at a time against cached keys and values (`purejax/kv_cache.py`), and
 never the reverse. `generate` samples a batch in one program; `prefill` and
 `step` continue a conversation kept in a cache, one token per call, for
@@ -19,8 +19,7 @@ import jax.numpy as jnp
 
 from purejax import gpt
 from purejax import kv_cache
-from purejax.kv_cache import (KVCache, SlidingWindow, cache_length, grow_cache,  # noqa: F401
-                              init_kv_cache, sliding_window)
+from purejax.kv_cache import KVCache, cache_length, grow_cache, init_kv_cache
 from purejax.ops import kernels
 
 Params = gpt.Params

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from purejax.ops import kernels
+from purejax.ops.matmul import LowRankWeight
 
 Params = Dict[str, Any]
 Adapters = Dict[str, Dict[str, chex.Array]]
@@ -151,7 +152,7 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
     ValueError: an adapter names a weight `params` lacks, or its shape does
       not fit the weight.
   """
-  is_adapted = lambda x: isinstance(x, kernels.LowRankWeight)
+  is_adapted = lambda x: isinstance(x, LowRankWeight)
   return jax.tree.map(lambda w: w.merged() if is_adapted(w) else w,
                       low_rank(params, adapters, alpha), is_leaf=is_adapted)
 
@@ -203,7 +204,7 @@ class View:
 
   A LoRA run trains the pytree `{"base": params, "adapters": adapters}`
   (`trainable`); the model reads `View(alpha)(tree)`: the base behind
-  `stop_gradient`, each adapted weight a `kernels.LowRankWeight`, which the
+  `stop_gradient`, each adapted weight a `LowRankWeight`, which the
   dense layers apply as `x @ W + (alpha / rank) (x @ A) @ B` without
   forming the sum. The frozen weights then get no gradient product at all
   (merging first, `W + s A B`, would compute a whole `[d_in, d_out]`
@@ -217,7 +218,7 @@ class View:
 
 
 def low_rank(params: Params, adapters: Adapters, alpha: float) -> Params:
-  """`params` with each adapted weight a `kernels.LowRankWeight(W, A, B, alpha / rank)`.
+  """`params` with each adapted weight a `LowRankWeight(W, A, B, alpha / rank)`.
 
   The same function as `merge(params, adapters, alpha)` (up to float
   rounding), in the form a training step differentiates cheaply (`View`).
@@ -229,7 +230,7 @@ def low_rank(params: Params, adapters: Adapters, alpha: float) -> Params:
 
   def adapted(path, w):
     ab = adapters.get(_dotted(path))
-    return w if ab is None else kernels.LowRankWeight(w, ab["a"], ab["b"], scale)
+    return w if ab is None else LowRankWeight(w, ab["a"], ab["b"], scale)
 
   return jax.tree_util.tree_map_with_path(adapted, params)
 

@@ -17,9 +17,7 @@ import jax.numpy as jnp
 
 from purejax import rng
 from purejax.ops import kernels
-# Re-exported: `nn.dropout` is the layer's public name; attention (in ops) uses it too.
-from purejax.ops.dropout import dropout  # pylint: disable=unused-import
-from purejax.ops.dropout import drops  # pylint: disable=unused-import
+from purejax.ops.loss import cross_entropy
 
 Params = Dict[str, chex.Array]
 
@@ -343,7 +341,7 @@ def swiglu(x: chex.Array) -> chex.Array:
 
 
 # Mean cross-entropy of integer labels under logits, in float32.
-cross_entropy = kernels.cross_entropy
+cross_entropy = cross_entropy
 
 
 def accuracy(logits: chex.Array, labels: chex.Array) -> chex.Array:

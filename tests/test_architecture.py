@@ -168,7 +168,7 @@ FORMS_ENTRY_POINTS = {
     "purejax.cli.replay",             # the replay command line
     "purejax.cli.plan",               # the GPU plan's command line (always GPU forms)
     "purejax.training.loops.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
-    "purejax.gpt",                    # forward, loss
+    "purejax.gpt.model",              # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
 }
 

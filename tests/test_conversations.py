@@ -17,6 +17,7 @@ from purejax import gpt
 from purejax.cli import train as train_cli
 from purejax.data import batches, chat, conversations, tokenizers
 from purejax.ops import kernels
+from purejax.ops.loss import cross_entropy
 from purejax.optimizers import optim
 from purejax.training.effects import runs
 from purejax.training.loops import gpt_loop
@@ -115,7 +116,7 @@ def test_user_tokens_get_no_gradient(tmp_path):
   chex.assert_trees_all_close(grad(y), grad(other), atol=0, rtol=0)
   # ...and each position's logits get gradient exactly where its target is weighted.
   logits = gpt.forward(params, x, CONFIG, forms=FORMS)
-  g = jax.grad(kernels.cross_entropy)(logits, y, w)
+  g = jax.grad(cross_entropy)(logits, y, w)
   np.testing.assert_array_equal(np.abs(g).sum(-1) > 0, np.asarray(w) > 0)
   # The weighted loss is the mean over the assistant's targets.
   per_target = -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], -1)[..., 0]

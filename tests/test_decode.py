@@ -107,7 +107,7 @@ class GenerateTest(parameterized.TestCase):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(5), (2, TINY.block_size))
     full = gpt.forward(params, tokens, TINY)  # [2, block, vocab]
-    cache = decode.init_kv_cache(TINY, batch=2)
+    cache = kv_cache.init_kv_cache(TINY, batch=2)
     chex.assert_shape(cache.k, [(2 * TINY.n_head, TINY.block_size, TINY.head_dim)] * 2)
     step = jax.jit(decode.forward_with_cache, static_argnames="config")
     for t in range(TINY.block_size):
@@ -125,7 +125,7 @@ class GenerateTest(parameterized.TestCase):
     forms = kernels.select("gpu", attention="xla")
     full = gpt.forward(params, tokens, config, forms=forms)
     logits, cache = decode.forward_with_cache(params, tokens[:, :5],
-                                              decode.init_kv_cache(config, 2), 0, config,
+                                              kv_cache.init_kv_cache(config, 2), 0, config,
                                               forms=forms)
     chex.assert_trees_all_close(logits, full[:, 4], atol=5e-2)
     logits, _ = decode.forward_with_cache(params, tokens[:, 5:6], cache, jnp.int32(5),
@@ -144,7 +144,7 @@ class GenerateTest(parameterized.TestCase):
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(float32_layers))
     tokens = random_tokens(jax.random.PRNGKey(5), (2, 6))
     forms = kernels.select("gpu", attention="xla")
-    feed = lambda layers: kv_cache.forward(layers, params, tokens, decode.init_kv_cache(config, 2),
+    feed = lambda layers: kv_cache.forward(layers, params, tokens, kv_cache.init_kv_cache(config, 2),
                                            0, config, forms)
     chex.assert_trees_all_equal(jax.jit(feed)(layers), jax.jit(feed)(float32_layers))
 
@@ -152,7 +152,7 @@ class GenerateTest(parameterized.TestCase):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match=r"init_kv_cache\(config, batch\)"):
       decode.forward_with_cache(params, jnp.zeros((2, 1), jnp.int32),
-                             decode.init_kv_cache(TINY, batch=3), 0, TINY)
+                             kv_cache.init_kv_cache(TINY, batch=3), 0, TINY)
 
   def test_generate_rejects_empty_prompt(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))

@@ -10,6 +10,7 @@ import pytest
 
 from purejax import decode
 from purejax import gpt
+from purejax import kv_cache
 from conftest import CPU_FORMS, TINY, random_tokens, sharpened_params
 
 CONFIG = dataclasses.replace(TINY, block_size=32)
@@ -70,7 +71,7 @@ def test_the_cache_is_sized_to_the_call(params):
   assert cache_shapes(7) == {12}  # prompt + new tokens, not block_size
   assert cache_shapes(60) == {32}  # capped by the model's context
   with pytest.raises(ValueError, match="a KV cache of 40 positions"):
-    decode.init_kv_cache(CONFIG, 1, 40)
+    kv_cache.init_kv_cache(CONFIG, 1, 40)
 
 
 def feed_afresh(params, ids):
@@ -80,7 +81,7 @@ def feed_afresh(params, ids):
 @pytest.mark.slow
 def test_a_conversation_feeds_each_turn_once_and_equals_feeding_it_afresh(params):
   layers, rest = decode.model_part(params, CONFIG)
-  conversation = decode.Conversation(decode.init_kv_cache(CONFIG, 1, 4))
+  conversation = decode.Conversation(kv_cache.init_kv_cache(CONFIG, 1, 4))
   history = [int(i) for i in random_tokens(jax.random.PRNGKey(6), (6,))]
   for turn in range(3):
     logits, conversation = decode.extend(layers, rest, conversation, history, CONFIG,
@@ -96,13 +97,13 @@ def test_a_conversation_feeds_each_turn_once_and_equals_feeding_it_afresh(params
     conversation = steps[-1].conversation
     assert conversation.ids == tuple(history + answer)
     history = history + answer + [turn + 1, 2]  # the next turn's own tokens
-  assert decode.cache_length(conversation.cache) == 32  # grew 4 -> 8 -> 16 -> 32
+  assert kv_cache.cache_length(conversation.cache) == 32  # grew 4 -> 8 -> 16 -> 32
 
 
 @pytest.mark.slow
 def test_an_edited_history_is_fed_from_where_it_differs(params):
   layers, rest = decode.model_part(params, CONFIG)
-  conversation = decode.Conversation(decode.init_kv_cache(CONFIG, 1, 16))
+  conversation = decode.Conversation(kv_cache.init_kv_cache(CONFIG, 1, 16))
   ids = [1, 2, 3, 4, 5, 6]
   _, conversation = decode.extend(layers, rest, conversation, ids, CONFIG, forms=CPU_FORMS)
   edited = [1, 2, 9, 4]
@@ -122,7 +123,7 @@ def test_streaming_stops_at_a_stop_id_and_yields_it(params):
   layers, rest = decode.model_part(params, CONFIG)
 
   def answer(**kw):  # each stream consumes its conversation's cache, so each starts anew
-    conversation = decode.Conversation(decode.init_kv_cache(CONFIG, 1, 16))
+    conversation = decode.Conversation(kv_cache.init_kv_cache(CONFIG, 1, 16))
     logits, conversation = decode.extend(layers, rest, conversation, [3, 1, 4], CONFIG,
                                          forms=CPU_FORMS)
     return [s.token for s in decode.stream(layers, rest, conversation, logits,

@@ -13,6 +13,7 @@ from jax import test_util as jtu
 
 from conftest import TINY, random_tokens, sharpened_params
 from purejax import gpt
+from purejax import nn
 from purejax.ops import kernels
 
 class GPTTest(chex.TestCase, parameterized.TestCase):
@@ -101,7 +102,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     for i in range(TINY.n_layer):
       layer = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
       x, _ = gpt.block(layer, x, TINY, forms=kernels.Forms())
-    x = gpt.nn.layer_norm(params["ln_f"], x)
+    x = nn.layer_norm(params["ln_f"], x)
     unrolled = x @ params["wte"]["embedding"].T
     chex.assert_trees_all_close(gpt.forward(params, tokens, TINY), unrolled,
                                 rtol=1e-5, atol=1e-5)

@@ -27,6 +27,7 @@ from purejax import gpt
 from purejax.data import batches
 from purejax.ops import attention
 from purejax.ops import kernels
+from purejax.ops.matmul import row_major_transpose
 from purejax.training.pure import steps
 
 _DOT = re.compile(r"stablehlo\.dot_general [^\n]*: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> "
@@ -45,7 +46,7 @@ GPU_PRODUCTS = {("bf16", "bf16", "f32"), ("bf16", "bf16", "bf16")}
 
 
 def row_major_copies(hlo: str) -> int:
-  """bf16 tensors split in pairs on their last axis: `kernels.row_major_transpose`'s copies."""
+  """bf16 tensors split in pairs on their last axis: `row_major_transpose`'s copies."""
   return len(re.findall(r"tensor<(?:\d+x)+2xbf16>", hlo))
 
 

@@ -19,6 +19,8 @@ from absl.testing import parameterized
 from purejax import gpt
 from purejax.ops import attention
 from purejax.ops import kernels
+from purejax.ops.loss import tied_head_cross_entropy
+from purejax.ops.matmul import row_major_transpose
 from conftest import dot_operand_dtypes
 
 GPU_FORMS = kernels.select("gpu")
@@ -285,7 +287,7 @@ class MatmulTest(parameterized.TestCase):
   @parameterized.parameters((4, 6), (3, 5), (2, 3, 4, 6))
   def test_row_major_transpose_swaps_the_last_two_axes(self, *shape):
     a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
-    chex.assert_trees_all_equal(jax.jit(kernels.row_major_transpose)(a),
+    chex.assert_trees_all_equal(jax.jit(row_major_transpose)(a),
                                 jnp.swapaxes(a, -1, -2))
 
 
@@ -301,7 +303,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     weights = jax.random.uniform(jax.random.PRNGKey(3), (3, 8)) if weighted else None
 
     def value_and_grads(chunk):
-      f = lambda x, table: kernels.tied_head_cross_entropy(
+      f = lambda x, table: tied_head_cross_entropy(
           x, table, labels, chunk_rows=chunk, softcap=softcap, weights=weights)
       return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
 
@@ -318,7 +320,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
 
     def value_and_grads(chunk_rows, compute_dtype):
-      f = lambda x, table: kernels.tied_head_cross_entropy(
+      f = lambda x, table: tied_head_cross_entropy(
           x, table, labels, compute_dtype=compute_dtype, chunk_rows=chunk_rows)
       return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
 
@@ -341,7 +343,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     x = jnp.ones((rows, 8))
     table = jnp.ones((1000, 8))
     labels = jnp.zeros((rows,), jnp.int32)
-    grad = jax.grad(lambda x, table: kernels.tied_head_cross_entropy(x, table, labels,
+    grad = jax.grad(lambda x, table: tied_head_cross_entropy(x, table, labels,
                                                                      chunk_rows=chunk),
                     argnums=(0, 1))
     heads = [eqn for eqn in all_eqns(jax.make_jaxpr(grad)(x, table).jaxpr)
@@ -352,7 +354,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     x = jnp.ones((64, 8))
     table = jnp.ones((1000, 8))
     labels = jnp.zeros((64,), jnp.int32)
-    grad = jax.grad(lambda x: kernels.tied_head_cross_entropy(x, table, labels,
+    grad = jax.grad(lambda x: tied_head_cross_entropy(x, table, labels,
                                                               chunk_rows=16))
     shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
               for v in eqn.outvars]
@@ -362,7 +364,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     x = jnp.ones((70, 8))  # 4 chunks of 16 and 6 rows left over
     table = jnp.ones((1000, 8))
     labels = jnp.zeros((70,), jnp.int32)
-    grad = jax.grad(lambda x: kernels.tied_head_cross_entropy(x, table, labels,
+    grad = jax.grad(lambda x: tied_head_cross_entropy(x, table, labels,
                                                               chunk_rows=16))
     shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
               for v in eqn.outvars]
@@ -374,7 +376,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     labels = jnp.array([[0, 1, 2], [3, 4, 0]])
     logp = jax.nn.log_softmax(np.asarray(x) @ np.asarray(table).T)
     expected = -np.mean(np.take_along_axis(np.asarray(logp), labels[..., None], -1))
-    np.testing.assert_allclose(kernels.tied_head_cross_entropy(x, table, labels), expected,
+    np.testing.assert_allclose(tied_head_cross_entropy(x, table, labels), expected,
                                rtol=1e-5)
 
 

@@ -15,6 +15,7 @@ import pytest
 from purejax import gpt
 from purejax import lora
 from purejax.ops import kernels
+from purejax.ops.matmul import LowRankWeight
 from purejax.optimizers import optim
 from conftest import need, TINY
 from conftest import dot_operand_dtypes
@@ -99,7 +100,7 @@ def test_the_view_reads_the_merge_and_gives_the_base_no_gradient():
   view = lora.View(alpha=4.0)
   # The adapted weights stay apart (W, A, B); whole, they are the merge's.
   low_rank = view(tree)
-  is_weight = lambda x: isinstance(x, kernels.LowRankWeight)
+  is_weight = lambda x: isinstance(x, LowRankWeight)
   whole = jax.tree.map(lambda w: w.merged() if is_weight(w) else w, low_rank, is_leaf=is_weight)
   chex.assert_trees_all_equal(whole, lora.merge(params, adapters, 4.0))
   x = jax.random.randint(jax.random.PRNGKey(2), (2, TINY.block_size), 0, TINY.vocab_size)
@@ -160,7 +161,7 @@ def test_remat_dots_keeps_one_output_per_low_rank_product(compute_dtype):
   rows, d_in, d_out, rank = 8, 16, 24, 2
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   x = jax.random.normal(keys[0], (rows, d_in))
-  weight = kernels.LowRankWeight(jax.random.normal(keys[1], (d_in, d_out)),
+  weight = LowRankWeight(jax.random.normal(keys[1], (d_in, d_out)),
                                  jax.random.normal(keys[2], (d_in, rank)),
                                  jax.random.normal(keys[3], (rank, d_out)), 2.0)
 
@@ -184,7 +185,7 @@ def test_in_bfloat16_only_the_frozen_product_multiplies_bfloat16_operands():
   # The adapters' rank-wide products stay float32: in bfloat16 on XLA's CPU
   # backend they would need row-major copies of the [rows, in] activations,
   # which took longer than the products (SmolLM2-135M: 0.43 s of a 4.3 s step).
-  weight = kernels.LowRankWeight(jnp.ones((16, 24)), jnp.ones((16, 2)), jnp.ones((2, 24)), 2.0)
+  weight = LowRankWeight(jnp.ones((16, 24)), jnp.ones((16, 2)), jnp.ones((2, 24)), 2.0)
   x = jnp.ones((8, 16))
   forward = jax.make_jaxpr(lambda w, x: kernels.matmul(
       x, w, compute_dtype=jnp.bfloat16, forms=kernels.Forms()))(weight, x)

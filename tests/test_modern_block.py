@@ -20,6 +20,7 @@ import pytest
 from conftest import need
 from purejax import decode
 from purejax import gpt
+from purejax import kv_cache
 from purejax import nn
 from purejax.cli import train as train_cli
 from purejax.ops import kernels
@@ -120,7 +121,7 @@ def test_the_nanochat_block_equals_a_plain_numpy_forward():
                               rtol=1e-4)
   # Decoding through the KV cache, one token after a prompt, reads the same logits.
   step = jax.jit(decode.forward_with_cache, static_argnums=(3, 4))
-  _, cache = step(params, tokens[:, :11], decode.init_kv_cache(config, 2), 0, config)
+  _, cache = step(params, tokens[:, :11], kv_cache.init_kv_cache(config, 2), 0, config)
   last, _ = step(params, tokens[:, 11:], cache, 11, config)
   chex.assert_trees_all_close(np.asarray(last), want[:, -1], rtol=2e-4, atol=2e-4)
 

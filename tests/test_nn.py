@@ -8,7 +8,9 @@ import pytest
 from absl.testing import parameterized
 
 from purejax import nn
+from purejax.ops import dropout as dropouts
 from purejax.ops import kernels
+from purejax.ops.matmul import row_major_transpose
 
 
 class NNTest(chex.TestCase, parameterized.TestCase):
@@ -52,7 +54,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
   @parameterized.parameters((4, 6), (3, 5), (2, 3, 4, 6))
   def test_row_major_transpose_swaps_the_last_two_axes(self, *shape):
     a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
-    chex.assert_trees_all_equal(jax.jit(kernels.row_major_transpose)(a), jnp.swapaxes(a, -1, -2))
+    chex.assert_trees_all_equal(jax.jit(row_major_transpose)(a), jnp.swapaxes(a, -1, -2))
 
   def test_dense_rejects_wrong_width(self):
     params = nn.init_dense(3, 5, jax.random.PRNGKey(0))
@@ -85,13 +87,13 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     x = jnp.ones((1000,))
     key = jax.random.PRNGKey(0)
     # deterministic ignores the key and the rate.
-    chex.assert_trees_all_equal(nn.dropout(key, x, 0.5, deterministic=True), x)
-    y = nn.dropout(key, x, 0.5, deterministic=False)
+    chex.assert_trees_all_equal(dropouts.dropout(key, x, 0.5, deterministic=True), x)
+    y = dropouts.dropout(key, x, 0.5, deterministic=False)
     kept = np.asarray(y) != 0
     assert 0.4 < kept.mean() < 0.6
     np.testing.assert_allclose(np.asarray(y)[kept], 2.0)  # rescaled by 1/(1-rate)
-    chex.assert_trees_all_equal(y, nn.dropout(key, x, 0.5, deterministic=False))
-    assert not np.array_equal(y, nn.dropout(jax.random.PRNGKey(1), x, 0.5,
+    chex.assert_trees_all_equal(y, dropouts.dropout(key, x, 0.5, deterministic=False))
+    assert not np.array_equal(y, dropouts.dropout(jax.random.PRNGKey(1), x, 0.5,
                                             deterministic=False))
 
   @parameterized.parameters(0.1, 0.5)
@@ -99,10 +101,10 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     # An array rate (a sweep's, traced) draws the same mask and scale.
     x = jax.random.normal(jax.random.PRNGKey(1), (4000,))
     key = jax.random.PRNGKey(2)
-    at_float = nn.dropout(key, x, rate, deterministic=False)
-    chex.assert_trees_all_equal(nn.dropout(key, x, jnp.float32(rate), deterministic=False),
+    at_float = dropouts.dropout(key, x, rate, deterministic=False)
+    chex.assert_trees_all_equal(dropouts.dropout(key, x, jnp.float32(rate), deterministic=False),
                                 at_float)
-    drop = jax.jit(lambda x, r: nn.dropout(key, x, r, deterministic=False))
+    drop = jax.jit(lambda x, r: dropouts.dropout(key, x, r, deterministic=False))
     y = drop(x, jnp.float32(rate))
     # compiled, XLA may divide by a runtime scalar as a product with its
     # reciprocal: the same mask, values within one float32 rounding
@@ -112,29 +114,29 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     assert abs(kept.mean() - (1 - rate)) < 0.03
     np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / (1 - rate),
                                rtol=1e-6)
-    half = nn.dropout(key, x.astype(jnp.bfloat16), jnp.float32(rate), deterministic=False)
+    half = dropouts.dropout(key, x.astype(jnp.bfloat16), jnp.float32(rate), deterministic=False)
     assert half.dtype == jnp.bfloat16
-    chex.assert_trees_all_equal(half, nn.dropout(key, x.astype(jnp.bfloat16), rate,
+    chex.assert_trees_all_equal(half, dropouts.dropout(key, x.astype(jnp.bfloat16), rate,
                                                  deterministic=False))
     # deterministic still ignores the rate and the key
-    chex.assert_trees_all_equal(nn.dropout(None, x, jnp.float32(rate), deterministic=True), x)
+    chex.assert_trees_all_equal(dropouts.dropout(None, x, jnp.float32(rate), deterministic=True), x)
 
   def test_dropout_at_an_array_rate_of_zero_is_the_identity(self):
     x = jax.random.normal(jax.random.PRNGKey(1), (1000,)).astype(jnp.bfloat16)
-    y = nn.dropout(jax.random.PRNGKey(0), x, jnp.float32(0.0), deterministic=False)
+    y = dropouts.dropout(jax.random.PRNGKey(0), x, jnp.float32(0.0), deterministic=False)
     chex.assert_trees_all_equal(y, x)
-    assert nn.drops(jnp.float32(0.0), deterministic=False)  # a traced rate always draws
-    assert not nn.drops(0.0, deterministic=False)
-    assert not nn.drops(jnp.float32(0.5), deterministic=True)
+    assert dropouts.drops(jnp.float32(0.0), deterministic=False)  # a traced rate always draws
+    assert not dropouts.drops(0.0, deterministic=False)
+    assert not dropouts.drops(jnp.float32(0.5), deterministic=True)
 
   @parameterized.parameters(-0.1, 1.0, 1.5)
   def test_dropout_rejects_bad_rate(self, rate):
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
-      nn.dropout(jax.random.PRNGKey(0), jnp.ones(3), rate, deterministic=False)
+      dropouts.dropout(jax.random.PRNGKey(0), jnp.ones(3), rate, deterministic=False)
 
   def test_dropout_needs_key_when_training(self):
     with pytest.raises(ValueError, match="key"):
-      nn.dropout(None, jnp.ones(3), 0.5, deterministic=False)
+      dropouts.dropout(None, jnp.ones(3), 0.5, deterministic=False)
 
   def test_activations(self):
     chex.assert_trees_all_close(nn.relu(jnp.array([-1.0, 2.0])), jnp.array([0.0, 2.0]))

@@ -21,6 +21,7 @@ import jax
 
 from purejax import checkpoint
 from purejax import decode
+from purejax import kv_cache
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
@@ -69,7 +70,7 @@ class Session:
                    if args.system is not None else [])
     self.messages: List[dict] = list(self.system)
     self.conversation = decode.Conversation(
-        decode.init_kv_cache(config, 1, min(FIRST_CACHE, config.block_size)))
+        kv_cache.init_kv_cache(config, 1, min(FIRST_CACHE, config.block_size)))
     self.turns = 0
 
   def reset(self) -> None:

@@ -77,7 +77,7 @@ def optimizer_config(args: Args) -> optim.OptimizerConfig:
 
 
 def depth_lr_scale(args: Args) -> float:
-  """The rates' factor under `--depth` (`gpt_config.depth_lr_scale`); 1 without it."""
+  """The rates' factor under `--depth` (`gpt.depth_lr_scale`); 1 without it."""
   depth = args["depth"].value if "depth" in args else None
   if depth is None:
     return 1.0

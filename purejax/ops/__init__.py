@@ -2,7 +2,7 @@
 
 `kernels`: `Forms`, every execution option of a model in one hashable value,
 and `select(platform, **overrides)`, which picks them for a platform; the
-tied-head loss, remat policies. `matmul` (re-exported by `kernels`): the
+remat policies. `loss`: cross-entropy and the tied head's loss. `matmul`: the
 mixed-precision matmul and its gradient, and `LowRankWeight`, a frozen
 weight plus a trained low-rank update applied without forming the sum
 (LoRA's training form).

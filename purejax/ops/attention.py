@@ -18,7 +18,7 @@ per head, and take plain arguments: nothing here knows a model config.
   products take `compute_dtype` operands (float32 accumulation); the
   softmax is float32.
 * "xla": the plain form with its two products in `compute_dtype` (float32
-  accumulation, `kernels.batched_matmul`, also in the backward pass) and the
+  accumulation, `batched_matmul`, also in the backward pass) and the
   softmax and dropout in float32. It holds the whole `[batch, head, time,
   time]` scores; it is the GPU's form where cuDNN's is not, e.g. with
   attention dropout.
@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from purejax.ops import dropout as dropout_lib
 from purejax.ops import kernels
+from purejax.ops.matmul import batched_matmul
 
 
 def _bhtd(x: chex.Array) -> chex.Array:
@@ -86,7 +87,7 @@ _GROUPED_EINSUMS = _BlockProducts(lambda q, k: jnp.einsum("bgrtd,bgsd->bgrts", q
 
 
 def _block_products(compute_dtype, forms, grouped: bool) -> _BlockProducts:
-  """float32 einsums, or `kernels.batched_matmul`s of `compute_dtype` operands.
+  """float32 einsums, or `batched_matmul`s of `compute_dtype` operands.
 
   A low-precision product multiplies a key head's `r * t` query rows as one
   `[r * t, d]` matrix (float32 accumulation, float32 out), so its weight
@@ -97,7 +98,7 @@ def _block_products(compute_dtype, forms, grouped: bool) -> _BlockProducts:
   """
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     return _GROUPED_EINSUMS if grouped else _HEAD_EINSUMS
-  matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype, forms=forms)
+  matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype, forms=forms)
 
   def rows(a):  # [b, g, r, t, n] -> [b, g, r * t, n]; [b, h, t, n] as it is
     return a.reshape(*a.shape[:2], -1, a.shape[-1])
@@ -192,7 +193,7 @@ def _xla_attention(q, k, v, *, compute_dtype, key, dropout, deterministic):
   """`[b, h, t, d]` causal attention with products in `compute_dtype`, softmax in float32."""
   t = q.shape[2]
   # Plain transposes in the backward pass: this is a GPU form.
-  matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype,
+  matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype,
                              forms=kernels.Forms())
   scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, h, t, t] float32
   causal = jnp.tril(jnp.ones((t, t), bool))
@@ -233,14 +234,14 @@ def causal_attention(
       "cudnn" runs "xla" where cuDNN does not apply (`cudnn_unsupported`).
     block: queries per block of the "blocked" form.
     dropout: drop rate of the attention weights: a float, or a scalar array
-      (`nn.dropout`), which always counts as dropping.
+      (`dropout.dropout`), which always counts as dropping.
     key: dropout key (unused when deterministic).
     deterministic: disables dropout.
     compute_dtype: operand dtype of the "blocked", "xla" and "cudnn" forms'
       products (float32 accumulation; None: q's dtype); "plain", the
       reference, multiplies in float32.
     forms: the low-precision products' backward form (`Forms.matmul_backward`,
-      as `kernels.batched_matmul` takes it); None: the plain form.
+      as `batched_matmul` takes it); None: the plain form.
 
   Returns:
     `[batch, time, heads, head_dim]`, in q's dtype.
@@ -317,7 +318,7 @@ def attend_to_cache(
     q = q.reshape(b, kv, (h // kv) * t, d)
     positions = jnp.tile(positions, h // kv)
   if compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
-    matmul = functools.partial(kernels.batched_matmul, compute_dtype=compute_dtype,
+    matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype,
                                forms=kernels.Forms())
     scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, kv, rows, s]
     causal = jnp.arange(k.shape[2])[None, :] <= positions[:, None]

@@ -1,4 +1,4 @@
-"""Dropout, below both its users: `nn.dropout` (the layer's public name) and attention.
+"""Dropout, below both its users: the model's residual stream (`gpt.model`) and attention.
 
     y = dropout(key, x, 0.1, deterministic=False)   # zeros 10% of x, rescales the rest
 """

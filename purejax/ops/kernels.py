@@ -27,15 +27,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-# The products live in ops/matmul.py; models call them as kernels.matmul etc.
-from purejax.ops.matmul import batched_matmul  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import LOW_RANK_OUTPUT
-from purejax.ops.matmul import LowRankWeight  # noqa: F401  pylint: disable=unused-import
 from purejax.ops.matmul import matmul
-from purejax.ops.matmul import row_major_transpose  # noqa: F401  pylint: disable=unused-import
-# The losses live in ops/loss.py; models call them as kernels.tied_head_cross_entropy.
-from purejax.ops.loss import cross_entropy  # noqa: F401  pylint: disable=unused-import
-from purejax.ops.loss import tied_head_cross_entropy  # noqa: F401  pylint: disable=unused-import
 
 ATTENTION_FORMS = ("plain", "blocked", "xla", "cudnn")
 MATMUL_BACKWARD_FORMS = ("plain", "row_major")

@@ -4,8 +4,8 @@
     loss = tied_head_cross_entropy(x, table, labels, compute_dtype=jnp.bfloat16,
                                    chunk_rows=forms.loss_chunk(rows, vocab), forms=forms)
 
-`kernels` re-exports these (`kernels.tied_head_cross_entropy`), beside the
-`Forms` that choose whether the head runs in chunks; like `matmul.py`, this
+The models import them from here; the `kernels.Forms` they take choose whether the
+head runs in chunks. Like `matmul.py`, this
 module takes any object with the `Forms` fields it reads as its forms.
 """
 

@@ -10,10 +10,11 @@ The architecture is GPT-2's: learned token and position embeddings,
 pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final
 LayerNorm and an output head tied to the token embedding. Other families are
 the same model with other options (`GPTConfig` and the named `ARCHITECTURES`,
-in `gpt_config.py`), each one small function: the Llama family's RMSNorm,
+in `gpt/config.py`), each one small function: the Llama family's RMSNorm,
 rotary positions, SwiGLU, grouped-query attention, untied head and Qwen2's
 query/key/value biases; nanochat's parameter-free norms, QK-norm, ReLU^2,
-soft-capped logits and value embeddings. Params are made in `gpt_init.py`.
+soft-capped logits and value embeddings. Each layer's params are made
+by its `init_*` beside the function that applies them.
 
 The `n_layer` blocks share one structure, so their params are stacked on a
 leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
@@ -30,29 +31,26 @@ same `block`) is in `purejax/decode.py`, training steps in
 """
 
 import functools
+import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from purejax import gpt_config
 from purejax import nn
 from purejax import rng
-from purejax.gpt_config import ARCHITECTURES  # pylint: disable=unused-import
-from purejax.gpt_config import depth_lr_scale  # pylint: disable=unused-import
-from purejax.gpt_config import depth_shape  # pylint: disable=unused-import
-from purejax.gpt_config import EXECUTION_FIELDS  # pylint: disable=unused-import
-from purejax.gpt_config import GPTConfig
+from purejax.gpt import config as gpt_config
+from purejax.gpt.config import GPTConfig
 from purejax.ops import attention
+from purejax.ops import dropout as dropouts
 from purejax.ops import kernels
-# Initialisation lives beside this file (`gpt_init`); these are its names here.
-from purejax.gpt_init import init_block  # pylint: disable=unused-import
-from purejax.gpt_init import init_norm  # pylint: disable=unused-import
-from purejax.gpt_init import init_params
-from purejax.gpt_init import num_params  # pylint: disable=unused-import
+from purejax.ops.loss import tied_head_cross_entropy
+from purejax.ops.matmul import LowRankWeight
 
 Params = Dict[str, Any]
+
+_DTYPES = gpt_config.DTYPES
 
 
 # ----------------------------------------------------------------------------
@@ -63,6 +61,14 @@ Params = Dict[str, Any]
 # head_dim]`, with whatever it carries out (decoding's updated KV cache; None
 # in training).
 Attend = Callable[[chex.Array, chex.Array, chex.Array], Tuple[chex.Array, Any]]
+
+
+def init_norm(config: GPTConfig) -> Params:
+  """Params of one of the model's norms (`config.norm`); with `norm_scale=False` it has none."""
+  dtype = _DTYPES[config.param_dtype]
+  if config.norm == "rmsnorm":
+    return nn.init_rms_norm(config.n_embd, dtype=dtype)
+  return nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype)
 
 
 def norm(params: Optional[Params], x: chex.Array, config: GPTConfig) -> chex.Array:
@@ -164,6 +170,41 @@ def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) 
   return dense(params["proj"], activation(dense(params["fc"], x)))
 
 
+def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
+  """Params of one transformer block (unstacked).
+
+  GPT-2 initialisation: weights N(0, 0.02^2), except the two projections that
+  write into the residual stream, scaled by 1/sqrt(2 * n_layer) so the
+  residual variance does not grow with depth (with `zero_init_proj`, zero).
+  With `norm_scale=False` there are no `ln_1`, `ln_2`. The key comes last, as
+  in every init function (`init_block(key, config)` works for one release,
+  deprecated).
+  """
+  config, key = rng.key_last("init_block", (config, key))
+  c, dtype = config.n_embd, _DTYPES[config.param_dtype]
+  keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
+  resid_scale = 0.0 if config.zero_init_proj else 0.02 / math.sqrt(2 * config.n_layer)
+  dense = functools.partial(nn.init_dense, bias=config.bias, dtype=dtype)
+  qkv_width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+  fc_width = config.mlp_width * (2 if config.mlp == "swiglu" else 1)  # swiglu: gate, up
+  params = {
+      "ln_1": init_norm(config),
+      "attn": {
+          "qkv": nn.init_dense(c, qkv_width, keys["qkv"], scale=0.02, dtype=dtype,
+                               bias=config.bias or config.qkv_bias),
+          "proj": dense(c, c, keys["attn_proj"], scale=resid_scale),
+      },
+      "ln_2": init_norm(config),
+      "mlp": {
+          "fc": dense(c, fc_width, keys["fc"], scale=0.02),
+          "proj": dense(config.mlp_width, c, keys["mlp_proj"], scale=resid_scale),
+      },
+  }
+  if not config.norm_scale:
+    del params["ln_1"], params["ln_2"]
+  return params
+
+
 def block(
     params: Params,
     x: chex.Array,
@@ -203,19 +244,70 @@ def block(
   attn_out, carry = self_attention(params["attn"], norm(params.get("ln_1"), x, config), config,
                                    forms, attend, start, value_embed)
   rate = _rate(config, dropout)
-  x = x + nn.dropout(keys[1], attn_out, rate, deterministic=deterministic)
+  x = x + dropouts.dropout(keys[1], attn_out, rate, deterministic=deterministic)
   mlp_out = mlp(params["mlp"], norm(params.get("ln_2"), x, config), config, forms)
-  return x + nn.dropout(keys[2], mlp_out, rate, deterministic=deterministic), carry
+  return x + dropouts.dropout(keys[2], mlp_out, rate, deterministic=deterministic), carry
 
 
 def _rate(config: GPTConfig, dropout: Optional[chex.Numeric]) -> chex.Numeric:
   return config.dropout if dropout is None else dropout
 
 
+def init_params(config: GPTConfig, key: chex.PRNGKey) -> Params:
+  """All model params; block params are stacked on a leading `[n_layer]` axis.
+
+  Returns:
+    `{"wte": {"embedding": [vocab, embd]}, "wpe": {"embedding": [block, embd]},
+      "blocks": <init_block tree, each leaf with a leading [n_layer] axis>,
+      "ln_f": {...}}`. The output head reuses `wte` (tied embeddings); with
+    `tie_embeddings=False` it is `"lm_head": {"w": [embd, vocab]}`. With
+    `position="rope"` there is no `"wpe"`. With `norm_scale=False` there is
+    no `"ln_f"`; with `embed_norm` (and `norm_scale`) the embedding's norm is
+    `"ln_e"`; with `value_embeds`, `"value_embeds"` holds `"embedding"`
+    `[n_value_embeds, vocab, kv_heads * head_dim]`, N(0, 0.02^2), and
+    `"gate"` `[n_value_embeds, 12, kv_heads]`, zero (each gate starts at 1.5).
+  """
+  keys = rng.split_named(key, ("wte", "wpe", "blocks"))
+  dtype = _DTYPES[config.param_dtype]
+  block_keys = rng.layer_keys(keys["blocks"], config.n_layer)
+  params = {
+      "wte": nn.init_embedding(config.vocab_size, config.n_embd, keys["wte"], dtype=dtype),
+      "wpe": nn.init_embedding(config.block_size, config.n_embd, keys["wpe"], dtype=dtype),
+      "blocks": jax.vmap(lambda k: init_block(config, k))(block_keys),
+      "ln_f": init_norm(config),
+  }
+  if config.position != "learned":
+    del params["wpe"]
+  if not config.tie_embeddings:
+    params["lm_head"] = nn.init_dense(config.n_embd, config.vocab_size,
+                                      jax.random.fold_in(keys["wte"], 1), bias=False,
+                                      dtype=dtype)
+  if not config.norm_scale:
+    del params["ln_f"]
+  elif config.embed_norm:
+    params["ln_e"] = init_norm(config)
+  if config.value_embeds:
+    n, kv = config.n_value_embeds, config.kv_heads
+    table = nn.init_embedding(n * config.vocab_size, kv * config.head_dim,
+                              jax.random.fold_in(keys["wte"], 2), dtype=dtype)["embedding"]
+    params["value_embeds"] = {
+        "embedding": table.reshape(n, config.vocab_size, kv * config.head_dim),
+        "gate": jnp.zeros((n, gpt_config.VALUE_GATE_CHANNELS, kv), dtype)}
+  return params
+
+
+def num_params(params: Params, *, non_embedding: bool = True) -> int:
+  """Parameter count; like nanoGPT, leaves out position embeddings by default."""
+  total = sum(x.size for x in jax.tree.leaves(params))
+  if non_embedding and "wpe" in params:
+    total -= params["wpe"]["embedding"].size
+  return total
+
+
 def _path_shapes(tree, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
-  """{pytree path: shape} of every leaf of `tree` (a `kernels.LowRankWeight` is one weight)."""
+  """{pytree path: shape} of every leaf of `tree` (a `LowRankWeight` is one weight)."""
   leaves = jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda x: isinstance(x, kernels.LowRankWeight))[0]
+      tree, is_leaf=lambda x: isinstance(x, LowRankWeight))[0]
   return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
 
 
@@ -330,7 +422,7 @@ def head_table(params: Params) -> chex.Array:
   """The output head as a `[vocab, embd]` table: the token embedding, or the untied head."""
   if "lm_head" in params:
     w = params["lm_head"]["w"]
-    return (w.merged() if isinstance(w, kernels.LowRankWeight) else w).T
+    return (w.merged() if isinstance(w, LowRankWeight) else w).T
   return params["wte"]["embedding"]
 
 
@@ -373,12 +465,12 @@ def _hidden_states(params, tokens, config, forms, key, deterministic, dropout) -
   check_tokens(tokens, config)
   check_params(params, config)
   rate = _rate(config, dropout)
-  deterministic = not nn.drops(rate, deterministic)
+  deterministic = not dropouts.drops(rate, deterministic)
   if not deterministic and key is None:
     raise ValueError("forward: pass key=... for dropout, or deterministic=True.")
   keys = (None, None) if deterministic else jax.random.split(key)
   x = input_states(params, tokens, config)  # [b, t, c]
-  x = nn.dropout(keys[0], x, rate, deterministic=deterministic)
+  x = dropouts.dropout(keys[0], x, rate, deterministic=deterministic)
   x = run_blocks(params, x, config, forms=forms, key=keys[1], deterministic=deterministic,
                  dropout=dropout, tokens=tokens)
   return final_norm(params, x, config)
@@ -435,7 +527,7 @@ def loss(
   """Mean next-token cross-entropy: tokens and targets `[batch, time]`.
 
   Equals `cross_entropy(forward(...), targets)`; a large vocabulary's head and
-  loss may run in chunks of rows (`kernels.tied_head_cross_entropy`). `forms`
+  loss may run in chunks of rows (`tied_head_cross_entropy`). `forms`
   and `dropout` as in `forward`. `weights` `[batch, time]`: the loss is
   `mean(weights * losses)`; 0 takes a target out of loss and gradient (user
   turns, padding); weights of mean 1 (`batches.normalized_weights`) average
@@ -444,7 +536,7 @@ def loss(
   chex.assert_equal_shape((tokens, targets))
   forms = forms or kernels.select(kernels.platform_of(params))
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
-  return kernels.tied_head_cross_entropy(
+  return tied_head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms,
       softcap=config.logit_softcap, weights=weights)
