@@ -362,6 +362,16 @@ RTOL = 1e-5
 # processes would cost the worker that waits. What takes tens of seconds is
 # built once per test run instead (`built_once`).
 
+def stacked_sweep_state(config, specs, make_optimizer) -> TrainState:
+  """A sweep's start as the tests build it: a `TrainState` with a leading runs axis, each
+  run's params and train key from `jax.random.split(PRNGKey(its seed))`, and its
+  optimizer state from `make_optimizer()` (`sweep.RunOptimizer`)."""
+  keys = [jax.random.split(jax.random.PRNGKey(spec.seed)) for spec in specs]
+  params = jax.tree.map(lambda *xs: jnp.stack(xs), *[gpt.init_params(config, k[0]) for k in keys])
+  return TrainState(params, jax.vmap(lambda p: make_optimizer().init(p))(params),
+                    {"train": jnp.stack([k[1] for k in keys])})
+
+
 def built_once(name: str, build, *, computed: bool = True) -> pathlib.Path:
   """The folder `name` in the test run's shared folder, built by `build(folder)` once per
   run: the first test process to ask builds it, the others (xdist's workers) wait on a
@@ -618,62 +628,14 @@ def _schedule_longest_first(config):
     config.option.maxschedchunk = 1
 
 
-# The longest tests' time budgets, in seconds of one test on a quiet 2-core
-# CPU inside the full suite (`pytest -n 2`; every parameter of a test has the
-# budget). docs/performance.md lists what each covers. The suite runs them
-# first, longest first, so the two workers end together.
-BUDGETS = {
-    "test_examples.py::test_shakespeare_gpt_lowers_its_val_loss_and_samples": 120,
-    ("test_integration.py::"
-     "test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples"): 70,
-    "test_sweep.py::test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps": 60,
-    ("test_xla_defaults.py::"
-     "test_the_bit_for_bit_claims_hold_under_xlas_own_code_generation"): 60,
-    "test_examples.py::test_mnist_mlp_reaches_97_percent_from_the_original_files": 60,
-    "test_sweep_resume.py::test_a_sweep_killed_six_times_at_random_ends_bit_identical": 60,
-    "test_resume.py::test_mlp_sigkill_then_resume_is_bit_identical": 45,
-    "test_scale_out.py::test_mlp_on_mnist_fsdp_four_devices_matches_one": 40,
-    "test_sweep_resume.py::test_a_lora_run_killed_six_times_at_random_ends_bit_identical": 40,
-    "test_cli_sweeps.py::test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone": 40,
-    "test_sweep.py::test_each_run_of_a_sweep_equals_the_run_trained_alone": 35,
-    "test_replay.py::test_the_replayed_step_computes_the_logged_loss_bit_for_bit": 35,
-    "test_cli_sweeps.py::test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone": 30,
-    "test_integration.py::test_tfds_mnist_equals_the_original_idx_files": 30,
-    "test_scale_out.py::test_two_processes_on_localhost_match_one_process": 30,
-    "test_scale_out.py::test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one": 30,
-    "test_sweep.py::test_a_sweep_over_dropout_trains_each_run_at_its_rate": 30,
-    "test_parallel.py::test_dropout_is_the_same_on_four_devices_as_on_one": 30,
-    "test_resume.py::test_signal_saves_and_exits_cleanly_then_resumes": 25,
-    "test_resume.py::test_sigkill_then_resume_is_bit_identical": 25,
-    "test_resume.py::test_resume_skips_a_corrupted_newest_checkpoint": 25,
-    "test_sweep_resume.py::test_a_sweep_killed_between_its_runs_writes_resumes_bit_identically": 25,
-    "test_scale_out.py::test_sigterm_to_one_process_saves_and_stops_all": 25,
-    "test_integration.py::test_mlp_one_epoch_on_mnist_reaches_95_percent": 25,
-    "test_cli_runs.py::test_progress_bar_on_a_terminal_and_plain_lines_otherwise": 25,
-    "test_cli_runs.py::test_metrics_survive_a_sigkill_and_resume_without_duplicates": 25,
-    "test_cli_llama.py::test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one": 25,
-    "test_sweep.py::test_how_many_runs_are_vmapped_together_does_not_change_the_sweep": 25,
-    "test_gpt.py::test_attention_in_query_blocks_is_exact0": 25,
-    # The real model (SmolLM2-135M-Instruct), GPU plans and the bf16-saved remat form.
-    ("test_real_gguf.py::"
-     "test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0"): 60,
-    "test_chat_finetune.py::test_lora_on_conversations_teaches_the_model_a_fact": 45,
-    ("test_chat_finetune.py::"
-     "test_transformers_templates_and_stops_on_the_export_as_purejax_does"): 35,
-    ("test_kernels.py::"
-     "test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients"): 40,
-    "test_real_model.py::test_logits_and_greedy_tokens_equal_transformers": 35,
-    "test_cli_plan.py::test_the_plan_finds_the_largest_batch_by_its_rule": 30,
-    "test_real_gguf.py::test_gguf_import_equals_transformers_gguf_loader": 20,
-    "test_chat_cli.py::test_answers_each_turn_once_feeding_only_its_own_tokens": 30,
-    "test_muon.py::test_muon_with_fsdp_and_accumulation_on_two_devices_matches_one": 25,
-    "test_steps.py::test_chunking_does_not_change_the_run": 25,
-}
-
-
+# The longest tests carry their time budget as a marker, `@pytest.mark.budget(seconds)`:
+# seconds of one test on a quiet 2-core CPU inside the full suite (`pytest -n 2`;
+# every parameter of a test has the budget). The suite runs them first, longest
+# first, so the two workers end together.
 def _budget(item) -> float:
-  file_and_name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
-  return BUDGETS.get(file_and_name, 0)
+  """A test's `@pytest.mark.budget(seconds)`: about how long it runs on 2 cores (0 if unmarked)."""
+  marker = item.get_closest_marker("budget")
+  return marker.args[0] if marker else 0
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,6 +36,7 @@ def converse(folder, lines, *flags):
   return code, out.getvalue()
 
 
+@pytest.mark.budget(30)
 @pytest.mark.slow
 def test_answers_each_turn_once_feeding_only_its_own_tokens(smollm2_folder, capsys):
   capsys.readouterr()

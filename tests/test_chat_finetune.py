@@ -82,6 +82,7 @@ def export(finetuned):
       f"purejax:{finetuned[0]}", f"hf:{folder / 'hf'}")) / "hf"
 
 
+@pytest.mark.budget(45)
 @pytest.mark.slow
 def test_lora_on_conversations_teaches_the_model_a_fact(finetuned, export):
   out, evals = finetuned
@@ -108,6 +109,7 @@ def test_export_keeps_the_template_the_special_tokens_and_the_context(export, sm
   assert json.loads((export / "generation_config.json").read_text())["eos_token_id"] == 2
 
 
+@pytest.mark.budget(35)
 @pytest.mark.slow
 def test_transformers_templates_and_stops_on_the_export_as_purejax_does(export, smollm2,
                                                                        finetuned):

@@ -33,6 +33,7 @@ def test_arch_llama_trains_resumes_exactly_and_samples(tmp_path, text_file):
   assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr[-2000:]
 
 
+@pytest.mark.budget(25)
 def test_arch_llama_with_fsdp_and_accumulation_on_four_devices_matches_one(tmp_path, text_file):
   flags = [*TINY_GPT, "--arch=llama", "--n_kv_head=2", f"--dataset={text_file}"]
   final(run_cli(train, *flags, f"--out_dir={tmp_path / 'one'}"))  # this process: 1 device

@@ -54,6 +54,7 @@ def planned(capsys, *argv) -> str:
   return capsys.readouterr().out
 
 
+@pytest.mark.budget(30)
 @pytest.mark.slow
 def test_the_plan_finds_the_largest_batch_by_its_rule(plugin, capsys):
   # A budget of 1 % of an H100 (0.79 GiB) puts the answer at a small batch.

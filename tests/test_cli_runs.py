@@ -112,6 +112,7 @@ def test_data_errors_are_one_line(tmp_path, text_file, char_gpt_run, capsys):
   assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("ckpt_*"))
 
 
+@pytest.mark.budget(25)
 def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_file):
   flags = [*TINY_FLAGS, "--max_iters=40", "--eval_interval=20", "--log_interval=10",
            "--steps_per_call=5", f"--dataset={text_file}"]
@@ -142,6 +143,7 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path, text_fil
   assert counts == sorted(counts) and counts[-1] == 40  # it moved forward to the end
 
 
+@pytest.mark.budget(25)
 def test_metrics_survive_a_sigkill_and_resume_without_duplicates(tmp_path, text_file):
   out_dir = tmp_path / "run"
   flags = [*TINY_FLAGS, "--max_iters=200", "--eval_interval=20", "--log_interval=5",

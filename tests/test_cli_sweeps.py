@@ -29,6 +29,7 @@ def train_losses(out_dir):
   return {r["step"]: r["loss"] for r in monitor.read_metrics(out_dir) if r["kind"] == "train"}
 
 
+@pytest.mark.budget(40)
 def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_file):
   args = [*TINY_FLAGS, *SHORT_FLAGS, f"--dataset={text_file}", "--dropout=0.1"]
   out = final(run_cli(train, *args, "--sweep=learning_rate=1e-3,3e-3",
@@ -67,6 +68,7 @@ def test_a_sweeps_runs_each_train_as_alone_and_one_resumes_alone(tmp_path, text_
   assert "from step 30, the newest all of them saved" in again.stdout
 
 
+@pytest.mark.budget(30)
 def test_a_run_of_a_sweep_one_at_a_time_is_bit_identical_to_the_run_alone(tmp_path,
                                                                            text_file):
   """300 steps at a high learning rate (3e-2), where any rounding difference would grow."""

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import stacked_sweep_state
 from purejax import gpt
 from purejax.cli import train as train_cli
 from purejax.data import batches, chat, conversations, tokenizers
@@ -174,18 +175,16 @@ def test_a_sweep_trains_on_conversations_as_each_run_alone(tmp_path):
   _, rows = rows_of(tmp_path)
   base = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=0, schedule="constant")
   specs = sweep.expand(base, seed=0, grid={"learning_rate": (1e-2, 3e-2)})
-  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in specs]
-  params = sweep.stack([gpt.init_params(CONFIG, k[0]) for k in keys])
   make = sweep.RunOptimizer(base)
-  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
-                     {"train": sweep.stack([k[1] for k in keys])})
+  state = stacked_sweep_state(CONFIG, specs, make)
   _, metrics = sweep.train_steps(state, rows, 0, sweep.hyperparams(specs), config=CONFIG,
                                  make_optimizer=make, batch_size=4, num_steps=3,
                                  forms=FORMS, sweep_batch=0)
   for i, spec in enumerate(specs):
     optimizer = optim.make_optimizer(spec.opt_config)
-    own = gpt.init_params(CONFIG, keys[i][0])  # (the sweep's state was donated)
-    alone = TrainState(own, optimizer.init(own), {"train": keys[i][1]})
+    params_key, train_key = jax.random.split(jax.random.PRNGKey(spec.seed))  # as the sweep's
+    own = gpt.init_params(CONFIG, params_key)  # (the sweep's state was donated)
+    alone = TrainState(own, optimizer.init(own), {"train": train_key})
     _, solo = steps.train_steps(alone, rows, 0, config=CONFIG, optimizer=optimizer,
                                 batch_size=4, num_steps=3, forms=FORMS)
     np.testing.assert_allclose(metrics.loss[i], solo.loss, rtol=1e-4)

@@ -20,6 +20,7 @@ def run_example(name, *args):
   return process.stdout
 
 
+@pytest.mark.budget(120)
 def test_shakespeare_gpt_lowers_its_val_loss_and_samples():
   out = run_example("shakespeare_gpt.py")
   val = [float(v) for v in re.findall(r"val loss (\d+\.\d+)", out)]
@@ -28,6 +29,7 @@ def test_shakespeare_gpt_lowers_its_val_loss_and_samples():
   assert "ROMEO:" in out
 
 
+@pytest.mark.budget(60)
 def test_mnist_mlp_reaches_97_percent_from_the_original_files():
   out = run_example("mnist_mlp.py", str(require_test_data("mnist")))
   accuracy = [float(a) for a in re.findall(r"test accuracy (\d\.\d+)", out)]

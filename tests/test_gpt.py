@@ -118,6 +118,7 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(grad("none"), grad(policy), rtol=1e-5, atol=1e-6)
 
   @parameterized.parameters((1, 8), (3, 8), (3, 7), (5, 8))
+  @pytest.mark.budget(25)
   @pytest.mark.slow
   def test_attention_in_query_blocks_is_exact(self, attn_block, time):
     # Blocks of queries skip most of the masked keys; the loss, its gradients

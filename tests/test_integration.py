@@ -30,6 +30,7 @@ def sorted_examples(images, labels):
   return np.sort(np.ascontiguousarray(rows).view(f"V{rows.shape[1]}").ravel())
 
 
+@pytest.mark.budget(30)
 def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
   from purejax.data import datasets
   mnist_dir = require_test_data("mnist")
@@ -44,6 +45,7 @@ def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.budget(25)
 def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
   mnist_dir = require_test_data("mnist")
   process = run_module("purejax.train", "--model=mlp", "--epochs=1",
@@ -54,6 +56,7 @@ def test_mlp_one_epoch_on_mnist_reaches_95_percent(tfds_data_dir, tmp_path):
   assert list(tmp_path.glob("ckpt_*.npz"))
 
 
+@pytest.mark.budget(70)
 def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
     tfds_data_dir, tmp_path, capsys):
   text_dir = tinyshakespeare_dir()

@@ -446,6 +446,7 @@ def test_bf16_matmul_outputs_change_the_loss_and_gradients_by_bf16_rounding(scan
   chex.assert_trees_all_close(grads16, grads32, rtol=5e-2, atol=3e-3)
 
 
+@pytest.mark.budget(40)
 @pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_block_inputs_saved_in_bf16_keep_the_loss_and_round_only_the_gradients(scan_layers):

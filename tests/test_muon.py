@@ -253,6 +253,7 @@ def test_a_muon_run_resumes_and_sweeps_bit_identically(tmp_path, text_file, caps
   assert [r["step"] for r in evals] == [0, 10, 20] and all(r["val_bpb"] > 0 for r in evals)
 
 
+@pytest.mark.budget(25)
 @pytest.mark.slow
 def test_muon_with_fsdp_and_accumulation_on_two_devices_matches_one(tmp_path, text_file):
   # Each device holds a slice of every matrix along its largest side, the side the

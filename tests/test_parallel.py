@@ -117,6 +117,7 @@ def test_gradients_cross_devices_once_per_step(fsdp):
     assert set(volume) == ({"all-reduce", "all-gather"} if fsdp else {"all-reduce"})
 
 
+@pytest.mark.budget(30)
 @slow
 def test_dropout_is_the_same_on_four_devices_as_on_one():
   # JAX's partitionable threefry draws the same bits however the batch is split.

@@ -54,6 +54,7 @@ def hf_logits(model, ids):
     return model(torch.from_numpy(np.asarray(ids))).logits.numpy()
 
 
+@pytest.mark.budget(20)
 def test_gguf_import_equals_transformers_gguf_loader(models):
   import torch
   params, config, spec, hf_model, hf_tokenizer = models
@@ -108,6 +109,7 @@ def first_val_loss(lines):
   return [float(l.split("val loss ")[1].split()[0]) for l in lines if "val loss " in l][0]
 
 
+@pytest.mark.budget(60)
 def test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0(
     smollm2_gguf, tmp_path, capsys):
   torch = need("torch")  # transformers reads the export back

@@ -14,6 +14,7 @@ from real_model import smollm2_folder  # noqa: F401  (the fixture)
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
 
 
+@pytest.mark.budget(35)
 @pytest.mark.slow
 def test_logits_and_greedy_tokens_equal_transformers(smollm2_folder):
   import torch

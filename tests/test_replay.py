@@ -45,6 +45,7 @@ def train_like_the_loop(data, key, *, grad_accum_steps=1, host_seed=None):
 @pytest.mark.slow  # 20 s or more each: the full suite runs them
 @pytest.mark.parametrize("grad_accum_steps, host_seed, steps_per_call", [
     (1, None, 7), (1, None, 10), (2, None, 7), (1, 3, 7)])
+@pytest.mark.budget(35)
 def test_the_replayed_step_computes_the_logged_loss_bit_for_bit(grad_accum_steps, host_seed,
                                                                  steps_per_call):
   """Updates 10..23 replay in calls of 7, or a call of 10 and the last 4 one by one."""

@@ -103,6 +103,7 @@ def writing(out_dir):
 
 @pytest.mark.parametrize("kill_point", ["before_any_checkpoint", "between_checkpoints",
                                         "during_a_checkpoint_write"])
+@pytest.mark.budget(25)
 def test_sigkill_then_resume_is_bit_identical(tmp_path, data_flags, uninterrupted,
                                               kill_point):
   out_dir = tmp_path / "run"
@@ -124,6 +125,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, data_flags, uninterrupte
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
 
 
+@pytest.mark.budget(25)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, uninterrupted,
                                                      signum):
@@ -142,6 +144,7 @@ def test_signal_saves_and_exits_cleanly_then_resumes(tmp_path, data_flags, unint
   assert_bit_identical(final_arrays(out_dir), uninterrupted)
 
 
+@pytest.mark.budget(25)
 def test_resume_skips_a_corrupted_newest_checkpoint(tmp_path, data_flags, uninterrupted):
   out_dir = tmp_path / "run"
   process = start(out_dir, data_flags)
@@ -240,6 +243,7 @@ def test_nonfinite_loss_stops_and_names_the_step(tmp_path, data_flags):
 MLP_FLAGS = ["--model=mlp", "--layer_sizes=784,32,10", "--epochs=4", "--batch_size=256"]
 
 
+@pytest.mark.budget(45)
 def test_mlp_sigkill_then_resume_is_bit_identical(tmp_path, tfds_data_dir):
   mnist_dir = require_test_data("mnist")
   flags = MLP_FLAGS + [f"--tfds_manual_dir={mnist_dir}", f"--tfds_data_dir={tfds_data_dir}"]

@@ -30,6 +30,7 @@ def text_flags(tfds_data_dir):
   return tiny_shakespeare_flags(tfds_data_dir)
 
 
+@pytest.mark.budget(30)
 def test_fsdp_on_four_devices_matches_one_device_and_resumes_on_one(
     tmp_path, text_flags, one_device_gpt_run):
   four = tmp_path / "four"
@@ -67,6 +68,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.budget(30)
 def test_two_processes_on_localhost_match_one_process(tmp_path, text_flags, one_device_gpt_run):
   out_dir = tmp_path / "two_processes"
   flags = [*TINY_GPT, *text_flags, f"--out_dir={out_dir}",
@@ -129,6 +131,7 @@ def test_bad_scale_out_flags_fail_with_a_clear_message(tmp_path, text_flags, fla
   assert re.search(message, process.stderr), process.stderr[-2000:]
 
 
+@pytest.mark.budget(40)
 def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
   mnist_dir = require_test_data("mnist")
   # 60000 / 3000 = 20 steps in one epoch.
@@ -150,6 +153,7 @@ def test_mlp_on_mnist_fsdp_four_devices_matches_one(tmp_path, tfds_data_dir):
       assert difference <= 1e-3 * np.linalg.norm(value), (name, difference)
 
 
+@pytest.mark.budget(25)
 def test_sigterm_to_one_process_saves_and_stops_all(tmp_path, text_flags):
   import signal
   import time

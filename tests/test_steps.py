@@ -20,6 +20,7 @@ from conftest import CPU_FORMS, TINY, random_tokens
 
 class TrainStepsTest(parameterized.TestCase):
 
+  @pytest.mark.budget(25)
   @pytest.mark.slow
   def test_chunking_does_not_change_the_run(self):
     # 6 steps as one call or as 2 + 4 calls: same params, bit for bit.

@@ -17,7 +17,7 @@ from purejax.training.loops import sweep_loop
 from purejax.training.pure import steps
 from purejax.training.pure import sweep
 from purejax.training.pure.state import TrainState
-from conftest import TINY, random_tokens
+from conftest import TINY, random_tokens, stacked_sweep_state
 
 # Batching the runs' matmuls may add in another order, so a run of a sweep
 # equals its solo run to float rounding: after 20 steps (learning rates up to
@@ -137,6 +137,7 @@ def _solo(config, data, spec, num_steps):
   return state.params, metrics.loss
 
 
+@pytest.mark.budget(35)
 @pytest.mark.slow  # ~10 s each; the full suite runs them
 @pytest.mark.parametrize("dropout, sweep_batch", [(0.0, 1), (0.1, 1), (0.1, 0)])
 def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
@@ -147,11 +148,8 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2),
                                           "weight_decay": (0.0, 0.1)}, num_seeds=1)
   runs = runs[:2] + sweep.expand(BASE, seed=7, grid={"learning_rate": (1e-2,)})  # another seed
-  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
-  params = sweep.stack([gpt.init_params(config, k[0]) for k in keys])
   make = sweep.RunOptimizer(BASE)
-  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
-                     {"train": sweep.stack([k[1] for k in keys])})
+  state = stacked_sweep_state(config, runs, make)
   hyper, tokens = sweep.hyperparams(runs), batches.DeviceTokens(data)
   # 20 steps in two calls, as a loop would run them
   state, first = sweep.train_steps(state, tokens, 0, hyper, config=config,
@@ -171,6 +169,7 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   assert len({round(float(l), 4) for l in losses[:, -1]}) == 3
 
 
+@pytest.mark.budget(60)
 @pytest.mark.slow  # ~1 min: 300 steps, four runs and their solos
 def test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps():
   """The README's figure for `--sweep_batch` above 1 (measured: 4.4e-5 on the CPU)."""
@@ -179,11 +178,8 @@ def test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps():
   data = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (600,)))
   runs = sweep.expand(base, seed=0, grid={"learning_rate": (3e-3, 1e-2),
                                           "weight_decay": (0.0, 0.1)})
-  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
-  params = sweep.stack([gpt.init_params(config, k[0]) for k in keys])
   make = sweep.RunOptimizer(base)
-  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
-                     {"train": sweep.stack([k[1] for k in keys])})
+  state = stacked_sweep_state(config, runs, make)
   _, metrics = sweep.train_steps(state, data, 0, sweep.hyperparams(runs), config=config,
                                  make_optimizer=make, batch_size=4, num_steps=300,
                                  forms=kernels.select("cpu"), sweep_batch=0)
@@ -192,16 +188,14 @@ def test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps():
   assert not np.array_equal(metrics.loss, alone)  # rounding does differ: the figure is real
 
 
+@pytest.mark.budget(30)
 @pytest.mark.slow  # three programs compile
 def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   """Both runs vmapped at once (the GPU's form): the rate is a batched array."""
   data = random_tokens(jax.random.PRNGKey(0), (600,))
   runs = sweep.expand(BASE, seed=3, grid={"dropout": (0.0, 0.2)})
-  keys = [jax.random.split(jax.random.PRNGKey(r.seed)) for r in runs]
-  params = sweep.stack([gpt.init_params(TINY, k[0]) for k in keys])
   make = sweep.RunOptimizer(BASE)
-  state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
-                     {"train": sweep.stack([k[1] for k in keys])})
+  state = stacked_sweep_state(TINY, runs, make)
   # the shared config's dropout (0.5) is not the runs': the grid's rates win
   config = dataclasses.replace(TINY, dropout=0.5)
   state, metrics = sweep.train_steps(state, batches.DeviceTokens(data), 0,
@@ -252,6 +246,7 @@ def test_the_cpu_runs_a_sweep_one_run_at_a_time_and_the_gpu_all_at_once():
 
 @pytest.mark.slow  # over 5 s: the full suite runs it
 
+@pytest.mark.budget(25)
 def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
   tokens = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (300,)))
   results = []

@@ -93,6 +93,7 @@ def uninterrupted_sweep(args):
   return {name: final_arrays(out_dir / name) for name in RUNS}
 
 
+@pytest.mark.budget(25)
 def test_a_sweep_killed_between_its_runs_writes_resumes_bit_identically(
     tmp_path, args, uninterrupted_sweep):
   out_dir = tmp_path / "sweep"
@@ -134,6 +135,7 @@ def kill_loop(command, run_dirs, kills, seed):
   return landed
 
 
+@pytest.mark.budget(60)
 def test_a_sweep_killed_six_times_at_random_ends_bit_identical(tmp_path, args,
                                                                uninterrupted_sweep):
   # Six kills: three anywhere after progress, three inside a write (the first
@@ -156,6 +158,7 @@ def lora_args(args, char_gpt_run):
           *LORA, *dataset, f"--init_from={char_gpt_run}"]
 
 
+@pytest.mark.budget(40)
 def test_a_lora_run_killed_six_times_at_random_ends_bit_identical(tmp_path, lora_args):
   alone = tmp_path / "alone"
   final(run_cli(train_cli, *lora_args, f"--out_dir={alone}"))

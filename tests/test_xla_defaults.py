@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO_ROOT, long_run_env
 
 
+@pytest.mark.budget(60)
 @pytest.mark.slow
 @pytest.mark.runs_xla_defaults
 def test_the_bit_for_bit_claims_hold_under_xlas_own_code_generation():
