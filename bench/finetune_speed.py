@@ -122,7 +122,7 @@ def purejax_arm(folder: str, setting: str):
   params, config, _ = weights.from_pretrained(folder)
   dtype = "bfloat16" if setting.endswith("bf16") else "float32"
   config = dataclasses.replace(config, block_size=FLAGS.block_size, compute_dtype=dtype)
-  opt_config = optim.OptimizerConfig(learning_rate=LEARNING_RATE, schedule="constant",
+  opt_config = optim.from_flat(learning_rate=LEARNING_RATE, schedule="constant",
                                      beta1=BETAS[0], beta2=BETAS[1], grad_clip=CLIP)
   params = jax.tree.map(jnp.asarray, params)
   view = None

@@ -61,13 +61,13 @@ def define_flags() -> None:
 GPT2_124M = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
                           n_embd=768, dropout=0.0, bias=False, compute_dtype="bfloat16")
 GPT2_MEDIUM = dataclasses.replace(GPT2_124M, n_layer=24, n_head=16, n_embd=1024)
-GPT2_OPTIMIZER = optim.OptimizerConfig(
+GPT2_OPTIMIZER = optim.from_flat(
     name="adamw", learning_rate=6e-4, schedule="constant", beta1=0.9, beta2=0.95,
     weight_decay=0.1, grad_clip=1.0)
 # nanoGPT's config/train_shakespeare_char.py, in bf16.
 SHAKESPEARE_GPU = gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6,
                                 n_embd=384, dropout=0.2, bias=False, compute_dtype="bfloat16")
-SHAKESPEARE_OPTIMIZER = optim.OptimizerConfig(
+SHAKESPEARE_OPTIMIZER = optim.from_flat(
     name="adamw", learning_rate=1e-3, schedule="cosine", warmup_iters=100, decay_iters=5000,
     min_lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
 GPT2_TOKENIZER_VOCAB = 50257  # ids in h.feed's token file are below this (GPT-2's BPE)
@@ -177,7 +177,7 @@ def job_h_train(job: Job) -> None:
   ref, unrolled, twin = ("purejax (scan_layers=True, auto forms)",
                          "purejax (scan_layers=False)", job.twin_name())
   job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
-                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
+                 optimizer=optim.to_saved(GPT2_OPTIMIZER))
   job.note("peak_bytes of a purejax arm is the process's JAX peak after its first call, "
            "which includes the arms built before it; program_peak_bytes is the compiled "
            "step's own plan.")
@@ -211,7 +211,7 @@ def gpt2_step_arms(job: Job, arms: Dict[str, Tuple[dict, Optional[dict]]]) -> No
   s = job.sizes
   config, batch = s.gpt2, s.train_batch
   job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
-                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
+                 optimizer=optim.to_saved(GPT2_OPTIMIZER))
   platform = "gpu" if job.gpu else "cpu"
   ref, twin = next(iter(arms)), job.twin_name()
 
@@ -272,7 +272,7 @@ def job_h_plan(job: Job) -> None:
   device = jax.devices()[0]
   name = "purejax train step (gpu_plan.train_step_program, 1 step per call)"
   job.set_config(config, batch=batch, steps_per_call=1,
-                 optimizer=dataclasses.asdict(GPT2_OPTIMIZER))
+                 optimizer=optim.to_saved(GPT2_OPTIMIZER))
   job.note("measured_peak_bytes: JAX's peak bytes in use after the calls (arguments "
            "included); planned: memory_analysis() of the same program compiled for this "
            "device (autotuned). planned/measured above 1: the plan overestimates.")
@@ -488,7 +488,7 @@ def set_recipe_config(job: Job, **fields) -> None:
   s = job.sizes
   job.set_config(s.shakespeare, batch=s.recipe_batch, max_iters=s.recipe_iters,
                  eval_interval=s.eval_interval, eval_iters=s.eval_iters,
-                 optimizer=dataclasses.asdict(SHAKESPEARE_OPTIMIZER), **fields)
+                 optimizer=optim.to_saved(SHAKESPEARE_OPTIMIZER), **fields)
 
 
 def job_i_purejax_recipe(job: Job) -> None:

@@ -421,15 +421,16 @@ def torch_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
   torch.manual_seed(0)
   with device:
     model = torch_gpt.TorchGPT(config)
-  betas = (opt_config.beta1, opt_config.beta2)
+  setting = opt_config.setting
+  betas = (setting("beta1"), setting("beta2"))
   if opt_config.name == "muon":
     optimizer = torch_gpt.MuonAdamW(model, opt_config.learning_rate,
-                                    opt_config.muon_learning_rate, opt_config.weight_decay,
-                                    betas, opt_config.muon_momentum, opt_config.muon_ns_steps,
+                                    setting("muon_learning_rate"), setting("weight_decay"),
+                                    betas, setting("muon_momentum"), setting("muon_ns_steps"),
                                     float32=muon_float32)
   else:
     optimizer = torch_gpt.make_optimizer(model, opt_config.learning_rate,
-                                         opt_config.weight_decay, betas, fused=cuda)
+                                         setting("weight_decay"), betas, fused=cuda)
   step_model = torch.compile(model) if compile_model else model
   info["torch"] = {"compiled": compile_model, "fused_adamw": cuda,
                    "autocast": config.compute_dtype}

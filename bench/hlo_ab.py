@@ -76,7 +76,7 @@ def normalise(hlo_text: str) -> str:
   return "\n".join(sorted(lines)) + "\n"
 
 
-_OPTIMIZER = optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=10, decay_iters=1000,
+_OPTIMIZER = optim.from_flat(learning_rate=1e-3, warmup_iters=10, decay_iters=1000,
                                    min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
 
 

@@ -28,6 +28,7 @@ from absl import app
 from absl import flags
 
 from bench import harness
+from purejax.optimizers import optim
 from purejax.training.loops import gpt_loop
 from purejax.training.loops import recipes
 
@@ -51,9 +52,10 @@ def main(argv):
   config, batch_size = recipes.SHAKESPEARE_CHAR, gpt_loop.GPTTrainConfig().batch_size
   # The twin's `c_attn` is one Linear, which PyTorch's Muon orthogonalises whole:
   # so does purejax's arm here (`muon_split_qkv=False`), for the same work.
-  adamw = dataclasses.replace(recipes.GPT_OPTIMIZER, decay_iters=1000,
-                              muon_ns_steps=FLAGS.muon_ns_steps, muon_split_qkv=False,
-                              muon_ns_coeffs=FLAGS.muon_ns_coeffs)
+  adamw = dataclasses.replace(recipes.GPT_OPTIMIZER, decay_iters=1000)
+  optimizers = {"adamw": adamw, "muon": optim.replace(
+      adamw, name="muon", muon_ns_steps=FLAGS.muon_ns_steps, muon_split_qkv=False,
+      muon_ns_coeffs=FLAGS.muon_ns_coeffs)}
   rounds = 3 if FLAGS.quick else FLAGS.rounds
   cpu = {}
 
@@ -66,14 +68,14 @@ def main(argv):
     return run
 
   arms = {name: timed(name, harness.purejax_train_arm(
-              config, dataclasses.replace(adamw, name=name), batch_size, FLAGS.steps_per_call))
+              config, optimizers[name], batch_size, FLAGS.steps_per_call))
           for name in ("adamw", "muon")}
   reference = {"muon": "adamw"}
   if FLAGS.torch:
     for arm, name, float32 in (("torch_adamw", "adamw", False), ("torch_muon", "muon", False),
                                ("torch_muon_float32", "muon", True)):
       arms[arm] = timed(arm, harness.torch_train_arm(
-          config, dataclasses.replace(adamw, name=name), batch_size, FLAGS.steps_per_call,
+          config, optimizers[name], batch_size, FLAGS.steps_per_call,
           muon_float32=float32))
       if name == "muon":
         reference[arm] = "torch_adamw"

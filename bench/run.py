@@ -64,7 +64,7 @@ HEAVY = gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd
 # Batch size of each bench size, keyed by its context length.
 BATCH_BY_BLOCK = {SMALL.block_size: 12, HEAVY.block_size: 16}
 # Both frameworks' optimizer (the twin at the constant peak rate).
-OPTIMIZER = optim.OptimizerConfig(learning_rate=1e-3, warmup_iters=10, decay_iters=1000,
+OPTIMIZER = optim.from_flat(learning_rate=1e-3, warmup_iters=10, decay_iters=1000,
                                   min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0)
 
 

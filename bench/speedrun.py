@@ -65,6 +65,7 @@ from absl import logging
 
 from bench import harness
 from purejax import gpt
+from purejax.optimizers import optim
 from purejax.training.loops import gpt_loop
 from purejax.training.loops import recipes
 
@@ -162,10 +163,10 @@ ABLATIONS = {
     "nanochat's norms: no scales, embedding norm": (dict(norm_scale=False, embed_norm=True),
                                                     None),
     "Keller Jordan's quintic, 3 steps": (
-        {}, dataclasses.replace(MODERN_OPTIMIZER, muon_ns_coeffs="keller")),
+        {}, optim.replace(MODERN_OPTIMIZER, muon_ns_coeffs="keller")),
     "Keller Jordan's quintic, 5 steps": (
-        {}, dataclasses.replace(MODERN_OPTIMIZER, muon_ns_coeffs="keller", muon_ns_steps=5)),
-    "qkv as three matrices": ({}, dataclasses.replace(MODERN_OPTIMIZER, muon_split_qkv=True)),
+        {}, optim.replace(MODERN_OPTIMIZER, muon_ns_coeffs="keller", muon_ns_steps=5)),
+    "qkv as three matrices": ({}, optim.replace(MODERN_OPTIMIZER, muon_split_qkv=True)),
 }
 
 
@@ -428,7 +429,7 @@ def main(argv):
             "size": FLAGS.size, "batch_size": size.batch_size,
             "model": dataclasses.asdict(size.model), "eval_iters": eval_iters,
             "seeds": seeds, "ablation_seeds": ablation_seeds,
-            "recipes": {arm: {"model": RECIPES[arm][0], "optimizer": dataclasses.asdict(
+            "recipes": {arm: {"model": RECIPES[arm][0], "optimizer": optim.to_saved(
                 RECIPES[arm][1])} for arm in RECIPES},
             "params": {arm: param_count(arm, size) for arm in arms}}
 

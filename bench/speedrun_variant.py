@@ -25,6 +25,7 @@ from absl import app
 from absl import flags
 
 from bench import speedrun
+from purejax.optimizers import optim
 
 FLAGS = flags.FLAGS
 
@@ -43,7 +44,7 @@ def main(argv):
   del argv
   options, optimizer = speedrun.RECIPES[FLAGS.base]
   model, opt = json.loads(FLAGS.model), json.loads(FLAGS.optimizer)
-  speedrun.RECIPES[FLAGS.name] = ({**options, **model}, dataclasses.replace(optimizer, **opt))
+  speedrun.RECIPES[FLAGS.name] = ({**options, **model}, optim.replace(optimizer, **opt))
   size = speedrun.SIZES["cpu"]
   finals = []
   with tempfile.TemporaryDirectory() as scratch:

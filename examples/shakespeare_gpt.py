@@ -21,7 +21,7 @@ config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,
 keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))
 params = gpt.init_params(config, keys["params"])
 
-optimizer = optim.make_optimizer(optim.OptimizerConfig(
+optimizer = optim.make_optimizer(optim.from_flat(
     learning_rate=1e-3, warmup_iters=50, decay_iters=1000, min_lr=1e-4,
     beta2=0.99, weight_decay=0.1, grad_clip=1.0))
 state = purejax.TrainState(params, optimizer.init(params), {"train": keys["train"]})

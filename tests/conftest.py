@@ -487,7 +487,7 @@ def assert_same_run(out_dir, reference_dir):
 GPT2 = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768,
                      bias=False, compute_dtype="bfloat16")
 GPT2_BATCH = 12
-GPT2_OPTIMIZER = optim.make_optimizer(optim.OptimizerConfig(
+GPT2_OPTIMIZER = optim.make_optimizer(optim.from_flat(
     learning_rate=6e-4, warmup_iters=10, decay_iters=1000, min_lr=6e-5, beta2=0.95,
     weight_decay=0.1, grad_clip=1.0))
 CUDNN_FORWARD, CUDNN_BACKWARD = "__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"

@@ -56,7 +56,7 @@ def finetuned(smollm2, smollm2_folder):
     train = gpt_loop.GPTTrainConfig(batch_size=4, max_iters=STEPS, eval_interval=STEPS,
                                 eval_iters=1, log_interval=STEPS, steps_per_call=STEPS,
                                 sample_tokens=0)
-    opt = optim.OptimizerConfig(learning_rate=3e-3, schedule="constant", warmup_iters=0,
+    opt = optim.from_flat(learning_rate=3e-3, schedule="constant", warmup_iters=0,
                                 weight_decay=0.0, grad_clip=1.0)
     gpt_loop.train_gpt(dataclasses.replace(config, block_size=BLOCK_SIZE), data, train, opt,
                    runs.RunConfig(str(root / "out")), init_params=params,

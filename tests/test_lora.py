@@ -202,7 +202,7 @@ def test_optimizer_state_at_gpt2_124m_is_under_two_percent_of_full_fine_tuning()
   # GPT-2 124M's shapes, rank 8 on the attention and MLP matrices; shapes only
   # (jax.eval_shape), so nothing is allocated.
   config = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
-  optimizer = optim.make_optimizer(optim.OptimizerConfig(weight_decay=0.1, decay_iters=10))
+  optimizer = optim.make_optimizer(optim.from_flat(weight_decay=0.1, decay_iters=10))
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   adapters = jax.eval_shape(
       lambda p: lora.init(p, 8, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1)), params)

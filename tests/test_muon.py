@@ -21,7 +21,7 @@ from purejax.optimizers import muon
 from purejax.optimizers import optim
 from purejax.training.effects import monitor
 
-MUON = optim.OptimizerConfig(name="muon", learning_rate=1e-3, schedule="constant",
+MUON = optim.from_flat(name="muon", learning_rate=1e-3, schedule="constant",
                              weight_decay=0.1, muon_learning_rate=0.02,
                              muon_weight_decay=0.1)
 
@@ -105,7 +105,7 @@ def test_minimax_quintics_are_their_derivation_and_orthogonalise_in_fewer_steps(
   lo, hi = ends("minimax", 7)
   assert 0.99 < lo and hi < 1.01, (lo, hi)
   with pytest.raises(ValueError, match="unknown `muon_ns_coeffs` 'polar'"):
-    dataclasses.replace(MUON, muon_ns_coeffs="polar")
+    optim.replace(MUON, muon_ns_coeffs="polar")
 
 
 def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
@@ -120,8 +120,8 @@ def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
   optimizer = optim.make_optimizer(MUON)
   grads = random_like(params, 1)
   update, _ = jax.jit(optimizer.update)(grads, optimizer.init(params), params)
-  adamw = optax.adamw(MUON.learning_rate, b1=MUON.beta1, b2=MUON.beta2,
-                      weight_decay=MUON.weight_decay, mask=optim.decay_mask)
+  adamw = optax.adamw(MUON.learning_rate, b1=MUON.setting("beta1"), b2=MUON.setting("beta2"),
+                      weight_decay=MUON.setting("weight_decay"), mask=optim.decay_mask)
   expected, _ = jax.jit(adamw.update)(grads, adamw.init(params), params)
   rest = lambda tree: jax.tree.map(lambda x, l: x if l == "adamw" else jnp.zeros(()),
                                    tree, labels)
@@ -131,7 +131,7 @@ def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
   # sqrt(1 / 16).
   qkv = update["blocks"]["attn"]["qkv"]["w"][0]
   rms = float(jnp.sqrt(jnp.mean(qkv ** 2)))
-  assert 0.5 < rms / (MUON.muon_learning_rate * np.sqrt(1 / 16)) < 1.5, rms
+  assert 0.5 < rms / (MUON.setting("muon_learning_rate") * np.sqrt(1 / 16)) < 1.5, rms
 
 def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
@@ -157,16 +157,16 @@ def first_muon_update(config, params, grads, name):
 def test_the_number_of_newton_schulz_steps_is_the_configs():
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
   grads = random_like(params, 3)
-  two = dataclasses.replace(MUON, muon_ns_steps=2, muon_weight_decay=0.0)
+  two = optim.replace(MUON, muon_ns_steps=2, muon_weight_decay=0.0)
   # Nesterov's first step is the gradient itself (times 1 + beta, which the
   # orthogonalisation's normalisation removes); the rate and Muon's shape scale follow.
   fc = grads["blocks"]["mlp"]["fc"]["w"]  # [n_layer, 16, 64]
-  expected = reference_newton_schulz(fc, steps=2) * (-two.muon_learning_rate * np.sqrt(4))
+  expected = reference_newton_schulz(fc, steps=2) * (-two.setting("muon_learning_rate") * np.sqrt(4))
   update = lambda config: first_muon_update(config, params, grads, "mlp.fc")
   np.testing.assert_allclose(update(two), expected, atol=1e-5)
-  assert not np.allclose(update(dataclasses.replace(two, muon_ns_steps=5)), expected, atol=1e-3)
+  assert not np.allclose(update(optim.replace(two, muon_ns_steps=5)), expected, atol=1e-3)
   with pytest.raises(ValueError, match="`muon_ns_steps` must be an integer >= 1, got 0"):
-    dataclasses.replace(MUON, muon_ns_steps=0)
+    optim.replace(MUON, muon_ns_steps=0)
 
 
 @pytest.mark.parametrize("n_kv_head", [None, 1])
@@ -178,17 +178,17 @@ def test_the_fused_qkv_weight_is_orthogonalised_as_its_query_key_and_value(n_kv_
   grads = random_like(params, 4)
   g = np.asarray(grads["blocks"]["attn"]["qkv"]["w"])  # [n_layer, 16, 16 + 2 kv]
   kv = (g.shape[-1] - 16) // 2
-  opt = dataclasses.replace(MUON, muon_weight_decay=0.0)
+  opt = optim.replace(MUON, muon_weight_decay=0.0)
   # Each part is square or wide ([16, kv]), so Muon's shape scale is 1.
   parts = np.split(g, (16, 16 + kv), axis=-1)
   expected = np.concatenate([reference_newton_schulz(p) for p in parts], axis=-1)
   np.testing.assert_allclose(first_muon_update(opt, params, grads, "attn.qkv"),
-                             -opt.muon_learning_rate * expected, atol=2e-5)
+                             -opt.setting("muon_learning_rate") * expected, atol=2e-5)
   # `muon_split_qkv=False`: one [16, 16 + 2 kv] matrix, scaled by sqrt(out / in).
-  fused = dataclasses.replace(opt, muon_split_qkv=False)
+  fused = optim.replace(opt, muon_split_qkv=False)
   expected = reference_newton_schulz(g) * np.sqrt(g.shape[-1] / 16)
   np.testing.assert_allclose(first_muon_update(fused, params, grads, "attn.qkv"),
-                             -opt.muon_learning_rate * expected, atol=2e-5)
+                             -opt.setting("muon_learning_rate") * expected, atol=2e-5)
 
 
 def test_the_momentum_warms_up_from_its_start_as_modded_nanogpts():
@@ -204,7 +204,7 @@ def test_the_momentum_warms_up_from_its_start_as_modded_nanogpts():
   plain = muon.muon_matrices(learning_rate=1.0, momentum=0.95, weight_decay=0.0)
   assert isinstance(plain.init({"w": jnp.zeros((2, 3))})[0], optax.TraceState)
   with pytest.raises(ValueError, match="`muon_momentum_warmup_iters` must be >= 0"):
-    dataclasses.replace(MUON, muon_momentum_warmup_iters=-1)
+    optim.replace(MUON, muon_momentum_warmup_iters=-1)
 
 
 def test_muon_refuses_a_model_without_blocks():

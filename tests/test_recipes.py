@@ -17,6 +17,7 @@ from purejax import gpt
 from purejax.cli import command
 from purejax.cli import train
 from purejax.cli import train_flags
+from purejax.optimizers import optim
 from purejax.training.loops import recipes
 
 VOCAB = 65
@@ -50,7 +51,7 @@ def test_the_modern_recipe_is_nanochats_block_with_norm_scales_and_muon():
   nanochat = dataclasses.replace(recipes.SHAKESPEARE_CHAR, **gpt.ARCHITECTURES["nanochat"])
   assert config == dataclasses.replace(nanochat, norm_scale=True, embed_norm=False)
   optimizer = recipes.RECIPES["modern"].optimizer
-  assert (optimizer.name, optimizer.muon_ns_steps, optimizer.muon_ns_coeffs) == (
+  assert (optimizer.name, optimizer.settings.ns_steps, optimizer.settings.ns_coeffs) == (
       "muon", 3, "minimax")
 
 
@@ -58,7 +59,7 @@ def test_a_flag_overrides_one_setting_of_the_recipe():
   recipe = recipes.RECIPES["modern"]
   args = parsed("--recipe=modern", "--muon_ns_steps=5", "--noembed_norm", "--embed_norm",
                 "--max_iters=50", "--qk_norm=false")
-  assert train.optimizer_config(args) == dataclasses.replace(recipe.optimizer, muon_ns_steps=5)
+  assert train.optimizer_config(args) == optim.replace(recipe.optimizer, muon_ns_steps=5)
   assert train.gpt_config(args, VOCAB) == recipe.model_config(
       vocab_size=VOCAB, embed_norm=True, qk_norm=False)
   assert args.max_iters == 50

@@ -21,7 +21,7 @@ from purejax.training.tools import replay
 from conftest import CPU_FORMS, SHAKESPEARE, TINY, built_once, random_tokens
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
-OPT = optim.make_optimizer(optim.OptimizerConfig(
+OPT = optim.make_optimizer(optim.from_flat(
     learning_rate=1e-2, warmup_iters=2, decay_iters=30, weight_decay=0.1, grad_clip=1.0))
 
 

@@ -26,7 +26,7 @@ class TrainStepsTest(parameterized.TestCase):
     # 6 steps as one call or as 2 + 4 calls: same params, bit for bit.
     config = dataclasses.replace(TINY, dropout=0.1)
     data = random_tokens(jax.random.PRNGKey(0), (500,))
-    opt = optim.make_optimizer(optim.OptimizerConfig(
+    opt = optim.make_optimizer(optim.from_flat(
         learning_rate=1e-2, warmup_iters=2, decay_iters=6, weight_decay=0.1, grad_clip=1.0))
     key = jax.random.PRNGKey(3)
 

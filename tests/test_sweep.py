@@ -27,7 +27,7 @@ from conftest import TINY, random_tokens, stacked_sweep_state
 # step at 1e-2.
 LOSS_RTOL = 2e-5
 PARAMS_ATOL = 1e-4
-BASE = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=2, decay_iters=20, min_lr=1e-4,
+BASE = optim.from_flat(learning_rate=1e-2, warmup_iters=2, decay_iters=20, min_lr=1e-4,
                              weight_decay=0.1, grad_clip=1.0, beta2=0.99)
 
 
@@ -38,7 +38,7 @@ def test_parse_grid_and_expand_name_every_run():
   assert len(runs) == 8
   assert runs[0].name == "learning_rate=0.0003_weight_decay=0_seed=5"
   assert [r.seed for r in runs[:2]] == [5, 6]
-  assert runs[7].opt_config == dataclasses.replace(BASE, learning_rate=1e-3, weight_decay=0.1)
+  assert runs[7].opt_config == optim.replace(BASE, learning_rate=1e-3, weight_decay=0.1)
   assert sweep.expand(BASE, seed=0, grid={}, num_seeds=3)[2].name == "seed=2"
 
 

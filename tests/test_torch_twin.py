@@ -54,7 +54,7 @@ def test_gpt_one_training_step_agrees():
   lr, wd, betas = 1e-2, 0.1, (0.9, 0.99)
 
   # purejax: loss before the step, then the loss of the updated params.
-  optimizer = optim.make_optimizer(optim.OptimizerConfig(
+  optimizer = optim.make_optimizer(optim.from_flat(
       learning_rate=lr, schedule="constant", beta2=betas[1], weight_decay=wd))
   state = optimizer.init(params)
   loss0, grads = jax.value_and_grad(gpt.loss)(params, x, y, CONFIG)

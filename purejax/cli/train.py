@@ -61,19 +61,15 @@ def optimizer_config(args: Args) -> optim.OptimizerConfig:
   """The optimizer flags; the schedule ends at `--lr_decay_iters`, else where the
   training loop decides (`optim.with_schedule_end`: the run's last step)."""
   scale = depth_lr_scale(args)
-  return optim.OptimizerConfig(
+  # The optimizer's own settings are flags of their flat names (`train_flags`); only
+  # the shared rates scale with --depth (Muon's follows each matrix's shape already,
+  # and nanochat scales only its AdamW rates).
+  own = {name: args[name].value for name in optim.settings_names(args.optimizer)}
+  return optim.from_flat(
       name=args.optimizer, learning_rate=args.learning_rate * scale, schedule=args.lr_schedule,
       warmup_iters=args.warmup_iters, decay_iters=args.lr_decay_iters,
-      min_lr=args.min_lr * scale, warmdown_frac=args.warmdown_frac, beta2=args.beta2,
-      weight_decay=args.weight_decay,
-      grad_clip=args.grad_clip,
-      # Muon's rate is not scaled by width: its update's scale follows each
-      # matrix's shape already (nanochat scales only its AdamW rates).
-      muon_learning_rate=args.muon_learning_rate, muon_momentum=args.muon_momentum,
-      muon_weight_decay=args.muon_weight_decay, muon_ns_steps=args.muon_ns_steps,
-      muon_momentum_warmup_iters=args.muon_momentum_warmup_iters,
-      muon_momentum_start=args.muon_momentum_start, muon_split_qkv=args.muon_split_qkv,
-      muon_ns_coeffs=args.muon_ns_coeffs)
+      min_lr=args.min_lr * scale, warmdown_frac=args.warmdown_frac, grad_clip=args.grad_clip,
+      **own)
 
 
 def depth_lr_scale(args: Args) -> float:
@@ -173,12 +169,12 @@ def refuse_what_has_no_effect(args: Args) -> None:
   if given("warmdown_frac") and args.lr_schedule != "warmdown":
     raise ValueError(f"--warmdown_frac has no effect on --lr_schedule={args.lr_schedule}; add "
                      f"--lr_schedule=warmdown or drop --warmdown_frac.")
-  for name in ("muon_learning_rate", "muon_momentum", "muon_weight_decay", "muon_ns_steps",
-               "muon_momentum_warmup_iters", "muon_momentum_start", "muon_split_qkv",
-               "muon_ns_coeffs"):
-    if given(name) and args.optimizer != "muon":
+  own = optim.settings_names(args.optimizer)
+  for name in optim.all_settings():
+    if given(name) and name not in own:
+      readers = optim.readers_of(name)
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
-                       f"--optimizer=muon or drop --{name}.")
+                       f"--optimizer={readers[0]} or drop --{name}.")
   if given("muon_momentum_start") and not args.muon_momentum_warmup_iters:
     raise ValueError("--muon_momentum_start has no effect without a momentum warmup; add "
                      "--muon_momentum_warmup_iters=N (e.g. 300) or drop --muon_momentum_start.")

@@ -25,6 +25,8 @@ from purejax.cli import forms_flags
 from purejax.data import datasets as data_lib
 from purejax.optimizers import muon
 from purejax.optimizers import optim
+from purejax.optimizers import registry
+from purejax.optimizers import settings as settings_lib
 from purejax.training.loops import gpt_loop
 from purejax.training.loops import mlp_loop
 from purejax.training.loops import recipes
@@ -72,9 +74,38 @@ def define_common_flags(args: flags.FlagValues, model: str) -> None:
   flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.", flag_values=args)
 
 
+def define_settings_flags(args: flags.FlagValues, defaults: optim.OptimizerConfig) -> None:
+  """A flag per optimizer setting of every registered optimizer, derived from its
+  settings class (flag name = flat name, help = its docstring, the optimizer that
+  reads it named), defaulting to `defaults`' value where its optimizer has the
+  setting, else to the settings class's."""
+  own = settings_lib.to_flat(defaults.settings)
+  readers = {}
+  for name, entry in registry.OPTIMIZERS.items():
+    for flat in settings_lib.flat_fields(entry.settings):
+      readers.setdefault(flat, []).append(name)
+  docs, choices = {}, {}
+  for entry in registry.OPTIMIZERS.values():
+    docs.update({k: v for k, v in settings_lib.field_docs(entry.settings).items()
+                 if k not in docs})
+    choices.update({entry.settings.PREFIX + field: values for field, values in
+                    getattr(entry.settings, "CHOICES", {}).items()})
+  for flat, default in optim.all_settings().items():
+    value = own.get(flat, default)
+    help_text = f"--optimizer={'/'.join(readers[flat])}: {docs.get(flat, flat)}"
+    if flat in choices:
+      flags.DEFINE_enum(flat, value, list(choices[flat]), help_text, flag_values=args)
+      continue
+    define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+              str: flags.DEFINE_string}[type(default)]
+    define(flat, value, help_text, flag_values=args)
+
+
 def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConfig) -> None:
-  """Optimizer flags, defaulting to the model's recipe."""
-  flags.DEFINE_enum("optimizer", defaults.name, list(optim.OPTIMIZERS), "Optimizer.",
+  """Optimizer flags, defaulting to the model's recipe: those every optimizer shares
+  (nanoGPT's names), then every optimizer's own settings (`define_settings_flags`)."""
+  flags.DEFINE_enum("optimizer", defaults.name, list(optim.OPTIMIZERS), "Optimizer: " + "; ".join(
+      f"{name}: {entry.summary}" for name, entry in registry.OPTIMIZERS.items()) + ".",
                     flag_values=args)
   flags.DEFINE_float("learning_rate", defaults.learning_rate, "Peak learning rate.",
                      flag_values=args)
@@ -92,33 +123,9 @@ def define_optimizer_flags(args: flags.FlagValues, defaults: optim.OptimizerConf
   flags.DEFINE_integer("lr_decay_iters", None,
                        "Step where the decay ends (default: the run's last step).",
                        flag_values=args)
-  flags.DEFINE_float("beta2", defaults.beta2, "Adam's second-moment decay.", flag_values=args)
-  flags.DEFINE_float("weight_decay", defaults.weight_decay, "AdamW decay (matrices only).",
-                     flag_values=args)
   flags.DEFINE_float("grad_clip", defaults.grad_clip, "Global gradient-norm clip (0: off).",
                      flag_values=args)
-  # Muon trains the GPT blocks' matrices with these; the other params take AdamW's flags.
-  flags.DEFINE_float("muon_learning_rate", defaults.muon_learning_rate, "--optimizer=muon: "
-                     "peak rate of the blocks' matrices (on --lr_schedule's shape).",
-                     flag_values=args)
-  flags.DEFINE_float("muon_momentum", defaults.muon_momentum, "--optimizer=muon: Nesterov "
-                     "momentum of the blocks' matrices.", flag_values=args)
-  flags.DEFINE_float("muon_weight_decay", defaults.muon_weight_decay, "--optimizer=muon: "
-                     "decay of the blocks' matrices (times their rate).", flag_values=args)
-  flags.DEFINE_integer("muon_ns_steps", defaults.muon_ns_steps, "--optimizer=muon: "
-                       "Newton-Schulz steps of each orthogonalisation.", flag_values=args)
-  flags.DEFINE_integer("muon_momentum_warmup_iters", defaults.muon_momentum_warmup_iters,
-                       "--optimizer=muon: steps over which the momentum rises linearly from "
-                       "--muon_momentum_start to --muon_momentum (0: none).", flag_values=args)
-  flags.DEFINE_float("muon_momentum_start", defaults.muon_momentum_start, "--optimizer=muon: "
-                     "the momentum warmup's first momentum.", flag_values=args)
-  flags.DEFINE_enum("muon_ns_coeffs", defaults.muon_ns_coeffs, list(muon.NS_COEFFICIENTS),
-                    "--optimizer=muon: each Newton-Schulz step's quintic: keller (the "
-                    "reference's) or minimax (as orthogonal in 4 steps as keller in 5).",
-                    flag_values=args)
-  flags.DEFINE_bool("muon_split_qkv", defaults.muon_split_qkv, "--optimizer=muon: "
-                    "orthogonalise the attention's fused query/key/value weight as its three "
-                    "matrices (false: as one).", flag_values=args)
+  define_settings_flags(args, defaults)
 
 
 # GPTConfig fields set by a flag of another kind: the data's tokenizer gives the

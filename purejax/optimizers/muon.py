@@ -1,17 +1,21 @@
 """Muon: momentum orthogonalised by Newton-Schulz, for the GPT's hidden matrices.
 
-`optim.make_optimizer` builds "muon" from `muon`: these matrices
-(`muon_labels`) take `muon_matrices`, every other param AdamW.
+`Muon` holds its settings and `muon` builds it (`optim.make_optimizer` by the
+name "muon"): the blocks' hidden matrices (`muon_labels`) take
+`muon_matrices`, every other param AdamW.
 """
 
+import dataclasses
 import functools
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import ClassVar, List, NamedTuple, Optional, Sequence, Tuple
 
 import chex
 import jax
 import jax.numpy as jnp
 import optax
+
+from purejax.optimizers import adam as adam_lib
 
 # Muon's Newton-Schulz iteration: Keller Jordan's quintic coefficients, 5 steps.
 MUON_NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -253,11 +257,83 @@ def muon_matrices(learning_rate: optax.ScalarOrSchedule, momentum: chex.Numeric,
       optax.scale_by_learning_rate(learning_rate))
 
 
-def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
-         ) -> optax.GradientTransformation:
-  """`config`'s "muon": `muon_matrices` on the blocks' hidden matrices (`muon_labels`),
-  AdamW on the rest (`decay_mask_fn` choosing what decays), each group with
-  its own numbers, both on `schedule`'s shape.
+@dataclasses.dataclass(frozen=True)
+class Muon:
+  """Muon's settings: those of the blocks' hidden matrices, and AdamW's for the rest.
+
+  Attributes:
+    learning_rate: the matrices' peak rate, on the run's schedule's shape (Keller
+      Jordan's Muon default, 0.02, for updates scaled by `sqrt(max(1, out / in))`).
+    momentum: the matrices' Nesterov momentum.
+    weight_decay: decoupled decay of the matrices, multiplied by their rate as
+      Muon's reference does (default 0, as there).
+    ns_steps: Newton-Schulz steps of each orthogonalisation (`newton_schulz`; 5,
+      the reference's).
+    ns_coeffs: the steps' quintics (`ns_coefficients`): "keller" (Keller
+      Jordan's, the reference's) or "minimax" (Polar Express's construction: as
+      close to orthogonal in 4 steps as Keller Jordan's in 5).
+    momentum_warmup_iters: steps over which the momentum rises linearly from
+      `momentum_start` to `momentum` (0: none, as Muon's reference; modded-nanogpt
+      and nanochat: 300).
+    momentum_start: that warmup's first momentum (0.85, theirs).
+    split_qkv: orthogonalise the attention's fused query/key/value weight as
+      its three matrices, as nanochat and modded-nanogpt (whose projections are
+      separate) do; False: as one `[d, 3d]` matrix.
+    adamw: the AdamW that trains every other param (embeddings, head, norms,
+      biases), on the run's learning rate.
+  """
+  PREFIX: ClassVar[str] = "muon_"
+  HYPERPARAMS: ClassVar[Tuple[str, ...]] = ("learning_rate", "momentum", "weight_decay")
+  CHOICES: ClassVar[dict] = {"ns_coeffs": NS_COEFFICIENTS}
+  learning_rate: float = 0.02
+  momentum: float = 0.95
+  weight_decay: float = 0.0
+  ns_steps: int = MUON_NS_STEPS
+  momentum_warmup_iters: int = 0
+  momentum_start: float = 0.85
+  split_qkv: bool = True
+  ns_coeffs: str = "keller"
+  adamw: adam_lib.AdamW = adam_lib.AdamW()
+
+  def check(self) -> None:
+    self.adamw.check()
+    if not (self.learning_rate > 0 and 0 <= self.momentum < 1 and self.weight_decay >= 0):
+      raise ValueError(f"Muon needs `muon_learning_rate` > 0, `muon_momentum` in [0, 1) and "
+                       f"`muon_weight_decay` >= 0; got {self.learning_rate}, "
+                       f"{self.momentum} and {self.weight_decay}.")
+    if self.ns_coeffs not in NS_COEFFICIENTS:
+      raise ValueError(f"unknown `muon_ns_coeffs` {self.ns_coeffs!r}; use one of "
+                       f"{NS_COEFFICIENTS}.")
+    if not (isinstance(self.ns_steps, int) and self.ns_steps >= 1):
+      raise ValueError(f"`muon_ns_steps` must be an integer >= 1, got {self.ns_steps!r}.")
+    if self.momentum_warmup_iters < 0 or not 0 <= self.momentum_start < 1:
+      raise ValueError(f"`muon_momentum_warmup_iters` must be >= 0 and `muon_momentum_start` "
+                       f"in [0, 1); got {self.momentum_warmup_iters} and "
+                       f"{self.momentum_start}.")
+
+  def describe(self) -> List[str]:
+    parts = [f"lr {self.learning_rate:g}", f"momentum {self.momentum:g}"]
+    if self.weight_decay:
+      parts.append(f"weight decay {self.weight_decay:g}")
+    if self.ns_steps != MUON_NS_STEPS:
+      parts.append(f"{self.ns_steps} Newton-Schulz steps")
+    if self.ns_coeffs != "keller":
+      parts.append(f"{self.ns_coeffs} quintics")
+    if not self.split_qkv:
+      parts.append("qkv as one matrix")
+    if self.momentum_warmup_iters:
+      parts.append(f"momentum from {self.momentum_start:g} over "
+                   f"{self.momentum_warmup_iters} steps")
+    return [f"({', '.join(parts)}) on the blocks' matrices; adamw on the rest"] + (
+        self.adamw.describe())
+
+
+def muon(learning_rate: optax.Schedule, settings: Muon, *, peak_learning_rate: chex.Numeric,
+         decay_mask_fn: Optional[callable] = None, **unused) -> optax.GradientTransformation:
+  """Muon (`muon_matrices`) on the blocks' hidden matrices (`muon_labels`), AdamW
+  (`settings.adamw`, `decay_mask_fn` choosing what decays) on the rest, each group with
+  its own numbers, both on `learning_rate`'s shape: the matrices' rate is the schedule
+  scaled by `settings.learning_rate / peak_learning_rate`.
 
   Not `optax.contrib.muon`: its AdamW group would take Muon's Nesterov flag
   (NAdam, where the references use Adam) and decay every non-matrix param
@@ -268,10 +344,16 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
   nanoGPT's CPU recipe), and it bias-corrects the momentum, which the
   reference does not.
 
+  Args:
+    learning_rate: the run's schedule.
+    settings: Muon's.
+    peak_learning_rate: the schedule's peak (the run's learning rate).
+    decay_mask_fn: which params AdamW decays.
+
   Raises:
     ValueError (at `init`): the params hold no hidden matrices of blocks.
   """
-  ratio = config.muon_learning_rate / config.learning_rate
+  ratio = settings.learning_rate / peak_learning_rate
 
   def labels(params):
     tree = muon_labels(params)
@@ -280,10 +362,9 @@ def muon(config, schedule: optax.Schedule, decay_mask_fn: Optional[callable]
                        "weights `w` under the GPT's `blocks`); use adamw for this model.")
     return tree
 
-  matrices = muon_matrices(lambda step: schedule(step) * ratio, config.muon_momentum,
-                           config.muon_weight_decay, decay_mask_fn, config.muon_ns_steps,
-                           config.muon_momentum_warmup_iters, config.muon_momentum_start,
-                           config.muon_split_qkv, config.muon_ns_coeffs)
-  rest = optax.adamw(schedule, b1=config.beta1, b2=config.beta2,
-                     weight_decay=config.weight_decay, mask=decay_mask_fn)
+  matrices = muon_matrices(lambda step: learning_rate(step) * ratio, settings.momentum,
+                           settings.weight_decay, decay_mask_fn, settings.ns_steps,
+                           settings.momentum_warmup_iters, settings.momentum_start,
+                           settings.split_qkv, settings.ns_coeffs)
+  rest = adam_lib.adamw(learning_rate, settings.adamw, decay_mask_fn=decay_mask_fn)
   return optax.partition({MUON: matrices, ADAMW: rest}, labels)

@@ -1,14 +1,16 @@
-"""Optimizers and learning-rate schedules, built from optax pieces.
+"""A run's optimizer: which one, its learning-rate schedule and clipping; built from optax.
+
+    config = OptimizerConfig(learning_rate=1e-3, warmup_iters=100, min_lr=1e-4, grad_clip=1.0,
+                             settings=adam.AdamW(beta2=0.99, weight_decay=0.1))
+    optimizer = make_optimizer(config)                 # an optax.GradientTransformation
 
 Both models train with `make_optimizer`, so the same flags mean the same
-thing for each.
-
-"muon" trains two groups of params, each with its own rate and decay
-(`muon.muon_labels`): the hidden matrices of the GPT's blocks take Muon
-(momentum orthogonalised by Newton-Schulz, `purejax.optimizers.muon`), everything
-else (embeddings, head, norms, biases) takes AdamW with the ordinary
-optimizer numbers. Both follow one schedule's shape: the Muon group's rate
-is the schedule scaled by `muon_learning_rate / learning_rate`.
+thing for each. Which optimizer and its own settings are one object of its
+settings class (`adam.AdamW`, `muon.Muon`, `lion.Lion`, ...), found by name in
+`registry.OPTIMIZERS`; what every optimizer shares (the rate, its schedule,
+clipping) are this config's fields. Outside Python a setting is its flat name
+(`beta2`, `muon_ns_steps`, `lion_weight_decay`: `settings`): the flags, a
+sweep's grid, a checkpoint's record (`to_saved`, `from_saved`).
 """
 
 import dataclasses
@@ -20,9 +22,14 @@ import jax.numpy as jnp
 import optax
 
 from purejax.optimizers import muon
+from purejax.optimizers import registry
+from purejax.optimizers import settings as settings_lib
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon")
+OPTIMIZERS = tuple(registry.OPTIMIZERS)
 SCHEDULES = ("cosine", "warmdown", "constant")
+# The fields every optimizer shares; the rest of a run's record is its settings'.
+SHARED_FIELDS = ("name", "learning_rate", "schedule", "warmup_iters", "decay_iters", "min_lr",
+                 "warmdown_frac", "grad_clip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +37,7 @@ class OptimizerConfig:
   """What `make_optimizer` builds.
 
   Attributes:
-    name: one of `OPTIMIZERS`.
+    name: the optimizer, one of `OPTIMIZERS`; None: `settings`' (or "adamw").
     learning_rate: peak learning rate (> 0).
     schedule: "cosine" (linear warmup, then cosine decay to `min_lr`),
       "warmdown" (linear warmup, the peak held, then a linear decay to
@@ -43,54 +50,31 @@ class OptimizerConfig:
     min_lr: final learning rate of the decay.
     warmdown_frac: "warmdown": the fraction of `decay_iters` the linear
       decay takes, in (0, 1] (nanochat's 0.2).
-    beta1, beta2: Adam moments' decay rates.
-    momentum: for "momentum".
-    weight_decay: decoupled weight decay ("adamw"), applied to weight
-      matrices and embeddings only (`decay_mask`), never to biases or norms.
     grad_clip: clip the global gradient norm to this (0 disables).
-    muon_learning_rate: "muon": the Muon group's peak rate (Keller Jordan's
-      Muon default, 0.02, for updates scaled by `sqrt(max(1, out / in))`).
-    muon_momentum: "muon": the Muon group's Nesterov momentum (0.95).
-    muon_weight_decay: "muon": decoupled decay of the Muon group's matrices,
-      multiplied by its rate as Muon's reference does (default 0, as there).
-    muon_ns_steps: "muon": Newton-Schulz steps of each orthogonalisation
-      (`muon.newton_schulz`; 5, the reference's).
-    muon_ns_coeffs: "muon": the steps' quintics (`muon.ns_coefficients`):
-      "keller" (Keller Jordan's, the reference's) or "minimax" (Polar
-      Express's construction: as close to orthogonal in 4 steps as Keller
-      Jordan's in 5).
-    muon_momentum_warmup_iters: "muon": steps over which the Muon group's
-      momentum rises linearly from `muon_momentum_start` to `muon_momentum`
-      (0: none, as Muon's reference; modded-nanogpt and nanochat: 300).
-    muon_momentum_start: "muon": that warmup's first momentum (0.85, theirs).
-    muon_split_qkv: "muon": orthogonalise the attention's fused query/key/value
-      weight as three matrices, as nanochat and modded-nanogpt (whose
-      projections are separate) do; False: as one `[d, 3d]` matrix.
+    settings: the optimizer's own settings (`adam.AdamW(beta2=0.99)`,
+      `muon.Muon(ns_steps=3)`, ...); None: the named optimizer's defaults.
   """
-  name: str = "adamw"
+  name: Optional[str] = None
   learning_rate: float = 1e-3
   schedule: str = "cosine"
   warmup_iters: int = 0
   decay_iters: Optional[int] = None
   min_lr: float = 0.0
   warmdown_frac: float = 0.2
-  beta1: float = 0.9
-  beta2: float = 0.999
-  momentum: float = 0.9
-  weight_decay: float = 0.0
   grad_clip: float = 0.0
-  muon_learning_rate: float = 0.02
-  muon_momentum: float = 0.95
-  muon_weight_decay: float = 0.0
-  muon_ns_steps: int = muon.MUON_NS_STEPS
-  muon_momentum_warmup_iters: int = 0
-  muon_momentum_start: float = 0.85
-  muon_split_qkv: bool = True
-  muon_ns_coeffs: str = "keller"
+  settings: Any = None
 
   def __post_init__(self):
-    if self.name not in OPTIMIZERS:
-      raise ValueError(f"unknown optimizer {self.name!r}; choose one of {OPTIMIZERS}.")
+    if self.settings is None:
+      name = "adamw" if self.name is None else self.name
+      if name not in registry.OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
+      object.__setattr__(self, "settings", registry.OPTIMIZERS[name].settings())
+    named = registry.name_of(self.settings)
+    if self.name is not None and self.name != named:
+      raise ValueError(f"the optimizer is {self.name!r} but its settings are {named}'s "
+                       f"({type(self.settings).__name__}); give one of them.")
+    object.__setattr__(self, "name", named)
     if self.schedule not in SCHEDULES:
       raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}.")
     if not 0 < self.warmdown_frac <= 1:
@@ -103,24 +87,95 @@ class OptimizerConfig:
     if self.warmup_iters < 0 or (self.decay_iters is not None and self.decay_iters < 1):
       raise ValueError(f"`warmup_iters` must be >= 0 and `decay_iters` >= 1, got "
                        f"{self.warmup_iters} and {self.decay_iters}.")
-    if self.weight_decay < 0 or self.grad_clip < 0:
-      raise ValueError("`weight_decay` and `grad_clip` must be >= 0.")
-    if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-      raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}.")
-    if not (self.muon_learning_rate > 0 and 0 <= self.muon_momentum < 1
-            and self.muon_weight_decay >= 0):
-      raise ValueError(f"Muon needs `muon_learning_rate` > 0, `muon_momentum` in [0, 1) and "
-                       f"`muon_weight_decay` >= 0; got {self.muon_learning_rate}, "
-                       f"{self.muon_momentum} and {self.muon_weight_decay}.")
-    if self.muon_ns_coeffs not in muon.NS_COEFFICIENTS:
-      raise ValueError(f"unknown `muon_ns_coeffs` {self.muon_ns_coeffs!r}; use one of "
-                       f"{muon.NS_COEFFICIENTS}.")
-    if not (isinstance(self.muon_ns_steps, int) and self.muon_ns_steps >= 1):
-      raise ValueError(f"`muon_ns_steps` must be an integer >= 1, got {self.muon_ns_steps!r}.")
-    if self.muon_momentum_warmup_iters < 0 or not 0 <= self.muon_momentum_start < 1:
-      raise ValueError(f"`muon_momentum_warmup_iters` must be >= 0 and `muon_momentum_start` "
-                       f"in [0, 1); got {self.muon_momentum_warmup_iters} and "
-                       f"{self.muon_momentum_start}.")
+    if self.grad_clip < 0:
+      raise ValueError("`grad_clip` must be >= 0.")
+    self.settings.check()
+
+  def setting(self, name: str) -> Any:
+    """A setting by its flat name (`value`), shared field or the optimizer's own."""
+    return value(self, name)
+
+
+def settings_names(name: str) -> Tuple[str, ...]:
+  """The flat names of optimizer `name`'s own settings."""
+  return tuple(settings_lib.flat_fields(registry.OPTIMIZERS[name].settings))
+
+
+def all_settings() -> Dict[str, Any]:
+  """`{flat name: default}` of every registered optimizer's settings (the first that
+  names a setting gives its default: names shared, as AdamW's betas in Muon, agree)."""
+  out = {}
+  for entry in registry.OPTIMIZERS.values():
+    for name, default in settings_lib.to_flat(entry.settings()).items():
+      out.setdefault(name, default)
+  return out
+
+
+def readers_of(setting: str) -> Tuple[str, ...]:
+  """The optimizers that have the flat setting `setting`."""
+  return tuple(n for n in registry.OPTIMIZERS if setting in settings_names(n))
+
+
+def value(config: OptimizerConfig, name: str) -> Any:
+  """`config`'s value of `name`: a shared field, or a flat name of its optimizer's settings.
+
+  Raises:
+    ValueError: `name` is neither (naming the optimizers that have it).
+  """
+  if name in SHARED_FIELDS or name == "settings":
+    return getattr(config, name)
+  flat = settings_lib.to_flat(config.settings)
+  if name in flat:
+    return flat[name]
+  raise ValueError(_not_a_setting(name, config.name))
+
+
+def _not_a_setting(name: str, optimizer: str) -> str:
+  readers = readers_of(name)
+  if readers:
+    return (f"`{name}` is not a setting of {optimizer}; it is {' and '.join(readers)}'s "
+            f"(choose `name={readers[0]}`, or drop `{name}`).")
+  return (f"unknown optimizer setting `{name}`; {optimizer}'s are "
+          f"{', '.join(settings_names(optimizer)) or 'none'}.")
+
+
+def replace(config: OptimizerConfig, **changes) -> OptimizerConfig:
+  """`config` with `changes`: shared fields and the flat names of the optimizer's
+  settings (after a change of `name`, the new optimizer's; the settings the two share,
+  by flat name, carry over).
+
+  Raises:
+    ValueError: a name neither shared nor the optimizer's, or a value out of range.
+  """
+  name = changes.pop("name", config.name)
+  shared = {k: changes.pop(k) for k in list(changes) if k in SHARED_FIELDS}
+  cls = registry.OPTIMIZERS[name].settings if name in registry.OPTIMIZERS else None
+  if cls is None:
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
+  unknown = [k for k in changes if k not in settings_lib.flat_fields(cls)]
+  if unknown:
+    raise ValueError(_not_a_setting(unknown[0], name))
+  carried = settings_lib.to_flat(config.settings) if name != config.name else {}
+  base = config.settings if name == config.name else cls()
+  settings = settings_lib.from_flat(cls, {**carried, **changes}, base)
+  return dataclasses.replace(config, name=name, settings=settings, **shared)
+
+
+def from_flat(**values) -> OptimizerConfig:
+  """An `OptimizerConfig` from flat names, as flags and sweeps write it:
+  `from_flat(name="muon", learning_rate=1e-2, beta2=0.99, muon_ns_steps=3)`."""
+  name = values.pop("name", None)
+  return replace(OptimizerConfig(name=name), **values)
+
+
+def to_saved(config: OptimizerConfig) -> Dict[str, Any]:
+  """What a checkpoint records of `config`: its shared fields and every registered
+  optimizer's flat settings (its own optimizer's values, the others' defaults), the
+  record every version has written (`from_saved` reads any of them)."""
+  out = {name: getattr(config, name) for name in SHARED_FIELDS}
+  out.update(all_settings())
+  out.update(settings_lib.to_flat(config.settings))
+  return out
 
 
 def warmup_cosine_schedule(
@@ -218,26 +273,27 @@ def with_schedule_end(config: OptimizerConfig, last_step: int,
   return dataclasses.replace(config, decay_iters=end)
 
 
+def _sweepable() -> Tuple[str, ...]:
+  names = ["learning_rate", "min_lr"]
+  for entry in registry.OPTIMIZERS.values():
+    names += [n for n in settings_lib.hyperparams(entry.settings) if n not in names]
+  return tuple(names)
+
+
 # The numbers of an `OptimizerConfig` that may be arrays (`make_optimizer`'s
-# `hyperparams`): a sweep trains one run per value in one vmapped step.
-HYPERPARAMS = ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "momentum",
-               "muon_learning_rate", "muon_momentum", "muon_weight_decay")
+# `hyperparams`): a sweep trains one run per value in one vmapped step. The
+# shared rate and its floor, then each optimizer's `HYPERPARAMS`, by flat name.
+HYPERPARAMS = _sweepable()
 
 
 def hyperparams_used(config: OptimizerConfig) -> Tuple[str, ...]:
   """The `HYPERPARAMS` that `make_optimizer(config)` reads; the others have no effect.
 
-  Every optimizer reads `learning_rate`; the cosine and warmdown schedules read `min_lr`;
-  "momentum" reads `momentum`; "adam" the betas; "adamw" the betas and
-  `weight_decay`; "muon" those of "adamw" (its AdamW group's) and the
-  `muon_` numbers.
+  Every optimizer reads `learning_rate`; the cosine and warmdown schedules read
+  `min_lr`; each optimizer its own settings' `HYPERPARAMS`.
   """
-  adamw = ("beta1", "beta2", "weight_decay")
-  used = {"sgd": (), "momentum": ("momentum",), "adam": ("beta1", "beta2"), "adamw": adamw,
-          "muon": adamw + ("muon_learning_rate", "muon_momentum", "muon_weight_decay")
-          }[config.name]
   schedule = ("min_lr",) if config.schedule != "constant" else ()
-  return ("learning_rate",) + schedule + used
+  return ("learning_rate",) + schedule + settings_lib.hyperparams(type(config.settings))
 
 
 def make_optimizer(
@@ -248,9 +304,9 @@ def make_optimizer(
 
   Args:
     config: the optimizer's settings.
-    decay_mask_fn: which params get weight decay (AdamW); default: weight
+    decay_mask_fn: which params get weight decay; default: weight
       matrices and embeddings.
-    hyperparams: values that replace `config`'s fields of these names (any
+    hyperparams: values that replace `config`'s of these flat names (any
       of `HYPERPARAMS`), as scalars or traced arrays: a function of them
       builds one run's optimizer inside a `jax.vmap` over runs
       (`purejax.training.pure.sweep`). The state's structure does not depend on
@@ -258,29 +314,21 @@ def make_optimizer(
 
   Returns:
     An optax `GradientTransformation`: optional global-norm clipping followed
-    by the optimizer with its schedule.
+    by the optimizer (`registry.OPTIMIZERS[config.name]`) with its schedule.
   """
+  settings = config.settings
   if hyperparams:
     unknown = sorted(set(hyperparams) - set(HYPERPARAMS))
     if unknown:
       raise ValueError(f"{unknown} cannot vary between runs; choose among {HYPERPARAMS}.")
-    config = _Numbers(config, hyperparams)
-  lr = make_schedule(config)
-  if config.name == "sgd":
-    opt = optax.sgd(lr)
-  elif config.name == "momentum":
-    opt = optax.sgd(lr, momentum=config.momentum)
-  elif config.name == "adam":
-    opt = optax.adam(lr, b1=config.beta1, b2=config.beta2)
-  elif config.name == "muon":
-    opt = muon.muon(config, lr, decay_mask_fn)
-  else:
-    opt = optax.adamw(lr, b1=config.beta1, b2=config.beta2,
-                      weight_decay=config.weight_decay, mask=decay_mask_fn)
+    settings = settings_lib.from_flat(type(settings), hyperparams, settings)
+    config = _Numbers(config, {k: v for k, v in hyperparams.items() if k in SHARED_FIELDS})
+  opt = registry.OPTIMIZERS[config.name].build(
+      make_schedule(config), settings, peak_learning_rate=config.learning_rate,
+      decay_mask_fn=decay_mask_fn)
   if config.grad_clip > 0:
     opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
   return opt
-
 
 
 def schedule_warnings(config: OptimizerConfig, max_iters: int) -> List[str]:
@@ -315,48 +363,39 @@ MUON_FIELDS_BEFORE = {"muon_split_qkv": False}
 
 
 def saved_defaults(saved: Mapping[str, Any]) -> Dict[str, Any]:
-  """What a saved config's missing fields were when it trained: the defaults,
-  except `MUON_FIELDS_BEFORE` for a "muon" run (so its resume or replay is the
-  same computation)."""
-  defaults = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)}
+  """What a saved record's missing fields were when it trained: the defaults (of the
+  shared fields and of every optimizer's settings), except `MUON_FIELDS_BEFORE` for a
+  "muon" run (so its resume or replay is the same computation)."""
+  shared = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)
+            if f.name in SHARED_FIELDS}
+  defaults = {**shared, "name": "adamw", **all_settings()}
   return {**defaults, **MUON_FIELDS_BEFORE} if saved.get("name") == "muon" else defaults
 
 
 def from_saved(saved: Mapping[str, Any]) -> OptimizerConfig:
-  """The `OptimizerConfig` a run's metadata saved (`dataclasses.asdict`), of any version."""
-  return OptimizerConfig(**{**saved_defaults(saved), **saved})
+  """The `OptimizerConfig` a run's metadata saved (`to_saved`), of any version."""
+  record = {**saved_defaults(saved), **saved}
+  name = record["name"]
+  if name not in registry.OPTIMIZERS:
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
+  settings = settings_lib.from_flat(registry.OPTIMIZERS[name].settings, record)
+  return OptimizerConfig(**{k: record[k] for k in SHARED_FIELDS}, settings=settings)
 
 
 def describe(config: OptimizerConfig) -> str:
-  """One short line for a run's log: the optimizer, its schedule, its regularisation."""
-  parts = [config.name, f"lr {config.learning_rate:g}"]
+  """One short line for a run's log: the optimizer, its schedule, its settings, clipping."""
+  rate = f"lr {config.learning_rate:g}"
   if config.schedule == "cosine":
-    parts[-1] += (f" (warmup {config.warmup_iters}, cosine to {config.min_lr:g} at step "
-                  f"{config.decay_iters})")
+    rate += (f" (warmup {config.warmup_iters}, cosine to {config.min_lr:g} at step "
+             f"{config.decay_iters})")
   elif config.schedule == "warmdown":
-    parts[-1] += (f" (warmup {config.warmup_iters}, held, warmdown: linear to "
-                  f"{config.min_lr:g} over the last {config.warmdown_frac:.0%} of "
-                  f"{config.decay_iters} steps)")
-  if config.name == "muon":
-    muon_parts = [f"lr {config.muon_learning_rate:g}", f"momentum {config.muon_momentum:g}"]
-    if config.muon_weight_decay:
-      muon_parts.append(f"weight decay {config.muon_weight_decay:g}")
-    if config.muon_ns_steps != muon.MUON_NS_STEPS:
-      muon_parts.append(f"{config.muon_ns_steps} Newton-Schulz steps")
-    if config.muon_ns_coeffs != "keller":
-      muon_parts.append(f"{config.muon_ns_coeffs} quintics")
-    if not config.muon_split_qkv:
-      muon_parts.append("qkv as one matrix")
-    if config.muon_momentum_warmup_iters:
-      muon_parts.append(f"momentum from {config.muon_momentum_start:g} over "
-                        f"{config.muon_momentum_warmup_iters} steps")
-    parts[0] = f"muon ({', '.join(muon_parts)}) on the blocks' matrices; adamw on the rest"
-  if config.name in ("adam", "adamw", "muon"):
-    parts.append(f"betas {config.beta1:g}, {config.beta2:g}")
-  elif config.name == "momentum":
-    parts.append(f"momentum {config.momentum:g}")
-  if config.name in ("adamw", "muon") and config.weight_decay:
-    parts.append(f"weight decay {config.weight_decay:g}")
+    rate += (f" (warmup {config.warmup_iters}, held, warmdown: linear to "
+             f"{config.min_lr:g} over the last {config.warmdown_frac:.0%} of "
+             f"{config.decay_iters} steps)")
+  own = config.settings.describe()
+  # A settings part that starts with "(" qualifies the name (Muon's two groups).
+  head = config.name + (f" {own.pop(0)}" if own and own[0].startswith("(") else "")
+  parts = [head, rate] + own
   if config.grad_clip:
     parts.append(f"clip {config.grad_clip:g}")
   return ", ".join(parts)

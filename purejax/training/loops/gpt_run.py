@@ -158,7 +158,7 @@ def gpt_meta(config, text, opt_config, batch_size, seed, init_from, *, lora_conf
   given), and its LoRA adapters' settings."""
   meta = {"model": "gpt", "config": dataclasses.asdict(config),
           "tokenizer": text.tokenizer.spec().to_dict(),
-          "optimizer": dataclasses.asdict(opt_config), "batch_size": batch_size,
+          "optimizer": optim.to_saved(opt_config), "batch_size": batch_size,
           "seed": seed, "init_from": init_from, "dataset": text.name or None,
           "data": data, "grad_accum_steps": grad_accum_steps}
   if lora_config is not None:
@@ -300,7 +300,7 @@ def _start(member: Member, text, train: GPTTrainConfig, devices: ParallelConfig,
       digest_extra=[devices.fsdp, devices.grad_accum_steps], at_most=at_most)
   resolved = optim.with_schedule_end(member.opt_config, train.max_iters,
                                      start.saved.get("optimizer", {}).get("decay_iters"))
-  meta = {**meta, "optimizer": dataclasses.asdict(resolved)}
+  meta = {**meta, "optimizer": optim.to_saved(resolved)}
   return StartedRun(member.run, member.config, resolved, meta, start.state, start.step,
                     start.saved, keys, view, gpt.num_params(params))
 

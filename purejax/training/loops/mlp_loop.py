@@ -28,7 +28,7 @@ from purejax.training.pure import steps
 from purejax.training.pure.parallel import ParallelConfig
 from purejax.training.pure.state import TrainState
 
-MLP_OPTIMIZER = optim.OptimizerConfig(
+MLP_OPTIMIZER = optim.from_flat(
     learning_rate=3e-3, schedule="cosine", warmup_iters=0, min_lr=0.0, beta2=0.999,
     weight_decay=1e-4, grad_clip=0.0)
 
@@ -94,7 +94,7 @@ def train_mlp(
   schedule = optim.make_schedule(opt_config)
   meta = {"model": "mlp", "config": {"layer_sizes": sizes, "init_scale": train.init_scale,
                                      **(meta_config or {})},
-          "optimizer": dataclasses.asdict(opt_config), "batch_size": train.batch_size,
+          "optimizer": optim.to_saved(opt_config), "batch_size": train.batch_size,
           "seed": train.seed}
   template = TrainState(params, optimizer.init(params), {"data": keys["data"]})
   state, epoch, saved = runs.start_or_resume(

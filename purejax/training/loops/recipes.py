@@ -23,7 +23,7 @@ from purejax.optimizers import optim
 # and its optimizer. `purejax.train`'s GPT flags default to these.
 SHAKESPEARE_CHAR = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
                                  n_embd=128, dropout=0.0, bias=False)
-GPT_OPTIMIZER = optim.OptimizerConfig(
+GPT_OPTIMIZER = optim.from_flat(
     learning_rate=1e-3, schedule="cosine", warmup_iters=100, min_lr=1e-4, beta2=0.99,
     weight_decay=0.1, grad_clip=1.0)
 
@@ -33,7 +33,7 @@ GPT_OPTIMIZER = optim.OptimizerConfig(
 # for 0.6 of their cost), the fused qkv weight as one matrix: at this size
 # Newton-Schulz is a quarter of the step, and both buy steps at equal time
 # (docs/architectures.md).
-MODERN_OPTIMIZER = dataclasses.replace(
+MODERN_OPTIMIZER = optim.replace(
     GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
     muon_learning_rate=1e-2, muon_split_qkv=False, muon_ns_coeffs="minimax", muon_ns_steps=3)
 

@@ -133,7 +133,7 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
   Args:
     opt_config: the optimizer all runs share, but for the grid's fields.
     seed: the first seed.
-    grid: `{field of OptimizerConfig, or "dropout": values}` (`parse_grid`);
+    grid: `{optimizer setting (`optim.value`'s names), or "dropout": values}` (`parse_grid`);
       a swept dropout replaces the model config's (`RunSpec.model_config`).
     num_seeds: seeds per combination (>= 1).
 
@@ -155,7 +155,7 @@ def expand(opt_config: optim.OptimizerConfig, seed: int,
       if DROPOUT in hyper:
         _check_dropout(hyper[DROPOUT], f"sweep run {label}")
       try:
-        config = dataclasses.replace(
+        config = optim.replace(
             opt_config, **{n: v for n, v in hyper.items() if n != DROPOUT})
       except ValueError as e:
         raise ValueError(f"sweep run {label}: {e}") from None
@@ -184,7 +184,7 @@ def hyperparams(runs: Sequence[RunSpec]) -> Dict[str, chex.Array]:
   if DROPOUT in names and not all(DROPOUT in r.hyperparams for r in runs):
     raise ValueError("some runs sweep dropout and others do not; give every run a "
                      "dropout (expand them from one grid).")
-  return {n: jnp.asarray([r.hyperparams[n] if n == DROPOUT else getattr(r.opt_config, n)
+  return {n: jnp.asarray([r.hyperparams[n] if n == DROPOUT else optim.value(r.opt_config, n)
                           for r in runs], jnp.float32)
           for n in names}
 

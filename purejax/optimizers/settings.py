@@ -1,0 +1,93 @@
+"""How an optimizer's own settings become flat names: for flags, sweeps and checkpoints.
+
+Each optimizer has a small frozen dataclass of its own settings (`adam.AdamW`,
+`muon.Muon`, ...), with class-level `PREFIX` (what its names start with
+outside it: `""` for AdamW's `beta2`, `"muon_"` for Muon's `muon_ns_steps`)
+and `HYPERPARAMS` (the numbers a sweep may vary between runs in one program).
+A field that is itself such a dataclass (Muon's AdamW group) flattens under
+its own prefix. Outside the optimizer a setting is its flat name: the command
+line's flag, a sweep's grid name, a checkpoint's record.
+
+Settings classes do not check their values when built (a sweep builds them
+with traced numbers); `check` does, and `optim.OptimizerConfig` calls it.
+"""
+
+import dataclasses
+import re
+from typing import Any, Dict, Mapping, Tuple
+
+
+def is_settings(value: Any) -> bool:
+  """Whether `value` is an optimizer's settings (an instance or a class)."""
+  return dataclasses.is_dataclass(value) and hasattr(value, "PREFIX")
+
+
+def flat_fields(cls) -> Dict[str, Tuple[str, ...]]:
+  """`{flat name: path of field names}` of a settings class, nested groups included."""
+  out = {}
+  for field in dataclasses.fields(cls):
+    if is_settings(_default(field)):
+      for name, path in flat_fields(type(_default(field))).items():
+        out[name] = (field.name,) + path
+    else:
+      out[cls.PREFIX + field.name] = (field.name,)
+  return out
+
+
+def _default(field: dataclasses.Field) -> Any:
+  return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def to_flat(settings) -> Dict[str, Any]:
+  """`{flat name: value}` of a settings instance."""
+  out = {}
+  for name, path in flat_fields(type(settings)).items():
+    value = settings
+    for part in path:
+      value = getattr(value, part)
+    out[name] = value
+  return out
+
+
+def from_flat(cls, values: Mapping[str, Any], base=None):
+  """A `cls` with the flat `values` it has names for (others are ignored), the rest from
+  `base` (default: `cls()`). Not checked (values may be traced)."""
+  base = cls() if base is None else base
+  changes = {}
+  for field in dataclasses.fields(cls):
+    current = getattr(base, field.name)
+    if is_settings(current):
+      changes[field.name] = from_flat(type(current), values, current)
+    elif cls.PREFIX + field.name in values:
+      changes[field.name] = values[cls.PREFIX + field.name]
+  return dataclasses.replace(base, **changes)
+
+
+def hyperparams(cls) -> Tuple[str, ...]:
+  """The flat names of the numbers a sweep may vary (`HYPERPARAMS`, nested groups too)."""
+  names = []  # nested groups first (Muon's AdamW's, then its own)
+  for field in dataclasses.fields(cls):
+    if is_settings(_default(field)):
+      names.extend(hyperparams(type(_default(field))))
+  return tuple(names + [cls.PREFIX + n for n in cls.HYPERPARAMS])
+
+
+def field_docs(cls) -> Dict[str, str]:
+  """`{flat name: its docstring text}` of a settings class (its `Attributes:` section)."""
+  docs, names = {}, []
+  text = (cls.__doc__ or "").split("Attributes:", 1)
+  for line in (text[1] if len(text) > 1 else "").splitlines():
+    match = re.match(r"^    (\w+(?:, \w+)*): (.*)$", line)
+    if match:
+      names = [cls.PREFIX + n for n in match.group(1).split(", ")]
+      for name in names:
+        docs[name] = match.group(2)
+    elif names and line.startswith(" " * 6):
+      for name in names:
+        docs[name] += " " + line.strip()
+    else:
+      names = []
+  for field in dataclasses.fields(cls):
+    if is_settings(_default(field)):
+      docs.update({k: v for k, v in field_docs(type(_default(field))).items() if k not in docs})
+  return docs
