@@ -1,4 +1,4 @@
-"""Learning-rate schedules: pure functions of the step (`optim.make_schedule`)."""
+"""Learning-rate schedules: pure functions of the step (`schedules.SCHEDULES`, `optim.make_schedule`)."""
 
 import dataclasses
 
@@ -9,6 +9,7 @@ import pytest
 from conftest import refusal
 from purejax.cli import train
 from purejax.optimizers import optim
+from purejax.optimizers import schedules
 
 BASE = optim.OptimizerConfig(learning_rate=1.0, warmup_iters=4, decay_iters=100, min_lr=0.1)
 
@@ -34,7 +35,7 @@ def test_warmdown_holds_the_peak_then_falls_linearly_over_its_last_fraction():
 
 def test_warmdown_takes_a_traced_rate_as_a_sweep_does():
   rates = jax.numpy.array([1.0, 2.0])
-  at_90 = jax.vmap(lambda lr: optim.warmup_warmdown_schedule(lr, 4, 100, 0.1, 0.2)(90))(rates)
+  at_90 = jax.vmap(lambda lr: schedules.warmup_warmdown_schedule(lr, 4, 100, 0.1, 0.2)(90))(rates)
   np.testing.assert_allclose(at_90, [0.55, 1.05], rtol=1e-6)
 
 

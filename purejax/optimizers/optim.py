@@ -18,15 +18,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import chex
 import jax
-import jax.numpy as jnp
 import optax
 
-from purejax.optimizers import muon
 from purejax.optimizers import registry
+from purejax.optimizers import schedules
 from purejax.optimizers import settings as settings_lib
 
 OPTIMIZERS = tuple(registry.OPTIMIZERS)
-SCHEDULES = ("cosine", "warmdown", "constant")
+SCHEDULES = tuple(schedules.SCHEDULES)
 # The fields every optimizer shares; the rest of a run's record is its settings'.
 SHARED_FIELDS = ("name", "learning_rate", "schedule", "warmup_iters", "decay_iters", "min_lr",
                  "warmdown_frac", "grad_clip")
@@ -178,47 +177,6 @@ def to_saved(config: OptimizerConfig) -> Dict[str, Any]:
   return out
 
 
-def warmup_cosine_schedule(
-    learning_rate: float, warmup_iters: int, decay_iters: int, min_lr: float
-) -> optax.Schedule:
-  """nanoGPT's schedule as a pure function of the step.
-
-  Linear warmup `lr * (step + 1) / (warmup + 1)` for `step < warmup`, then a
-  cosine from `lr` down to `min_lr` at `decay_iters`, then `min_lr`.
-  """
-  def schedule(step: chex.Numeric) -> chex.Array:
-    step = jnp.asarray(step, jnp.float32)
-    warm = learning_rate * (step + 1) / (warmup_iters + 1)
-    ratio = (step - warmup_iters) / max(decay_iters - warmup_iters, 1)
-    cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.clip(ratio, 0.0, 1.0)))
-    decayed = min_lr + cosine * (learning_rate - min_lr)
-    return jnp.where(step < warmup_iters, warm, decayed)
-
-  return schedule
-
-
-def warmup_warmdown_schedule(
-    learning_rate: float, warmup_iters: int, decay_iters: int, min_lr: float,
-    warmdown_frac: float
-) -> optax.Schedule:
-  """Linear warmup (as `warmup_cosine_schedule`'s), the peak held, then linear decay.
-
-  The decay runs over the last `warmdown_frac` of `decay_iters` steps, from
-  `lr` to `min_lr` at `decay_iters`, then holds `min_lr` (nanochat's
-  "warmdown", modded-nanogpt's "cooldown").
-  """
-  start = decay_iters * (1.0 - warmdown_frac)
-
-  def schedule(step: chex.Numeric) -> chex.Array:
-    step = jnp.asarray(step, jnp.float32)
-    warm = learning_rate * (step + 1) / (warmup_iters + 1)
-    done = jnp.clip((step - start) / max(decay_iters - start, 1.0), 0.0, 1.0)
-    decayed = learning_rate + done * (min_lr - learning_rate)
-    return jnp.where(step < warmup_iters, warm, decayed)
-
-  return schedule
-
-
 DECAYED_PARAM_NAMES = ("w", "embedding")
 
 
@@ -246,16 +204,8 @@ class _Numbers:
 
 
 def make_schedule(config: OptimizerConfig) -> optax.Schedule:
-  if config.schedule == "constant":
-    return optax.constant_schedule(config.learning_rate)
-  if config.decay_iters is None:
-    raise ValueError(f"a {config.schedule} schedule needs decay_iters, the step where it "
-                     f"ends.")
-  if config.schedule == "warmdown":
-    return warmup_warmdown_schedule(config.learning_rate, config.warmup_iters,
-                                    config.decay_iters, config.min_lr, config.warmdown_frac)
-  return warmup_cosine_schedule(config.learning_rate, config.warmup_iters,
-                                config.decay_iters, config.min_lr)
+  """`config`'s learning-rate schedule (`schedules.SCHEDULES[config.schedule]`)."""
+  return schedules.SCHEDULES[config.schedule](config)
 
 
 def with_schedule_end(config: OptimizerConfig, last_step: int,
