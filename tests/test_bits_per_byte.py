@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import CPU_FORMS, tiny_ranks, train_tokenizer_json, write_tiktoken_file
+from helpers.data import tiny_ranks, train_tokenizer_json, write_tiktoken_file
+from helpers.models import CPU_FORMS
 from purejax import gpt
 from purejax.data import batches
 from purejax.data import tokenizers

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from conftest import SHAKESPEARE, refusal, train_tokenizer_json
+from helpers.cli import refusal
+from helpers.data import SHAKESPEARE, train_tokenizer_json
 from purejax.cli import chat as chat_cli
 from purejax.cli import sample
 from purejax.data import chat

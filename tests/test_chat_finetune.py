@@ -20,7 +20,7 @@ from purejax.optimizers import optim
 from purejax.training.effects import runs
 from purejax.training.loops import gpt_loop
 from purejax.weights import pretrained
-from conftest import built_once
+from helpers.suite import built_once
 from real_model import smollm2_folder  # noqa: F401  (the fixture)
 
 SYSTEM = {"role": "system", "content": "Answer in one sentence."}

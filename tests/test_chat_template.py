@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from conftest import need, SHAKESPEARE, train_tokenizer_json
+from helpers.data import SHAKESPEARE, need, train_tokenizer_json
 from purejax.data import chat
 from purejax.data import tokenizer_json
 from real_model import smollm2_folder  # noqa: F401  (the fixture)

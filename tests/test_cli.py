@@ -11,7 +11,7 @@ import importlib
 import pytest
 
 import purejax
-from conftest import one_line_error, refusal, run_module
+from helpers.cli import one_line_error, refusal, run_module
 from purejax import weights
 from purejax.cli import convert
 from purejax.cli import errors

@@ -10,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import (SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, TINY_GPT, assert_same_run, final,
-                      need, refusal, run_cli, train_run, train_tokenizer_json)
+from helpers.cli import SHORT_FLAGS, TINY_FLAGS, TINY_GPT, final, refusal, run_cli
+from helpers.data import SHAKESPEARE, need, train_tokenizer_json
+from helpers.runs import assert_same_run, train_run
 from purejax.cli import convert
 from purejax.cli import sample
 from purejax.cli import train

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import refusal
+from helpers.cli import refusal
 from purejax import gpt
 from purejax.cli import plan
 from purejax.ops import kernels

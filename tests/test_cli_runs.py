@@ -19,7 +19,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import final, need, refusal, REPO_ROOT, run_cli, SHORT_FLAGS, TINY_FLAGS
+from helpers.cli import SHORT_FLAGS, TINY_FLAGS, final, refusal, run_cli
+from helpers.data import REPO_ROOT, need
 from purejax import checkpoint
 from purejax.cli import convert
 from purejax.cli import sample

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (CHAR_GPT_TEXT, SHAKESPEARE, SHORT_FLAGS, TINY_FLAGS, final, need,
-                      read_wandb_offline_history, refusal, run_cli, run_module)
+from helpers.cli import (SHORT_FLAGS, TINY_FLAGS, final, read_wandb_offline_history, refusal,
+                         run_cli, run_module)
+from helpers.data import CHAR_GPT_TEXT, SHAKESPEARE, need
 from purejax import checkpoint
 from purejax import gpt
 from purejax import lora

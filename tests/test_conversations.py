@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import stacked_sweep_state
+from helpers.models import stacked_sweep_state
 from purejax import gpt
 from purejax.cli import train as train_cli
 from purejax.data import batches, chat, conversations, tokenizers

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import SHAKESPEARE, need, refusal, run_module
+from helpers.cli import refusal, run_module
+from helpers.data import SHAKESPEARE, need
 from purejax import checkpoint
 from purejax import decode
 from purejax import gpt

@@ -1,7 +1,7 @@
 """corpus: text files, nanoGPT folders, TFDS text and its offline fallback; host batches.
 
-Offline: conftest's `no_network` fixture, used by every test, fails any test
-that opens a connection. The BPE tests use conftest's tiny encoding.
+Offline: the `no_network` fixture (helpers/data.py), used by every test, fails any test
+that opens a connection. The BPE tests use the tests' tiny encoding (helpers/data.py).
 """
 
 import pickle
@@ -15,7 +15,7 @@ from purejax.data import corpus
 from purejax.data import datasets
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
-from conftest import SHAKESPEARE, tiny_ranks, write_tiktoken_file
+from helpers.data import SHAKESPEARE, tiny_ranks, write_tiktoken_file
 
 pytestmark = pytest.mark.usefixtures("no_network")
 

@@ -13,7 +13,7 @@ from purejax import decode
 from purejax import gpt
 from purejax import kv_cache
 from purejax.ops import kernels
-from conftest import TINY, random_tokens, sharpened_params
+from helpers.models import TINY, random_tokens, sharpened_params
 
 
 def greedy_recompute(params, prompt, config, max_new_tokens):

@@ -11,7 +11,7 @@ import pytest
 from purejax import decode
 from purejax import gpt
 from purejax import kv_cache
-from conftest import CPU_FORMS, TINY, random_tokens, sharpened_params
+from helpers.models import CPU_FORMS, TINY, random_tokens, sharpened_params
 
 CONFIG = dataclasses.replace(TINY, block_size=32)
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, long_run_env, require_test_data
+from helpers.data import REPO_ROOT, require_test_data
+from helpers.runs import long_run_env
 
 pytestmark = pytest.mark.slow  # each trains for a minute or two
 

@@ -14,7 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import need, refusal
+from helpers.cli import refusal
+from helpers.data import need
 from purejax import gpt
 from purejax import weights
 from purejax.cli import convert as cli_convert

@@ -11,7 +11,7 @@ import pytest
 from absl.testing import parameterized
 from jax import test_util as jtu
 
-from conftest import TINY, random_tokens, sharpened_params
+from helpers.models import TINY, random_tokens, sharpened_params
 from purejax import gpt
 from purejax import nn
 from purejax.ops import kernels

@@ -9,7 +9,7 @@ program they are chosen for, and that the CPU keeps its own.
 
 JAX asks the installed cuDNN for its version while tracing a cuDNN
 attention call, which fails on a host without CUDA; the `cudnn_version`
-fixture (conftest.py) stands in for that one query. Nothing else is patched.
+fixture (helpers/gpu.py) stands in for that one query. Nothing else is patched.
 """
 
 import collections
@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import (ABSTRACT_KEY, ABSTRACT_TOKENS, CUDNN_BACKWARD, CUDNN_FORWARD, GPT2,
-                      GPT2_BATCH, abstract_state, custom_calls, lower_for, square_faces,
-                      train_step_hlo)
+from helpers.gpu import (ABSTRACT_KEY, ABSTRACT_TOKENS, CUDNN_BACKWARD, CUDNN_FORWARD, GPT2,
+                         GPT2_BATCH, abstract_state, custom_calls, lower_for, square_faces,
+                         train_step_hlo)
 from purejax import decode
 from purejax import gpt
 from purejax.data import batches

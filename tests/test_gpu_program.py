@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import GPT2, GPT2_BATCH
+from helpers.gpu import GPT2, GPT2_BATCH
 from purejax import decode
 from purejax import gpt
 from purejax.data import batches

@@ -1,7 +1,7 @@
 """End to end on the real data, through the command line.
 
 MNIST comes from $PUREJAX_TEST_DATA (without it those tests skip, and under
-CI=true they fail, see conftest); Tiny Shakespeare from there or, where it is
+CI=true they fail, see helpers/data.py); Tiny Shakespeare from there or, where it is
 unset, from the copy the package ships.
 """
 
@@ -10,7 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import long_run_env, refusal, require_test_data, run_module, tinyshakespeare_dir
+from helpers.cli import refusal, run_module
+from helpers.data import require_test_data, tinyshakespeare_dir
+from helpers.runs import long_run_env
 from purejax.cli import sample
 from purejax.cli import train
 

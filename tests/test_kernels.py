@@ -21,7 +21,7 @@ from purejax.ops import attention
 from purejax.ops import kernels
 from purejax.ops.loss import tied_head_cross_entropy
 from purejax.ops.matmul import row_major_transpose
-from conftest import dot_operand_dtypes
+from helpers.models import dot_operand_dtypes
 
 GPU_FORMS = kernels.select("gpu")
 CPU_FORMS = kernels.select("cpu")

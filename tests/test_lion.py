@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import SHORT_FLAGS, TINY_FLAGS, final, refusal, run_cli
+from helpers.cli import SHORT_FLAGS, TINY_FLAGS, final, refusal, run_cli
 from purejax.cli import train
 from purejax.optimizers import lion
 from purejax.optimizers import optim

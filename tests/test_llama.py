@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import CUDNN_BACKWARD, CUDNN_FORWARD, custom_calls, need, square_faces, train_step_hlo
+from helpers.data import need
+from helpers.gpu import CUDNN_BACKWARD, CUDNN_FORWARD, custom_calls, square_faces, train_step_hlo
 from purejax import decode
 from purejax import gpt
 from purejax.weights import huggingface

@@ -22,7 +22,7 @@ from purejax.training.loops import gpt_loop
 from purejax.training.loops import recipes
 from purejax.training.pure import flops
 
-from conftest import tensorboard_scalars
+from helpers.cli import tensorboard_scalars
 
 TINY = gpt.GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False)
 FAST = gpt_loop.GPTTrainConfig(batch_size=4, max_iters=20, eval_interval=10, eval_iters=2,

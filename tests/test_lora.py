@@ -17,8 +17,8 @@ from purejax import lora
 from purejax.ops import kernels
 from purejax.ops.matmul import LowRankWeight
 from purejax.optimizers import optim
-from conftest import need, TINY
-from conftest import dot_operand_dtypes
+from helpers.data import need
+from helpers.models import TINY, dot_operand_dtypes
 
 # in pytree order (dict keys sorted)
 GPT_TARGETS = ("blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w",

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import need
+from helpers.data import need
 from purejax import decode
 from purejax import gpt
 from purejax import kv_cache

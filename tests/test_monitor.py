@@ -18,7 +18,8 @@ import types
 
 import pytest
 
-from conftest import need, REPO_ROOT, tensorboard_scalars
+from helpers.cli import tensorboard_scalars
+from helpers.data import REPO_ROOT, need
 from purejax.training.effects import monitor
 from purejax.training.effects import progress as progress_lib
 from purejax.training.pure import flops as flops_lib
@@ -244,7 +245,7 @@ def test_without_tensorboardx_one_warning_and_metrics_still_written(tmp_path, mo
 @pytest.mark.slow  # a subprocess or a long one; the full suite runs it
 def test_importing_tensorboardx_does_not_import_torch():
   # torch (if installed) costs seconds to import; tensorboardX would pull it in.
-  code = ("import sys; from purejax.training import monitor; monitor._import_tensorboardx(); "
+  code = ("import sys; from purejax.training.effects import monitor; monitor._import_tensorboardx(); "
           "print('torch' in sys.modules)")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO_ROOT, check=True).stdout

@@ -11,7 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import RTOL, TINY, TINY_FLAGS, TINY_GPT, newest, step_losses, train_run
+from helpers.cli import TINY_FLAGS, TINY_GPT
+from helpers.models import RTOL, TINY
+from helpers.runs import newest, step_losses, train_run
 from purejax import checkpoint
 from purejax import gpt
 from purejax import lora

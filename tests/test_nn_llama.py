@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import need
+from helpers.data import need
 from purejax import nn
 
 

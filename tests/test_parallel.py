@@ -22,7 +22,8 @@ from absl.testing import parameterized
 from jax.sharding import PartitionSpec as P
 
 from bench import hlo
-from conftest import REPO_ROOT, host_devices
+from helpers.data import REPO_ROOT
+from helpers.runs import host_devices
 from purejax import mlp
 from purejax.training.pure import parallel
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import run_module
+from helpers.cli import run_module
 from purejax.cli import plot
 from purejax.training.effects import plots
 

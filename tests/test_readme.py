@@ -8,7 +8,7 @@ script, and fail when they drift apart.
 
 import re
 
-from conftest import REPO_ROOT
+from helpers.data import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 CI_RUN = REPO_ROOT / ".ci" / "run"

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import SHAKESPEARE, need
+from helpers.data import SHAKESPEARE, need
 from purejax import decode, gpt, weights
 from purejax.cli import convert as cli_convert
 from purejax.cli import train

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from bench import speedrun
-from conftest import refusal
+from helpers.cli import refusal
 from purejax import gpt
 from purejax.cli import command
 from purejax.cli import train

@@ -18,7 +18,9 @@ from purejax.training.loops import recipes
 from purejax.training.pure import steps
 from purejax.training.pure.state import TrainState
 from purejax.training.tools import replay
-from conftest import CPU_FORMS, SHAKESPEARE, TINY, built_once, random_tokens
+from helpers.data import SHAKESPEARE
+from helpers.models import CPU_FORMS, TINY, random_tokens
+from helpers.suite import built_once
 
 CONFIG = dataclasses.replace(TINY, dropout=0.1)
 OPT = optim.make_optimizer(optim.from_flat(

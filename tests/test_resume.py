@@ -18,7 +18,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, built_once, require_test_data, run_cli, tinyshakespeare_dir
+from helpers.cli import run_cli
+from helpers.data import REPO_ROOT, require_test_data, tinyshakespeare_dir
+from helpers.suite import built_once
 from purejax import checkpoint
 from purejax.cli import train as train_cli
 

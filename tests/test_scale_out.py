@@ -17,8 +17,10 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (REPO_ROOT, RTOL, TINY_GPT, assert_same_run, final, host_devices, newest,
-                      require_test_data, run_cli, run_module, tiny_shakespeare_flags, train_run)
+from helpers.cli import TINY_GPT, final, run_cli, run_module
+from helpers.data import REPO_ROOT, require_test_data
+from helpers.models import RTOL
+from helpers.runs import assert_same_run, host_devices, newest, tiny_shakespeare_flags, train_run
 from purejax import checkpoint
 from purejax.cli import train
 from purejax.training.effects import monitor

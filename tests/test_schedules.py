@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import refusal
+from helpers.cli import refusal
 from purejax.cli import train
 from purejax.optimizers import optim
 from purejax.optimizers import schedules

@@ -15,7 +15,7 @@ from purejax.data import batches
 from purejax.optimizers import optim
 from purejax.training.pure import steps
 from purejax.training.pure.state import TrainState
-from conftest import CPU_FORMS, TINY, random_tokens
+from helpers.models import CPU_FORMS, TINY, random_tokens
 
 
 class TrainStepsTest(parameterized.TestCase):

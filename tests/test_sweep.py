@@ -17,7 +17,7 @@ from purejax.training.loops import sweep_loop
 from purejax.training.pure import steps
 from purejax.training.pure import sweep
 from purejax.training.pure.state import TrainState
-from conftest import TINY, random_tokens, stacked_sweep_state
+from helpers.models import TINY, random_tokens, stacked_sweep_state
 
 # Batching the runs' matmuls may add in another order, so a run of a sweep
 # equals its solo run to float rounding: after 20 steps (learning rates up to

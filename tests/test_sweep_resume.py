@@ -18,8 +18,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (CHAR_GPT_TEXT, REPO_ROOT, TINY_FLAGS, built_once, final,
-                      one_line_error, run_cli)
+from helpers.cli import TINY_FLAGS, final, one_line_error, run_cli
+from helpers.data import CHAR_GPT_TEXT, REPO_ROOT
+from helpers.suite import built_once
 from purejax import checkpoint
 from purejax.cli import train as train_cli
 

@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from conftest import SHAKESPEARE, train_tokenizer_json
+from helpers.data import SHAKESPEARE, train_tokenizer_json
 from purejax.data import corpus
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers

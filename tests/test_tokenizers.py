@@ -1,8 +1,8 @@
 """tokenizers, bpe_files, tokenize_files: characters, BPE through tiktoken, specs, large files.
 
-No test here touches the network: conftest's `no_network` fixture, used by
+No test here touches the network: the `no_network` fixture (helpers/data.py), used by
 every test, fails any test that opens a connection or looks up a host. The
-BPE tests run on conftest's tiny encoding, written by the tests themselves in both file formats tiktoken reads (a
+BPE tests run on the tests' tiny encoding (helpers/data.py), written by the tests themselves in both file formats tiktoken reads (a
 `.tiktoken` file, and GPT-2's `vocab.bpe` + `encoder.json`). GPT-2's real
 encoding is tested only when tiktoken's cache already holds it.
 """
@@ -20,7 +20,7 @@ from purejax.data import bpe_files
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
-from conftest import SHAKESPEARE, MERGES, gpt2_byte_order, tiny_ranks, write_tiktoken_file
+from helpers.data import MERGES, SHAKESPEARE, gpt2_byte_order, tiny_ranks, write_tiktoken_file
 
 pytestmark = pytest.mark.usefixtures("no_network")
 

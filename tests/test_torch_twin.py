@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import need
+from helpers.data import need
 
 torch = need("torch")
 

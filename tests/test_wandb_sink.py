@@ -4,7 +4,8 @@ import pathlib
 
 import pytest
 
-from conftest import need, read_wandb_offline_history
+from helpers.cli import read_wandb_offline_history
+from helpers.data import need
 from purejax.training.effects import monitor
 from purejax.training.effects import wandb_sink
 

@@ -2,7 +2,7 @@
 code generation.
 
 The suite compiles with XLA's older CPU emitters at LLVM's level 0, which compile a
-tiny model's programs three times faster (`SUITE_XLA_FLAGS` in `conftest.py`). With
+tiny model's programs three times faster (`SUITE_XLA_FLAGS` in `helpers/suite.py`). With
 those emitters two different programs that run the same float operations (a step and
 its replay, scanned and unrolled layers) did not always give the same bits, as they do
 under XLA's own code generation. So those claims are checked where users run them:
@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, long_run_env
+from helpers.data import REPO_ROOT
+from helpers.runs import long_run_env
 
 
 @pytest.mark.budget(60)

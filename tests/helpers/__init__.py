@@ -1,0 +1,1 @@
+"""What the tests share, by topic (the fixtures among them are registered by conftest.py)."""
