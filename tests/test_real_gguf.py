@@ -7,7 +7,7 @@ continuation and the perplexity of Tiny Shakespeare must agree. A LoRA
 fine-tune from the GGUF lowers the validation loss, and its q8_0 export
 loads in transformers with the logits purejax computes from the same q8_0
 weights. Slow tier; never skipped under CI=true. The f16 and bf16 exports
-are checked in transformers on a tiny model (test_gguf.py).
+are checked in transformers on a tiny model (test_gguf_files.py).
 """
 
 import dataclasses
