@@ -12,8 +12,8 @@ Models are params pytrees (nested dicts of arrays) plus pure functions:
 The layers, bottom to top (each imports only from its own and those below
 it; tests/test_architecture.py checks that against this drawing):
 
-    _files, checkpoint   crash-safe file writes; checkpoint files (the format
-                training writes and weights reads)
+    _files, _docstrings, checkpoint   crash-safe file writes; docstrings' attributes (the
+                flags' help); checkpoint files (the format training writes and weights reads)
     ops/, rng   execution forms (`Forms`, chosen per platform by `select`: matmul,
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'

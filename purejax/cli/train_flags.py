@@ -13,17 +13,16 @@ into the `args` it is given (a fresh `flags.FlagValues` per command line,
 """
 
 import dataclasses
-import re
 import typing
-from typing import Dict, Sequence
+from typing import Sequence
 
 from absl import flags
 
+from purejax import _docstrings
 from purejax import gpt
 from purejax import lora
 from purejax.cli import forms_flags
 from purejax.data import datasets as data_lib
-from purejax.optimizers import muon
 from purejax.optimizers import optim
 from purejax.optimizers import registry
 from purejax.optimizers import settings as settings_lib
@@ -137,24 +136,6 @@ HAND_WRITTEN = {"block_size": "block_size", "n_layer": "n_layer", "n_head": "n_h
                 "n_kv_head": "n_kv_head", "compute_dtype": "dtype"}
 
 
-def field_docs(cls) -> Dict[str, str]:
-  """`{field: its text}` from the `Attributes:` section of a dataclass's docstring."""
-  docs, names = {}, []
-  section = cls.__doc__.split("Attributes:", 1)[1]
-  for line in section.splitlines():
-    match = re.match(r"^    (\w+(?:, \w+)*): (.*)$", line)
-    if match:
-      names = match.group(1).split(", ")
-      for name in names:
-        docs[name] = match.group(2)
-    elif names and line.startswith(" " * 6):
-      for name in names:
-        docs[name] += " " + line.strip()
-    else:
-      names = []
-  return docs
-
-
 def block_field_flags() -> Sequence[str]:
   """The GPTConfig fields with a flag of their own name, derived from the dataclass."""
   return [f.name for f in dataclasses.fields(gpt.GPTConfig)
@@ -173,7 +154,7 @@ def _define_field_flag(args: flags.FlagValues, field: dataclasses.Field, default
 def define_block_flags(args: flags.FlagValues, recipe: recipes.Recipe) -> None:
   """A flag per GPTConfig option of the block (`block_field_flags`), defaulting to the
   recipe's block; None (unset) leaves the option to `--arch`."""
-  docs = field_docs(gpt.GPTConfig)
+  docs = _docstrings.attributes(gpt.GPTConfig.__doc__)
   fields = {f.name: f for f in dataclasses.fields(gpt.GPTConfig)}
   for name in block_field_flags():
     default = recipe.block.get(name)

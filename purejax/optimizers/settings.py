@@ -13,8 +13,9 @@ with traced numbers); `check` does, and `optim.OptimizerConfig` calls it.
 """
 
 import dataclasses
-import re
 from typing import Any, Dict, Mapping, Tuple
+
+from purejax import _docstrings
 
 
 def is_settings(value: Any) -> bool:
@@ -73,20 +74,9 @@ def hyperparams(cls) -> Tuple[str, ...]:
 
 
 def field_docs(cls) -> Dict[str, str]:
-  """`{flat name: its docstring text}` of a settings class (its `Attributes:` section)."""
-  docs, names = {}, []
-  text = (cls.__doc__ or "").split("Attributes:", 1)
-  for line in (text[1] if len(text) > 1 else "").splitlines():
-    match = re.match(r"^    (\w+(?:, \w+)*): (.*)$", line)
-    if match:
-      names = [cls.PREFIX + n for n in match.group(1).split(", ")]
-      for name in names:
-        docs[name] = match.group(2)
-    elif names and line.startswith(" " * 6):
-      for name in names:
-        docs[name] += " " + line.strip()
-    else:
-      names = []
+  """`{flat name: its docstring text}` of a settings class (its `Attributes:` section),
+  nested groups' included."""
+  docs = _docstrings.attributes(cls.__doc__, cls.PREFIX)
   for field in dataclasses.fields(cls):
     if is_settings(_default(field)):
       docs.update({k: v for k, v in field_docs(type(_default(field))).items() if k not in docs})
