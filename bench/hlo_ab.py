@@ -34,7 +34,6 @@ from purejax.optimizers import optim
 from purejax.training.pure import state as state_lib
 from purejax.training.pure import steps as steps_lib
 from purejax.training.pure import sweep
-from purejax.training.pure.state import TrainState
 
 FLAGS = flags.FLAGS
 

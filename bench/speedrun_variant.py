@@ -14,7 +14,6 @@ equal-wall-time comparison take the steps from one timing of all the arms
 line per seed and the median val bits per byte; appends them to `--out`.
 """
 
-import dataclasses
 import json
 import os
 import statistics

@@ -26,7 +26,6 @@ Guarantees:
 
 import hashlib
 import json
-import os
 import pathlib
 import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple

@@ -35,7 +35,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax.ops import kernels
 from purejax.ops.matmul import LowRankWeight
 
 Params = Dict[str, Any]

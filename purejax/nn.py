@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from purejax import rng
 from purejax.ops import kernels
 from purejax.ops.loss import cross_entropy
+from purejax.ops.matmul import matmul
 
 Params = Dict[str, chex.Array]
 
@@ -65,14 +66,14 @@ def dense(params: Params, x: chex.Array, *, compute_dtype=None,
     x: `[..., in_dim]`.
     compute_dtype: if given, the matmul's operands are cast to this dtype
       (e.g. bfloat16) and the result is float32, or the compute dtype where
-      `forms.matmul_output` says so (see `kernels.matmul`); params stay in
+      `forms.matmul_output` says so (see `matmul.matmul`); params stay in
       their own dtype (mixed precision).
-    forms: the backend forms of the matmul (default: see `kernels.matmul`).
+    forms: the backend forms of the matmul (default: see `matmul.matmul`).
 
   Returns:
-    `[..., out_dim]`: as `kernels.matmul`'s output.
+    `[..., out_dim]`: as `matmul.matmul`'s output.
   """
-  y = kernels.matmul(x, params["w"], compute_dtype=compute_dtype, forms=forms)
+  y = matmul(x, params["w"], compute_dtype=compute_dtype, forms=forms)
   if "b" in params:
     y = y + params["b"].astype(y.dtype)
   return y
@@ -182,9 +183,9 @@ def embedding_logits(params: Params, x: chex.Array, *, compute_dtype=None,
   """Projects `[..., dim]` onto the embedding table: `[..., num_embeddings]`.
 
   This is the output head of a model with tied input/output embeddings.
-  `compute_dtype` and `forms` as in `kernels.matmul`.
+  `compute_dtype` and `forms` as in `matmul.matmul`.
   """
-  return kernels.matmul(x, params["embedding"].T, compute_dtype=compute_dtype, forms=forms,
+  return matmul(x, params["embedding"].T, compute_dtype=compute_dtype, forms=forms,
                         float32_output=True)
 
 

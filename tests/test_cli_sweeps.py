@@ -5,7 +5,6 @@ Each test runs the `purejax.train` command line (and `replay`, `convert`) in-pro
 true `python -m purejax.train`, with W&B's mode set in its environment.
 """
 
-import pathlib
 
 import jax
 import jax.numpy as jnp

@@ -8,7 +8,6 @@ as the tokenizer decodes it.
 
 import jax
 import numpy as np
-import pytest
 
 from helpers.data import tiny_ranks, train_tokenizer_json, write_tiktoken_file
 from helpers.models import CPU_FORMS

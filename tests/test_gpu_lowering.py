@@ -27,7 +27,6 @@ from purejax import gpt
 from purejax.data import batches
 from purejax.ops import attention
 from purejax.ops import kernels
-from purejax.ops.matmul import row_major_transpose
 from purejax.training.pure import steps
 
 _DOT = re.compile(r"stablehlo\.dot_general [^\n]*: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> "

@@ -15,7 +15,6 @@ counts and GEMM kernel names depend on untuned defaults and are not pinned.
 Each program is compiled once per test module (module fixtures).
 """
 
-import dataclasses
 import os
 import re
 

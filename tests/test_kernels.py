@@ -21,6 +21,7 @@ from purejax.ops import attention
 from purejax.ops import kernels
 from purejax.ops.loss import tied_head_cross_entropy
 from purejax.ops.matmul import row_major_transpose
+from purejax.ops.matmul import matmul
 from helpers.models import dot_operand_dtypes
 
 GPU_FORMS = kernels.select("gpu")
@@ -242,7 +243,7 @@ class MatmulTest(parameterized.TestCase):
     cotangent = jax.random.normal(jax.random.PRNGKey(2), (3, 5, 24))
 
     def grads(forms):
-      f = lambda x, w: jnp.sum(cotangent * kernels.matmul(
+      f = lambda x, w: jnp.sum(cotangent * matmul(
           x, w.T if tied else w, compute_dtype=jnp.bfloat16, forms=forms))
       return jax.jit(jax.grad(f, argnums=(0, 1)))(x, w)
 
@@ -261,7 +262,7 @@ class MatmulTest(parameterized.TestCase):
     rounded = dataclasses.replace(base, matmul_output="compute")
 
     def run(forms):
-      y, vjp = jax.vjp(lambda x, w: kernels.matmul(x, w, compute_dtype=jnp.bfloat16,
+      y, vjp = jax.vjp(lambda x, w: matmul(x, w, compute_dtype=jnp.bfloat16,
                                                    forms=forms), x, w)
       return (y, *vjp(cotangent.astype(y.dtype)))
 
@@ -278,9 +279,9 @@ class MatmulTest(parameterized.TestCase):
     x = jax.random.normal(jax.random.PRNGKey(0), (4, 16)).astype(jnp.bfloat16)
     w = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
     forms = kernels.Forms(matmul_output="compute")
-    y, vjp = jax.vjp(lambda x: kernels.matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms), x)
+    y, vjp = jax.vjp(lambda x: matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms), x)
     assert y.dtype == vjp(y)[0].dtype == jnp.bfloat16
-    head = kernels.matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms, float32_output=True)
+    head = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms, float32_output=True)
     assert head.dtype == jnp.float32
     np.testing.assert_array_equal(y, head.astype(jnp.bfloat16))
 

@@ -7,7 +7,6 @@ direction of `sign(beta1 * m + (1 - beta1) * g)`, then keeps
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

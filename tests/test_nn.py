@@ -9,8 +9,8 @@ from absl.testing import parameterized
 
 from purejax import nn
 from purejax.ops import dropout as dropouts
-from purejax.ops import kernels
 from purejax.ops.matmul import row_major_transpose
+from purejax.ops.matmul import matmul
 
 
 class NNTest(chex.TestCase, parameterized.TestCase):
@@ -43,7 +43,7 @@ class NNTest(chex.TestCase, parameterized.TestCase):
     # Scaled so the products are O(1), where sin is well conditioned.
     x = jax.random.normal(jax.random.PRNGKey(0), (rows, inner)) / np.sqrt(inner)
     w = jax.random.normal(jax.random.PRNGKey(1), (cols, inner) if tied else (inner, cols))
-    product = lambda x, w, dtype: kernels.matmul(x, w.T if tied else w, compute_dtype=dtype)
+    product = lambda x, w, dtype: matmul(x, w.T if tied else w, compute_dtype=dtype)
     f = jax.jit(lambda x, w, dtype: jax.grad(
         lambda x, w: jnp.sum(jnp.sin(product(x, w, dtype))), argnums=(0, 1))(x, w),
                 static_argnums=2)

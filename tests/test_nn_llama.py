@@ -6,7 +6,6 @@ and against the maths where no reference is needed.
 """
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

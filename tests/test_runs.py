@@ -1,6 +1,5 @@
 """runs: the run's life as library calls, with explicit arguments (no flags)."""
 
-import dataclasses
 import signal
 
 import jax.numpy as jnp

@@ -14,7 +14,7 @@ fine-tuned from one; an answer ends at the model's end-of-turn token.
 
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 from absl import flags
 import jax

@@ -13,7 +13,6 @@ time and MFU they allow at the card's peak. docs/performance.md says what the
 numbers are and are not.
 """
 
-import sys
 from typing import Sequence
 
 from absl import flags

@@ -1,8 +1,8 @@
 """The few operations whose best form depends on the backend, and the one place that chooses.
 
     forms = select("cpu", remat="full")           # the CPU's forms, one overridden
-    y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)  # bf16 products, float32 out on CPU
-    loss = tied_head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
+    y = matmul.matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)  # bf16 products
+    loss = loss.tied_head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
 
 Model files call these and read as the math; which form runs is decided by
 `select(platform, **overrides)` alone, from measurements cited next to
@@ -23,12 +23,9 @@ losses in `loss.py`; `select` picks among their forms too.
 import dataclasses
 from typing import Any, Optional
 
-import chex
 import jax
-import jax.numpy as jnp
 
 from purejax.ops.matmul import LOW_RANK_OUTPUT
-from purejax.ops.matmul import matmul
 
 ATTENTION_FORMS = ("plain", "blocked", "xla", "cudnn")
 MATMUL_BACKWARD_FORMS = ("plain", "row_major")

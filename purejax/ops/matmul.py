@@ -4,8 +4,7 @@
                                                                   # out (bf16: matmul_output)
     y = matmul(x, LowRankWeight(w, a, b, scale))                  # x @ w + scale (x @ a) @ b
 
-`kernels` re-exports these (`kernels.matmul`), beside the `Forms` that choose
-their backward form; this module holds the products alone, so it takes any
+The layers import them from here; `kernels.Forms` chooses their backward form; this module holds the products alone, so it takes any
 object with a `matmul_backward` attribute as its forms.
 """
 

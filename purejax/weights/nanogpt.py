@@ -17,7 +17,6 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import _files
-from purejax import checkpoint
 from purejax import gpt
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec

@@ -11,7 +11,7 @@ Needs matplotlib, an optional extra: `pip install purejax[plot]`.
 """
 
 import pathlib
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 from purejax.training.effects import monitor
 

@@ -18,7 +18,6 @@ defaults in place of tuned GEMM choices.
 import collections
 import contextlib
 import dataclasses
-import functools
 import math
 import pathlib
 import re
@@ -34,7 +33,6 @@ from purejax import lora
 from purejax.data import batches
 from purejax.ops import kernels
 from purejax.optimizers import optim
-from purejax.training.loops import recipes
 from purejax.training.pure import parallel
 from purejax.training.pure import state as state_lib
 from purejax.training.pure import steps
