@@ -12,7 +12,7 @@ import purejax
 from purejax import decode, gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.optimizers import optim
+from purejax.optimizers import adam, optim
 from purejax.training.pure import steps
 
 text = purejax.data.corpus.load_corpus("tiny_shakespeare")
@@ -21,9 +21,9 @@ config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,
 keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))
 params = gpt.init_params(config, keys["params"])
 
-optimizer = optim.make_optimizer(optim.from_flat(
-    learning_rate=1e-3, warmup_iters=50, decay_iters=1000, min_lr=1e-4,
-    beta2=0.99, weight_decay=0.1, grad_clip=1.0))
+optimizer = optim.make_optimizer(optim.OptimizerConfig(
+    learning_rate=1e-3, warmup_iters=50, decay_iters=1000, min_lr=1e-4, grad_clip=1.0,
+    settings=adam.AdamW(beta2=0.99, weight_decay=0.1)))  # an optax GradientTransformation
 state = purejax.TrainState(params, optimizer.init(params), {"train": keys["train"]})
 train_data = batches.DeviceTokens(jnp.asarray(text.train))  # each step draws its batch
 val_data = batches.DeviceTokens(jnp.asarray(text.val))

@@ -15,7 +15,7 @@ import pytest
 from purejax import gpt
 from purejax import lora
 from purejax.ops import kernels
-from purejax.ops.matmul import LowRankWeight
+from purejax.ops.matmul import LowRankWeight, matmul
 from purejax.optimizers import optim
 from helpers.data import need
 from helpers.models import TINY, dot_operand_dtypes
@@ -166,7 +166,7 @@ def test_remat_dots_keeps_one_output_per_low_rank_product(compute_dtype):
                                  jax.random.normal(keys[3], (rank, d_out)), 2.0)
 
   def block(w, x):
-    return jnp.sum(jax.nn.silu(kernels.matmul(x, w, compute_dtype=compute_dtype,
+    return jnp.sum(jax.nn.silu(matmul(x, w, compute_dtype=compute_dtype,
                                               forms=kernels.Forms())))
 
   forms = kernels.Forms(remat="dots")
@@ -187,9 +187,9 @@ def test_in_bfloat16_only_the_frozen_product_multiplies_bfloat16_operands():
   # which took longer than the products (SmolLM2-135M: 0.43 s of a 4.3 s step).
   weight = LowRankWeight(jnp.ones((16, 24)), jnp.ones((16, 2)), jnp.ones((2, 24)), 2.0)
   x = jnp.ones((8, 16))
-  forward = jax.make_jaxpr(lambda w, x: kernels.matmul(
+  forward = jax.make_jaxpr(lambda w, x: matmul(
       x, w, compute_dtype=jnp.bfloat16, forms=kernels.Forms()))(weight, x)
-  backward = jax.make_jaxpr(jax.grad(lambda w, x: jnp.sum(kernels.matmul(
+  backward = jax.make_jaxpr(jax.grad(lambda w, x: jnp.sum(matmul(
       x, w, compute_dtype=jnp.bfloat16, forms=kernels.Forms())), argnums=(0, 1)))(weight, x)
 
   for jaxpr, frozen_products in ((forward, 1), (backward, 2)):  # y; y and dx in the backward

@@ -36,7 +36,8 @@ class OptimizerConfig:
   """What `make_optimizer` builds.
 
   Attributes:
-    name: the optimizer, one of `OPTIMIZERS`; None: `settings`' (or "adamw").
+    name: the optimizer, one of `OPTIMIZERS` (an init argument: `config.name` is
+      always its settings'); None: `settings`' (without settings: "adamw").
     learning_rate: peak learning rate (> 0).
     schedule: "cosine" (linear warmup, then cosine decay to `min_lr`),
       "warmdown" (linear warmup, the peak held, then a linear decay to
@@ -53,7 +54,7 @@ class OptimizerConfig:
     settings: the optimizer's own settings (`adam.AdamW(beta2=0.99)`,
       `muon.Muon(ns_steps=3)`, ...); None: the named optimizer's defaults.
   """
-  name: Optional[str] = None
+  name: dataclasses.InitVar[Optional[str]] = None
   learning_rate: float = 1e-3
   schedule: str = "cosine"
   warmup_iters: int = 0
@@ -63,17 +64,18 @@ class OptimizerConfig:
   grad_clip: float = 0.0
   settings: Any = None
 
-  def __post_init__(self):
+  def __post_init__(self, name: Optional[str]):
+    if isinstance(name, _ReadName):  # `dataclasses.replace` passing `config.name` back
+      name = None if self.settings is not None else str(name)
     if self.settings is None:
-      name = "adamw" if self.name is None else self.name
+      name = "adamw" if name is None else name
       if name not in registry.OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
       object.__setattr__(self, "settings", registry.OPTIMIZERS[name].settings())
     named = registry.name_of(self.settings)
-    if self.name is not None and self.name != named:
-      raise ValueError(f"the optimizer is {self.name!r} but its settings are {named}'s "
+    if name is not None and name != named:
+      raise ValueError(f"the optimizer is {name!r} but its settings are {named}'s "
                        f"({type(self.settings).__name__}); give one of them.")
-    object.__setattr__(self, "name", named)
     if self.schedule not in SCHEDULES:
       raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}.")
     if not 0 < self.warmdown_frac <= 1:
@@ -93,6 +95,17 @@ class OptimizerConfig:
   def setting(self, name: str) -> Any:
     """A setting by its flat name (`value`), shared field or the optimizer's own."""
     return value(self, name)
+
+
+class _ReadName(str):
+  """`config.name` as read: its settings' name. `dataclasses.replace` passes it back as the
+  init argument, where it must not outvote new settings (`replace(config, settings=...)`)."""
+
+
+# The optimizer's name is its settings' (an init argument, not a field: replacing the
+# settings changes it).
+OptimizerConfig.name = property(lambda self: _ReadName(registry.name_of(self.settings)),
+                                doc="The optimizer's name in `registry.OPTIMIZERS`.")
 
 
 def settings_names(name: str) -> Tuple[str, ...]:
@@ -157,7 +170,7 @@ def replace(config: OptimizerConfig, **changes) -> OptimizerConfig:
   carried = settings_lib.to_flat(config.settings) if name != config.name else {}
   base = config.settings if name == config.name else cls()
   settings = settings_lib.from_flat(cls, {**carried, **changes}, base)
-  return dataclasses.replace(config, name=name, settings=settings, **shared)
+  return dataclasses.replace(config, settings=settings, **shared)
 
 
 def from_flat(**values) -> OptimizerConfig:
@@ -172,6 +185,7 @@ def to_saved(config: OptimizerConfig) -> Dict[str, Any]:
   optimizer's flat settings (its own optimizer's values, the others' defaults), the
   record every version has written (`from_saved` reads any of them)."""
   out = {name: getattr(config, name) for name in SHARED_FIELDS}
+  out["name"] = str(config.name)
   out.update(all_settings())
   out.update(settings_lib.to_flat(config.settings))
   return out
@@ -329,7 +343,8 @@ def from_saved(saved: Mapping[str, Any]) -> OptimizerConfig:
   if name not in registry.OPTIMIZERS:
     raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
   settings = settings_lib.from_flat(registry.OPTIMIZERS[name].settings, record)
-  return OptimizerConfig(**{k: record[k] for k in SHARED_FIELDS}, settings=settings)
+  return OptimizerConfig(**{k: record[k] for k in SHARED_FIELDS if k != "name"},
+                         settings=settings)
 
 
 def describe(config: OptimizerConfig) -> str:

@@ -16,6 +16,8 @@ import dataclasses
 from typing import Any, Dict, Mapping
 
 from purejax import gpt
+from purejax.optimizers import adam
+from purejax.optimizers import muon
 from purejax.optimizers import optim
 
 # nanoGPT's character-level Shakespeare recipe for a CPU: the model (no
@@ -23,9 +25,9 @@ from purejax.optimizers import optim
 # and its optimizer. `purejax.train`'s GPT flags default to these.
 SHAKESPEARE_CHAR = gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
                                  n_embd=128, dropout=0.0, bias=False)
-GPT_OPTIMIZER = optim.from_flat(
-    learning_rate=1e-3, schedule="cosine", warmup_iters=100, min_lr=1e-4, beta2=0.99,
-    weight_decay=0.1, grad_clip=1.0)
+GPT_OPTIMIZER = optim.OptimizerConfig(
+    learning_rate=1e-3, schedule="cosine", warmup_iters=100, min_lr=1e-4, grad_clip=1.0,
+    settings=adam.AdamW(beta2=0.99, weight_decay=0.1))
 
 # The modern recipe's optimizer: Muon on the blocks' matrices, AdamW (nanoGPT's
 # betas, decay and clipping) on embeddings, head and value embeddings. Three
@@ -33,9 +35,10 @@ GPT_OPTIMIZER = optim.from_flat(
 # for 0.6 of their cost), the fused qkv weight as one matrix: at this size
 # Newton-Schulz is a quarter of the step, and both buy steps at equal time
 # (docs/architectures.md).
-MODERN_OPTIMIZER = optim.replace(
-    GPT_OPTIMIZER, name="muon", learning_rate=1e-2, min_lr=1e-4, warmup_iters=20,
-    muon_learning_rate=1e-2, muon_split_qkv=False, muon_ns_coeffs="minimax", muon_ns_steps=3)
+MODERN_OPTIMIZER = dataclasses.replace(
+    GPT_OPTIMIZER, learning_rate=1e-2, warmup_iters=20,
+    settings=muon.Muon(learning_rate=1e-2, ns_steps=3, ns_coeffs="minimax", split_qkv=False,
+                       adamw=GPT_OPTIMIZER.settings))
 
 # The modern recipe's block: nanochat's, with RMSNorm's learned scales and no
 # norm after the embedding, which train better at this size (bench.speedrun's
