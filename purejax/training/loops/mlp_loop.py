@@ -112,7 +112,8 @@ def train_mlp(
     skeleton.train_loop(
         driven, session,
         skeleton.Cadence(total=train.epochs, eval_interval=1, log_interval=1,
-                         checkpoint_interval=train.checkpoint_every, evaluate_first=False),
+                         checkpoint_interval=train.checkpoint_every, evaluate_first=False,
+                         count_from=1),
         metrics=[accuracies], report=report, start=epoch)
   return session.record.history[-1] if session.record.history else {}
 

@@ -90,6 +90,8 @@ class Cadence:
       resumed history already holds that step.
     call_length: steps of the call starting at a step (never across a
       boundary of the intervals).
+    count_from: what the first step is called in messages (a NaN's): the GPT's
+      steps count from 0, the MLP's epochs from 1.
   """
   total: int
   eval_interval: int
@@ -97,6 +99,7 @@ class Cadence:
   checkpoint_interval: int
   evaluate_first: bool = True
   call_length: Callable[[int], int] = lambda step: 1
+  count_from: int = 0
 
 
 class _NoProfiler:
@@ -155,7 +158,7 @@ def train_loop(driven: Driven, session: Session, cadence: Cadence, *,
     seconds = (time.perf_counter() - began) / num_steps
     profiler.after(step + num_steps, session.log)
     for i, record in enumerate(records):
-      record.check_finite(losses[i], step)
+      record.check_finite(losses[i], step + cadence.count_from)
     step += num_steps
     times.append(seconds)
     call = Call(step, seconds, losses, grad_norms)
