@@ -73,7 +73,7 @@ def main(argv):
   runs = sweep.expand(base, seed=0, grid={"learning_rate": tuple(
       base.learning_rate * (1 + i) / FLAGS.runs for i in range(FLAGS.runs))})
   runs = [r._replace(seed=i) for i, r in enumerate(runs)]
-  make = sweep.RunOptimizer(base)
+  make = optim.RunOptimizer(base)
   hyper = sweep.hyperparams(runs)
   platform = kernels.platform_of()
   forms = kernels.select(platform)

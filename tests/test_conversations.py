@@ -175,7 +175,7 @@ def test_a_sweep_trains_on_conversations_as_each_run_alone(tmp_path):
   _, rows = rows_of(tmp_path)
   base = optim.OptimizerConfig(learning_rate=1e-2, warmup_iters=0, schedule="constant")
   specs = sweep.expand(base, seed=0, grid={"learning_rate": (1e-2, 3e-2)})
-  make = sweep.RunOptimizer(base)
+  make = optim.RunOptimizer(base)
   state = stacked_sweep_state(CONFIG, specs, make)
   _, metrics = sweep.train_steps(state, rows, 0, sweep.hyperparams(specs), config=CONFIG,
                                  make_optimizer=make, batch_size=4, num_steps=3,

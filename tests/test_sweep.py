@@ -148,7 +148,7 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2),
                                           "weight_decay": (0.0, 0.1)}, num_seeds=1)
   runs = runs[:2] + sweep.expand(BASE, seed=7, grid={"learning_rate": (1e-2,)})  # another seed
-  make = sweep.RunOptimizer(BASE)
+  make = optim.RunOptimizer(BASE)
   state = stacked_sweep_state(config, runs, make)
   hyper, tokens = sweep.hyperparams(runs), batches.DeviceTokens(data)
   # 20 steps in two calls, as a loop would run them
@@ -178,7 +178,7 @@ def test_vmapped_runs_stay_within_1e_4_of_the_runs_alone_over_300_steps():
   data = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (600,)))
   runs = sweep.expand(base, seed=0, grid={"learning_rate": (3e-3, 1e-2),
                                           "weight_decay": (0.0, 0.1)})
-  make = sweep.RunOptimizer(base)
+  make = optim.RunOptimizer(base)
   state = stacked_sweep_state(config, runs, make)
   _, metrics = sweep.train_steps(state, data, 0, sweep.hyperparams(runs), config=config,
                                  make_optimizer=make, batch_size=4, num_steps=300,
@@ -194,7 +194,7 @@ def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   """Both runs vmapped at once (the GPU's form): the rate is a batched array."""
   data = random_tokens(jax.random.PRNGKey(0), (600,))
   runs = sweep.expand(BASE, seed=3, grid={"dropout": (0.0, 0.2)})
-  make = sweep.RunOptimizer(BASE)
+  make = optim.RunOptimizer(BASE)
   state = stacked_sweep_state(TINY, runs, make)
   # the shared config's dropout (0.5) is not the runs': the grid's rates win
   config = dataclasses.replace(TINY, dropout=0.5)
@@ -230,7 +230,7 @@ def _tiny_sweep(num_runs):
   runs = sweep.expand(BASE, seed=0, grid={"learning_rate": (3e-3, 1e-2)},
                       num_seeds=(num_runs + 1) // 2)[:num_runs]
   params = sweep.stack([gpt.init_params(TINY, jax.random.PRNGKey(r.seed)) for r in runs])
-  make = sweep.RunOptimizer(BASE)
+  make = optim.RunOptimizer(BASE)
   state = TrainState(params, jax.vmap(lambda p: make().init(p))(params),
                      {"train": sweep.stack([jax.random.PRNGKey(9 + r.seed) for r in runs])})
   return state, sweep.hyperparams(runs), make

@@ -79,10 +79,6 @@ def define_settings_flags(args: flags.FlagValues, defaults: optim.OptimizerConfi
   reads it named), defaulting to `defaults`' value where its optimizer has the
   setting, else to the settings class's."""
   own = settings_lib.to_flat(defaults.settings)
-  readers = {}
-  for name, entry in registry.OPTIMIZERS.items():
-    for flat in settings_lib.flat_fields(entry.settings):
-      readers.setdefault(flat, []).append(name)
   docs, choices = {}, {}
   for entry in registry.OPTIMIZERS.values():
     docs.update({k: v for k, v in settings_lib.field_docs(entry.settings).items()
@@ -91,7 +87,7 @@ def define_settings_flags(args: flags.FlagValues, defaults: optim.OptimizerConfi
                     getattr(entry.settings, "CHOICES", {}).items()})
   for flat, default in optim.all_settings().items():
     value = own.get(flat, default)
-    help_text = f"--optimizer={'/'.join(readers[flat])}: {docs.get(flat, flat)}"
+    help_text = f"--optimizer={'/'.join(optim.readers_of(flat))}: {docs.get(flat, flat)}"
     if flat in choices:
       flags.DEFINE_enum(flat, value, list(choices[flat]), help_text, flag_values=args)
       continue

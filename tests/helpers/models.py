@@ -36,7 +36,7 @@ RTOL = 1e-5
 def stacked_sweep_state(config, specs, make_optimizer) -> TrainState:
   """A sweep's start as the tests build it: a `TrainState` with a leading runs axis, each
   run's params and train key from `jax.random.split(PRNGKey(its seed))`, and its
-  optimizer state from `make_optimizer()` (`sweep.RunOptimizer`)."""
+  optimizer state from `make_optimizer()` (`optim.RunOptimizer`)."""
   keys = [jax.random.split(jax.random.PRNGKey(spec.seed)) for spec in specs]
   params = jax.tree.map(lambda *xs: jnp.stack(xs), *[gpt.init_params(config, k[0]) for k in keys])
   return TrainState(params, jax.vmap(lambda p: make_optimizer().init(p))(params),

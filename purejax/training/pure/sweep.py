@@ -3,7 +3,7 @@
     runs = sweep.expand(opt_config, seed=0, grid={"learning_rate": (3e-4, 1e-3)}, num_seeds=2)
     state = sweep.stack([TrainState(params, optimizer.init(params), keys) for ...])
     state, metrics = sweep.train_steps(state, DeviceTokens(ids), step, sweep.hyperparams(runs),
-                                       config=config, make_optimizer=sweep.RunOptimizer(opt),
+                                       config=config, make_optimizer=optim.RunOptimizer(opt),
                                        batch_size=12, num_steps=10, forms=kernels.select())
     metrics.loss                                         # [runs, 10]
 
@@ -83,10 +83,6 @@ class RunSpec(NamedTuple):
     if DROPOUT not in self.hyperparams:
       return config
     return dataclasses.replace(config, dropout=self.hyperparams[DROPOUT])
-
-
-# One run's optimizer from its numbers lives with the optimizers; sweeps use it.
-RunOptimizer = optim.RunOptimizer
 
 
 def parse_grid(spec: str) -> Dict[str, Tuple[float, ...]]:
@@ -290,7 +286,7 @@ def _train_steps(
     config: the model config all runs share; with a swept `"dropout"`, its
       `dropout` is ignored (each run drops at its own rate).
     make_optimizer: builds one run's optimizer from its `{name: scalar}`
-      numbers (`RunOptimizer`); a static argument.
+      numbers (`optim.RunOptimizer`); a static argument.
     batch_size, num_steps, grad_accum_steps, params_view: as in
       `steps.train_steps`.
     forms: execution forms (`kernels.select`), as in `steps.train_steps`.
