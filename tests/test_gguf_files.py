@@ -8,6 +8,9 @@ The real model's checks against transformers are in test_real_gguf.py.
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
 
 import jax
 import ml_dtypes
@@ -15,7 +18,7 @@ import numpy as np
 import pytest
 
 from helpers.cli import refusal
-from helpers.data import need
+from helpers.data import REPO_ROOT, need
 from purejax import gpt
 from purejax import weights
 from purejax.cli import convert as cli_convert
@@ -212,6 +215,36 @@ def test_qwen2_rows_are_kept_and_its_qkv_biases_read(tmp_path):
   got, got_config, _ = weights.from_gguf(str(tmp_path / "q.gguf"))
   assert got_config == config
   jax.tree.map(np.testing.assert_array_equal, got, jax.tree.map(np.asarray, params))
+
+
+# Exports a GGUF and is killed once its tensors are in the temporary file.
+KILLED_EXPORT = """
+import sys, time, gguf
+from purejax import weights
+params, config, spec = weights.from_gguf(sys.argv[1])
+write_tensors = gguf.GGUFWriter.write_tensors_to_file
+def write_then_wait(self, *args, **kwargs):
+  write_tensors(self, *args, **kwargs)
+  print("written", flush=True)
+  time.sleep(600)
+gguf.GGUFWriter.write_tensors_to_file = write_then_wait
+weights.to_gguf(params, config, sys.argv[2], spec)
+"""
+
+
+def test_an_export_killed_midway_leaves_no_file_after_the_next(tmp_path):
+  write_gguf(tmp_path / "src.gguf", hf_state(random_params()))
+  out = tmp_path / "out.gguf"
+  process = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(tmp_path / "src.gguf"),
+                              str(out)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+  assert process.stdout.readline().strip() == "written"
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  (left,) = tmp_path.glob(".out.gguf.*.tmp")  # the whole file but its rename
+  assert not out.exists() and left.stat().st_size > 0
+  params, config, spec = weights.from_gguf(str(tmp_path / "src.gguf"))
+  weights.to_gguf(params, config, str(out), spec)  # the user runs it again
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out.gguf", "src.gguf"]
 
 
 @pytest.mark.parametrize("gguf_type", ["f16", "bf16", "q8_0"])

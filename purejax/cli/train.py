@@ -35,6 +35,7 @@ from purejax.data import datasets as data_lib
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.optimizers import optim
+from purejax.training.effects import folder_lock
 from purejax.training.effects import nonfinite
 from purejax.training.effects import runs
 from purejax.training.effects import signals
@@ -277,8 +278,15 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   if not args.init_from:
     gpt_config(args, vocab_size=1)  # fail on bad model flags before loading data
   runs.check_out_dir(run.out_dir)
-  if args.eval_only:
+  if args.eval_only:  # a reader: takes no lock
     return eval_gpt(args, run, train, devices, forms)
+  # One writer per run folder, refused before loading any data (the loops hold it again).
+  with folder_lock.hold(run.out_dir, log=runs.print_line):
+    return _train_gpt(args, run, devices, train, forms, sweep_batch, grid, adapters)
+
+
+def _train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig,
+               train: gpt_loop.GPTTrainConfig, forms, sweep_batch, grid, adapters) -> dict:
   init_params, init_from = None, args.init_from
   if init_from:
     init_params, config, tokenizer = pretrained(args, init_from)
@@ -335,6 +343,12 @@ def train_mlp(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
                                   batch_size=args.batch_size, epochs=args.epochs,
                                   checkpoint_every=args.checkpoint_every, seed=args.seed)
   runs.check_out_dir(run.out_dir)
+  with folder_lock.hold(run.out_dir, log=runs.print_line):
+    return _train_mlp(args, run, devices, train)
+
+
+def _train_mlp(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig,
+               train: mlp_loop.MLPTrainConfig) -> dict:
   mnist = parallel.main_process_first(
       lambda: data_lib.load_mnist(args.tfds_data_dir, args.tfds_manual_dir,
                                   pixels=args.mnist_pixels),

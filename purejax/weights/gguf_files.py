@@ -34,6 +34,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from purejax import _files
 from purejax import gpt
 from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
@@ -380,7 +381,7 @@ def to_gguf(params: Params, config: gpt.GPTConfig, path: str, tokenizer_spec: To
   arch = "qwen2" if config.qkv_bias and not config.bias else "llama"
   out = pathlib.Path(path).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+  tmp = _files.make_temp(out)
   try:
     writer = gguf.GGUFWriter(str(tmp), arch)
     writer.add_context_length(base_context(tokenizer_spec, config))

@@ -17,10 +17,8 @@ transformers' `from_pretrained` and appears whole or not at all.
 """
 
 import json
-import os
 import pathlib
 import shutil
-import tempfile
 from typing import Any, Dict, Optional, Tuple
 
 import ml_dtypes  # pylint: disable=unused-import  # lets numpy (and safetensors) read bfloat16
@@ -229,26 +227,6 @@ def check_target(out_dir: str, overwrite: bool) -> None:
                           f"replace it, or choose another folder.")
 
 
-def _publish_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
-  """Renames the finished folder `tmp` to `out`.
-
-  An old non-empty `out` is first moved aside into a hidden folder beside
-  it and deleted only once the new one is in place; a crash between the two
-  renames leaves it there, whole.
-  """
-  old = None
-  if out.is_dir() and any(out.iterdir()):
-    old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-    os.replace(out, old / out.name)
-  elif out.is_dir():
-    out.rmdir()
-  os.replace(tmp, out)
-  _files.fsync(out.parent)
-  if old is not None:
-    shutil.rmtree(old)
-
-
-publish_dir = _publish_dir  # (the PEFT writer's too)
 
 
 def _shards(tensors: Dict[str, np.ndarray], max_shard_bytes: int):
@@ -367,7 +345,7 @@ def to_huggingface(
   hf_config.update(extra.config_values)
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+  tmp = _files.make_temp(out, directory=True)
   try:
     _write_weights(tensors, tmp, max_shard_bytes)
     with open(tmp / "config.json", "w", encoding="utf-8") as f:
@@ -380,7 +358,7 @@ def to_huggingface(
       (tmp / tokenizer_json.FILE_NAME).write_text(tokenizer_text, encoding="utf-8")
     for path in tmp.iterdir():
       _files.fsync(path)
-    _publish_dir(tmp, out)
+    _files.publish_dir(tmp, out)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

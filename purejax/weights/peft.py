@@ -15,7 +15,6 @@ the shared `A` and its own columns of `B`, at the same rank. PEFT scales by
 import json
 import pathlib
 import shutil
-import tempfile
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -92,13 +91,13 @@ def to_peft(adapters: lora.Adapters, lora_config: lora.LoraConfig, config: gpt.G
   safetensors = huggingface.import_safetensors()
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+  tmp = _files.make_temp(out, directory=True)
   try:
     safetensors.numpy.save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(settings, indent=2))
     for path in tmp.iterdir():
       _files.fsync(path)
-    huggingface.publish_dir(tmp, out)
+    _files.publish_dir(tmp, out)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

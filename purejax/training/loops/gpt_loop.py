@@ -24,6 +24,7 @@ from purejax import lora
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.optimizers import optim
+from purejax.training.effects import folder_lock
 from purejax.training.effects import plots
 from purejax.training.effects import progress as progress_lib
 from purejax.training.effects import runs
@@ -130,28 +131,29 @@ def train_gpt(
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
-  started = gpt_run.start_runs(
-      config, text, train, devices, [gpt_run.Member(run, train.seed, config, opt_config)],
-      run=run, init_params=init_params, init_from=init_from, forms=forms,
-      lora_config=lora_config, data=data)
-  (one,) = started.runs
-  context = started.context
-  runs.print_line(f"optimizer: {optim.describe(one.opt_config)}")
-  for warning in optim.schedule_warnings(one.opt_config, train.max_iters):
-    runs.print_line(f"warning: {warning}")
-  driven = gpt_run.RunsOneByOne(started)
-  report = RunReport(config, train, optim.make_schedule(one.opt_config), one.n_params,
-                     context.plan.num_devices)
-  with contextlib.closing(context.feed), Session(
-      [Recorded(run, one.meta, one.saved, sinks)],
-      total=train.max_iters, start=started.step, bar=train.progress,
-      keep_best=not train.always_save_checkpoint) as session:
-    step, times = skeleton.train_loop(
-        driven, session, gpt_run.cadence(context),
-        metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
-        start=started.step, profiler=progress_lib.Profiler(train.profile_steps, run.out_dir))
-  return _finish(session.record.history, step, times, driven.run_state(0), text, one.keys,
-                 context)
+  with folder_lock.hold(run.out_dir, log=runs.print_line):  # one writer per run folder
+    started = gpt_run.start_runs(
+        config, text, train, devices, [gpt_run.Member(run, train.seed, config, opt_config)],
+        run=run, init_params=init_params, init_from=init_from, forms=forms,
+        lora_config=lora_config, data=data)
+    (one,) = started.runs
+    context = started.context
+    runs.print_line(f"optimizer: {optim.describe(one.opt_config)}")
+    for warning in optim.schedule_warnings(one.opt_config, train.max_iters):
+      runs.print_line(f"warning: {warning}")
+    driven = gpt_run.RunsOneByOne(started)
+    report = RunReport(config, train, optim.make_schedule(one.opt_config), one.n_params,
+                       context.plan.num_devices)
+    with contextlib.closing(context.feed), Session(
+        [Recorded(run, one.meta, one.saved, sinks)],
+        total=train.max_iters, start=started.step, bar=train.progress,
+        keep_best=not train.always_save_checkpoint) as session:
+      step, times = skeleton.train_loop(
+          driven, session, gpt_run.cadence(context),
+          metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
+          start=started.step, profiler=progress_lib.Profiler(train.profile_steps, run.out_dir))
+    return _finish(session.record.history, step, times, driven.run_state(0), text, one.keys,
+                   context)
 
 
 def _finish(history, step: int, times, state: TrainState, text, keys,

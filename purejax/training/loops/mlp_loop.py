@@ -18,6 +18,7 @@ from purejax import mlp
 from purejax import rng
 from purejax.data import datasets as data_lib
 from purejax.optimizers import optim
+from purejax.training.effects import folder_lock
 from purejax.training.effects import runs
 from purejax.training.effects.runs import RunConfig
 from purejax.training.effects.session import Recorded, Session
@@ -97,25 +98,26 @@ def train_mlp(
           "optimizer": optim.to_saved(opt_config), "batch_size": train.batch_size,
           "seed": train.seed}
   template = TrainState(params, optimizer.init(params), {"data": keys["data"]})
-  state, epoch, saved = runs.start_or_resume(
-      run, template, meta, digest_extra=[devices.fsdp, devices.grad_accum_steps])
-  state, shardings = state_lib.shard(state, plan)
-  train_epoch = parallel.sharded_step(
-      steps.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
-      grad_accum_steps=devices.grad_accum_steps)
-  runs.print_line(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
-  runs.print_line(f"optimizer: {optim.describe(opt_config)}, {steps_per_epoch} steps/epoch")
-  driven = _Epochs(train_epoch, state, (train_x, train_y, test_x, test_y))
-  report = _EpochReport(schedule, steps_per_epoch, train.batch_size)
-  with Session([Recorded(run, meta, saved)], total=train.epochs, start=epoch, unit="epoch",
-               bar=progress_bar) as session:
-    skeleton.train_loop(
-        driven, session,
-        skeleton.Cadence(total=train.epochs, eval_interval=1, log_interval=1,
-                         checkpoint_interval=train.checkpoint_every, evaluate_first=False,
-                         count_from=1),
-        metrics=[accuracies], report=report, start=epoch)
-  return session.record.history[-1] if session.record.history else {}
+  with folder_lock.hold(run.out_dir, log=runs.print_line):  # one writer per run folder
+    state, epoch, saved = runs.start_or_resume(
+        run, template, meta, digest_extra=[devices.fsdp, devices.grad_accum_steps])
+    state, shardings = state_lib.shard(state, plan)
+    train_epoch = parallel.sharded_step(
+        steps.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
+        grad_accum_steps=devices.grad_accum_steps)
+    runs.print_line(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
+    runs.print_line(f"optimizer: {optim.describe(opt_config)}, {steps_per_epoch} steps/epoch")
+    driven = _Epochs(train_epoch, state, (train_x, train_y, test_x, test_y))
+    report = _EpochReport(schedule, steps_per_epoch, train.batch_size)
+    with Session([Recorded(run, meta, saved)], total=train.epochs, start=epoch, unit="epoch",
+                 bar=progress_bar) as session:
+      skeleton.train_loop(
+          driven, session,
+          skeleton.Cadence(total=train.epochs, eval_interval=1, log_interval=1,
+                           checkpoint_interval=train.checkpoint_every, evaluate_first=False,
+                           count_from=1),
+          metrics=[accuracies], report=report, start=epoch)
+    return session.record.history[-1] if session.record.history else {}
 
 
 class _Epochs:

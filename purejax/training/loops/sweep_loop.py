@@ -48,6 +48,7 @@ from purejax import lora
 from purejax.data import corpus as corpus_lib
 from purejax.ops import kernels
 from purejax.optimizers import optim
+from purejax.training.effects import folder_lock
 from purejax.training.effects import plots
 from purejax.training.effects import progress as progress_lib
 from purejax.training.effects import runs
@@ -225,41 +226,44 @@ def train_gpt_sweep(
                      "its runs one at a time across devices).")
   specs = sweep.expand(opt_config, train.seed, grid, num_seeds)
   names = [spec.name for spec in specs]
-  check_runs(run, names)
   folders = [dataclasses.replace(run, out_dir=str(run_dir(run.out_dir, name))) for name in names]
-  # The run's own model config (its swept dropout), so that it resumes,
-  # replays and exports alone as it trained here.
-  started = gpt_run.start_runs(
-      config, text, train, devices,
-      [gpt_run.Member(folder, spec.seed, spec.model_config(config), spec.opt_config)
-       for spec, folder in zip(specs, folders)],
-      run=run, init_params=init_params, init_from=init_from, forms=forms,
-      lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line),
-      what="sweep")
-  context = started.context
-  record_runs(run, names)
-  sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(context.plan), sweep_batch)
-  if sweep_batch == 1:
-    driven = gpt_run.RunsOneByOne(started)
-  else:
-    driven = gpt_run.RunsTogether(started, specs, sweep_batch)
-  runs.print_line(f"sweep: {len(specs)} runs {driven.how}, each in {run.out_dir}/<run>: "
-                  + ", ".join(names))
-  report = SweepReport(names, [optim.make_schedule(r.opt_config) for r in started.runs],
-                       train.batch_size * config.block_size)
-  with contextlib.closing(context.feed), Session(
-      [Recorded(r.run, r.meta, r.saved, sinks(name, r.meta))
-       for r, name in zip(started.runs, names)],
-      total=train.max_iters, start=started.step, bar=train.progress) as session:
-    step, times = skeleton.train_loop(
-        driven, session, gpt_run.cadence(context),
-        metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
-        start=started.step)
-  if parallel.is_main_process():
-    for folder in folders:
-      plots.save_loss_plot(folder.out_dir)
-  if times:
-    runs.print_line(f"median {progress_lib.median_ms(times):.2f} ms/iter for {len(specs)} "
-                    f"runs after compilation")
-  return [{"run": name, **(record.history[-1] if record.history else {"step": step})}
-          for name, record in zip(names, session.records)]
+  # One writer per folder: the sweep's and each of its runs' (a run may be
+  # resumed alone), held before anything in them is read or written.
+  with folder_lock.hold([run.out_dir, *(f.out_dir for f in folders)], log=runs.print_line):
+    check_runs(run, names)
+    # The run's own model config (its swept dropout), so that it resumes,
+    # replays and exports alone as it trained here.
+    started = gpt_run.start_runs(
+        config, text, train, devices,
+        [gpt_run.Member(folder, spec.seed, spec.model_config(config), spec.opt_config)
+         for spec, folder in zip(specs, folders)],
+        run=run, init_params=init_params, init_from=init_from, forms=forms,
+        lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line),
+        what="sweep")
+    context = started.context
+    record_runs(run, names)
+    sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(context.plan), sweep_batch)
+    if sweep_batch == 1:
+      driven = gpt_run.RunsOneByOne(started)
+    else:
+      driven = gpt_run.RunsTogether(started, specs, sweep_batch)
+    runs.print_line(f"sweep: {len(specs)} runs {driven.how}, each in {run.out_dir}/<run>: "
+                    + ", ".join(names))
+    report = SweepReport(names, [optim.make_schedule(r.opt_config) for r in started.runs],
+                         train.batch_size * config.block_size)
+    with contextlib.closing(context.feed), Session(
+        [Recorded(r.run, r.meta, r.saved, sinks(name, r.meta))
+         for r, name in zip(started.runs, names)],
+        total=train.max_iters, start=started.step, bar=train.progress) as session:
+      step, times = skeleton.train_loop(
+          driven, session, gpt_run.cadence(context),
+          metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
+          start=started.step)
+    if parallel.is_main_process():
+      for folder in folders:
+        plots.save_loss_plot(folder.out_dir)
+    if times:
+      runs.print_line(f"median {progress_lib.median_ms(times):.2f} ms/iter for {len(specs)} "
+                      f"runs after compilation")
+    return [{"run": name, **(record.history[-1] if record.history else {"step": step})}
+            for name, record in zip(names, session.records)]
