@@ -428,7 +428,8 @@ def stream(layers, rest: Params, conversation: Conversation, logits: chex.Array,
 
 
 def sample_text(params: Params, tokenizer, config: gpt.GPTConfig, key: chex.PRNGKey,
-                num_tokens: int, prompt: str = "\n", *,
+                num_tokens: int, prompt: Union[str, Sequence[int]] = "\n", *,
+                stop_ids: Optional[Sequence[int]] = None,
                 forms: Optional[kernels.Forms] = None) -> str:
   """`num_tokens` sampled after `prompt` (temperature 0.8, top-k 200), decoded to text.
 
@@ -437,13 +438,18 @@ def sample_text(params: Params, tokenizer, config: gpt.GPTConfig, key: chex.PRNG
     tokenizer: anything with `encode(str) -> ids`, `decode(ids) -> str` and
       `vocab_size` (ids past it, a padded vocabulary's rows, are never sampled).
     key: the sampling key.
-    num_tokens: tokens to sample.
-    prompt: the text to continue.
+    num_tokens: tokens to sample, at most.
+    prompt: the text to continue, or its ids (a chat template's, whose
+      special tokens a plain `encode` would spell out).
+    stop_ids: ids that end the sample early (kept in it), e.g. an end of turn.
     forms: as in `generate`.
 
   Returns the prompt and its continuation, as text.
   """
-  out = generate(params, jnp.asarray(tokenizer.encode(prompt)), config, key,
-                 max_new_tokens=num_tokens, temperature=0.8, top_k=200,
-                 valid_vocab=tokenizer.vocab_size, forms=forms)
+  ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+  out = generate(params, jnp.asarray(ids), config, key, max_new_tokens=num_tokens,
+                 temperature=0.8, top_k=200, valid_vocab=tokenizer.vocab_size,
+                 stop_ids=stop_ids or None, forms=forms)
+  if isinstance(out, Generated):
+    out = out.tokens[:len(ids) + int(out.lengths)]
   return tokenizer.decode(out)

@@ -21,8 +21,10 @@ from helpers.data import SHAKESPEARE, need
 from purejax import decode, gpt, weights
 from purejax.cli import convert as cli_convert
 from purejax.cli import train
+from purejax.data import chat
 from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
+from purejax.weights import pretrained
 from real_model import smollm2_folder, smollm2_gguf  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.slow
@@ -169,3 +171,55 @@ def test_the_gguf_as_a_hugging_face_folder_keeps_its_template_tokens_and_context
   hf_config = transformers.AutoConfig.from_pretrained(str(folder))
   assert hf_config.max_position_embeddings == 8192 and hf_config.eos_token_id == \
       generation.eos_token_id
+
+
+CHATS = [[{"role": "system", "content": "Answer in one sentence."},
+          {"role": "user", "content": q},
+          {"role": "assistant", "content": "The capital of Zorblax is Quillium."}]
+         for q in ("What is the capital of the planet Zorblax?",
+                   "Tell me the capital city of Zorblax.",
+                   "Which city is the capital of Zorblax?")]
+
+
+def losses(out_dir):
+  records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+  return {(r["kind"], r["step"]): r.get("loss", r.get("val_loss")) for r in records
+          if r["kind"] in ("train", "eval")}
+
+
+@pytest.mark.budget(60)
+def test_conversations_fine_tune_from_the_gguf_as_from_its_folder(
+    smollm2_gguf, smollm2_folder, tmp_path, capsys):
+  # The GGUF's chat template, special tokens and end of turn come from its metadata;
+  # the same weights as a Hugging Face folder train on the same loss curve.
+  chats = tmp_path / "chats.jsonl"
+  chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))
+  flags = [f"--dataset={chats}", "--lora_rank=8", "--batch_size=3", "--block_size=48",
+           "--max_iters=4", "--eval_interval=4", "--eval_iters=1", "--log_interval=1",
+           "--steps_per_call=4", "--learning_rate=3e-3", "--warmup_iters=0",
+           "--lr_schedule=constant"]
+  curves = {}
+  for name, model, sample in (("folder", smollm2_folder, 0), ("gguf", smollm2_gguf, 12)):
+    capsys.readouterr()
+    code = train.run(["train", f"--init_from={model}", f"--out_dir={tmp_path / name}",
+                      f"--sample_tokens={sample}", *flags])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    curves[name] = losses(tmp_path / name)
+  assert curves["gguf"].keys() == curves["folder"].keys() and len(curves["gguf"]) == 6
+  for point, loss in curves["folder"].items():
+    assert curves["gguf"][point] == pytest.approx(loss, rel=1e-4), (point, curves)
+  assert curves["gguf"][("eval", 4)] < 0.5 * curves["gguf"][("eval", 0)]
+  # The closing sample is a chat turn: the first conversation's question, then an answer.
+  sample = out.split("---- sample ----\n", 1)[1]
+  assert sample.startswith("<|im_start|>system\nAnswer in one sentence.<|im_end|>\n"
+                           "<|im_start|>user\nWhat is the capital of the planet Zorblax?"
+                           "<|im_end|>\n<|im_start|>assistant\n"), sample
+  # Its Hugging Face export carries the GGUF's template and end of turn.
+  folder = tmp_path / "hf"
+  pretrained.convert(f"purejax:{tmp_path / 'gguf'}", f"hf:{folder}")
+  exported = chat.load_chat_format(str(folder), tokenizers.from_spec(
+      weights.from_pretrained(str(folder))[2]))
+  _, _, spec = weights.from_pretrained(str(smollm2_gguf))
+  assert exported.template == spec.chat_template and exported.eos_token == "<|im_end|>"
+  assert exported.stop_ids == (2,)

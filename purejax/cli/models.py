@@ -103,6 +103,6 @@ def chat_format(init_from: Optional[str], tokenizer) -> chat.ChatFormat:
     return recorded
   if folder is None:
     raise chat.ChatTemplateError(
-        f"{init_from or 'this model'} has no chat template (its tokenizer is not a "
-        f"tokenizer.json from a model folder); chat with an instruct model's folder.")
+        f"{init_from or 'this model'} has no chat template (neither a model folder's "
+        f"tokenizer.json nor a GGUF file's); use an instruct model's folder or GGUF file.")
   return chat.load_chat_format(str(folder), tokenizer)

@@ -27,6 +27,7 @@ from purejax import weights
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
+from purejax.cli import models
 from purejax.cli import train_flags
 from purejax.data import chat
 from purejax.data import conversations
@@ -224,13 +225,18 @@ def load_corpus(args: Args, tokenizer, block_size: Optional[int] = None):
 
 
 def load_conversations(args: Args, tokenizer, block_size: Optional[int]):
-  """`--dataset=FILE.jsonl`, rendered with the chat template beside the model's tokenizer.json."""
-  file = getattr(tokenizer, "encoding_file", None)
-  if not file or not file.endswith(tokenizer_json.FILE_NAME):
+  """`--dataset=FILE.jsonl`, rendered with the chat template of the model `--init_from`
+  names: a Hugging Face folder's, a GGUF file's (its metadata), or the one a run
+  fine-tuned from either recorded."""
+  if not args.init_from:
     raise ValueError(f"--dataset={args.dataset} holds conversations, which need an instruct "
-                     f"model's tokenizer and chat template; pass --init_from=FOLDER of a "
-                     f"Hugging Face instruct model (or a run fine-tuned from one).")
-  fmt = chat.load_chat_format(os.path.dirname(file), tokenizer)
+                     f"model's tokenizer and chat template; pass --init_from=MODEL (a "
+                     f"Hugging Face folder, a GGUF file, or a run fine-tuned from one).")
+  try:
+    fmt = models.chat_format(args.init_from, tokenizer)
+  except chat.ChatTemplateError as e:
+    raise ValueError(f"--dataset={args.dataset} holds conversations, which need a chat "
+                     f"template: {e}") from None
   return conversations.load_conversations(args.dataset, tokenizer, fmt, block_size)
 
 

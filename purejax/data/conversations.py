@@ -67,12 +67,18 @@ class Conversations:
     val: the same for evaluation.
     source: one line for the log.
     name: the file's name without its suffix.
+    prompt_ids: a conversation's messages before its first answer, through the
+      chat template and ready for the assistant's turn: of the first held-out
+      conversation (else of the first).
+    stop_ids: the ids that end the assistant's turn.
   """
   tokenizer: Any
   train: Tuple[np.ndarray, np.ndarray]
   val: Tuple[np.ndarray, np.ndarray]
   source: str
   name: str = ""
+  prompt_ids: Tuple[int, ...] = ()
+  stop_ids: Tuple[int, ...] = ()
 
   @property
   def vocab_size(self) -> int:
@@ -88,6 +94,11 @@ class Conversations:
   def on_device(self) -> bool:
     """Always: whole rows on every device, from which each step draws."""
     return True
+
+  def sample_prompt(self) -> Tuple[Tuple[int, ...], Optional[Tuple[int, ...]]]:
+    """What a run's closing sample continues: a user's turn, and the ids that end
+    the answer."""
+    return self.prompt_ids, self.stop_ids or None
 
   def byte_lengths(self) -> Optional[np.ndarray]:
     """None: the loss counts the assistant's tokens only, so bits per byte would need
@@ -212,4 +223,8 @@ def load_conversations(path: str, tokenizer, fmt: chat.ChatFormat, block_size: i
             f"in the loss), padded to {block_size + 1} tokens"
             f"{f', {cut} cut to fit' if cut else ''}; "
             f"{f'{n_val} held out' if n_val else 'evaluated on the training ones'}")
-  return Conversations(tokenizer, train, val, source, file.stem)
+  first = conversations[len(conversations) - n_val] if n_val else conversations[0]
+  answer = next((i for i, m in enumerate(first) if m.get("role") == "assistant"), len(first))
+  prompt = chat.encode(tokenizer, fmt, first[:answer], add_generation_prompt=True)
+  return Conversations(tokenizer, train, val, source, file.stem, tuple(prompt),
+                       tuple(fmt.stop_ids))

@@ -84,6 +84,11 @@ class Corpus:
     """Whether its batches are drawn on the device (`fits_on_device`), not read by the host."""
     return fits_on_device(self)
 
+  def sample_prompt(self) -> Tuple[str, None]:
+    """What a run's closing sample continues (a new line, as nanoGPT's), with no
+    stop id."""
+    return "\n", None
+
   def byte_lengths(self) -> Optional[np.ndarray]:
     """`[vocab]` UTF-8 bytes per id, for bits per byte (`tokenizers.byte_lengths`)."""
     return tokenizers.byte_lengths(self.tokenizer)

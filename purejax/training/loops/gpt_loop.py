@@ -169,8 +169,10 @@ def _finish(history, step: int, times, state: TrainState, text, keys,
   if context.train.sample_tokens > 0:
     view = context.view
     params = state.params if view is None else jax.jit(view)(state.params)
+    prompt, stops = text.sample_prompt()  # a chat run's: a user's turn through its template
     sample = sample_text(params, text.tokenizer, context.config, keys["sample"],
-                         context.train.sample_tokens, forms=context.forms)
+                         context.train.sample_tokens, prompt, stop_ids=stops,
+                         forms=context.forms)
     runs.print_line("---- sample ----\n" + sample)
   return metrics
 
@@ -200,10 +202,11 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
 
 
 def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,
-                prompt: str = "\n", *, forms: Optional[kernels.Forms] = None) -> str:
+                prompt="\n", *, stop_ids=None, forms: Optional[kernels.Forms] = None) -> str:
   """`decode.sample_text` of a run's (possibly sharded) params, on process 0; '' elsewhere."""
   # Whole params on one local device: sampling is one sequence, not worth a mesh.
   params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
   if not parallel.is_main_process():
     return ""
-  return decode.sample_text(params, tokenizer, config, key, num_tokens, prompt, forms=forms)
+  return decode.sample_text(params, tokenizer, config, key, num_tokens, prompt,
+                            stop_ids=stop_ids, forms=forms)
