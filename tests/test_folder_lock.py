@@ -54,6 +54,7 @@ def test_the_lock_file_names_its_holder_and_nests_in_one_process(tmp_path):
       assert folder_lock.holds(str(tmp_path))
     assert folder_lock.holds(str(tmp_path))
   assert not folder_lock.holds(str(tmp_path))
+  assert not (tmp_path / folder_lock.RUN_LOCK).exists()  # removed as it let go
 
 
 def test_a_second_process_is_refused_naming_the_holder(tmp_path, holder):

@@ -6,8 +6,9 @@
 The lock is `flock` on `RUN_LOCK` in the folder, which also records the holder
 (PID, host, start time, command line) for the refusal message. The operating
 system releases it when the holder ends in any way, SIGKILL included, so a
-lock never outlives its process and `--resume` right after a kill works; the
-file itself stays (it is empty of meaning once unlocked). Readers (sampling,
+lock never outlives its process and `--resume` right after a kill works. The
+holder removes the file as it lets go; after a kill the file stays, unlocked
+and of no meaning, until the next writer takes it. Readers (sampling,
 chat, conversion, replay, plots, TensorBoard) never take it and never wait.
 
 Within one process the lock is re-entrant: the command line takes it before
@@ -41,7 +42,7 @@ except ImportError:  # Windows: no flock; runs go on unlocked
 
 RUN_LOCK = ".run.lock"
 
-# realpath -> [open lock file, holders in this process]
+# realpath -> [open lock file, holders in this process, its path]
 _HELD: Dict[str, List] = {}
 
 
@@ -66,6 +67,31 @@ def _record() -> str:
       "command": " ".join(sys.argv) or "python"})
 
 
+def _open_locked(path: pathlib.Path, folder: pathlib.Path, log: Callable[[str], None]):
+  """The lock file, opened and locked; raises FolderBusy if another process holds it."""
+  while True:
+    file = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    if fcntl is None:
+      return file
+    try:
+      fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      file.close()
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise FolderBusy(
+            f"{folder} is being written by {_holder(path)}; wait for it to end or stop it "
+            f"(its lock ends with it, even after a kill), or pass another --out_dir.") from None
+      log(f"warning: {folder} cannot be locked ({e.strerror}); nothing stops a second "
+          f"process from writing this run at the same time")
+      return open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:  # the holder before removes the file as it lets go: lock the file that is there
+      if os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
+        return file
+    except FileNotFoundError:
+      pass
+    file.close()
+
+
 def _acquire(folder: pathlib.Path, log: Callable[[str], None]) -> None:
   key = os.path.realpath(folder)
   if key in _HELD:
@@ -73,23 +99,12 @@ def _acquire(folder: pathlib.Path, log: Callable[[str], None]) -> None:
     return
   folder.mkdir(parents=True, exist_ok=True)
   path = folder / RUN_LOCK
-  file = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
-  if fcntl is not None:
-    try:
-      fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        file.close()
-        raise FolderBusy(
-            f"{folder} is being written by {_holder(path)}; wait for it to end or stop it "
-            f"(its lock ends with it, even after a kill), or pass another --out_dir.") from None
-      log(f"warning: {folder} cannot be locked ({e.strerror}); nothing stops a second "
-          f"process from writing this run at the same time")
+  file = _open_locked(path, folder, log)
   file.seek(0)
   file.truncate()
   file.write(_record())
   file.flush()
-  _HELD[key] = [file, 1]
+  _HELD[key] = [file, 1, path]
   for removed in _files.remove_dead_temps(folder):
     log(f"removed {removed.name}, left by a writer that was killed")
 
@@ -100,6 +115,8 @@ def _release(folder: pathlib.Path) -> None:
   held[1] -= 1
   if held[1] == 0:
     del _HELD[key]
+    if fcntl is not None:  # still locked: a process that opened it meanwhile retries
+      held[2].unlink(missing_ok=True)
     held[0].close()  # closing the file releases the flock
 
 
