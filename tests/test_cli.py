@@ -216,6 +216,17 @@ def test_sample_without_a_trained_model(capsys, tmp_path):
       "error: Unknown command line flag 'sweep_batch' (--help lists the flags).")
 
 
+@pytest.mark.parametrize("command_line", ["train", "sample", "chat"])
+@pytest.mark.parametrize("missing", ["no/such/run", "nowhere.gguf", "nothing_here"])
+def test_a_missing_init_from_says_it_is_missing(capsys, tmp_path, command_line, missing):
+  from purejax.cli import chat
+  command = {"train": train, "sample": sample, "chat": chat}[command_line]
+  path = tmp_path / missing
+  out_dir = [] if command_line == "chat" else [f"--out_dir={tmp_path / 'run'}"]
+  line = refusal(capsys, command, f"--init_from={path}", *out_dir)
+  assert str(path) in line and "missing" in line, line
+
+
 def test_sample_refuses_a_checkpoint_of_another_model(capsys, tmp_path):
   import jax
   from purejax import mlp

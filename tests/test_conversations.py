@@ -85,6 +85,23 @@ def test_bad_lines_are_named_in_one_line(tmp_path, line, message):
     conversations.load_conversations(str(path), TOKENIZER, FMT, block_size=48)
 
 
+def test_a_runs_closing_sample_continues_a_users_turn_until_the_end_of_turn(tmp_path):
+  # The first held-out conversation (else the first), up to its first answer.
+  data = conversations.load_conversations(write_chats(tmp_path / "c.jsonl", [TALK]),
+                                          TOKENIZER, FMT, block_size=48)
+  prompt, stops = data.sample_prompt()
+  assert TOKENIZER.decode(prompt) == "<s>be brief.|\n<u>hi?|\n<a>" and stops == FMT.stop_ids
+  talks = [TALK] * 9 + [TALK[3:4] + TALK[2:3]]  # ten: the last is held out
+  data = conversations.load_conversations(write_chats(tmp_path / "d.jsonl", talks),
+                                          TOKENIZER, FMT, block_size=48)
+  assert TOKENIZER.decode(data.sample_prompt()[0]) == "<u>name?|\n<a>"
+  sample = gpt_loop.sample_text(gpt.init_params(CONFIG, jax.random.PRNGKey(0)), TOKENIZER,
+                                CONFIG, jax.random.PRNGKey(1), 30, prompt, stop_ids=stops)
+  assert sample.startswith("<s>be brief.|\n<u>hi?|\n<a>")
+  answer = sample[len("<s>be brief.|\n<u>hi?|\n<a>"):]
+  assert "|" not in answer[:-1] and (answer.endswith("|") or len(answer) == 30)
+
+
 def test_the_command_line_wants_a_model_with_a_chat_template(tmp_path, capsys):
   code = train_cli.run(["train", f"--dataset={write_chats(tmp_path / 'c.jsonl', [TALK])}",
                         f"--out_dir={tmp_path / 'out'}", "--max_iters=1"])

@@ -27,6 +27,16 @@ def test_an_unknown_gpu_is_refused_with_the_known_ones(capsys):
   assert "unknown GPU `tpu-v9`" in line and "h100" in line and "a100-40g" in line, line
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--batch_size=0", "--batch_size must be a positive integer, got 0"),
+    ("--block_size=-1", "--block_size must be a positive integer, got -1"),
+    ("--max_iters=0", "--max_iters must be a positive integer"),
+    ("--warmdown_frac=0.3", "--warmdown_frac has no effect"),
+])
+def test_numbers_train_refuses_are_refused_before_compiling(capsys, flag, message):
+  assert message in refusal(capsys, plan, "--gpu=h100", *SMALL, flag)
+
+
 def test_a_missing_plugin_is_one_line_with_its_install_command(capsys, monkeypatch):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 

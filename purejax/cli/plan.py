@@ -26,6 +26,7 @@ from purejax.cli import train
 from purejax.cli import train_flags
 from purejax.ops import kernels
 from purejax.optimizers import optim
+from purejax.training.effects import runs
 from purejax.training.pure import flops
 from purejax.training.tools import gpu_plan
 
@@ -63,6 +64,10 @@ def plan(args: Args) -> int:
   """Compiles the flags' training step for `--gpu` and prints the plan; the exit code."""
   try:
     card = gpu_plan.card(args.gpu)
+    # The numbers `train` would refuse are refused here too, with its words.
+    train.refuse_what_has_no_effect(args)
+    train.gpt_train_config(args)  # batch size, steps, intervals
+    runs.require_positive(block_size=args.block_size)
     config = train.gpt_config(args, vocab_size=args.vocab_size)
     forms = kernels.select("gpu", **forms_flags.forms_overrides(args))
     opt_config = optim.with_schedule_end(train.optimizer_config(args), args.max_iters)

@@ -80,8 +80,8 @@ def _hf_folder(path_or_name: str) -> pathlib.Path:
       continue
     if (folder / "config.json").is_file():
       return folder
-  raise ConversionError(f"{short} is not in the Hugging Face cache, and purejax does not "
-                        f"download; {fix}")
+  raise ConversionError(f"{short} is no folder here and not in the Hugging Face cache, and "
+                        f"purejax does not download; check the path, or {fix}")
 
 
 def _read_json(path: pathlib.Path) -> Dict[str, Any]:

@@ -119,6 +119,11 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
       kind = "nanogpt"
     elif local.suffix == ".gguf" or gguf_files.is_gguf(source):
       kind = "gguf"
+    if kind is None and not local.exists():
+      raise ConversionError(
+          f"`source={source}` is missing: no such file or folder. Check the path (a Hugging "
+          f"Face folder, a .gguf file, a purejax run directory or a nanoGPT .pt file), or "
+          f"name {', '.join(huggingface.GPT2_NAMES)} or a Hub id OWNER/MODEL.")
     if kind is None:
       raise ConversionError(
           f"`source={source}`: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
