@@ -60,7 +60,7 @@ def test_the_lock_file_names_its_holder_and_nests_in_one_process(tmp_path):
 def test_a_second_process_is_refused_naming_the_holder(tmp_path, holder):
   first = holder(tmp_path)
   with pytest.raises(folder_lock.FolderBusy, match=rf"process {first.pid} on .* pass another "
-                                                   rf"--out_dir"):
+                                                   rf"`out_dir`"):
     with folder_lock.hold(str(tmp_path)):
       pass
   assert not folder_lock.holds(str(tmp_path))

@@ -80,7 +80,7 @@ def _open_locked(path: pathlib.Path, folder: pathlib.Path, log: Callable[[str], 
       if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         raise FolderBusy(
             f"{folder} is being written by {_holder(path)}; wait for it to end or stop it "
-            f"(its lock ends with it, even after a kill), or pass another --out_dir.") from None
+            f"(its lock ends with it, even after a kill), or pass another `out_dir`.") from None
       log(f"warning: {folder} cannot be locked ({e.strerror}); nothing stops a second "
           f"process from writing this run at the same time")
       return open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
