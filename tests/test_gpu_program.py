@@ -48,6 +48,8 @@ SMOLLM2_BATCH = 4
 # GiB peak.
 GPT2_STEP_TEMP_BUDGET = 1.18 * GIB
 GPT2_STEP_PEAK_BUDGET = 2.62 * GIB
+# Unrolled without remat (the GPU's default) it plans a 6.91 GiB peak.
+GPT2_UNROLLED_PEAK_BUDGET = 7.12 * GIB
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +77,11 @@ def assert_no_large_buffers(plan: gpu_plan.ProgramPlan, config, batch):
 
 @pytest.fixture(scope="module")
 def gpt2_step(h100):
+  """The step with the layers scanned (remat full_compute_dtype), the GPU's form for
+  long or wide models whose unrolled step does not fit."""
   return gpu_plan.read_program(gpu_plan.compile_train_step(
-      GPT2, h100, batch_size=GPT2_BATCH, forms=kernels.select("gpu"), opt_config=OPTIMIZER))
+      GPT2, h100, batch_size=GPT2_BATCH, forms=kernels.select("gpu", scan_layers=True),
+      opt_config=OPTIMIZER))
 
 
 def test_gpt2_train_step_runs_cudnn_attention_both_ways_within_its_budget(gpt2_step):
@@ -87,12 +92,24 @@ def test_gpt2_train_step_runs_cudnn_attention_both_ways_within_its_budget(gpt2_s
   assert not gpt2_step.collectives  # one device
   assert gpt2_step.temp_bytes <= GPT2_STEP_TEMP_BUDGET, gpt2_step.temp_bytes / GIB
   assert gpt2_step.peak_bytes <= GPT2_STEP_PEAK_BUDGET, gpt2_step.peak_bytes / GIB
+
+
+@pytest.mark.budget(40)
+def test_gpt2_default_step_unrolls_the_layers_within_its_budget(h100):
+  # The GPU's default: every layer's attention once forward and once backward
+  # (no remat), each activation kept once, the logits still in chunks.
+  plan = gpu_plan.read_program(gpu_plan.compile_train_step(
+      GPT2, h100, batch_size=GPT2_BATCH, forms=kernels.select("gpu"), opt_config=OPTIMIZER))
+  calls = plan.custom_calls
+  assert calls[gpu_plan.CUDNN_FORWARD] == calls[gpu_plan.CUDNN_BACKWARD] == GPT2.n_layer, calls
+  assert_no_large_buffers(plan, GPT2, GPT2_BATCH)
+  assert plan.peak_bytes <= GPT2_UNROLLED_PEAK_BUDGET, plan.peak_bytes / GIB
   # The state (params + AdamW's two moments, float32) is the floor of the plan,
   # and it is donated: outputs alias the arguments.
   n_params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(
       lambda: gpt.init_params(GPT2, jax.random.PRNGKey(0)))))
-  assert gpt2_step.argument_bytes >= 3 * 4 * n_params
-  assert gpt2_step.alias_bytes >= 3 * 4 * n_params
+  assert plan.argument_bytes >= 3 * 4 * n_params
+  assert plan.alias_bytes >= 3 * 4 * n_params
 
 
 def test_block_inputs_saved_in_bf16_plan_less_memory(h100, gpt2_step):
@@ -100,7 +117,7 @@ def test_block_inputs_saved_in_bf16_plan_less_memory(h100, gpt2_step):
   # "full" keeps it float32 (12 x [12, 1024, 768], 432 MiB), twice the bytes.
   full = gpu_plan.read_program(gpu_plan.compile_train_step(
       GPT2, h100, batch_size=GPT2_BATCH, opt_config=OPTIMIZER,
-      forms=kernels.select("gpu", remat="full")))
+      forms=kernels.select("gpu", scan_layers=True, remat="full")))
   assert full.custom_calls[gpu_plan.CUDNN_BACKWARD] == 1, full.custom_calls
   saved = GPT2.n_layer * GPT2_BATCH * GPT2.block_size * GPT2.n_embd * 2  # the bf16 half saved
   assert gpt2_step.temp_bytes <= full.temp_bytes - 0.9 * saved, (
@@ -154,7 +171,7 @@ def test_gpt2_decoding_plans_its_cache_and_no_scores(h100):
 
 def test_smollm2_shaped_train_step_runs_grouped_cudnn_attention(h100):
   plan = gpu_plan.read_program(gpu_plan.compile_train_step(
-      SMOLLM2, h100, batch_size=SMOLLM2_BATCH, forms=kernels.select("gpu"),
+      SMOLLM2, h100, batch_size=SMOLLM2_BATCH, forms=kernels.select("gpu", scan_layers=True),
       opt_config=OPTIMIZER))
   calls = plan.custom_calls
   assert calls[gpu_plan.CUDNN_FORWARD] >= 1 and calls[gpu_plan.CUDNN_BACKWARD] == 1, calls

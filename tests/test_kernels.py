@@ -50,7 +50,11 @@ class SelectTest(parameterized.TestCase):
     assert CPU_FORMS.attention == "blocked" and CPU_FORMS.matmul_backward == "row_major"
     assert CPU_FORMS.noise_ahead and CPU_FORMS.remat == "dots"
     assert GPU_FORMS.attention == "cudnn" and GPU_FORMS.matmul_backward == "plain"
-    assert not GPU_FORMS.noise_ahead and GPU_FORMS.remat == "full_compute_dtype"
+    # GPUs unroll the layers, without remat; scanned, they save bf16 block inputs.
+    assert not GPU_FORMS.noise_ahead and not GPU_FORMS.scan_layers
+    assert GPU_FORMS.remat == "none" and CPU_FORMS.scan_layers
+    assert kernels.select("gpu", scan_layers=True).remat == "full_compute_dtype"
+    assert kernels.select("tpu").scan_layers  # measured on GPUs only
     # bf16 matmul outputs were measured faster on a GPU only.
     assert GPU_FORMS.matmul_output == "compute" and CPU_FORMS.matmul_output == "float32"
     assert kernels.select("tpu").matmul_output == "float32"

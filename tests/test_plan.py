@@ -74,7 +74,8 @@ def test_the_plan_finds_the_largest_batch_by_its_rule(plugin, capsys):
   # temporaries) than at 32 (0.19 GiB), which costs the search compiles.
   out = planned(capsys, "--gpu=h100", "--batch_size=32", "--memory_fraction=0.01", *SMALL)
   assert re.search(r"planned peak per device: [\d.]+ GiB of 0.79 GiB: fits", out), out
-  assert re.search(r"cuDNN attention calls: forward [1-9]\d*, backward 1", out), out
+  # The GPU's layers unrolled: a forward and a backward call per layer.
+  assert re.search(r"cuDNN attention calls: forward 2, backward 2", out), out
   # Unless --confirm_max_batch, the batch above the answer may be over by the
   # line through the last two compiles instead of by a compile of its own.
   found = re.search(r"largest batch that fits: (\d+) \(planned peak ([\d.]+) GiB\); "
@@ -83,7 +84,7 @@ def test_the_plan_finds_the_largest_batch_by_its_rule(plugin, capsys):
   best, best_peak, above, above_peak = (float(x) for x in found.groups())
   granule = int(re.search(r"the largest multiple of (\d+)", out).group(1))
   assert above == best + granule and best % granule == 0, out
-  assert best_peak <= 0.79 < above_peak, out
+  assert best_peak <= 0.79 <= above_peak, out  # the peaks are printed to 0.01 GiB
   assert re.search(r"step-time floor: [\d.]+ ms = max\(compute [\d.]+ ms at 989 TFLOP/s", out)
 
 

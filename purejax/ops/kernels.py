@@ -165,6 +165,13 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     unrolled (37.1 ms forward+backward; 33.0 ms/iter on the H200).
   * GPU only: matmul outputs in the compute dtype, as autocast: 36.2 against
     37.7 ms/iter scanned, 31.5 against 33.0 unrolled, on the H200.
+  * GPU only: layers unrolled, remat "none". On the H200 the unrolled step took
+    31.5 ms/iter against 36.2 scanned (both with bf16 matmul outputs), and
+    compiled for an H100 the unrolled step launches 540 kernels against the
+    scanned one's 905 (`bench.gpu_kernels`), as the scan's per-layer slices,
+    weight casts and gradient stacking go. It costs compile time (GPT-2
+    124M, deviceless: 38 s against 10) and memory (planned peak at batch
+    12: 6.9 GiB against 2.5); `scan_layers=True` brings the scan back.
   * GPU only, scanned: remat "full_compute_dtype", each block's saved input
     in bf16 (38.1 against 38.0 ms/iter for "full" on the H200): GPT-2 124M's
     planned temporaries at batch 12 on an H100 are 1.15 GiB against 1.36.
@@ -193,9 +200,10 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
                 noise_ahead=False, remat_scanned="full", remat_unrolled="none",
                 loss_chunk_rows=2048)
     if platform == "gpu":  # measured on a GPU only
-      base.update(matmul_output="compute", remat_scanned="full_compute_dtype")
+      base.update(matmul_output="compute", remat_scanned="full_compute_dtype",
+                  scan_layers=False)
   scanned, unrolled = base.pop("remat_scanned"), base.pop("remat_unrolled")
-  base["remat"] = scanned if given.get("scan_layers", True) else unrolled
+  base["remat"] = scanned if given.get("scan_layers", base.get("scan_layers", True)) else unrolled
   if given.get("attention") == "cudnn" and platform != "gpu":
     raise ValueError(f"attention='cudnn' runs on NVIDIA GPUs only, not on {platform!r}; "
                      f"choose among {ATTENTION_FORMS[:3]} there.")
