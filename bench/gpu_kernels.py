@@ -64,6 +64,11 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "whil
 _MOVES = {"parameter", "constant", "bitcast", "copy", "transpose", "slice", "dynamic-slice",
           "dynamic-update-slice", "concatenate", "broadcast", "reshape", "tuple",
           "get-tuple-element", "pad", "reverse", "iota"}
+# The share of its roofline time each kind of kernel reached on one H200 (GPT-2
+# 124M's step, three arms: bench/results/2026-11-26-gpu-profile*.txt against
+# this account of the same forms; docs/performance.md): a measured kernel took
+# its roofline time divided by this.
+MEASURED_SHARE = {"products": 0.68, "attention": 0.25, "rest": 0.58}
 CATEGORIES = ("products", "attention", "loss", "norms", "converts", "optimizer", "batch",
               "embedding", "copies", "elementwise", "loop control", "collectives")
 
@@ -365,8 +370,11 @@ def summarize(account: Account, card: gpu_plan.Card, peak: Dict[str, float]) -> 
   total = {key: sum(r[key] for r in rows.values()) for key in ("kernels", "bytes", "flops", "ms")}
   between = {key: sum(r[key] for c, r in rows.items() if c not in ("products", "attention"))
              for key in ("kernels", "bytes", "ms")}
+  estimate = (rows["products"]["ms"] / MEASURED_SHARE["products"]
+              + rows["attention"]["ms"] / MEASURED_SHARE["attention"]
+              + between["ms"] / MEASURED_SHARE["rest"])
   return {"categories": {c: r for c, r in rows.items() if r["kernels"]}, "total": total,
-          "between_products": between}
+          "between_products": between, "estimated_ms": estimate}
 
 
 def report(summary: dict, account: Account, card: gpu_plan.Card, peak, top: int) -> str:
@@ -378,6 +386,9 @@ def report(summary: dict, account: Account, card: gpu_plan.Card, peak, top: int)
   between = summary["between_products"]
   lines.append(f"between the products and attention: {between['kernels']} kernels, "
                f"{between['bytes'] / 2**30:.2f} GiB, {between['ms']:.2f} ms at the roofline")
+  lines.append(f"estimated kernel time per step: {summary['estimated_ms']:.1f} ms (each kind at "
+               f"the share of its roofline measured on an H200: "
+               + ", ".join(f"{k} {v:.2f}" for k, v in MEASURED_SHARE.items()) + ")")
   lines.append("")
   lines.append(f"top {top} kernel sites by roofline time per step:")
   ranked = sorted(account.kernels, key=lambda k: -k.launches * k.seconds(card, peak))
