@@ -137,7 +137,8 @@ def test_the_top_level_command_names_only_run_their_cli_module():
   names = [name for name in known
            if name.count(".") == 1 and order[name.split(".")[1]] == order["cli"]
            and name != "purejax.cli"]
-  assert sorted(names) == ["purejax.chat", "purejax.convert", "purejax.plan", "purejax.plot",
+  assert sorted(names) == ["purejax.chat", "purejax.convert", "purejax.eval", "purejax.plan",
+                           "purejax.plot",
                            "purejax.replay", "purejax.sample", "purejax.tokenizer",
                            "purejax.train"]
   for name in names:
@@ -170,6 +171,7 @@ FORMS_ENTRY_POINTS = {
     "purejax.training.loops.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
     "purejax.gpt.model",              # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
+    "purejax.evaluation.loglik",      # score (evaluation.evaluate called by hand)
 }
 
 

@@ -1,0 +1,90 @@
+r"""Evaluates a model on benchmark tasks: accuracies to the terminal and a JSON file.
+
+    python -m purejax.eval --init_from=path/to/model --tasks=arc_easy.jsonl,hellaswag.json
+    python -m purejax.eval --out_dir=out-gpt --tasks=lambada.jsonl --limit=100 --num_fewshot=0
+
+Each task is a local file: a `.jsonl` of multiple-choice, schema or
+language-modelling items in DCLM's CORE formats, or a `.json` spec naming
+one with its few-shot count and random baseline (`purejax.evaluation.tasks`
+says what each number means). The library call is
+`purejax.evaluation.evaluate(params, config, tokenizer, tasks)`.
+"""
+
+import json
+from typing import Sequence
+
+from absl import flags
+
+from purejax import checkpoint
+from purejax import evaluation
+from purejax.cli import command
+from purejax.cli import errors
+from purejax.cli import forms_flags
+from purejax.cli import models
+
+
+def define_flags(args: flags.FlagValues) -> None:
+  flags.DEFINE_string(
+      "init_from", None, "The model: a Hugging Face folder or Hub id in its cache, a .gguf "
+      "file, a nanoGPT ckpt.pt, gpt2..., or a purejax run directory (default: --out_dir's "
+      "newest checkpoint).", flag_values=args)
+  flags.DEFINE_string("out_dir", "out-gpt", "Run directory of a trained model, when no "
+                      "--init_from.", flag_values=args)
+  flags.DEFINE_bool("best", False, "Use --out_dir's best checkpoint (ckpt_best.npz).",
+                    flag_values=args)
+  flags.DEFINE_list("tasks", None, "Task files, comma-separated: .jsonl items or .json specs.",
+                    flag_values=args)
+  flags.DEFINE_integer("limit", None, "Score only each task's first N items.", lower_bound=1,
+                       flag_values=args)
+  flags.DEFINE_integer("num_fewshot", None, "Answered examples before each item (default: "
+                       "the spec's, else 0).", lower_bound=0, flag_values=args)
+  flags.DEFINE_integer("batch_size", 8, "Requests per compiled call.", lower_bound=1,
+                       flag_values=args)
+  flags.DEFINE_string("output", "eval_results.json", "Where the results go, as JSON.",
+                      flag_values=args)
+  flags.DEFINE_string("tokenizer_file", None, "Where the model's tokenizer file is, if not "
+                      "beside it.", flag_values=args)
+  flags.DEFINE_integer("block_size", None, "Context kept (default: the model's).",
+                       lower_bound=1, flag_values=args)
+  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Dtype of the matmuls "
+                    "(default: the model's).", flag_values=args)
+  forms_flags.define_forms_flags(args, sweeps=False)
+
+
+def run_eval(args: flags.FlagValues) -> int:
+  """Evaluates the model the parsed flags name on `--tasks`; prints and writes the results."""
+  try:
+    if not args.tasks:
+      raise ValueError("--tasks is required: task files, comma-separated (.jsonl items or "
+                       ".json specs).")
+    forms_flags.forms_overrides(args)  # bad forms flags fail before loading anything
+    tasks = [evaluation.load_task(path, num_fewshot=args.num_fewshot) for path in args.tasks]
+    params, config, tokenizer = models.load_model(args.out_dir, args.init_from,
+                                                  best=args.best,
+                                                  tokenizer_file=args.tokenizer_file)
+    params, config = models.adjust(params, config, args.block_size, args.dtype)
+    results = evaluation.evaluate(params, config, tokenizer, tasks,
+                                  batch_size=args.batch_size, limit=args.limit,
+                                  forms=forms_flags.forms_from_flags(args))
+    evaluation.suite.write_results(args.output, results, {
+        "model": args.init_from or args.out_dir, "tasks": list(args.tasks),
+        "limit": args.limit, "num_fewshot": args.num_fewshot})
+  except (ValueError, OSError, checkpoint.CheckpointError) as e:
+    errors.fail(e, args)
+  print(evaluation.table(results))
+  print(f"results: {args.output}")
+  print("final " + json.dumps(results))
+  return 0
+
+
+def run(argv: Sequence[str]) -> int:
+  """`python -m purejax.eval` with `argv` (the program's name first): the exit code."""
+  return command.run(argv, define_flags, run_eval, usage=__doc__)
+
+
+def main() -> None:
+  command.main(run)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,178 @@
+"""Benchmarks by log-likelihood (`purejax.evaluation`): continuations scored many per
+call as each would be alone, CORE's task formats and rules, the command line."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers.cli import final, refusal, run_cli
+from purejax import evaluation
+from purejax import gpt
+from purejax.cli import eval as eval_cli
+from purejax.data import tokenizers
+from purejax.evaluation import loglik
+from purejax.evaluation import tasks
+
+TOKENIZER = tokenizers.CharTokenizer("abcdefghijklmnopqrstuvwxyz ?.!\n")
+CONFIG = gpt.GPTConfig(vocab_size=TOKENIZER.vocab_size, block_size=32, n_layer=2, n_head=2,
+                       n_embd=32, dropout=0.0, bias=False)
+PARAMS = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
+
+
+def alone(request):
+  """The summed log-probability of one request, from one unpadded forward pass."""
+  ids = (list(request.context) + list(request.continuation))[-(CONFIG.block_size + 1):]
+  logits = gpt.forward(PARAMS, jnp.asarray([ids[:-1]]), CONFIG)[0]
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  n = len(request.continuation)
+  picked = [float(logp[t, ids[t + 1]]) for t in range(len(ids) - 1 - n, len(ids) - 1)]
+  greedy = all(int(jnp.argmax(logp[t])) == ids[t + 1]
+               for t in range(len(ids) - 1 - n, len(ids) - 1))
+  return sum(picked), greedy
+
+
+def test_requests_of_any_length_score_in_batches_as_each_alone():
+  rng = np.random.default_rng(0)
+  requests = [loglik.Request(rng.integers(0, 31, size=c).tolist(),
+                             rng.integers(0, 31, size=k).tolist())
+              for c, k in [(3, 1), (10, 4), (1, 2), (25, 7), (40, 3), (5, 5)]]  # 40: cut
+  scored = loglik.score(PARAMS, CONFIG, requests, batch_size=4)
+  for request, got in zip(requests, scored):  # in the order given
+    want, greedy = alone(request)
+    assert got.logprob == pytest.approx(want, rel=1e-5, abs=1e-5)
+    assert got.greedy == greedy and got.tokens == len(request.continuation)
+
+
+@pytest.mark.parametrize("request_, message", [
+    (loglik.Request([1], []), "empty continuation"),
+    (loglik.Request([], [1]), "empty context"),
+    (loglik.Request([1], [2] * 33), "longer than the model's context of 32"),
+])
+def test_requests_that_cannot_be_scored_say_why(request_, message):
+  with pytest.raises(ValueError, match=message):
+    loglik.score(PARAMS, CONFIG, [request_])
+
+
+def write_items(path, items):
+  path.write_text("".join(json.dumps(i) + "\n" for i in items))
+  return str(path)
+
+
+MC = [{"query": f"is {w} a word?", "choices": [" yes", " no", " maybe"], "gold": g}
+      for w, g in [("cat", 0), ("zzq", 1), ("dog", 0), ("qxv", 1), ("sun", 0), ("hmm", 2)]]
+
+
+def test_a_task_file_is_read_by_its_items_keys(tmp_path):
+  task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC), num_fewshot=2)
+  assert (task.name, task.kind, len(task.items), task.num_fewshot) == (
+      "words", "multiple_choice", 6, 2)
+  assert task.random_baseline == pytest.approx(1 / 3)
+  lm = tasks.load_task(write_items(tmp_path / "lm.jsonl",
+                                   [{"context": "the cat", "continuation": "sat"}]))
+  assert lm.kind == "language_modeling" and lm.random_baseline == 0.0
+  spec = tmp_path / "spec.json"
+  spec.write_text(json.dumps({"data": "words.jsonl", "name": "words5", "num_fewshot": 1,
+                              "random_baseline": 25.0, "continuation_delimiter": ": "}))
+  task = tasks.load_task(str(spec))
+  assert (task.name, task.num_fewshot, task.random_baseline, task.delimiter) == (
+      "words5", 1, 0.25, ": ")
+
+
+def test_few_shot_examples_are_other_items_answered_by_a_seeded_draw(tmp_path):
+  task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC), num_fewshot=2)
+  first = tasks.prompts(task, 0)
+  assert first == tasks.prompts(task, 0)  # the same draw every time
+  context, continuation = first[1]
+  shots = context.split("\n\n")[:-1]
+  assert len(shots) == 2 and context.endswith("is cat a word?") and continuation == "  no"
+  assert all(s in [i["query"] + " " + i["choices"][i["gold"]] for i in MC[1:]] for s in shots)
+
+
+def test_a_trailing_space_moves_to_the_continuation_as_lm_eval_splits_pairs():
+  request = tasks.encode_pair(TOKENIZER, "is it ", "yes")
+  assert TOKENIZER.decode(request.context) == "is it"
+  assert TOKENIZER.decode(request.continuation) == " yes"
+
+
+def test_accuracies_follow_each_rule_and_centre_on_chance(tmp_path):
+  task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC))
+  result = tasks.run_task(task, PARAMS, CONFIG, TOKENIZER, batch_size=5)
+  # Independently: score every option alone, pick by each rule.
+  picks = {"accuracy": [], "accuracy_sum": [], "accuracy_per_char": []}
+  for i, item in enumerate(MC):
+    options = [tasks.encode_pair(TOKENIZER, c, k) for c, k in tasks.prompts(task, i)]
+    sums = [alone(o)[0] for o in options]
+    picks["accuracy"].append(np.argmax([s / len(o.continuation)
+                                        for s, o in zip(sums, options)]) == item["gold"])
+    picks["accuracy_sum"].append(np.argmax(sums) == item["gold"])
+    picks["accuracy_per_char"].append(np.argmax(
+        [s / len(k) for s, k in zip(sums, item["choices"])]) == item["gold"])
+  for name, hits in picks.items():
+    assert result[name] == pytest.approx(np.mean(hits)), name
+  assert result["centered"] == pytest.approx((result["accuracy"] - 1 / 3) / (2 / 3))
+  assert result["items"] == 6 and result["kind"] == "multiple_choice"
+
+
+def test_language_modelling_counts_a_continuation_right_only_if_all_greedy(tmp_path):
+  items = [{"context": "the cat sat on the", "continuation": " mat"},
+           {"context": "abc", "continuation": "d"}]
+  task = tasks.load_task(write_items(tmp_path / "lm.jsonl", items))
+  result = tasks.run_task(task, PARAMS, CONFIG, TOKENIZER)
+  expected = np.mean([alone(tasks.encode_pair(TOKENIZER, i["context"], i["continuation"]))[1]
+                      for i in items])
+  assert result["accuracy"] == expected == result["centered"]
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["{not json"], "bad.jsonl:1 is not JSON"),
+    (['{"question": "x"}'], "bad.jsonl:1 is no task item"),
+    ([json.dumps(MC[0]), '{"context": "a", "continuation": "b"}'],
+     "bad.jsonl:2 is a language_modeling item in a multiple_choice file"),
+    ([json.dumps({**MC[0], "gold": 3})], "gold must be the index of the right option"),
+    ([json.dumps({**MC[0], "choices": [" yes"]})], "a list of at least two strings"),
+    ([json.dumps({"context": "a", "continuation": ""})], "the continuation is empty"),
+    ([], "holds no items"),
+])
+def test_a_bad_task_file_is_one_line_naming_the_line(tmp_path, lines, message):
+  path = tmp_path / "bad.jsonl"
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(tasks.TaskError, match=message):
+    tasks.load_task(str(path))
+
+
+def test_evaluate_runs_each_task_and_refuses_two_of_one_name(tmp_path):
+  task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC))
+  results = evaluation.evaluate(PARAMS, CONFIG, TOKENIZER, [task], limit=3, progress=False)
+  assert results["words"]["items"] == 3 and results["words"]["seconds"] >= 0
+  assert "| words | multiple_choice | 3 | 0 |" in evaluation.table(results)
+  with pytest.raises(ValueError, match="named twice"):
+    evaluation.evaluate(PARAMS, CONFIG, TOKENIZER, [task, task])
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_a_table_and_writes_json(tmp_path, char_gpt_run, capsys):
+  chars = write_items(tmp_path / "plays.jsonl", [
+      {"query": "ROMEO:", "choices": [" O, she doth", " zqxj vbnm"], "gold": 0},
+      {"query": "JULIET:", "choices": [" qqqq zzzz", " Ay me!"], "gold": 1}])
+  out = tmp_path / "results.json"
+  done = run_cli(eval_cli, f"--init_from={char_gpt_run}", f"--tasks={chars}",
+                 f"--output={out}", "--batch_size=2")
+  metrics = final(done)
+  assert metrics["plays"]["items"] == 2
+  assert "| plays | multiple_choice | 2 | 0 |" in done.stdout
+  saved = json.loads(out.read_text())
+  assert saved["results"] == metrics and saved["meta"]["model"] == str(char_gpt_run)
+  # A trained character model knows Shakespeare's letters from noise.
+  assert metrics["plays"]["accuracy_sum"] == 1.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "--tasks is required"),
+    (["--tasks=missing.jsonl"], "task file missing.jsonl does not exist"),
+    (["--tasks=x.json"], "task spec x.json does not exist"),
+])
+def test_bad_command_lines_are_one_line(capsys, tmp_path, argv, message):
+  assert message in refusal(capsys, eval_cli, f"--out_dir={tmp_path}", *argv)
