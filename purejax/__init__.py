@@ -25,12 +25,14 @@ it; tests/test_architecture.py checks that against this drawing):
     data/       tokenizers (and training them), corpora, batches (each kind draws its
                 own), MNIST and TFDS
     optimizers/ optax optimizers and schedules, Muon
-    evaluation/ benchmarks on a model: continuation log-likelihoods, many per call;
-                multiple-choice, schema and language-modelling tasks from local files
     training/   pure/ (state, steps, sweeps, devices), effects/ (a run's files,
                 signals, progress), loops/ (the one training loop, GPT runs, recipes),
                 tools/ (replayed steps, GPU plans)
     weights/    pretrained weights in and out, one module per format
+    evaluation/ benchmarks on a model: continuation log-likelihoods, many per call;
+                multiple-choice, schema and language-modelling tasks from local files;
+                the model in lm-evaluation-harness (a training loop takes them as
+                metrics from the command line, so they sit above it)
     cli/, train, sample, chat, plot, convert, replay, tokenizer, plan, eval   the command lines, the only layer
                 that speaks of --flags: `purejax.cli.<cmd>` is `python -m
                 purejax.<cmd>` (the top-level modules only give them those names;

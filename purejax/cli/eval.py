@@ -34,6 +34,11 @@ def define_flags(args: flags.FlagValues) -> None:
                     flag_values=args)
   flags.DEFINE_list("tasks", None, "Task files, comma-separated: .jsonl items or .json specs.",
                     flag_values=args)
+  flags.DEFINE_list("harness_tasks", None, "lm-evaluation-harness tasks to run on the model "
+                    "(their data must be on this machine; needs pip install -e \".[eval]\").",
+                    flag_values=args)
+  flags.DEFINE_string("harness_include_path", None, "A folder of the harness's task YAML files "
+                      "(local tasks) for --harness_tasks.", flag_values=args)
   flags.DEFINE_integer("limit", None, "Score only each task's first N items.", lower_bound=1,
                        flag_values=args)
   flags.DEFINE_integer("num_fewshot", None, "Answered examples before each item (default: "
@@ -54,27 +59,70 @@ def define_flags(args: flags.FlagValues) -> None:
 def run_eval(args: flags.FlagValues) -> int:
   """Evaluates the model the parsed flags name on `--tasks`; prints and writes the results."""
   try:
-    if not args.tasks:
+    if not args.tasks and not args.harness_tasks:
       raise ValueError("--tasks is required: task files, comma-separated (.jsonl items or "
-                       ".json specs).")
+                       ".json specs); or --harness_tasks.")
+    if args.harness_include_path and not args.harness_tasks:
+      raise ValueError("--harness_include_path has no effect without --harness_tasks; add "
+                       "them or drop it.")
     forms_flags.forms_overrides(args)  # bad forms flags fail before loading anything
-    tasks = [evaluation.load_task(path, num_fewshot=args.num_fewshot) for path in args.tasks]
+    tasks = [evaluation.load_task(path, num_fewshot=args.num_fewshot)
+             for path in args.tasks or ()]
+    harness = _harness() if args.harness_tasks else None
     params, config, tokenizer = models.load_model(args.out_dir, args.init_from,
                                                   best=args.best,
                                                   tokenizer_file=args.tokenizer_file)
     params, config = models.adjust(params, config, args.block_size, args.dtype)
+    forms = forms_flags.forms_from_flags(args)
     results = evaluation.evaluate(params, config, tokenizer, tasks,
-                                  batch_size=args.batch_size, limit=args.limit,
-                                  forms=forms_flags.forms_from_flags(args))
+                                  batch_size=args.batch_size, limit=args.limit, forms=forms)
+    if harness is not None:
+      results.update(_run_harness(harness, args, params, config, tokenizer))
     evaluation.suite.write_results(args.output, results, {
-        "model": args.init_from or args.out_dir, "tasks": list(args.tasks),
-        "limit": args.limit, "num_fewshot": args.num_fewshot})
+        "model": args.init_from or args.out_dir, "tasks": list(args.tasks or ()),
+        "harness_tasks": list(args.harness_tasks or ()), "limit": args.limit,
+        "num_fewshot": args.num_fewshot})
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
     errors.fail(e, args)
-  print(evaluation.table(results))
+  own = {name: r for name, r in results.items() if "accuracy" in r}
+  if own:
+    print(evaluation.table(own))
+  for name, r in results.items():
+    if name not in own:
+      print(f"{name} (lm-evaluation-harness): " + ", ".join(
+          f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float)))
   print(f"results: {args.output}")
   print("final " + json.dumps(results))
   return 0
+
+
+def _harness():
+  """The harness adapter, or a one-line reason it cannot load."""
+  try:
+    from purejax.evaluation import harness  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f"--harness_tasks: {e}") from None
+  return harness
+
+
+def _run_harness(harness, args, params, config, tokenizer):
+  """`{task: {metric: value}}` of the harness's tasks on the model."""
+  import lm_eval  # pylint: disable=g-import-not-at-top
+  from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
+  manager = TaskManager(include_path=args.harness_include_path)
+  unknown = [t for t in args.harness_tasks if t not in manager.all_tasks]
+  if unknown:
+    raise ValueError(f"--harness_tasks: {', '.join(unknown)} is not a task the harness knows; "
+                     f"pass --harness_include_path=FOLDER of its YAML, or see `lm_eval "
+                     f"--tasks list`.")
+  model = harness.PurejaxLM(params=params, config=config, tokenizer=tokenizer,
+                            batch_size=args.batch_size)
+  out = lm_eval.simple_evaluate(model=model, tasks=list(args.harness_tasks),
+                                num_fewshot=args.num_fewshot, limit=args.limit,
+                                task_manager=manager)
+  return {name: {k.split(",")[0]: v for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not k.startswith("alias")}
+          for name, metrics in out["results"].items()}
 
 
 def run(argv: Sequence[str]) -> int:

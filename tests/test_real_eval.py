@@ -1,0 +1,88 @@
+"""Benchmarks on the real SmolLM2-135M-Instruct (slow tier): purejax in
+lm-evaluation-harness against the harness's own Hugging Face backend on a local
+task, request by request, and purejax's own task runner against both."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from helpers.data import need
+from purejax import weights
+from purejax.data import tokenizers
+from purejax.evaluation import tasks
+from real_model import smollm2_folder  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.slow
+
+ITEMS = [
+    {"query": "The capital of France is", "choices": ["Paris", "Berlin", "a river", "blue"],
+     "gold": 0},
+    {"query": "Two plus two equals", "choices": ["seven", "four", "the moon"], "gold": 1},
+    {"query": "Water freezes at zero degrees", "choices": ["Celsius", "Kelvin", "Fahrenheit"],
+     "gold": 0},
+    {"query": "The opposite of hot is", "choices": ["warm", "cold", "loud", "green"], "gold": 1},
+    {"query": "A baby cat is called a", "choices": ["puppy", "kitten", "calf"], "gold": 1},
+    {"query": "def add(a, b):\n    return", "choices": [" a + b", " a - b", " None"],
+     "gold": 0},
+]
+TASK_YAML = """task: purejax_local_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{query}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{gold}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+@pytest.fixture(scope="module")
+def local_task(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("harness_tasks")
+  data = folder / "items.jsonl"
+  data.write_text("".join(json.dumps(i) + "\n" for i in ITEMS))
+  (folder / "purejax_local_mc.yaml").write_text(TASK_YAML.format(data=data))
+  return folder, data
+
+
+def harness_run(model, include_path, model_args=None):
+  """The harness's results and per-request log-likelihoods of the local task."""
+  os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+  lm_eval = need("lm_eval")
+  from lm_eval.tasks import TaskManager
+  out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["purejax_local_mc"],
+                                log_samples=True,
+                                task_manager=TaskManager(include_path=str(include_path)))
+  samples = sorted(out["samples"]["purejax_local_mc"], key=lambda s: s["doc_id"])
+  return out["results"]["purejax_local_mc"], [[float(r[0][0]) for r in s["resps"]]
+                                              for s in samples]
+
+
+@pytest.mark.budget(60)
+def test_harness_requests_equal_its_hugging_face_backend(smollm2_folder, local_task):
+  need("torch")
+  from purejax.evaluation import harness
+  include, data = local_task
+  theirs, their_logliks = harness_run(
+      "hf", include, f"pretrained={smollm2_folder},dtype=float32,device=cpu,batch_size=4")
+  ours, our_logliks = harness_run(harness.PurejaxLM(init_from=str(smollm2_folder),
+                                                    batch_size=4), include)
+  flat_ours, flat_theirs = np.concatenate(our_logliks), np.concatenate(their_logliks)
+  assert len(flat_ours) == sum(len(i["choices"]) for i in ITEMS)
+  np.testing.assert_allclose(flat_ours, flat_theirs, rtol=1e-4)
+  assert ours["acc,none"] == theirs["acc,none"]
+  assert ours["acc_norm,none"] == theirs["acc_norm,none"]
+  # purejax's own runner on the same items: lm-eval's acc and acc_norm.
+  params, config, spec = weights.from_pretrained(str(smollm2_folder))
+  mine = tasks.run_task(tasks.load_task(str(data)), params, config,
+                        tokenizers.from_spec(spec), batch_size=4)
+  assert mine["accuracy_sum"] == pytest.approx(ours["acc,none"])
+  assert mine["accuracy_per_char"] == pytest.approx(ours["acc_norm,none"])
+  assert mine["accuracy_sum"] >= 4 / 6  # the model knows most of these
