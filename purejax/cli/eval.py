@@ -21,6 +21,7 @@ from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import models
+from purejax.data import chat
 
 
 def define_flags(args: flags.FlagValues) -> None:
@@ -32,8 +33,24 @@ def define_flags(args: flags.FlagValues) -> None:
                       "--init_from.", flag_values=args)
   flags.DEFINE_bool("best", False, "Use --out_dir's best checkpoint (ckpt_best.npz).",
                     flag_values=args)
-  flags.DEFINE_list("tasks", None, "Task files, comma-separated: .jsonl items or .json specs.",
+  flags.DEFINE_list("tasks", None, "Tasks, comma-separated: humaneval, or files of .jsonl "
+                    "items or .json specs.", flag_values=args)
+  flags.DEFINE_bool("allow_code_execution", False, "Run the code the model writes "
+                    "(HumanEval), each program in its own limited process; ideally inside a "
+                    "container.", flag_values=args)
+  flags.DEFINE_enum("chat", "auto", ["auto", "true", "false"], "HumanEval through the "
+                    "model's chat template (auto: when it has one).", case_sensitive=False,
                     flag_values=args)
+  flags.DEFINE_integer("samples", 1, "HumanEval completions per problem.", lower_bound=1,
+                       flag_values=args)
+  flags.DEFINE_float("temperature", 0.0, "HumanEval sampling temperature (0: greedy).",
+                     lower_bound=0.0, flag_values=args)
+  flags.DEFINE_list("pass_k", ["1"], "The k of HumanEval's pass@k, each <= --samples.",
+                    flag_values=args)
+  flags.DEFINE_integer("max_new_tokens", 256, "HumanEval's tokens per completion, at most.",
+                       lower_bound=1, flag_values=args)
+  flags.DEFINE_float("timeout", 10.0, "Seconds each HumanEval program may run.",
+                     lower_bound=0.1, flag_values=args)
   flags.DEFINE_list("harness_tasks", None, "lm-evaluation-harness tasks to run on the model "
                     "(their data must be on this machine; needs pip install -e \".[eval]\").",
                     flag_values=args)
@@ -66,8 +83,15 @@ def run_eval(args: flags.FlagValues) -> int:
       raise ValueError("--harness_include_path has no effect without --harness_tasks; add "
                        "them or drop it.")
     forms_flags.forms_overrides(args)  # bad forms flags fail before loading anything
+    humaneval = HUMANEVAL in (args.tasks or ())
+    if humaneval:
+      ks = _pass_k(args)
+      if not args.allow_code_execution:
+        raise ValueError("--tasks=humaneval runs the code the model writes; add "
+                         "--allow_code_execution to accept that (ideally in a container).")
+      problems = evaluation.humaneval.load_problems()[:args.limit]
     tasks = [evaluation.load_task(path, num_fewshot=args.num_fewshot)
-             for path in args.tasks or ()]
+             for path in args.tasks or () if path != HUMANEVAL]
     harness = _harness() if args.harness_tasks else None
     params, config, tokenizer = models.load_model(args.out_dir, args.init_from,
                                                   best=args.best,
@@ -76,6 +100,8 @@ def run_eval(args: flags.FlagValues) -> int:
     forms = forms_flags.forms_from_flags(args)
     results = evaluation.evaluate(params, config, tokenizer, tasks,
                                   batch_size=args.batch_size, limit=args.limit, forms=forms)
+    if humaneval:
+      results[HUMANEVAL] = _run_humaneval(args, problems, ks, params, config, tokenizer, forms)
     if harness is not None:
       results.update(_run_harness(harness, args, params, config, tokenizer))
     evaluation.suite.write_results(args.output, results, {
@@ -89,11 +115,50 @@ def run_eval(args: flags.FlagValues) -> int:
     print(evaluation.table(own))
   for name, r in results.items():
     if name not in own:
-      print(f"{name} (lm-evaluation-harness): " + ", ".join(
+      where = "" if name == HUMANEVAL else " (lm-evaluation-harness)"
+      print(f"{name}{where}: " + ", ".join(
           f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float)))
   print(f"results: {args.output}")
-  print("final " + json.dumps(results))
+  print("final " + json.dumps({name: {k: v for k, v in r.items() if k != "outcomes"}
+                               for name, r in results.items()}))
   return 0
+
+
+HUMANEVAL = "humaneval"
+
+
+def _pass_k(args) -> list:
+  try:
+    ks = [int(k) for k in args.pass_k]
+  except ValueError:
+    raise ValueError(f"--pass_k must be integers, got {','.join(args.pass_k)}.") from None
+  if any(k < 1 or k > args.samples for k in ks):
+    raise ValueError(f"--pass_k={','.join(args.pass_k)}: each k must be 1 to --samples="
+                     f"{args.samples}; raise --samples (with --temperature above 0).")
+  if args.samples > 1 and args.temperature == 0:
+    raise ValueError(f"--samples={args.samples} with --temperature=0 gives the same greedy "
+                     f"completion each time; add --temperature (e.g. 0.8) or take 1 sample.")
+  return ks
+
+
+def _run_humaneval(args, problems, ks, params, config, tokenizer, forms) -> dict:
+  """HumanEval's pass@k on the model, through its chat template as --chat says."""
+  fmt, stops = None, ()
+  if args.chat != "false":
+    try:
+      fmt = models.chat_format(args.init_from, tokenizer)
+      stops = models.stop_ids(tokenizer, fmt)
+    except chat.ChatTemplateError as e:
+      if args.chat == "true":
+        raise ValueError(f"--chat=true: {e}") from None
+  if fmt is None:
+    stops = models.stop_ids(tokenizer)
+  result = evaluation.humaneval.run(
+      params, config, tokenizer, problems, allow_code_execution=True, fmt=fmt,
+      samples=args.samples, temperature=args.temperature, ks=ks,
+      max_new_tokens=args.max_new_tokens, timeout=args.timeout, stop_ids=stops, forms=forms)
+  result["chat"] = fmt is not None
+  return result
 
 
 def _harness():

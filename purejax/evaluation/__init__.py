@@ -11,7 +11,9 @@ and scores them; `suite` runs several and reports them.
 `python -m purejax.eval` is the command line.
 """
 
+from purejax.evaluation import humaneval
 from purejax.evaluation import loglik
+from purejax.evaluation import sandbox
 from purejax.evaluation import suite
 from purejax.evaluation import tasks
 from purejax.evaluation.suite import evaluate

