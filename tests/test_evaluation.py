@@ -253,3 +253,41 @@ def test_humaneval_needs_its_flag_and_greedy_means_one_sample(capsys, tmp_path):
       "--pass_k=1,3", "--allow_code_execution")
   with pytest.raises(humaneval.CodeExecutionRefused):
     humaneval.run(PARAMS, CONFIG, TOKENIZER, [], allow_code_execution=False)
+
+
+# -- during training
+
+@pytest.mark.slow
+def test_training_scores_its_tasks_at_every_evaluation_and_per_sweep_run(tmp_path, text_file):
+  from helpers.cli import TINY_FLAGS
+  from purejax.cli import train as train_cli
+  from purejax.training.effects import monitor
+  words = write_items(tmp_path / "words.jsonl", [
+      {"query": "the", "choices": [" king", " xqzv"], "gold": 0},
+      {"query": "my", "choices": [" zzzz", " lord"], "gold": 1},
+      {"query": "good", "choices": [" night", " qqqq"], "gold": 0}])
+  flags = [*TINY_FLAGS, "--max_iters=10", "--eval_interval=5", "--steps_per_call=5",
+           f"--dataset={text_file}", f"--eval_tasks={words}"]
+  final(run_cli(train_cli, *flags, f"--out_dir={tmp_path / 'one'}"))
+  evals = [r for r in monitor.read_metrics(tmp_path / "one") if r["kind"] == "eval"]
+  assert [r["step"] for r in evals] == [0, 5, 10]
+  assert all(0.0 <= r["words/accuracy"] <= 1.0 and "words/centered" in r for r in evals)
+  for folder, together in (("sweep", []), ("vmapped", ["--sweep_batch=0"])):
+    final(run_cli(train_cli, *flags, "--sweep=learning_rate=1e-3,3e-3", *together,
+                  f"--out_dir={tmp_path / folder}"))
+    for run in ("learning_rate=0.001_seed=0", "learning_rate=0.003_seed=0"):
+      evals = [r for r in monitor.read_metrics(tmp_path / folder / run) if r["kind"] == "eval"]
+      assert len(evals) == 3 and all("words/accuracy" in r for r in evals)
+
+
+def test_eval_task_flags_are_refused_where_they_would_do_nothing(capsys, tmp_path):
+  from purejax.cli import train as train_cli
+  words = write_items(tmp_path / "words.jsonl", MC)
+  assert "run python -m purejax.eval" in refusal(capsys, train_cli, "--eval_only",
+                                                 f"--eval_tasks={words}",
+                                                 f"--out_dir={tmp_path}")
+  assert "--eval_tasks_limit has no effect" in refusal(capsys, train_cli,
+                                                       "--eval_tasks_limit=3",
+                                                       f"--out_dir={tmp_path}")
+  assert "does not exist" in refusal(capsys, train_cli, f"--eval_tasks={tmp_path / 'x.jsonl'}",
+                                     f"--out_dir={tmp_path / 'run'}", "--max_iters=1")

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 from absl import flags
 
 from purejax import checkpoint
+from purejax import evaluation
 from purejax import gpt
 from purejax import lora
 from purejax import weights
@@ -200,6 +201,12 @@ def refuse_what_has_no_effect(args: Args) -> None:
   if given("sweep_batch") and not sweeping:
     raise ValueError("--sweep_batch sets how a --sweep's runs are batched; add --sweep "
                      "or drop --sweep_batch.")
+  if given("eval_tasks") and args.eval_only:
+    raise ValueError("--eval_tasks scores a training run at its evaluations; to score a "
+                     "model once, run python -m purejax.eval --tasks=... instead.")
+  if given("eval_tasks_limit") and not args.eval_tasks:
+    raise ValueError("--eval_tasks_limit has no effect without --eval_tasks; add "
+                     "--eval_tasks=FILES or drop --eval_tasks_limit.")
   for name in ("lora_alpha", "lora_targets"):
     if given(name) and args.lora_rank == 0:
       raise ValueError(f"--{name} has no effect without LoRA; add --lora_rank=R (e.g. 8) "
@@ -294,6 +301,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
 def _train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig,
                train: gpt_loop.GPTTrainConfig, forms, sweep_batch, grid, adapters) -> dict:
   init_params, init_from = None, args.init_from
+  benchmarks = [evaluation.load_task(path) for path in args.eval_tasks or ()]  # fail early
   if init_from:
     init_params, config, tokenizer = pretrained(args, init_from)
   else:
@@ -301,15 +309,19 @@ def _train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig
   text = load_corpus(args, tokenizer, config.block_size if init_from else None)
   if not init_from:
     config = gpt_config(args, text.vocab_size)
+  metrics = [evaluation.task_metric(benchmarks, text.tokenizer, limit=args.eval_tasks_limit,
+                                    batch_size=args.batch_size)] if benchmarks else []
   sinks = lambda run_name, meta: wandb_sinks(args, run_name, meta)
   if grid is not None or args.sweep_seeds > 1:
     return {"runs": sweep_loop.train_gpt_sweep(
         config, text, train, optimizer_config(args), run, grid or {}, args.sweep_seeds,
         devices, init_params=init_params, init_from=init_from, forms=forms,
-        sweep_batch=sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks)}
+        sweep_batch=sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks,
+        metrics=metrics)}
   return gpt_loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
-                        init_params=init_params, init_from=init_from, forms=forms,
-                        lora_config=adapters, data=args.dataset, sinks=sinks(None, {}))
+                            init_params=init_params, init_from=init_from, forms=forms,
+                            lora_config=adapters, data=args.dataset, sinks=sinks(None, {}),
+                            metrics=metrics)
 
 
 def wandb_sinks(args: Args, run_name: Optional[str], meta: dict) -> list:

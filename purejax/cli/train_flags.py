@@ -253,6 +253,11 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
   flags.DEFINE_list("lora_targets", list(lora.ATTENTION_AND_MLP), "Patterns of the weights "
                     "LoRA adapts, over dotted param paths (e.g. *attn.qkv.w,*mlp.fc.w).",
                     flag_values=args)
+  flags.DEFINE_list("eval_tasks", None, "Benchmark task files (.jsonl items or .json specs, "
+                    "docs/evaluation.md) scored at every evaluation beside the loss.",
+                    flag_values=args)
+  flags.DEFINE_integer("eval_tasks_limit", None, "Score only each --eval_tasks task's first "
+                       "N items.", lower_bound=1, flag_values=args)
   flags.DEFINE_string("sweep", None, "Train several runs in one program: NAME=V1,V2,... "
                       "of optimizer settings or dropout, ';' between names (e.g. "
                       "'learning_rate=3e-4,1e-3;dropout=0,0.1'); each run gets "

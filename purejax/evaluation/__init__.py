@@ -11,11 +11,13 @@ and scores them; `suite` runs several and reports them.
 `python -m purejax.eval` is the command line.
 """
 
+from purejax.evaluation import during_training
 from purejax.evaluation import humaneval
 from purejax.evaluation import loglik
 from purejax.evaluation import sandbox
 from purejax.evaluation import suite
 from purejax.evaluation import tasks
+from purejax.evaluation.during_training import task_metric
 from purejax.evaluation.suite import evaluate
 from purejax.evaluation.suite import table
 from purejax.evaluation.tasks import load_task

@@ -98,6 +98,7 @@ def train_gpt(
     lora_config: Optional[lora.LoraConfig] = None,
     data: Optional[str] = None,
     sinks: Sequence[Any] = (),
+    metrics: Sequence[skeleton.Metric] = (),
 ) -> Dict[str, Any]:
   """Trains a GPT on a token corpus; returns the final evaluation and timing.
 
@@ -127,6 +128,10 @@ def train_gpt(
       weights (`weights.from_purejax`) merges them.
     data: the `--dataset` the corpus came from, recorded for `purejax.replay`.
     sinks: further metric sinks (`monitor.Monitor`'s), e.g. W&B's.
+    metrics: further evaluation metrics (`skeleton.Metric`s), after the losses
+      and bits per byte, logged with them: e.g. benchmarks
+      (`purejax.evaluation.task_metric`). Each may call the driven runs'
+      `model(index)` for a run's `(params, config, forms)`.
 
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
@@ -150,8 +155,9 @@ def train_gpt(
         keep_best=not train.always_save_checkpoint) as session:
       step, times = skeleton.train_loop(
           driven, session, gpt_run.cadence(context),
-          metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
-          start=started.step, profiler=progress_lib.Profiler(train.profile_steps, run.out_dir))
+          metrics=[*gpt_metrics.evaluation_metrics(text, context), *metrics],
+          report=report, start=started.step,
+          profiler=progress_lib.Profiler(train.profile_steps, run.out_dir))
     return _finish(session.record.history, step, times, driven.run_state(0), text, one.keys,
                    context)
 

@@ -81,6 +81,10 @@ class FixedParams:
     del index
     return self._key
 
+  def model(self, index: int):
+    del index
+    return gpt_run.model_of(self._params, self._context.config, self._context)
+
 
 def one_run(values: Values, index: int = 0) -> Dict[str, float]:
   """Run `index`'s values as floats."""

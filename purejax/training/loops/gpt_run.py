@@ -15,6 +15,7 @@ import dataclasses
 import functools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+import jax
 import numpy as np
 
 from purejax import gpt
@@ -358,6 +359,16 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
 # ----------------------------------------------------------------------------
 # What trains the started runs: the training loop's `skeleton.Driven`.
 
+def model_of(params, config: gpt.GPTConfig, context: "RunContext"
+             ) -> Tuple[Any, gpt.GPTConfig, kernels.Forms]:
+  """A run's model as a benchmark scores it: `(params, config, forms)`, the params
+  whole on one local device with LoRA's adapters merged (`context.view`)."""
+  params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
+  if context.view is not None:
+    params = jax.jit(context.view)(params)
+  return params, config, context.forms
+
+
 class RunsOneByOne:
   """The runs one after another, each in the program it compiles alone (`run_program`):
   a run alone, or a sweep's runs where `sweep_batch` is 1 (the CPU), so a run of the
@@ -395,6 +406,10 @@ class RunsOneByOne:
   def run_state(self, index: int) -> TrainState:
     return self._states[index]
 
+  def model(self, index: int):
+    """Run `index`'s `(params, config, forms)` (`model_of`)."""
+    return model_of(self._states[index].params, self._configs[index], self._context)
+
 
 class RunsTogether:
   """A sweep's runs in one program (`sweep.train_steps`), `sweep_batch` of them vmapped
@@ -405,6 +420,7 @@ class RunsTogether:
     context = started.context
     self.state = sweep.stack([r.state for r in started.runs])
     self._feed, self._hyper = context.feed, sweep.hyperparams(specs)
+    self._context, self._configs = context, [r.config for r in started.runs]
     self.how = f"in one program, {sweep_batch or len(specs)} vmapped together"
     # The settings the runs share are any run's: each replaces the swept numbers with its own.
     shared = started.runs[0].opt_config
@@ -432,3 +448,8 @@ class RunsTogether:
 
   def run_state(self, index: int) -> TrainState:
     return sweep.unstack(self.state, index)
+
+  def model(self, index: int):
+    """Run `index`'s `(params, config, forms)` (`model_of`)."""
+    return model_of(sweep.unstack(self.state.params, index), self._configs[index],
+                    self._context)

@@ -191,6 +191,7 @@ def train_gpt_sweep(
     sweep_batch: Optional[int] = None,
     data: Optional[str] = None,
     sinks: Callable[[str, Dict[str, Any]], Sequence[Any]] = lambda name, meta: (),
+    metrics: Sequence[skeleton.Metric] = (),
 ) -> List[Dict[str, Any]]:
   """Trains every run of a sweep in one program; returns each run's final evaluation.
 
@@ -209,6 +210,7 @@ def train_gpt_sweep(
       the platform's choice; 0: all at once.
     sinks: `sinks(run name, meta)` -> further metric sinks of that run
       (e.g. a `wandb_sink.WandbSink`).
+    metrics: further evaluation metrics, as `gpt_loop.train_gpt`'s, of every run.
 
   Returns:
     `[{"run", "step", "train_loss", "val_loss"}]`, one per run, in sweep order.
@@ -257,8 +259,8 @@ def train_gpt_sweep(
         total=train.max_iters, start=started.step, bar=train.progress) as session:
       step, times = skeleton.train_loop(
           driven, session, gpt_run.cadence(context),
-          metrics=gpt_metrics.evaluation_metrics(text, context), report=report,
-          start=started.step)
+          metrics=[*gpt_metrics.evaluation_metrics(text, context), *metrics],
+          report=report, start=started.step)
     if parallel.is_main_process():
       for folder in folders:
         plots.save_loss_plot(folder.out_dir)
