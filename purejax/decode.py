@@ -11,7 +11,7 @@ streaming it as it is decoded.
 """
 
 import functools
-from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import chex
 import jax
@@ -166,7 +166,8 @@ def generate(
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k",
-                                              "valid_vocab", "stop_ids", "forms"))
+                                              "valid_vocab", "stop_ids", "forms",
+                                              "num_samples"))
 def jitted_generate(
     params: Params,
     prompt: chex.Array,
@@ -180,6 +181,9 @@ def jitted_generate(
     *,
     stop_ids: Optional[Tuple[int, ...]] = None,
     forms: kernels.Forms,
+    offsets: Optional[chex.Array] = None,
+    num_samples: int = 1,
+    row_stop_ids: Optional[chex.Array] = None,
 ) -> Union[chex.Array, Generated]:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
@@ -202,6 +206,14 @@ def jitted_generate(
       padded vocabulary); None: every id of the model's.
     stop_ids: ids that end a row (it is kept, and repeated after); static.
     forms: execution forms (`generate` chooses them when given none); static.
+    offsets: optional `[batch]` int: the padding each prompt row begins with
+      (prompts of different lengths, left-padded to one; `generate_batch`).
+      Each row then runs at its own positions and never attends to its
+      padding. Prompt and new tokens must fit in `block_size` (no sliding).
+    num_samples: rows decoded per prompt row from its one prefill (its cache
+      copied); the result's rows are prompt-major (`r * num_samples + i`).
+    row_stop_ids: optional `[batch, k]` int: each prompt row's own stop ids
+      (padded with -1), with `stop_ids` given (any tuple): rows stop at their own.
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
@@ -220,8 +232,16 @@ def jitted_generate(
   gpt.check_params(params, config)
   layers = kv_cache.layers_of(params, config)  # once, outside the decode loop
   plan = kv_cache.sliding_window(p, max_new_tokens, config.block_size)
-  feed = functools.partial(kv_cache.forward, layers, params, config=config, forms=forms)
+  if (offsets is not None or num_samples > 1) and (plan.full_periods or plan.tail):
+    raise ValueError(f"a padded or sampled-several batch must fit the context: prompt "
+                     f"{p} + max_new_tokens {max_new_tokens} > block_size {config.block_size}.")
+  # Late-bound below: a prompt row becomes num_samples rows after the prefill.
+  rows = offsets
+  feed = lambda tokens, cache, pos: kv_cache.forward(layers, params, tokens, cache, pos, config,
+                                                     forms, offsets=rows)
   stops = None if stop_ids is None else jnp.asarray(stop_ids, jnp.int32)
+  if stops is not None and row_stop_ids is not None:
+    stops = jnp.asarray(row_stop_ids, jnp.int32)  # [batch, k]: each row's own
 
   def noise(index):  # [batch, vocab] Gumbel noise of new token `index`
     return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
@@ -233,7 +253,8 @@ def jitted_generate(
       last = jax.lax.dynamic_index_in_dim(state.tokens, p + state.index - 1, 1, False)
       token = jnp.where(state.done, last, token)
       state = state._replace(lengths=jnp.where(state.done, state.lengths, state.index + 1),
-                             done=state.done | jnp.isin(token, stops))
+                             done=state.done | (jnp.isin(token, stops) if stops.ndim == 1
+                                                 else (token[:, None] == stops).any(-1)))
     tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, p + state.index))
     return state._replace(tokens=tokens, index=state.index + 1), token
 
@@ -276,6 +297,15 @@ def jitted_generate(
   # The cache holds what this call needs: a short call reads a short cache.
   cache = init_kv_cache(config, b, min(config.block_size, plan.window + max_new_tokens))
   logits, cache = feed(prompt[:, p - plan.window:], cache, 0)
+  if num_samples > 1:  # one prefill per prompt, its cache copied to each sample's row
+    copy = lambda a: jnp.repeat(a.reshape(b, -1, *a.shape[1:]), num_samples,
+                                axis=0).reshape(-1, *a.shape[1:])
+    cache, logits = jax.tree.map(copy, cache), jnp.repeat(logits, num_samples, axis=0)
+    prompt = jnp.repeat(prompt, num_samples, axis=0)
+    rows = None if offsets is None else jnp.repeat(offsets, num_samples)
+    if stops is not None and stops.ndim == 2:
+      stops = jnp.repeat(stops, num_samples, axis=0)
+    b = b * num_samples
   tokens = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
   state = DecodeState(tokens, cache, jnp.int32(plan.window), logits, jnp.int32(0))
   if stops is not None:
@@ -296,6 +326,92 @@ def jitted_generate(
     out = Generated(tokens, lengths, state.done)
     return jax.tree.map(lambda a: a[0], out) if unbatched else out
   return tokens[0] if unbatched else tokens
+
+
+# ----------------------------------------------------------------------------
+# Many prompts of different lengths in one program.
+
+
+class Completion(NamedTuple):
+  """One row of `generate_batch`: the new tokens, and how they ended.
+
+  Attributes:
+    tokens: the new ids, through the stop id that ended them (if any).
+    stopped: True where a stop id (or, with `generate_text`, a stop string) ended it.
+  """
+  tokens: Tuple[int, ...]
+  stopped: bool
+
+
+def generate_batch(
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    config: gpt.GPTConfig,
+    key: chex.PRNGKey,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    valid_vocab: Optional[int] = None,
+    stop_ids: Union[None, Sequence[int], Sequence[Sequence[int]]] = None,
+    num_samples: int = 1,
+    forms: Optional[kernels.Forms] = None,
+) -> List[List[Completion]]:
+  """Continues every prompt in one program: `[prompt][sample]` completions.
+
+  The prompts are left-padded to the longest; each row runs at its own
+  positions and never attends to its padding, so a row's greedy tokens are
+  those of its prompt decoded alone. Each prompt is prefilled once and its
+  cache copied to its `num_samples` rows; row `i` of prompt `r` draws its noise
+  as row `r * num_samples + i` of the batch. The cache is as long as the
+  longest prompt plus `max_new_tokens`; they must fit in `block_size`.
+
+  Args:
+    params, config: the model.
+    prompts: token ids, at least one each.
+    key: the sampling key.
+    max_new_tokens: new tokens per row, at most.
+    temperature, top_k, top_p, valid_vocab: as `generate` (0: greedy).
+    stop_ids: ids that end a row: one list for all prompts, or a list per prompt.
+    num_samples: completions per prompt.
+    forms: execution forms; None: those of the platform `params` live on.
+
+  Raises:
+    ValueError: no prompts, an empty prompt, a batch that does not fit the
+      context, or stop ids for another number of prompts.
+  """
+  if not prompts or not all(len(p) for p in prompts):
+    raise ValueError("generate_batch needs at least one prompt, each of at least one token.")
+  longest = max(len(p) for p in prompts)
+  if longest + max_new_tokens > config.block_size:
+    raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
+                     f"{max_new_tokens} exceed block_size={config.block_size}; lower "
+                     f"max_new_tokens or shorten the prompts.")
+  tokens = jnp.asarray([[0] * (longest - len(p)) + [int(i) for i in p] for p in prompts],
+                       jnp.int32)
+  offsets = jnp.asarray([longest - len(p) for p in prompts], jnp.int32)
+  per_row = None
+  if stop_ids is not None and len(stop_ids) and not isinstance(stop_ids[0], int):
+    if len(stop_ids) != len(prompts):
+      raise ValueError(f"stop_ids has {len(stop_ids)} lists for {len(prompts)} prompts.")
+    width = max(1, max(len(s) for s in stop_ids))
+    per_row = jnp.asarray([list(s) + [-1] * (width - len(s)) for s in stop_ids], jnp.int32)
+    shared = (-1,)
+  else:
+    shared = tuple(int(i) for i in stop_ids) if stop_ids else None
+  forms = forms or kernels.select(kernels.platform_of(params))
+  out = jitted_generate(params, tokens, config, key, max_new_tokens, temperature, top_k, top_p,
+                        valid_vocab, stop_ids=shared, forms=forms, offsets=offsets,
+                        num_samples=num_samples, row_stop_ids=per_row)
+  if isinstance(out, Generated):
+    rows, lengths, stopped = (jax.device_get(a) for a in out)
+  else:
+    rows = jax.device_get(out)
+    lengths, stopped = [max_new_tokens] * len(rows), [False] * len(rows)
+  completions = [Completion(tuple(int(t) for t in row[longest:longest + int(n)]), bool(s))
+                 for row, n, s in zip(rows, lengths, stopped)]
+  return [completions[r * num_samples:(r + 1) * num_samples] for r in range(len(prompts))]
 
 
 # ----------------------------------------------------------------------------

@@ -114,7 +114,8 @@ def layers_of(params: Params, config: gpt.GPTConfig) -> Tuple[Params, ...]:
 
 
 def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
-                   config: gpt.GPTConfig, forms: kernels.Forms) -> gpt.Attend:
+                   config: gpt.GPTConfig, forms: kernels.Forms,
+                   key_start: Optional[chex.Array] = None) -> gpt.Attend:
   """`gpt.Attend` for tokens at positions `pos, ...` through one layer's cache.
 
   Their keys and values are written into the cache, and they attend to
@@ -138,20 +139,20 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
     bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d).astype(buf.dtype),
                                          (0, pos, 0))
             for buf, new in ((k_buf, k_new), (v_buf, v_new)))
-    if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0:
+    if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0 and key_start is None:
       y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype)
       return y, tuple(bufs)
     q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
     new_k_buf, new_v_buf = bufs
     y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), new_k_buf.reshape(b, kv, -1, d),
                                   new_v_buf.reshape(b, kv, -1, d), pos,
-                                  compute_dtype=compute_dtype)
+                                  compute_dtype=compute_dtype, key_start=key_start)
     return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
 
   return attend
 
 
-def forward(layers, params, tokens, cache, pos, config, forms, last=None):
+def forward(layers, params, tokens, cache, pos, config, forms, last=None, offsets=None):
   """`decode.forward_with_cache` over per-layer params `layers` (`layers_of`).
 
   Args:
@@ -162,18 +163,23 @@ def forward(layers, params, tokens, cache, pos, config, forms, last=None):
     pos: position of `tokens[:, 0]` (may be traced).
     config, forms: the model and how it runs.
     last: which token's logits to return (may be traced; None: the last).
+    offsets: optional `[batch]` padding slots before each row's first token (a
+      batch of prompts left-padded to one length): row `r`'s token in slot `s`
+      is at position `s - offsets[r]`, and its padding is never attended.
 
   Returns:
     `(logits [batch, vocab], cache)`.
   """
-  x = gpt.input_states(params, tokens, config, pos)
+  start = pos if offsets is None else pos - offsets
+  x = gpt.input_states(params, tokens, config, start)
   # Decoding does little work per layer, so a plain Python loop over the
   # layers (unrolled in the compiled program) beats a scan's overhead.
   ks, vs = [], []
   for i, (layer, k_buf, v_buf) in enumerate(zip(layers, cache.k, cache.v)):
     x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms,
-                                  attend=_cached_attend(k_buf, v_buf, pos, config, forms),
-                                  start=pos,
+                                  attend=_cached_attend(k_buf, v_buf, pos, config, forms,
+                                                        offsets),
+                                  start=start,
                                   value_embed=gpt.value_embedding(params, tokens, config, i))
     ks.append(k_buf)
     vs.append(v_buf)

@@ -106,7 +106,9 @@ def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
     q, k, v = jnp.split(qkv, (h * d, (h + kv) * d), axis=-1)  # [b, t, (h | kv) d]
     q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
   if config.position == "rope":
-    positions = start + jnp.arange(t)
+    # `[time]`, or `[batch, time]` where each row has its own start (decoding a batch
+    # of prompts of different lengths)
+    positions = (start[:, None] if jnp.ndim(start) == 1 else start) + jnp.arange(t)
     frequencies = nn.rope_frequencies(d, config.rope_theta, config.rope_scaling)
     q, k = nn.rope(q, positions, frequencies), nn.rope(k, positions, frequencies)
   if config.qk_norm:
@@ -361,13 +363,18 @@ def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.A
   attention (`qkv_heads`).
 
   Returns:
-    `[batch, time, embd]`; `start` may be traced (decoding).
+    `[batch, time, embd]`; `start` may be traced (decoding), or `[batch]`: each
+    row's own (a batch of prompts of different lengths, left-padded: a pad's
+    negative position reads row 0, and no real token attends to it).
   """
   if "wpe" not in params:
     return nn.embed(params["wte"], tokens)
   t = tokens.shape[1]
   if isinstance(start, int):
     positions = params["wpe"]["embedding"][start:start + t]
+  elif jnp.ndim(start) == 1:
+    rows = jnp.maximum(start[:, None] + jnp.arange(t), 0)  # [batch, time]
+    positions = params["wpe"]["embedding"][rows]
   else:
     positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], start, t)
   return nn.embed(params["wte"], tokens) + positions

@@ -291,7 +291,7 @@ def causal_attention(
 
 def attend_to_cache(
     q: chex.Array, k: chex.Array, v: chex.Array, query_start: chex.Numeric,
-    *, compute_dtype=None,
+    *, compute_dtype=None, key_start: Optional[chex.Array] = None,
 ) -> chex.Array:
   """Queries at positions `query_start, ...` over a cache of keys and values.
 
@@ -307,6 +307,9 @@ def attend_to_cache(
     query_start: position of `q[:, :, 0]` (may be traced).
     compute_dtype: operand dtype of the two products (float32 accumulation,
       softmax in float32); None multiplies in float32.
+    key_start: optional `[batch]`: each row's first real key slot (a batch of
+      prompts left-padded to one length); slots before it are padding, never
+      attended (a padding query attends only to itself, so nothing turns NaN).
 
   Returns:
     `[batch, heads, time, head_dim]` float32.
@@ -317,7 +320,18 @@ def attend_to_cache(
   if kv != h:  # query heads i*g .. i*g+g-1 read key/value head i
     q = q.reshape(b, kv, (h // kv) * t, d)
     positions = jnp.tile(positions, h // kv)
-  if compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
+  if key_start is not None:
+    slots = jnp.arange(k.shape[2])
+    real = slots[None, None, :] >= key_start[:, None, None]  # [b, 1, s]
+    mask = (slots[None, :] <= positions[:, None])[None] & (  # [b, rows, s]
+        real | (slots[None, :] == positions[:, None])[None])
+    dtype = compute_dtype if compute_dtype is not None else jnp.float32
+    scores = jnp.einsum("bgrd,bgsd->bgrs", q.astype(dtype), k.astype(dtype),
+                        preferred_element_type=jnp.float32)
+    weights = jax.nn.softmax(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1)
+    y = jnp.einsum("bgrs,bgsd->bgrd", weights.astype(dtype), v.astype(dtype),
+                   preferred_element_type=jnp.float32)
+  elif compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
     matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype,
                                forms=kernels.Forms())
     scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, kv, rows, s]
