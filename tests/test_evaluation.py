@@ -291,3 +291,48 @@ def test_eval_task_flags_are_refused_where_they_would_do_nothing(capsys, tmp_pat
                                                        f"--out_dir={tmp_path}")
   assert "does not exist" in refusal(capsys, train_cli, f"--eval_tasks={tmp_path / 'x.jsonl'}",
                                      f"--out_dir={tmp_path / 'run'}", "--max_iters=1")
+
+
+# -- lm-evaluation-harness's interface
+
+def harness_model():
+  from helpers.data import need
+  need("lm_eval")
+  from purejax.evaluation import harness
+  return harness.PurejaxLM(params=PARAMS, config=CONFIG, tokenizer=TOKENIZER, batch_size=3)
+
+
+def request(*args):
+  import types
+  return types.SimpleNamespace(args=args)
+
+
+def test_harness_generation_is_greedy_decoding_cut_at_the_stop_strings():
+  model = harness_model()
+  contexts = ["the cat ", "a", "is it so? no"]
+  got = model.generate_until([request(c, {"until": ["."], "max_gen_toks": 9})
+                              for c in contexts])
+  for context, text in zip(contexts, got):
+    ids = TOKENIZER.encode(context)
+    alone_ids = np.asarray(decode_alone(ids, 9))[len(ids):]
+    want = TOKENIZER.decode(alone_ids.tolist())
+    assert text == want.split(".")[0]
+
+
+def decode_alone(ids, n):
+  from purejax import decode
+  return decode.generate(PARAMS, np.asarray(ids), CONFIG, jax.random.PRNGKey(0),
+                         max_new_tokens=n, temperature=0.0)
+
+
+def test_harness_rolling_loglikelihood_sums_the_harness_windows_each_scored_alone():
+  model = harness_model()
+  from lm_eval import utils
+  text = "the cat sat on the mat and the dog sat on the log again and again!"  # > 32 tokens
+  (total,) = model.loglikelihood_rolling([request(text)])
+  windows = [utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(
+      token_list=[int(i) for i in TOKENIZER.encode(text)], prefix_token=model.eot_token_id,
+      max_seq_len=CONFIG.block_size, context_len=1)]
+  assert len(windows) > 1  # the text is longer than one window
+  want = sum(alone(loglik.Request(list(c), list(k)))[0] for c, k in windows)
+  assert total == pytest.approx(want, rel=1e-5)

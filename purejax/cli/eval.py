@@ -156,7 +156,8 @@ def _run_humaneval(args, problems, ks, params, config, tokenizer, forms) -> dict
   result = evaluation.humaneval.run(
       params, config, tokenizer, problems, allow_code_execution=True, fmt=fmt,
       samples=args.samples, temperature=args.temperature, ks=ks,
-      max_new_tokens=args.max_new_tokens, timeout=args.timeout, stop_ids=stops, forms=forms)
+      max_new_tokens=args.max_new_tokens, timeout=args.timeout, stop_ids=stops,
+      batch_size=args.batch_size, forms=forms)
   result["chat"] = fmt is not None
   return result
 

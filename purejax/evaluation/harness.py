@@ -105,21 +105,29 @@ class PurejaxLM(LM):
     return [float(t) for t in totals]
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
-    out = []
-    for n, r in enumerate(requests):
-      context, kwargs = r.args
-      until, text = _stops(kwargs, self.tokenizer), ""
-      max_new = int(kwargs.get("max_gen_toks", 256))
-      temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
-      ids = self.tok_encode(context)[-(self.max_length - 1):]
-      room = min(max_new, self.max_length - len(ids))
-      if room > 0:
-        tokens = decode.generate(self.params, np.asarray(ids), self.config,
-                                 jax.random.PRNGKey(self.seed + n), max_new_tokens=room,
-                                 temperature=temperature,
-                                 valid_vocab=self.tokenizer.vocab_size)
-        text = self.tokenizer.decode(np.asarray(tokens)[len(ids):].tolist())
-      out.append(_cut(text, until))
+    # Requests with the same settings go together, `batch_size` at a time, through
+    # `decode.generate_batch` (prompts of different lengths in one program).
+    out: List[Optional[str]] = [None] * len(requests)
+    groups: Dict[Tuple, List[int]] = {}
+    for i, r in enumerate(requests):
+      _, kwargs = r.args
+      sampled = bool(kwargs.get("do_sample"))
+      groups.setdefault((int(kwargs.get("max_gen_toks", 256)),
+                         float(kwargs.get("temperature", 0.0)) if sampled else 0.0), []).append(i)
+    for (max_new, temperature), members in groups.items():
+      for start in range(0, len(members), self._batch_size):
+        chunk = members[start:start + self._batch_size]
+        prompts = [self.tok_encode(requests[i].args[0]) for i in chunk]
+        room = max(1, min(max_new, self.max_length // 2))
+        prompts = [ids[-(self.max_length - room):] for ids in prompts]
+        room = min(max_new, self.max_length - max(len(ids) for ids in prompts))
+        rows = decode.generate_batch(self.params, prompts, self.config,
+                                     jax.random.PRNGKey(self.seed + chunk[0]), room,
+                                     temperature=temperature,
+                                     valid_vocab=self.tokenizer.vocab_size)
+        for i, (row,) in zip(chunk, rows):
+          text = self.tokenizer.decode(list(row.tokens))
+          out[i] = _cut(text, _stops(requests[i].args[1], self.tokenizer))
     return out
 
 

@@ -81,35 +81,34 @@ def program(problem: Dict[str, Any], completion: str, chat_mode: bool) -> str:
   return f"{code}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
-def complete(params, config, tokenizer, problem: Dict[str, Any], *,
+def complete(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
              fmt: Optional[chat.ChatFormat] = None, max_new_tokens: int = 256,
              temperature: float = 0.0, key=None, stop_ids: Sequence[int] = (),
-             forms=None) -> str:
-  """One completion of the problem: cut at the stop sequences (base) or its code
-  block (chat)."""
-  ids = prompt_ids(problem, tokenizer, fmt)
-  room = min(max_new_tokens, config.block_size - len(ids))
+             samples: int = 1, forms=None) -> List[List[str]]:
+  """`samples` completions of each problem, all in one program (`decode.generate_batch`):
+  cut at the stop sequences (base) or taken from their code block (chat)."""
+  prompts = [prompt_ids(p, tokenizer, fmt) for p in problems]
+  room = min(max_new_tokens, config.block_size - max(len(ids) for ids in prompts))
   if room < 1:
-    raise ValueError(f"{problem['task_id']}: its prompt of {len(ids)} tokens leaves no room "
+    raise ValueError(f"a prompt of {max(len(ids) for ids in prompts)} tokens leaves no room "
                      f"in the model's context of {config.block_size}.")
-  out = decode.generate(params, np.asarray(ids), config,
-                        jax.random.PRNGKey(0) if key is None else key, max_new_tokens=room,
-                        temperature=temperature, valid_vocab=tokenizer.vocab_size,
-                        stop_ids=tuple(stop_ids) or None, forms=forms)
-  if isinstance(out, decode.Generated):
-    new = np.asarray(out.tokens)[len(ids):len(ids) + int(out.lengths)]
-    new = [int(t) for t in new if int(t) not in stop_ids]
-  else:
-    new = np.asarray(out)[len(ids):].tolist()
-  text = tokenizer.decode(new)
-  return code_of_answer(text) if fmt is not None else cut_at_stops(text)
+  batch = decode.generate_batch(params, prompts, config,
+                                jax.random.PRNGKey(0) if key is None else key, room,
+                                temperature=temperature, valid_vocab=tokenizer.vocab_size,
+                                stop_ids=list(stop_ids) or None, num_samples=samples,
+                                forms=forms)
+  out = []
+  for rows in batch:
+    texts = [tokenizer.decode([t for t in row.tokens if t not in stop_ids]) for row in rows]
+    out.append([code_of_answer(t) if fmt is not None else cut_at_stops(t) for t in texts])
+  return out
 
 
 def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
         allow_code_execution: bool = False, fmt: Optional[chat.ChatFormat] = None,
         samples: int = 1, temperature: float = 0.0, ks: Sequence[int] = (1,),
         max_new_tokens: int = 256, timeout: float = 10.0, seed: int = 0, stop_ids=(),
-        forms=None, progress=None) -> Dict[str, Any]:
+        batch_size: int = 8, forms=None, progress=None) -> Dict[str, Any]:
   """Completes and checks each problem; returns pass@k for each k and per-problem outcomes.
 
   Raises:
@@ -127,20 +126,20 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
     raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {list(ks)}.")
   key = jax.random.PRNGKey(seed)
   outcomes = []
-  for index, problem in enumerate(problems):
-    passed = []
-    for s in range(samples):
-      completion = complete(params, config, tokenizer, problem, fmt=fmt,
-                            max_new_tokens=max_new_tokens, temperature=temperature,
-                            key=jax.random.fold_in(key, index * samples + s),
-                            stop_ids=stop_ids, forms=forms)
-      outcome = sandbox.run_program(program(problem, completion, fmt is not None),
-                                    timeout=timeout)
-      passed.append(outcome.passed)
-      outcomes.append({"task_id": problem["task_id"], "sample": s, "completion": completion,
-                       "status": outcome.status})
+  for start in range(0, len(problems), batch_size):
+    group = problems[start:start + batch_size]
+    completions = complete(params, config, tokenizer, group, fmt=fmt,
+                           max_new_tokens=max_new_tokens, temperature=temperature,
+                           key=jax.random.fold_in(key, start), stop_ids=stop_ids,
+                           samples=samples, forms=forms)
+    for problem, texts in zip(group, completions):
+      for s, completion in enumerate(texts):
+        outcome = sandbox.run_program(program(problem, completion, fmt is not None),
+                                      timeout=timeout)
+        outcomes.append({"task_id": problem["task_id"], "sample": s,
+                         "completion": completion, "status": outcome.status})
     if progress is not None:
-      progress(index + 1, len(problems))
+      progress(min(start + batch_size, len(problems)), len(problems))
   counts = [sum(o["status"] == "passed" for o in outcomes if o["task_id"] == p["task_id"])
             for p in problems]
   result = {f"pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts]))

@@ -210,7 +210,7 @@ def encode_pair(tokenizer, context: str, continuation: str) -> loglik.Request:
 
 def _start_id(tokenizer) -> int:
   """The id an empty context stands for: the tokenizer's end-of-text (lm-eval's
-  prefix token), else its BOS."""
+  prefix token), else its BOS, else (a character tokenizer) the new line."""
   spec = tokenizer.spec() if hasattr(tokenizer, "spec") else None
   for name in ("eos_token", "bos_token"):
     text = getattr(spec, name, None)
@@ -221,6 +221,12 @@ def _start_id(tokenizer) -> int:
   special = dict(getattr(spec, "special_tokens", ()) or ())
   if "<|endoftext|>" in special:
     return int(special["<|endoftext|>"])
+  try:  # a character tokenizer: a new line stands between its texts
+    ids = list(tokenizer.encode("\n"))
+  except (KeyError, ValueError):
+    ids = []
+  if len(ids) == 1:
+    return int(ids[0])
   raise TaskError("an item has an empty context, and this tokenizer has no end-of-text or "
                   "BOS token to stand for it; give every item a context.")
 
