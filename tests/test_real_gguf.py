@@ -223,3 +223,12 @@ def test_conversations_fine_tune_from_the_gguf_as_from_its_folder(
   _, _, spec = weights.from_pretrained(str(smollm2_gguf))
   assert exported.template == spec.chat_template and exported.eos_token == "<|im_end|>"
   assert exported.stop_ids == (2,)
+  # Its PEFT adapters carry the tokenizer and template too, as trainers save them.
+  adapters = tmp_path / "adapters"
+  pretrained.convert(f"purejax:{tmp_path / 'gguf'}", f"peft:{adapters}")
+  transformers = need("transformers")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(adapters))
+  assert tokenizer.chat_template == spec.chat_template
+  assert tokenizer.apply_chat_template(CHATS[0], tokenize=True, return_dict=False) == \
+      transformers.AutoTokenizer.from_pretrained(str(smollm2_folder)).apply_chat_template(
+          CHATS[0], tokenize=True, return_dict=False)

@@ -264,6 +264,32 @@ def _write_weights(tensors: Dict[str, np.ndarray], folder: pathlib.Path,
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 
+def tokenizer_files(tokenizer_spec: Optional[TokenizerSpec], config: gpt.GPTConfig
+                    ) -> Tuple[Optional[str], Optional[str], hf_talk.Companion]:
+  """What a folder needs to talk to the model: `(a tokenizer.json to copy, or the text
+  of one rebuilt from a GGUF file's tokenizer, the companion files and config values)`.
+
+  The model's own `tokenizer.json` is found by its hash (a moved one is left
+  out); a GGUF file's tokenizer is rebuilt and written as a tokenizer.json,
+  with its chat template and special tokens (`hf_talk.companion_of_spec`).
+  """
+  if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
+    try:
+      tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
+    except tokenizers.TokenizerError:
+      tokenizer_file = None
+    return tokenizer_file, None, hf_talk.companion_files(tokenizer_file, config)
+  if tokenizer_spec and tokenizer_spec.kind == "gguf":
+    try:
+      rebuilt = tokenizers.from_spec(tokenizer_spec).tokenizer
+      return None, rebuilt.to_str(), hf_talk.companion_of_spec(
+          tokenizer_spec, rebuilt.get_vocab(), config,
+          gguf_files.base_context(tokenizer_spec, config))
+    except tokenizers.TokenizerError:
+      pass
+  return None, None, hf_talk.companion_files(None, config)
+
+
 def to_huggingface(
     params: Params,
     config: gpt.GPTConfig,
@@ -326,22 +352,7 @@ def to_huggingface(
   else:
     hf_config = llama.hf_config_dict(config, dtype)
     tensors = llama.state_from_params(gpt2.to_numpy(params), config, _DTYPES[dtype])
-  tokenizer_file, tokenizer_text = None, None
-  extra = hf_talk.companion_files(None, config)
-  if tokenizer_spec and tokenizer_spec.kind == "tokenizer.json":
-    try:  # the model's own file, checked by its hash; a moved one is left out
-      tokenizer_file = tokenizer_json.from_spec(tokenizer_spec).encoding_file
-    except tokenizers.TokenizerError:
-      pass
-    extra = hf_talk.companion_files(tokenizer_file, config)
-  elif tokenizer_spec and tokenizer_spec.kind == "gguf":
-    try:  # a GGUF's tokenizer, rebuilt, is written as a tokenizer.json
-      rebuilt = tokenizers.from_spec(tokenizer_spec).tokenizer
-      tokenizer_text = rebuilt.to_str()
-      extra = hf_talk.companion_of_spec(tokenizer_spec, rebuilt.get_vocab(), config,
-                                        gguf_files.base_context(tokenizer_spec, config))
-    except tokenizers.TokenizerError:
-      pass
+  tokenizer_file, tokenizer_text, extra = tokenizer_files(tokenizer_spec, config)
   hf_config.update(extra.config_values)
   out = pathlib.Path(out_dir).expanduser().absolute()
   out.parent.mkdir(parents=True, exist_ok=True)

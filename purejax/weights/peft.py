@@ -69,9 +69,14 @@ def adapter_config(adapters: lora.Adapters, lora_config: lora.LoraConfig,
           "inference_mode": True, "base_model_name_or_path": base_model}
 
 
+# The tokenizer files an adapter folder carries (as trainers save them beside the
+# adapters): enough for `AutoTokenizer.from_pretrained(folder)` and its chat template.
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
 def to_peft(adapters: lora.Adapters, lora_config: lora.LoraConfig, config: gpt.GPTConfig,
             out_dir: str, *, base_model: Optional[str] = None,
-            overwrite: bool = False) -> pathlib.Path:
+            overwrite: bool = False, tokenizer_spec=None) -> pathlib.Path:
   """Writes the adapters as a PEFT folder (whole or not at all); returns its path.
 
   Args:
@@ -81,6 +86,8 @@ def to_peft(adapters: lora.Adapters, lora_config: lora.LoraConfig, config: gpt.G
     out_dir: the folder to create.
     base_model: recorded as `base_model_name_or_path` (the run's `init_from`).
     overwrite: replace an existing non-empty `out_dir`.
+    tokenizer_spec: the run's tokenizer: its `tokenizer.json`, chat template
+      and special tokens are written beside the adapters (`TOKENIZER_FILES`).
 
   Raises:
     ConversionError: see `adapter_tensors`; `out_dir` exists and not `overwrite`.
@@ -95,6 +102,17 @@ def to_peft(adapters: lora.Adapters, lora_config: lora.LoraConfig, config: gpt.G
   try:
     safetensors.numpy.save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(settings, indent=2))
+    if tokenizer_spec is not None:
+      tokenizer_file, tokenizer_text, extra = huggingface.tokenizer_files(tokenizer_spec,
+                                                                         config)
+      if tokenizer_file:
+        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+      if tokenizer_text:
+        (tmp / "tokenizer.json").write_text(tokenizer_text, encoding="utf-8")
+      for name in TOKENIZER_FILES:
+        if name in extra.files:
+          (tmp / name).write_text(json.dumps(extra.files[name], indent=2, ensure_ascii=False),
+                                  encoding="utf-8")
     for path in tmp.iterdir():
       _files.fsync(path)
     _files.publish_dir(tmp, out)

@@ -77,17 +77,17 @@ def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
                                                   jax.random.PRNGKey(0)), template["params"])
     template = {"params": lora.trainable(template["params"], adapters)}
   params = checkpoint.extract(arrays, template, out_dir)["params"]
-  if adapted and not merged:
-    return params, config, None, meta
-  if adapted:
-    alpha = lora.LoraConfig(adapted["rank"], adapted["alpha"]).scale_alpha
-    params = lora.merge(params["base"], params["adapters"], alpha)
   if "tokenizer" in meta:
     spec = TokenizerSpec.from_dict(meta["tokenizer"])
   elif "vocab" in meta:
     spec = tokenizers.CharTokenizer(meta["vocab"]).spec()
   else:
     spec = tokenizers.ids_spec(config.vocab_size)
+  if adapted and not merged:
+    return params, config, spec, meta
+  if adapted:
+    alpha = lora.LoraConfig(adapted["rank"], adapted["alpha"]).scale_alpha
+    params = lora.merge(params["base"], params["adapters"], alpha)
   return gpt2.to_numpy(params), config, spec, meta
 
 
@@ -195,14 +195,15 @@ def _to_peft(src_kind: str, src: str, dst: str, overwrite: bool) -> str:
   if src_kind != "purejax":
     raise ConversionError(f"peft: targets take a purejax LoRA run's adapters; the source "
                           f"is {src_kind}:{src}.")
-  tree, config, _, meta = _read_purejax(src, merged=False)
+  tree, config, spec, meta = _read_purejax(src, merged=False)
   if not meta.get("lora"):
     raise ConversionError(f"{src} is not a LoRA fine-tune (it has no adapters); export "
                           f"it whole with hf:DIR.")
   settings = lora.LoraConfig(meta["lora"]["rank"], meta["lora"]["alpha"],
                              tuple(meta["lora"]["targets"]))
   written = peft.to_peft(tree["adapters"], settings, config, dst,
-                         base_model=meta.get("init_from"), overwrite=overwrite)
+                         base_model=meta.get("init_from"), overwrite=overwrite,
+                         tokenizer_spec=spec)
   return (f"wrote peft:{written} (LoRA rank {settings.rank}, alpha {settings.scale_alpha:g}, "
           f"{lora.num_params(tree['adapters']) / 1e6:.3f}M adapter params; base "
           f"{meta.get('init_from')}).")
