@@ -117,8 +117,8 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
   """
   if not allow_code_execution:
     raise CodeExecutionRefused(
-        "HumanEval runs the code the model writes; pass `allow_code_execution` (the "
-        "command line's --allow_code_execution) to accept that, ideally in a container.")
+        "HumanEval runs the code the model writes; pass `allow_code_execution` to accept "
+        "that, ideally in a container.")
   if temperature == 0 and samples > 1:
     raise ValueError(f"greedy decoding gives one completion, not {samples}; sample with a "
                      f"temperature above 0, or take 1 sample.")
