@@ -99,6 +99,7 @@ def test_a_trailing_space_moves_to_the_continuation_as_lm_eval_splits_pairs():
   assert TOKENIZER.decode(request.continuation) == " yes"
 
 
+@pytest.mark.slow
 def test_accuracies_follow_each_rule_and_centre_on_chance(tmp_path):
   task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC))
   result = tasks.run_task(task, PARAMS, CONFIG, TOKENIZER, batch_size=5)
@@ -118,6 +119,7 @@ def test_accuracies_follow_each_rule_and_centre_on_chance(tmp_path):
   assert result["items"] == 6 and result["kind"] == "multiple_choice"
 
 
+@pytest.mark.slow
 def test_language_modelling_counts_a_continuation_right_only_if_all_greedy(tmp_path):
   items = [{"context": "the cat sat on the", "continuation": " mat"},
            {"context": "abc", "continuation": "d"}]
@@ -307,6 +309,7 @@ def request(*args):
   return types.SimpleNamespace(args=args)
 
 
+@pytest.mark.slow
 def test_harness_generation_is_greedy_decoding_cut_at_the_stop_strings():
   model = harness_model()
   contexts = ["the cat ", "a", "is it so? no"]
@@ -325,6 +328,7 @@ def decode_alone(ids, n):
                          max_new_tokens=n, temperature=0.0)
 
 
+@pytest.mark.slow
 def test_harness_rolling_loglikelihood_sums_the_harness_windows_each_scored_alone():
   model = harness_model()
   from lm_eval import utils

@@ -23,7 +23,8 @@ def alone(params, config, prompt, n):
   return tuple(int(t) for t in np.asarray(out)[len(prompt):])
 
 
-@pytest.mark.parametrize("config", [GPT2_LIKE, LLAMA_LIKE], ids=["positions", "rope"])
+@pytest.mark.parametrize("config", [pytest.param(GPT2_LIKE, marks=pytest.mark.slow), LLAMA_LIKE],
+                         ids=["positions", "rope"])
 def test_each_row_decodes_greedily_as_its_prompt_alone(config):
   params = gpt.init_params(config, jax.random.PRNGKey(1))
   batch = decode.generate_batch(params, PROMPTS, config, jax.random.PRNGKey(0), 12)
@@ -31,6 +32,7 @@ def test_each_row_decodes_greedily_as_its_prompt_alone(config):
     assert row.tokens == alone(params, config, prompt, 12) and not row.stopped
 
 
+@pytest.mark.slow
 def test_samples_of_a_prompt_share_its_prefill_and_differ():
   params = gpt.init_params(LLAMA_LIKE, jax.random.PRNGKey(1))
   sampled = decode.generate_batch(params, PROMPTS[:2], LLAMA_LIKE, jax.random.PRNGKey(3), 10,
@@ -43,6 +45,7 @@ def test_samples_of_a_prompt_share_its_prefill_and_differ():
     assert {c.tokens for c in rows} == {alone(params, LLAMA_LIKE, prompt, 10)}
 
 
+@pytest.mark.slow
 def test_each_row_stops_at_its_own_ids():
   params = gpt.init_params(GPT2_LIKE, jax.random.PRNGKey(1))
   free = decode.generate_batch(params, PROMPTS[:2], GPT2_LIKE, jax.random.PRNGKey(0), 12)
