@@ -23,7 +23,7 @@ from helpers.suite import (COMPILE_CACHE, OLDER_EMITTERS, SHARED_DIR, SUITE_XLA_
 # The shared fixtures live with their topic in helpers/; importing them here makes them
 # every test's (pytest looks for fixtures in conftest.py's namespace).
 from helpers.data import no_network, text_file, tfds_data_dir  # noqa: F401
-from helpers.gpu import cudnn_version  # noqa: F401
+from helpers.gpu import cudnn_version, h100  # noqa: F401
 from helpers.runs import char_gpt_run, one_device_gpt_run  # noqa: F401
 
 

@@ -3,7 +3,6 @@ the optimised HLO. A small hand-written module pins the reading rules; the
 GPT-2 step compiled for an H100 (slow tier, JAX's CUDA plugin) checks the
 products' FLOPs against the model's own count."""
 
-import os
 import types
 
 import jax
@@ -14,7 +13,6 @@ from purejax import gpt
 from purejax.ops import kernels
 from purejax.optimizers import optim
 from purejax.training.loops import recipes
-from purejax.training.tools import gpu_plan
 
 # A loop of 4 trips whose body slices a stacked weight, converts it, multiplies
 # with it (a Triton product) and writes its row of a stacked output in place;
@@ -116,16 +114,6 @@ def test_the_summary_adds_up_and_the_roofline_takes_the_slower_of_bytes_and_flop
   product = sites(account)["product"]
   # 4096 FLOPs at 1 MFLOP/s (4.1 ms) beat its 1 KiB at 1 GB/s (1 us).
   assert product.seconds(card, peak) == pytest.approx(2 * 8 * 16 * 16 / 1e6)
-
-
-@pytest.fixture(scope="module")
-def h100():
-  try:
-    return gpu_plan.target_devices("h100")
-  except gpu_plan.PluginMissing as e:
-    if os.environ.get("PUREJAX_REQUIRE_GPU_PLUGIN") == "1":
-      pytest.fail(str(e))
-    pytest.skip(str(e))
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ counts and GEMM kernel names depend on untuned defaults and are not pinned.
 Each program is compiled once per test module (module fixtures).
 """
 
-import os
 import re
 
 import jax
@@ -50,17 +49,6 @@ GPT2_STEP_TEMP_BUDGET = 1.18 * GIB
 GPT2_STEP_PEAK_BUDGET = 2.62 * GIB
 # Unrolled without remat (the GPU's default) it plans a 6.91 GiB peak.
 GPT2_UNROLLED_PEAK_BUDGET = 7.12 * GIB
-
-
-@pytest.fixture(scope="module")
-def h100():
-  """One abstract H100 SXM (XLA's target config), or a skip that says why."""
-  try:
-    return gpu_plan.target_devices("h100")
-  except gpu_plan.PluginMissing as e:
-    if os.environ.get("PUREJAX_REQUIRE_GPU_PLUGIN") == "1":
-      pytest.fail(str(e))
-    pytest.skip(str(e))
 
 
 def square_buffers(hlo: str, size: int) -> int:

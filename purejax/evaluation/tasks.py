@@ -23,7 +23,7 @@ items of the file, drawn by `random.Random(1234 + item index)` (CORE's rule),
 each written with its right answer. An item's choice is the one of lowest
 mean loss per continuation token (CORE's `accuracy`); `accuracy_sum` takes
 the highest summed log-likelihood (lm-evaluation-harness's `acc`) and
-`accuracy_per_char` the highest per character of the continuation (its
+`accuracy_per_char` the highest per character of the option, the delimiter left out (its
 `acc_norm`). `centered` is `(accuracy - baseline) / (1 - baseline)`, the
 baseline being the task's random accuracy (CORE's centred accuracy: 0 is
 chance, 1 is perfect).

@@ -1,6 +1,7 @@
 """GPT-2 124M lowered for CUDA from abstract inputs (nothing compiled or allocated)."""
 
 import collections
+import os
 import re
 
 import jax
@@ -72,3 +73,16 @@ def train_step_hlo(forms, config=GPT2, batch=GPT2_BATCH, platform="cuda") -> str
   return lower_for(steps.train_steps.trace(
       state, batches.DeviceTokens(ABSTRACT_TOKENS), 0, config=config, optimizer=GPT2_OPTIMIZER,
       batch_size=batch, num_steps=2, forms=forms), platform)
+
+
+@pytest.fixture(scope="module")
+def h100():
+  """One abstract H100 SXM (XLA's target config, no GPU needed), or a skip that says
+  why (a failure under PUREJAX_REQUIRE_GPU_PLUGIN=1, as CI sets)."""
+  from purejax.training.tools import gpu_plan  # pylint: disable=g-import-not-at-top
+  try:
+    return gpu_plan.target_devices("h100")
+  except gpu_plan.PluginMissing as e:
+    if os.environ.get("PUREJAX_REQUIRE_GPU_PLUGIN") == "1":
+      pytest.fail(str(e))
+    pytest.skip(str(e))
