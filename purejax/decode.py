@@ -337,7 +337,7 @@ class Completion(NamedTuple):
 
   Attributes:
     tokens: the new ids, through the stop id that ended them (if any).
-    stopped: True where a stop id (or, with `generate_text`, a stop string) ended it.
+    stopped: True where a stop id ended it (stop strings are cut by the caller).
   """
   tokens: Tuple[int, ...]
   stopped: bool
@@ -384,6 +384,9 @@ def generate_batch(
   """
   if not prompts or not all(len(p) for p in prompts):
     raise ValueError("generate_batch needs at least one prompt, each of at least one token.")
+  if num_samples < 1 or max_new_tokens < 1:
+    raise ValueError(f"generate_batch needs num_samples >= 1 and max_new_tokens >= 1, got "
+                     f"{num_samples} and {max_new_tokens}.")
   longest = max(len(p) for p in prompts)
   if longest + max_new_tokens > config.block_size:
     raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
