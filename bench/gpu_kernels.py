@@ -163,7 +163,7 @@ class Account:
     self.computations, entry = parse(hlo)
     self.vocab = vocab_size
     self.kernels: List[Kernel] = []
-    self._walk(entry, 1, in_entry=True)
+    self._walk(entry, 1)
 
   # -- what each fused computation does
 
@@ -252,7 +252,7 @@ class Account:
         written += _bytes(r.shape)
     return read, written
 
-  def _category(self, inst: Instruction, comp_name: Optional[str], in_entry: bool) -> str:
+  def _category(self, inst: Instruction, comp_name: Optional[str]) -> str:
     if comp_name is None:
       return "copies"
     ops = self._ops(comp_name)
@@ -284,7 +284,7 @@ class Account:
 
   # -- the walk over what runs
 
-  def _walk(self, comp_name: str, times: int, in_entry: bool = False) -> None:
+  def _walk(self, comp_name: str, times: int) -> None:
     comp = self.computations[comp_name]
     for inst in comp.instructions.values():
       if inst.op == "while":
@@ -305,14 +305,14 @@ class Account:
         continue
       if inst.op in _FREE:
         continue
-      self.kernels.append(self._kernel(inst, comp, times, in_entry))
+      self.kernels.append(self._kernel(inst, comp, times))
 
-  def _kernel(self, inst: Instruction, comp: Computation, times: int, in_entry: bool) -> Kernel:
+  def _kernel(self, inst: Instruction, comp: Computation, times: int) -> Kernel:
     operand_bytes = sum(_bytes(comp.instructions[o].shape) for o in inst.operands
                         if o in comp.instructions)
     if inst.op == "fusion":
       called = _CALLS.search(inst.rest)[1]
-      category = self._category(inst, called, in_entry)
+      category = self._category(inst, called)
       read, written = self._fusion_traffic(called)
       flop, dtype = self._dot_flops(called) if category == "products" else (0.0, "")
       return Kernel(inst.name, category, times, read, written, flop, dtype)

@@ -20,10 +20,7 @@ from purejax.evaluation import tasks as tasks_lib
 def task_metric(tasks: Sequence[tasks_lib.Task], tokenizer, *, limit: Optional[int] = None,
                 batch_size: int = 8):
   """The evaluation metric that scores `tasks` (their first `limit` items) on every run."""
-  names = [t.name for t in tasks]
-  if len(set(names)) != len(names):
-    raise ValueError(f"eval tasks are named twice ({', '.join(names)}); give each its own "
-                     f"name (a spec's \"name\").")
+  tasks_lib.check_names(tasks)
 
   def metric(driven, values) -> Dict[str, np.ndarray]:
     out: Dict[str, list] = {}

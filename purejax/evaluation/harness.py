@@ -72,7 +72,7 @@ class PurejaxLM(LM):
 
   @property
   def eot_token_id(self) -> int:
-    return tasks_lib._start_id(self.tokenizer)  # pylint: disable=protected-access
+    return tasks_lib.start_id(self.tokenizer)
 
   @property
   def max_length(self) -> int:

@@ -125,7 +125,7 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
   if any(k > samples or k < 1 for k in ks):
     raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {list(ks)}.")
   key = jax.random.PRNGKey(seed)
-  outcomes = []
+  outcomes, counts = [], []
   for start in range(0, len(problems), batch_size):
     group = problems[start:start + batch_size]
     completions = complete(params, config, tokenizer, group, fmt=fmt,
@@ -133,15 +133,15 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
                            key=jax.random.fold_in(key, start), stop_ids=stop_ids,
                            samples=samples, forms=forms)
     for problem, texts in zip(group, completions):
+      counts.append(0)
       for s, completion in enumerate(texts):
         outcome = sandbox.run_program(program(problem, completion, fmt is not None),
                                       timeout=timeout)
+        counts[-1] += outcome.passed
         outcomes.append({"task_id": problem["task_id"], "sample": s,
                          "completion": completion, "status": outcome.status})
     if progress is not None:
       progress(min(start + batch_size, len(problems)), len(problems))
-  counts = [sum(o["status"] == "passed" for o in outcomes if o["task_id"] == p["task_id"])
-            for p in problems]
   result = {f"pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts]))
             for k in ks}
   result.update(problems=len(problems), samples=samples, temperature=temperature,

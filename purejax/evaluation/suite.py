@@ -42,11 +42,7 @@ def evaluate(params, config, tokenizer, tasks: Sequence[tasks_lib.Task], *,
   Raises:
     ValueError: two tasks of one name; what `run_task` raises.
   """
-  names = [t.name for t in tasks]
-  twice = sorted({n for n in names if names.count(n) > 1})
-  if twice:
-    raise ValueError(f"tasks {', '.join(twice)} are named twice; give each its own name "
-                     f"(a spec's \"name\").")
+  tasks_lib.check_names(tasks)
   results = {}
   for task in tasks:
     start = time.perf_counter()

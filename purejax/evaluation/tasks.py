@@ -32,7 +32,7 @@ chance, 1 is perfect).
 import dataclasses
 import json
 import pathlib
-import random
+import random  # a seeded instance per item, CORE's few-shot rule: no global state
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -130,6 +130,15 @@ def _chance(kind: str, items: Sequence[Dict[str, Any]]) -> float:
   return float(np.mean([1.0 / len(item[key]) for item in items]))
 
 
+def check_names(tasks: Sequence[Task]) -> None:
+  """Raises TaskError where two tasks share a name (their results would collide)."""
+  names = [t.name for t in tasks]
+  twice = sorted({n for n in names if names.count(n) > 1})
+  if twice:
+    raise TaskError(f"tasks {', '.join(twice)} are named twice; give each its own name "
+                    f"(a spec's \"name\").")
+
+
 def load_task(path: str, *, num_fewshot: Optional[int] = None) -> Task:
   """A task from a `.jsonl` of items or a `.json` spec (see the module docstring).
 
@@ -203,12 +212,12 @@ def encode_pair(tokenizer, context: str, continuation: str) -> loglik.Request:
   whole = [int(i) for i in tokenizer.encode(stripped + continuation)]
   head = [int(i) for i in tokenizer.encode(stripped)] if stripped else []
   if not head:
-    head = [_start_id(tokenizer)]
+    head = [start_id(tokenizer)]
     whole = head + whole
   return loglik.Request(head, whole[len(head):])
 
 
-def _start_id(tokenizer) -> int:
+def start_id(tokenizer) -> int:
   """The id an empty context stands for: the tokenizer's end-of-text (lm-eval's
   prefix token), else its BOS, else (a character tokenizer) the new line."""
   spec = tokenizer.spec() if hasattr(tokenizer, "spec") else None
