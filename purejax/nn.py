@@ -120,17 +120,21 @@ def init_rms_norm(dim: int, *, dtype=jnp.float32) -> Params:
   return {"scale": jnp.ones((dim,), dtype)}
 
 
-def rms_norm(params: Params, x: chex.Array, *, eps: float = 1e-6) -> chex.Array:
+def rms_norm(params: Params, x: chex.Array, *, eps: float = 1e-6,
+             offset: bool = False) -> chex.Array:
   """Scales the last axis of `x` to unit root mean square (Llama's RMSNorm).
 
   `x / sqrt(mean(x^2) + eps) * scale`: no mean is subtracted and there is no
   bias. As in Hugging Face's `LlamaRMSNorm`, the statistics are float32 and
-  the normalised input is cast back to `x.dtype` before the scale.
+  the normalised input is cast back to `x.dtype` before the scale. With
+  `offset` (Gemma's RMSNorm) it is `normed * (1 + scale)`, all in float32,
+  cast back at the end.
 
   Args:
-    params: from `init_rms_norm`.
+    params: from `init_rms_norm` (with `offset`, a scale of zeros is the identity).
     x: `[..., dim]`.
     eps: added to the mean square.
+    offset: scale by `1 + scale` in float32.
 
   Returns:
     `[..., dim]`, same dtype as `x`.
@@ -138,6 +142,8 @@ def rms_norm(params: Params, x: chex.Array, *, eps: float = 1e-6) -> chex.Array:
   chex.assert_axis_dimension(x, -1, params["scale"].shape[0])
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  if offset:
+    return (normed * (1.0 + params["scale"].astype(jnp.float32))).astype(x.dtype)
   return (normed.astype(x.dtype) * params["scale"]).astype(x.dtype)
 
 
@@ -325,6 +331,12 @@ def softcap(logits: chex.Array, cap: float) -> chex.Array:
 def gelu(x: chex.Array) -> chex.Array:
   """GELU with the tanh approximation, as in GPT-2."""
   return jax.nn.gelu(x, approximate=True)
+
+
+def geglu(x: chex.Array) -> chex.Array:
+  """GeGLU on a fused projection: `gelu_tanh(gate) * up`, `[..., 2 * hidden] -> [..., hidden]` (Gemma)."""
+  gate, up = jnp.split(x, 2, axis=-1)
+  return jax.nn.gelu(gate, approximate=True) * up
 
 
 def swiglu(x: chex.Array) -> chex.Array:

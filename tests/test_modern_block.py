@@ -246,7 +246,7 @@ def test_embed_norm_with_a_scale_has_its_own_params():
     (dict(norm_scale=False), "norm_scale=False is a parameter-free RMSNorm"),
     (dict(logit_softcap=0.0), "logit_softcap must be None or positive"),
     (dict(value_embeds=True, n_embd=8, n_head=2), "value_embeds' gates read 12 channels"),
-    (dict(mlp="relu3"), r"mlp='relu3' is not one of \['gelu', 'swiglu', 'relu2'\]"),
+    (dict(mlp="relu3"), r"mlp='relu3' is not one of \['gelu', 'swiglu', 'relu2', 'geglu'\]"),
 ])
 def test_bad_options_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):

@@ -22,7 +22,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 EXECUTION_FIELDS = ("remat", "attn_block", "attention", "scan_layers")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-MLPS = ("gelu", "swiglu", "relu2")
+MLPS = ("gelu", "swiglu", "relu2", "geglu")
+# `window_pattern`'s letters: a layer attends over a sliding window ("S") or
+# over the whole context ("L"), nanochat's spelling.
+SLIDING, FULL = "S", "L"
 # Value embeddings (`value_embeds=True`): each gate reads this many leading
 # channels of the attention's input, and its sigmoid is scaled to (0, 3).
 VALUE_GATE_CHANNELS = 12
@@ -42,7 +45,7 @@ class GPTConfig:
     vocab_size: number of token ids.
     block_size: longest context the model sees (size of the position table).
     n_layer: transformer blocks.
-    n_head: attention heads; must divide `n_embd`.
+    n_head: attention heads; must divide `n_embd` unless `head_size` is set.
     n_embd: model width.
     dropout: drop rate in [0, 1) for embeddings, attention and residuals.
     bias: whether dense layers and LayerNorms have biases (RMSNorm has none).
@@ -56,11 +59,12 @@ class GPTConfig:
     rope_scaling: None, or how RoPE's frequencies are stretched
       (`nn.RopeScaling`; a Hugging Face `rope_scaling` dict is accepted).
     mlp: "gelu" (`proj(gelu(fc(x)))`, GPT-2), "swiglu"
-      (`proj(silu(gate(x)) * up(x))`, Llama; gate and up are one matmul) or
-      "relu2" (`proj(relu(fc(x))^2)`, nanochat and modded-nanogpt).
+      (`proj(silu(gate(x)) * up(x))`, Llama; gate and up are one matmul),
+      "geglu" (`proj(gelu_tanh(gate(x)) * up(x))`, Gemma) or "relu2"
+      (`proj(relu(fc(x))^2)`, nanochat and modded-nanogpt).
     mlp_hidden: the MLP's hidden width; None: 4 * n_embd for "gelu" and
       "relu2", and for
-      "swiglu" 8/3 * n_embd rounded up to a multiple of 8, which keeps the
+      "swiglu" and "geglu" 8/3 * n_embd rounded up to a multiple of 8, which keeps the
       parameter count of the 4x GELU MLP (as the Llama paper does).
     n_kv_head: key/value heads, dividing `n_head` (grouped-query attention:
       each serves `n_head // n_kv_head` query heads; 1 is multi-query);
@@ -88,6 +92,33 @@ class GPTConfig:
       gated by `3 * sigmoid(x[..., :12] @ gate)` of the block's normed input
       (`params["value_embeds"]`: `"embedding"` `[n_value_embeds, vocab,
       kv_heads * head_dim]` and `"gate"` `[n_value_embeds, 12, kv_heads]`).
+    window: None, or the keys a sliding-window layer's query sees, itself
+      included: position `t` attends to `t - window + 1 .. t` (Mistral's and
+      Gemma's `sliding_window`). With `window_pattern` None, every layer
+      slides.
+    window_pattern: None, or which layers slide: one letter per layer, "S"
+      (a sliding window of `window`) or "L" (the whole context), tiled over
+      the layers when shorter ("SSSSSL": Gemma 3's five local layers per
+      global one; "SSSL": nanochat's). Needs `window`.
+    rope_local_theta: None, or the RoPE base of the sliding layers, which
+      then take no `rope_scaling` (Gemma 3: 10000 local, `rope_theta` and
+      the scaling on the global layers); None: every layer has `rope_theta`.
+    head_size: None, or each head's width independent of `n_embd` (Gemma:
+      256 heads of a 640-wide model); None: `n_embd // n_head`.
+    attn_scalar: None, or `s` in the attention scale `s ** -0.5` (Gemma's
+      `query_pre_attn_scalar`); None: the head size.
+    attn_softcap: None, or `c` in `c * tanh(scores / c)` on the attention
+      scores before the mask and softmax (Gemma 2).
+    norm_offset: RMSNorm scales by `1 + scale`, all in float32, with the
+      scale stored (and initialised) as 0 (Gemma's RMSNorm).
+    sandwich_norm: two more norms per block, on the attention's and the
+      MLP's outputs before each residual add (`ln_attn_out`, `ln_mlp_out`;
+      Gemma 2 and 3).
+    qk_norm_scale: QK-norm with a learned `[head_size]` scale per projection
+      (`attn.q_norm`, `attn.k_norm`), applied before RoPE (Gemma 3); needs
+      `qk_norm`.
+    embed_scale: the token embeddings are multiplied by `sqrt(n_embd)`,
+      rounded to the table's dtype (Gemma).
     param_dtype: dtype of the stored params ("float32").
     compute_dtype: dtype of the matmuls ("float32" or "bfloat16"); LayerNorm,
       softmax and the loss always run in float32.
@@ -115,6 +146,16 @@ class GPTConfig:
   logit_softcap: Optional[float] = None
   zero_init_proj: bool = False
   value_embeds: bool = False
+  window: Optional[int] = None
+  window_pattern: Optional[str] = None
+  rope_local_theta: Optional[float] = None
+  head_size: Optional[int] = None
+  attn_scalar: Optional[float] = None
+  attn_softcap: Optional[float] = None
+  norm_offset: bool = False
+  sandwich_norm: bool = False
+  qk_norm_scale: bool = False
+  embed_scale: bool = False
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
 
@@ -123,11 +164,11 @@ class GPTConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
-    if self.n_embd % self.n_head:
+    if self.head_size is None and self.n_embd % self.n_head:
       raise ValueError(
           f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose "
           f"n_head among the divisors of n_embd (e.g. n_head="
-          f"{math.gcd(self.n_embd, self.n_head)}).")
+          f"{math.gcd(self.n_embd, self.n_head)}), or set head_size.")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
     self._check_architecture()
@@ -153,7 +194,7 @@ class GPTConfig:
     if self.position == "rope" and self.head_dim % 2:
       raise ValueError(f"position='rope' needs an even head size, but n_embd={self.n_embd} "
                        f"/ n_head={self.n_head} = {self.head_dim}; change n_head.")
-    for name in ("mlp_hidden", "n_kv_head"):
+    for name in ("mlp_hidden", "n_kv_head", "head_size", "window"):
       value = getattr(self, name)
       if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"GPTConfig.{name} must be None or a positive integer, got "
@@ -167,13 +208,76 @@ class GPTConfig:
     if self.value_embeds and self.n_embd < VALUE_GATE_CHANNELS:
       raise ValueError(f"value_embeds' gates read {VALUE_GATE_CHANNELS} channels, but "
                        f"n_embd={self.n_embd}; widen the model or drop value_embeds.")
+    self._check_gemma_options()
     if self.n_head % self.kv_heads:
       raise ValueError(f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}; "
                        f"each key/value head serves a whole group of query heads.")
 
+  def _check_gemma_options(self) -> None:
+    """Sliding windows and the Gemma block's options."""
+    if self.window_pattern is not None:
+      if (not isinstance(self.window_pattern, str) or not self.window_pattern
+          or set(self.window_pattern) - {SLIDING, FULL}):
+        raise ValueError(f"GPTConfig.window_pattern={self.window_pattern!r} must be letters "
+                         f"{SLIDING!r} (sliding window) and {FULL!r} (full context), e.g. "
+                         f"'SSSL'.")
+      if self.window is None:
+        raise ValueError(f"window_pattern={self.window_pattern!r} needs window=N, the keys a "
+                         f"sliding layer sees.")
+      if len(self.window_pattern) > self.n_layer:
+        raise ValueError(f"window_pattern={self.window_pattern!r} names more layers than "
+                         f"n_layer={self.n_layer}.")
+    for name in ("rope_local_theta", "attn_scalar", "attn_softcap"):
+      value = getattr(self, name)
+      if value is not None and not (isinstance(value, (int, float)) and value > 0):
+        raise ValueError(f"GPTConfig.{name} must be None or positive, got {value!r}.")
+    if self.rope_local_theta is not None and self.position != "rope":
+      raise ValueError("rope_local_theta is a RoPE base; add position='rope' or drop it.")
+    if self.norm_offset and not (self.norm == "rmsnorm" and self.norm_scale):
+      raise ValueError("norm_offset is Gemma's RMSNorm, (1 + scale); it needs "
+                       "norm='rmsnorm' with a scale (norm_scale=True).")
+    if self.sandwich_norm and not self.norm_scale:
+      raise ValueError("sandwich_norm adds two norms with scales; drop norm_scale=False.")
+    if self.qk_norm_scale and not self.qk_norm:
+      raise ValueError("qk_norm_scale gives QK-norm a learned scale; add qk_norm=True.")
+
   @property
   def head_dim(self) -> int:
-    return self.n_embd // self.n_head
+    """Each head's width: `head_size`, or `n_embd // n_head`."""
+    return self.head_size or self.n_embd // self.n_head
+
+  @property
+  def attn_width(self) -> int:
+    """Width of the concatenated heads: `n_head * head_dim` (the output projection's input)."""
+    return self.n_head * self.head_dim
+
+  @property
+  def attn_scale(self) -> float:
+    """The queries' scale: `attn_scalar ** -0.5`, or `head_dim ** -0.5`."""
+    return (self.attn_scalar or self.head_dim) ** -0.5
+
+  @property
+  def layer_kinds(self) -> tuple:
+    """Per layer, 1 where it attends over a sliding window, 0 where over the whole context."""
+    if self.window is None:
+      return (0,) * self.n_layer
+    pattern = self.window_pattern or SLIDING
+    return tuple(int(pattern[i % len(pattern)] == SLIDING) for i in range(self.n_layer))
+
+  @property
+  def mixed_layers(self) -> bool:
+    """Whether layers differ in window (and so RoPE base): the layer scan reads each one's kind."""
+    return len(set(self.layer_kinds)) > 1
+
+  def kind_window(self, kind: int) -> Optional[int]:
+    """The window of a layer of kind `kind` (`layer_kinds`): `window`, or None (all keys)."""
+    return self.window if kind else None
+
+  def kind_rope(self, kind: int) -> tuple:
+    """`(theta, scaling)` of RoPE in a layer of kind `kind` (`rope_local_theta`)."""
+    if kind and self.rope_local_theta is not None:
+      return float(self.rope_local_theta), None
+    return self.rope_theta, self.rope_scaling
 
   @property
   def kv_heads(self) -> int:
@@ -185,7 +289,7 @@ class GPTConfig:
     """The MLP's hidden width (see `mlp_hidden`)."""
     if self.mlp_hidden is not None:
       return self.mlp_hidden
-    if self.mlp == "swiglu":
+    if self.mlp in ("swiglu", "geglu"):
       return -(-(8 * self.n_embd) // (3 * 8)) * 8
     return 4 * self.n_embd
 
@@ -196,6 +300,18 @@ class GPTConfig:
     on = dict(norm_scale=not self.norm_scale, embed_norm=self.embed_norm,
               qk_norm=self.qk_norm, logit_softcap=self.logit_softcap is not None,
               value_embeds=self.value_embeds, mlp=self.mlp == "relu2")
+    return tuple(name for name, is_on in on.items() if is_on)
+
+  @property
+  def gemma_options(self) -> tuple:
+    """The names of the Gemma options (and windows) that are on: the GPT-2 and Llama
+    formats hold none of them, except a window (Mistral, Qwen2)."""
+    on = dict(window=self.window is not None, rope_local_theta=self.rope_local_theta is not None,
+              head_size=self.head_size not in (None, self.n_embd // self.n_head),
+              attn_scalar=self.attn_scalar not in (None, self.head_dim),
+              attn_softcap=self.attn_softcap is not None, norm_offset=self.norm_offset,
+              sandwich_norm=self.sandwich_norm, qk_norm_scale=self.qk_norm_scale,
+              embed_scale=self.embed_scale, mlp=self.mlp == "geglu")
     return tuple(name for name, is_on in on.items() if is_on)
 
   @property
@@ -226,6 +342,11 @@ class GPTConfig:
 # "llama" is the Llama block at the size it is given: RMSNorm, rotary
 # positions, SwiGLU, no biases; its head stays tied, as in SmolLM and Llama
 # 3.2's small models, so at a small vocabulary it has the GPT's parameter count.
+# "gemma3" is Gemma 3's text model (Hugging Face's Gemma3ForCausalLM): a
+# window of 512 on five layers of six (the last of each six sees the whole
+# context), RoPE base 10000 on the local layers and 1e6 on the global ones,
+# Gemma's (1 + scale) RMSNorm before and after each sublayer, QK-norm with
+# scales before RoPE, GeGLU, embeddings scaled by sqrt(width), a tied head.
 # "nanochat" is nanochat's GPT (karpathy/nanochat, nanochat/gpt.py): rotary
 # positions, parameter-free RMSNorm (also right after the token embedding),
 # QK-norm, a ReLU^2 MLP, no biases, zero-initialised residual projections, an
@@ -237,6 +358,11 @@ ARCHITECTURES: Dict[str, Dict[str, Any]] = {
     "nanochat": dict(norm="rmsnorm", norm_scale=False, embed_norm=True, position="rope",
                      mlp="relu2", bias=False, qk_norm=True, logit_softcap=15.0,
                      zero_init_proj=True, tie_embeddings=False, value_embeds=True),
+    "gemma3": dict(norm="rmsnorm", norm_eps=1e-6, norm_offset=True, sandwich_norm=True,
+                   position="rope", rope_theta=1_000_000.0, rope_local_theta=10_000.0,
+                   qk_norm=True, qk_norm_scale=True, mlp="geglu", bias=False,
+                   embed_scale=True, window=512, window_pattern="SSSSSL",
+                   tie_embeddings=True),
 }
 
 # nanochat's depth rule (scripts/base_train.py): width = depth * 64 rounded up

@@ -67,6 +67,8 @@ def init_norm(config: GPTConfig) -> Params:
   """Params of one of the model's norms (`config.norm`); with `norm_scale=False` it has none."""
   dtype = _DTYPES[config.param_dtype]
   if config.norm == "rmsnorm":
+    if config.norm_offset:  # Gemma's norm scales by (1 + scale): zero is the identity
+      return {"scale": jnp.zeros((config.n_embd,), dtype)}
     return nn.init_rms_norm(config.n_embd, dtype=dtype)
   return nn.init_layer_norm(config.n_embd, bias=config.bias, dtype=dtype)
 
@@ -76,7 +78,7 @@ def norm(params: Optional[Params], x: chex.Array, config: GPTConfig) -> chex.Arr
   if not config.norm_scale:
     return nn.rms_normalize(x, eps=config.norm_eps)
   if config.norm == "rmsnorm":
-    return nn.rms_norm(params, x, eps=config.norm_eps)
+    return nn.rms_norm(params, x, eps=config.norm_eps, offset=config.norm_offset)
   return nn.layer_norm(params, x, eps=config.norm_eps)
 
 
@@ -85,16 +87,30 @@ def norm(params: Optional[Params], x: chex.Array, config: GPTConfig) -> chex.Arr
 ValueEmbed = Tuple[chex.Array, chex.Array]
 
 
+def rope_frequencies(config: GPTConfig, kind: chex.Numeric = 0) -> chex.Array:
+  """RoPE's `[head_dim // 2]` frequencies in a layer of kind `kind` (`GPTConfig.layer_kinds`).
+
+  A traced `kind` (the layer scan over layers that differ) selects between
+  the two kinds' tables.
+  """
+  tables = [nn.rope_frequencies(config.head_dim, *config.kind_rope(k)) for k in (0, 1)]
+  if isinstance(kind, int):
+    return tables[kind]
+  return jnp.where(kind == 1, tables[1], tables[0])
+
+
 def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
               start: chex.Numeric = 0, value_embed: Optional[ValueEmbed] = None,
-              ) -> Tuple[chex.Array, chex.Array, chex.Array]:
+              kind: chex.Numeric = 0) -> Tuple[chex.Array, chex.Array, chex.Array]:
   """Queries `[batch, time, n_head, head_dim]`, keys and values `[batch, time, kv_heads, head_dim]`.
 
   With `position="rope"`, queries and keys are rotated by their positions
-  `start, start + 1, ...` (`start` may be traced); with `qk_norm`, each
-  head's queries and keys are then RMS-normalised. With `value_embed`, the
-  values get its rows, gated per key/value head by
-  `3 * sigmoid(x[..., :12] @ gate)` (nanochat's value embeddings).
+  `start, start + 1, ...` (`start` may be traced), at the RoPE base of the
+  layer's `kind`; with `qk_norm`, each head's queries and keys are then
+  RMS-normalised (with `qk_norm_scale`, before RoPE, each with its learned
+  scale, as Gemma 3). With `value_embed`, the values get its rows, gated per
+  key/value head by `3 * sigmoid(x[..., :12] @ gate)` (nanochat's value
+  embeddings).
   """
   b, t, _ = x.shape
   h, kv, d = config.n_head, config.kv_heads, config.head_dim
@@ -105,13 +121,16 @@ def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
   else:
     q, k, v = jnp.split(qkv, (h * d, (h + kv) * d), axis=-1)  # [b, t, (h | kv) d]
     q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
+  if config.qk_norm_scale:
+    q = nn.rms_norm(params["q_norm"], q, eps=config.norm_eps, offset=config.norm_offset)
+    k = nn.rms_norm(params["k_norm"], k, eps=config.norm_eps, offset=config.norm_offset)
   if config.position == "rope":
     # `[time]`, or `[batch, time]` where each row has its own start (decoding a batch
     # of prompts of different lengths)
     positions = (start[:, None] if jnp.ndim(start) == 1 else start) + jnp.arange(t)
-    frequencies = nn.rope_frequencies(d, config.rope_theta, config.rope_scaling)
+    frequencies = rope_frequencies(config, kind)
     q, k = nn.rope(q, positions, frequencies), nn.rope(k, positions, frequencies)
-  if config.qk_norm:
+  if config.qk_norm and not config.qk_norm_scale:
     q, k = (nn.rms_normalize(a, eps=config.norm_eps) for a in (q, k))
   if value_embed is not None:
     rows, gate = value_embed
@@ -126,25 +145,42 @@ def merge_heads(params: Params, y: chex.Array, config: GPTConfig, forms: kernels
                 ) -> chex.Array:
   """`[batch, time, head, head_dim]` attention outputs -> `[batch, time, embd]`, projected."""
   b, t = y.shape[:2]
-  return nn.dense(params["proj"], y.reshape(b, t, config.n_embd),
+  return nn.dense(params["proj"], y.reshape(b, t, config.attn_width),
                   compute_dtype=config.matmul_dtype, forms=forms)
 
 
 def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex.PRNGKey],
-                  deterministic: bool, dropout: Optional[chex.Numeric] = None) -> Attend:
-  """Causal self-attention over the block's own positions, in `forms.attention`."""
-  def attend(q, k, v):
-    y = attention.causal_attention(
+                  deterministic: bool, dropout: Optional[chex.Numeric] = None,
+                  kind: chex.Numeric = 0) -> Attend:
+  """Causal self-attention over the block's own positions, in `forms.attention`.
+
+  A layer of kind 1 (`GPTConfig.layer_kinds`) attends within `config.window`.
+  A traced `kind` (the layer scan over layers that differ) runs the layer's
+  form through `lax.cond`, so each form keeps its static window (the
+  blocked form still skips the keys outside it) and the scan compiles both
+  once.
+  """
+  def attend_within(window, q, k, v):
+    return attention.causal_attention(
         q, k, v, form=forms.attention, block=forms.attn_block,
         dropout=_rate(config, dropout),
-        key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype, forms=forms)
+        key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype, forms=forms,
+        window=window, softcap=config.attn_softcap,
+        scale=None if config.attn_scalar is None else config.attn_scale)
+
+  def attend(q, k, v):
+    if isinstance(kind, int):
+      return attend_within(config.kind_window(kind), q, k, v), None
+    y = jax.lax.cond(kind == 1, functools.partial(attend_within, config.window),
+                     functools.partial(attend_within, None), q, k, v)
     return y, None
   return attend
 
 
 def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
                    attend: Attend, start: chex.Numeric = 0,
-                   value_embed: Optional[ValueEmbed] = None) -> Tuple[chex.Array, Any]:
+                   value_embed: Optional[ValueEmbed] = None,
+                   kind: chex.Numeric = 0) -> Tuple[chex.Array, Any]:
   """Multi-head self-attention of `x` `[batch, time, embd]` through `attend`.
 
   Args:
@@ -156,19 +192,21 @@ def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kern
       KV cache).
     start: position of `x[:, 0]` (RoPE's; may be traced).
     value_embed: this layer's value embedding (`value_embedding`), or None.
+    kind: the layer's kind (`GPTConfig.layer_kinds`: its RoPE base).
 
   Returns:
     `([batch, time, embd], what attend carries out)`.
   """
-  q, k, v = qkv_heads(params, x, config, forms, start, value_embed)
+  q, k, v = qkv_heads(params, x, config, forms, start, value_embed, kind)
   y, carry = attend(q, k, v)
   return merge_heads(params, y, config, forms), carry
 
 
 def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) -> chex.Array:
-  """Position-wise `proj(act(fc(x)))`: `[..., embd] -> [..., embd]`; act is GELU, SwiGLU or ReLU^2."""
+  """Position-wise `proj(act(fc(x)))`: `[..., embd] -> [..., embd]`; act is GELU, SwiGLU, GeGLU or ReLU^2."""
   dense = functools.partial(nn.dense, compute_dtype=config.matmul_dtype, forms=forms)
-  activation = {"swiglu": nn.swiglu, "relu2": nn.relu_squared}.get(config.mlp, nn.gelu)
+  activation = {"swiglu": nn.swiglu, "geglu": nn.geglu,
+                "relu2": nn.relu_squared}.get(config.mlp, nn.gelu)
   return dense(params["proj"], activation(dense(params["fc"], x)))
 
 
@@ -178,7 +216,9 @@ def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
   GPT-2 initialisation: weights N(0, 0.02^2), except the two projections that
   write into the residual stream, scaled by 1/sqrt(2 * n_layer) so the
   residual variance does not grow with depth (with `zero_init_proj`, zero).
-  With `norm_scale=False` there are no `ln_1`, `ln_2`. The key comes last, as
+  With `norm_scale=False` there are no `ln_1`, `ln_2`; with `sandwich_norm`
+  there are also `ln_attn_out`, `ln_mlp_out`; with `qk_norm_scale`,
+  `attn.q_norm` and `attn.k_norm` (`[head_dim]` scales). The key comes last, as
   in every init function (`init_block(key, config)` works for one release,
   deprecated).
   """
@@ -188,13 +228,14 @@ def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
   resid_scale = 0.0 if config.zero_init_proj else 0.02 / math.sqrt(2 * config.n_layer)
   dense = functools.partial(nn.init_dense, bias=config.bias, dtype=dtype)
   qkv_width = (config.n_head + 2 * config.kv_heads) * config.head_dim
-  fc_width = config.mlp_width * (2 if config.mlp == "swiglu" else 1)  # swiglu: gate, up
+  gated = config.mlp in ("swiglu", "geglu")
+  fc_width = config.mlp_width * (2 if gated else 1)  # gated: gate, up
   params = {
       "ln_1": init_norm(config),
       "attn": {
           "qkv": nn.init_dense(c, qkv_width, keys["qkv"], scale=0.02, dtype=dtype,
                                bias=config.bias or config.qkv_bias),
-          "proj": dense(c, c, keys["attn_proj"], scale=resid_scale),
+          "proj": dense(config.attn_width, c, keys["attn_proj"], scale=resid_scale),
       },
       "ln_2": init_norm(config),
       "mlp": {
@@ -204,6 +245,12 @@ def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
   }
   if not config.norm_scale:
     del params["ln_1"], params["ln_2"]
+  if config.sandwich_norm:
+    params["ln_attn_out"], params["ln_mlp_out"] = init_norm(config), init_norm(config)
+  if config.qk_norm_scale:
+    head_norm = {"scale": jnp.full((config.head_dim,), 0.0 if config.norm_offset else 1.0,
+                                   dtype)}
+    params["attn"]["q_norm"], params["attn"]["k_norm"] = head_norm, dict(head_norm)
   return params
 
 
@@ -219,8 +266,12 @@ def block(
     start: chex.Numeric = 0,
     dropout: Optional[chex.Numeric] = None,
     value_embed: Optional[ValueEmbed] = None,
+    kind: chex.Numeric = 0,
 ) -> Tuple[chex.Array, Any]:
   """One pre-norm transformer block: `[batch, time, embd]` -> same.
+
+  With `sandwich_norm`, each sublayer's output is normed again before its
+  residual add (Gemma 2 and 3).
 
   Args:
     params: one layer's params (`init_block`).
@@ -235,6 +286,8 @@ def block(
     dropout: the drop rate, a float or a scalar array (`forward`); None:
       `config.dropout`.
     value_embed: this layer's value embedding (`value_embedding`), or None.
+    kind: the layer's kind (`GPTConfig.layer_kinds`: window and RoPE base); a
+      Python int, or traced in the layer scan over layers that differ.
 
   Returns:
     `(block output [batch, time, embd], what attend carries out)`.
@@ -242,12 +295,16 @@ def block(
   keys = (None, None, None) if deterministic else jax.random.split(key, 3)
   if attend is None:
     attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic,
-                           dropout=dropout)
+                           dropout=dropout, kind=kind)
   attn_out, carry = self_attention(params["attn"], norm(params.get("ln_1"), x, config), config,
-                                   forms, attend, start, value_embed)
+                                   forms, attend, start, value_embed, kind)
+  if config.sandwich_norm:
+    attn_out = norm(params["ln_attn_out"], attn_out, config)
   rate = _rate(config, dropout)
   x = x + dropouts.dropout(keys[1], attn_out, rate, deterministic=deterministic)
   mlp_out = mlp(params["mlp"], norm(params.get("ln_2"), x, config), config, forms)
+  if config.sandwich_norm:
+    mlp_out = norm(params["ln_mlp_out"], mlp_out, config)
   return x + dropouts.dropout(keys[2], mlp_out, rate, deterministic=deterministic), carry
 
 
@@ -382,8 +439,11 @@ def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.A
 
 def input_states(params: Params, tokens: chex.Array, config: GPTConfig,
                  start: chex.Numeric = 0) -> chex.Array:
-  """What the first block reads: `embed`, then the norm with `embed_norm`: `[batch, time, embd]`."""
+  """What the first block reads: `embed` (times `sqrt(n_embd)` with `embed_scale`), then the
+  norm with `embed_norm`: `[batch, time, embd]`."""
   x = embed(params, tokens, start)
+  if config.embed_scale:  # rounded to the table's dtype, as Gemma's reference does
+    x = x * jnp.asarray(math.sqrt(config.n_embd), params["wte"]["embedding"].dtype)
   if config.embed_norm:
     x = norm(params.get("ln_e"), x, config)
   return x
@@ -439,31 +499,38 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
                tokens: Optional[chex.Array] = None) -> chex.Array:
   """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop.
 
-  `tokens` `[batch, time]` are read only with `value_embeds`.
+  `tokens` `[batch, time]` are read only with `value_embeds`. Layers that
+  differ (`GPTConfig.mixed_layers`: sliding-window and global layers) stay
+  one scan: each layer's kind is a scanned array, so the program holds one
+  block whatever the depth.
   """
   layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
+  same_kind = config.layer_kinds[0]
 
-  def layer(layer_params, h, layer_key, rate, index=None):  # the rate an argument: see remat
+  def layer(layer_params, h, layer_key, rate, index=None, kind=None):  # rate: see remat
     value_embed = None if index is None else value_embedding(params, tokens, config, index)
     return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic, dropout=rate, value_embed=value_embed)[0]
+                 deterministic=deterministic, dropout=rate, value_embed=value_embed,
+                 kind=same_kind if kind is None else kind)[0]
 
   if config.value_embeds and forms.remat == "full_compute_dtype":  # they read params in a closure
     raise ValueError("remat='full_compute_dtype' does not take value_embeds; use remat='full'.")
   layer = kernels.remat(layer, forms, config.matmul_dtype,
-                        static_argnums=() if forms.scan_layers else (4,))
+                        static_argnums=() if forms.scan_layers else (4, 5))
   if forms.scan_layers:
-    if not config.value_embeds:  # GPT-2's and Llama's scan, as it has always been
+    if not (config.value_embeds or config.mixed_layers):  # GPT-2's and Llama's scan
       x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
                           (params["blocks"], layer_keys))
     else:
-      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2]), None), x,
-                          (params["blocks"], layer_keys, jnp.arange(config.n_layer)))
+      indices = jnp.arange(config.n_layer) if config.value_embeds else None
+      kinds = jnp.asarray(config.layer_kinds, jnp.int32) if config.mixed_layers else None
+      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2], xs[3]), None),
+                          x, (params["blocks"], layer_keys, indices, kinds))
     return x
   for i in range(config.n_layer):
     layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
     x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout,
-              i if config.value_embeds else None)
+              i if config.value_embeds else None, config.layer_kinds[i])
   return x
 
 

@@ -49,25 +49,58 @@ def _bhtd(x: chex.Array) -> chex.Array:
   return x.transpose(0, 2, 1, 3)  # [b, t, h, d] <-> [b, h, t, d]
 
 
-def _masked_softmax_attention(q, k, v, positions, *, key, dropout, deterministic):
-  """`[b, h, t, d]` queries at `positions` `[t]` over keys `[b, h, s, d]` at `0, 1, ...`."""
+def _visible(key_positions: chex.Array, positions: chex.Array,
+             window: Optional[int]) -> chex.Array:
+  """`[t, s]`: which keys at `key_positions` `[s]` queries at `positions` `[t]` see.
+
+  Causal: keys at or before the query; with `window`, only the last `window`
+  of them (the query's own included). Ring-buffer slots not yet written
+  have negative positions (`window` set), never seen.
+  """
+  visible = key_positions[None, :] <= positions[:, None]
+  if window is not None:
+    visible &= key_positions[None, :] > positions[:, None] - window
+  return visible
+
+
+def _capped(scores: chex.Array, softcap: Optional[float]) -> chex.Array:
+  """`softcap * tanh(scores / softcap)` (Gemma 2's attention soft-cap), or the scores."""
+  return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
+
+
+def _masked_softmax_attention(q, k, v, positions, *, key, dropout, deterministic,
+                              window=None, softcap=None, key_positions=None):
+  """`[b, h, t, d]` queries at `positions` `[t]` over keys `[b, h, s, d]` at `key_positions`
+  (`0, 1, ...` when None)."""
   s = k.shape[2]
-  scores = jnp.einsum("bhtd,bhsd->bhts", q, k)  # [b, h, t, s]
-  causal = jnp.arange(s)[None, :] <= positions[:, None]  # [t, s]
+  scores = _capped(jnp.einsum("bhtd,bhsd->bhts", q, k), softcap)  # [b, h, t, s]
+  key_positions = jnp.arange(s) if key_positions is None else key_positions
+  causal = _visible(key_positions, positions, window)  # [t, s]
   weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
   weights = dropout_lib.dropout(key, weights, dropout, deterministic=deterministic)
   return jnp.einsum("bhts,bhsd->bhtd", weights, v)
 
 
-def _finite_mask_softmax_parts(scores: chex.Array, positions: chex.Array):
+def _finite_mask_softmax_parts(scores: chex.Array, positions: chex.Array,
+                               key_positions: Optional[chex.Array] = None,
+                               window: Optional[int] = None):
   """The causal softmax of `[..., t, s]` scores of queries at `positions` `[t]`, unnormalised.
 
-  Returns the unnormalised weights and their `[..., t, 1]` sums.
+  Keys are at `key_positions` `[s]` (`0, 1, ...` when None), seen within
+  `window` (`_visible`). Returns the unnormalised weights and their
+  `[..., t, 1]` sums.
   """
-  causal = jnp.arange(scores.shape[-1])[None, :] <= positions[:, None]  # [t, s]
+  if key_positions is None:
+    key_positions = jnp.arange(scores.shape[-1])
+  causal = _visible(key_positions, positions, window)  # [t, s]
   scores = jnp.where(causal, scores, -1e30)
   unnormalised = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
   return unnormalised, unnormalised.sum(-1, keepdims=True)
+
+
+def _key_range(start: int, stop: int, window: Optional[int]) -> int:
+  """The first key a block of queries `start .. stop - 1` sees (0 without a window)."""
+  return 0 if window is None else max(0, start - window + 1)
 
 
 class _BlockProducts(NamedTuple):
@@ -113,17 +146,20 @@ def _block_products(compute_dtype, forms, grouped: bool) -> _BlockProducts:
 
 
 def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic,
-                           products: _BlockProducts):
+                           products: _BlockProducts, key_positions=None, window=None,
+                           softcap=None):
   """As `_masked_softmax_attention`, in the form XLA CPU runs fastest.
 
   A finite "minus infinity" and a written-out softmax: `jax.nn.softmax` over
   -inf entries ran ~3x slower on XLA CPU (256-token blocks). Every query sees
   at least itself, so no row is all masked. Dropout acts on the unnormalised
   weights, which is the same as on the normalised ones. `products`:
-  `_block_products` of heads.
+  `_block_products` of heads. Keys at `key_positions` (`0, 1, ...` when
+  None) within `window`; `softcap` as `causal_attention`'s.
   """
-  scores = products.scores(q, k)  # [b, h, t, s]
-  unnormalised, total = _finite_mask_softmax_parts(scores, positions)  # total: [b, h, t, 1]
+  scores = _capped(products.scores(q, k), softcap)  # [b, h, t, s]
+  unnormalised, total = _finite_mask_softmax_parts(  # total: [b, h, t, 1]
+      scores, positions, key_positions, window)
   unnormalised = dropout_lib.dropout(key, unnormalised, dropout, deterministic=deterministic)
   # Normalising the [b, h, t, d] output instead of the [b, h, t, s] weights
   # saves a pass over the larger array.
@@ -131,7 +167,7 @@ def _finite_mask_attention(q, k, v, positions, *, key, dropout, deterministic,
 
 
 def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic,
-                               products: _BlockProducts):
+                               products: _BlockProducts, window=None, softcap=None):
   """The "blocked" form for grouped-query attention, keys and values not repeated.
 
   A key/value head's query heads are one block's rows: its products are
@@ -154,18 +190,22 @@ def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic,
   blocks = []
   for i, start in enumerate(range(0, t, block)):
     stop = min(start + block, t)
-    scores = products.scores(q[:, :, :, start:stop], k[:, :, :stop])
-    unnormalised, total = _finite_mask_softmax_parts(scores, jnp.arange(start, stop))
+    first = _key_range(start, stop, window)  # keys before it are outside every query's window
+    scores = _capped(products.scores(q[:, :, :, start:stop], k[:, :, first:stop]), softcap)
+    unnormalised, total = _finite_mask_softmax_parts(
+        scores, jnp.arange(start, stop), None if window is None else jnp.arange(first, stop),
+        window)
     if dropping:  # the repeated form's masks: drawn over [b, h, t, s], head i in group i // (h/g)
       unnormalised = dropout_lib.dropout(
-          jax.random.fold_in(key, i), unnormalised.reshape(b, h, stop - start, stop),
+          jax.random.fold_in(key, i), unnormalised.reshape(b, h, stop - start, stop - first),
           dropout, deterministic=deterministic).reshape(unnormalised.shape)
-    blocks.append(products.mix(unnormalised, v[:, :, :stop]) / total)
+    blocks.append(products.mix(unnormalised, v[:, :, first:stop]) / total)
   y = jnp.concatenate(blocks, axis=3)  # [b, g, h/g, t, d]
   return y.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
-def cudnn_unsupported(shape: Tuple[int, ...], dtype, dropping: bool) -> Optional[str]:
+def cudnn_unsupported(shape: Tuple[int, ...], dtype, dropping: bool,
+                      softcap: Optional[float] = None) -> Optional[str]:
   """Why cuDNN's flash attention cannot run `[batch, time, heads, head_dim]` operands, or None.
 
   The limits are those JAX checks before calling cuDNN
@@ -181,6 +221,8 @@ def cudnn_unsupported(shape: Tuple[int, ...], dtype, dropping: bool) -> Optional
     return f"it needs a head size that is a multiple of 8 up to 128, not {head_dim}"
   if dropping:
     return "jax.nn.dot_product_attention has no attention dropout"
+  if softcap is not None:
+    return "jax.nn.dot_product_attention has no attention soft-cap"
   return None
 
 
@@ -189,15 +231,18 @@ def _say_once(message: str) -> None:
   logging.getLogger(__name__).warning(message)
 
 
-def _xla_attention(q, k, v, *, compute_dtype, key, dropout, deterministic):
+def _xla_attention(q, k, v, *, compute_dtype, key, dropout, deterministic, window=None,
+                   softcap=None):
   """`[b, h, t, d]` causal attention with products in `compute_dtype`, softmax in float32."""
   t = q.shape[2]
   # Plain transposes in the backward pass: this is a GPU form.
   matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype,
                              forms=kernels.Forms())
-  scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, h, t, t] float32
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  weights = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1)
+  scores = _capped(matmul(q, jnp.swapaxes(k, -1, -2)).astype(jnp.float32),  # [b, h, t, t]
+                   softcap)
+  causal = (jnp.tril(jnp.ones((t, t), bool)) if window is None else
+            _visible(jnp.arange(t), jnp.arange(t), window))
+  weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
   weights = dropout_lib.dropout(key, weights, dropout, deterministic=deterministic)
   return matmul(weights, v)
 
@@ -219,8 +264,11 @@ def causal_attention(
     deterministic: bool = True,
     compute_dtype=None,
     forms: Optional[kernels.Forms] = None,
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    scale: Optional[float] = None,
 ) -> chex.Array:
-  """Causal self-attention: position t attends to positions <= t.
+  """Causal self-attention: position t attends to positions <= t (within `window`).
 
   Grouped-query attention: `k` and `v` may have fewer heads than `q`, a
   divisor of them; query head `i` then reads key/value head
@@ -242,6 +290,13 @@ def causal_attention(
       reference, multiplies in float32.
     forms: the low-precision products' backward form (`Forms.matmul_backward`,
       as `batched_matmul` takes it); None: the plain form.
+    window: None, or sliding-window attention: position t attends to
+      `t - window + 1 .. t` only. The blocked form then multiplies only the
+      keys inside its blocks' windows, so its cost falls with the window;
+      cuDNN takes it as `local_window_size`.
+    softcap: None, or `c` in `c * tanh(scores / c)` on the scaled scores
+      (Gemma 2); cuDNN does not take it (the "xla" form runs).
+    scale: the queries' scale; None: `1 / sqrt(head_dim)`.
 
   Returns:
     `[batch, time, heads, head_dim]`, in q's dtype.
@@ -254,44 +309,54 @@ def causal_attention(
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"{k.shape[2]} key/value heads do not divide {q.shape[2]} query heads.")
   dropping = dropout_lib.drops(dropout, deterministic)
+  if window is not None and (not isinstance(window, int) or window < 1):
+    raise ValueError(f"attention window must be a positive integer or None, got {window!r}.")
   dtype = q.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
   if form == "cudnn":
-    reason = cudnn_unsupported(q.shape, dtype, dropping)
+    reason = cudnn_unsupported(q.shape, dtype, dropping, softcap)
     if reason is None:
-      y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                                       is_causal=True, implementation="cudnn")
+      y = jax.nn.dot_product_attention(
+          q.astype(dtype), k.astype(dtype), v.astype(dtype), scale=scale, is_causal=True,
+          local_window_size=None if window is None else (window - 1, 0),
+          implementation="cudnn")
       return y.astype(q.dtype)
     _say_once(f"attention: cuDNN's fused attention does not apply ({reason}); running "
               f"the 'xla' form, which holds the [batch, head, time, time] scores.")
     form = "xla"
   drop = dict(dropout=dropout, deterministic=deterministic)
-  scale = 1.0 / math.sqrt(q.shape[-1])
+  masks = dict(window=window, softcap=softcap)
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if form == "blocked" and k.shape[2] < q.shape[2]:
     return _grouped_blocked_attention(
         q * scale, k, v, block=block, key=key,
-        products=_block_products(compute_dtype, forms, grouped=True), **drop)
+        products=_block_products(compute_dtype, forms, grouped=True), **drop, **masks)
   k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
   q, k, v = _bhtd(q * scale), _bhtd(k), _bhtd(v)  # [b, h, t, d]
   if form == "xla":
-    y = _xla_attention(q, k, v, compute_dtype=compute_dtype, key=key, **drop)
+    y = _xla_attention(q, k, v, compute_dtype=compute_dtype, key=key, **drop, **masks)
     return _bhtd(y).astype(q.dtype)
   if form == "plain":
-    return _bhtd(_masked_softmax_attention(q, k, v, jnp.arange(q.shape[2]), key=key, **drop))
+    return _bhtd(_masked_softmax_attention(q, k, v, jnp.arange(q.shape[2]), key=key, **drop,
+                                           **masks))
   t = q.shape[2]
   products = _block_products(compute_dtype, forms, grouped=False)
   blocks = []
   for i, start in enumerate(range(0, t, block)):
     stop = min(start + block, t)
+    first = _key_range(start, stop, window)  # keys before it are outside every query's window
     block_key = jax.random.fold_in(key, i) if dropping else None
-    blocks.append(_finite_mask_attention(q[:, :, start:stop], k[:, :, :stop],
-                                         v[:, :, :stop], jnp.arange(start, stop),
-                                         key=block_key, products=products, **drop))
+    blocks.append(_finite_mask_attention(
+        q[:, :, start:stop], k[:, :, first:stop], v[:, :, first:stop], jnp.arange(start, stop),
+        key=block_key, products=products,
+        key_positions=None if window is None else jnp.arange(first, stop), **drop, **masks))
   return _bhtd(jnp.concatenate(blocks, axis=2))
 
 
 def attend_to_cache(
     q: chex.Array, k: chex.Array, v: chex.Array, query_start: chex.Numeric,
     *, compute_dtype=None, key_start: Optional[chex.Array] = None,
+    key_positions: Optional[chex.Array] = None, window: Optional[int] = None,
+    softcap: Optional[float] = None,
 ) -> chex.Array:
   """Queries at positions `query_start, ...` over a cache of keys and values.
 
@@ -300,16 +365,20 @@ def attend_to_cache(
   becomes more rows of one product, so the cache is never repeated.
 
   Args:
-    q: `[batch, heads, time, head_dim]` queries, already scaled by
-      `1/sqrt(head_dim)`.
-    k, v: `[batch, kv_heads, cache_len, head_dim]`, key `s` at position `s`;
-      slots past the queries' positions are masked out, whatever they hold.
+    q: `[batch, heads, time, head_dim]` queries, already scaled.
+    k, v: `[batch, kv_heads, cache_len, head_dim]`, key `s` at position `s`
+      (or `key_positions[s]`); slots past the queries' positions are masked
+      out, whatever they hold.
     query_start: position of `q[:, :, 0]` (may be traced).
     compute_dtype: operand dtype of the two products (float32 accumulation,
       softmax in float32); None multiplies in float32.
     key_start: optional `[batch]`: each row's first real key slot (a batch of
       prompts left-padded to one length); slots before it are padding, never
       attended (a padding query attends only to itself, so nothing turns NaN).
+    key_positions: optional `[cache_len]` position of each slot (a ring
+      buffer's; negative: not written yet); None: slot `s` is position `s`.
+    window: None, or the sliding window (`causal_attention`'s).
+    softcap: None, or the attention soft-cap (`causal_attention`'s).
 
   Returns:
     `[batch, heads, time, head_dim]` float32.
@@ -320,29 +389,32 @@ def attend_to_cache(
   if kv != h:  # query heads i*g .. i*g+g-1 read key/value head i
     q = q.reshape(b, kv, (h // kv) * t, d)
     positions = jnp.tile(positions, h // kv)
+  masks = dict(window=window, key_positions=key_positions)
   if key_start is not None:
-    slots = jnp.arange(k.shape[2])
+    slots = jnp.arange(k.shape[2]) if key_positions is None else key_positions
     real = slots[None, None, :] >= key_start[:, None, None]  # [b, 1, s]
-    mask = (slots[None, :] <= positions[:, None])[None] & (  # [b, rows, s]
+    mask = _visible(slots, positions, window)[None] & (  # [b, rows, s]
         real | (slots[None, :] == positions[:, None])[None])
     dtype = compute_dtype if compute_dtype is not None else jnp.float32
-    scores = jnp.einsum("bgrd,bgsd->bgrs", q.astype(dtype), k.astype(dtype),
-                        preferred_element_type=jnp.float32)
+    scores = _capped(jnp.einsum("bgrd,bgsd->bgrs", q.astype(dtype), k.astype(dtype),
+                                preferred_element_type=jnp.float32), softcap)
     weights = jax.nn.softmax(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1)
     y = jnp.einsum("bgrs,bgsd->bgrd", weights.astype(dtype), v.astype(dtype),
                    preferred_element_type=jnp.float32)
   elif compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
     matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype,
                                forms=kernels.Forms())
-    scores = matmul(q, jnp.swapaxes(k, -1, -2))  # [b, kv, rows, s]
-    causal = jnp.arange(k.shape[2])[None, :] <= positions[:, None]
+    scores = _capped(matmul(q, jnp.swapaxes(k, -1, -2)), softcap)  # [b, kv, rows, s]
+    slots = jnp.arange(k.shape[2]) if key_positions is None else key_positions
+    causal = _visible(slots, positions, window)
     y = matmul(jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1), v)
   elif t == 1:
     # One query (a decoding step): here the plain softmax compiles to the
     # faster program (sampling ran ~8% slower with the finite-mask form).
     y = _masked_softmax_attention(q, k, v, positions, key=None, dropout=0.0,
-                                  deterministic=True)
+                                  deterministic=True, softcap=softcap, **masks)
   else:
     y = _finite_mask_attention(q, k, v, positions, key=None, dropout=0.0,
-                               deterministic=True, products=_HEAD_EINSUMS)
+                               deterministic=True, products=_HEAD_EINSUMS, softcap=softcap,
+                               **masks)
   return y.reshape(b, h, t, d)
