@@ -485,7 +485,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _room(conversation: Conversation, needed: int, config: gpt.GPTConfig) -> Conversation:
   """`conversation` with room for `needed` positions (doubling: few lengths compile)."""
-  length = cache_length(conversation.cache)
+  length = cache_length(conversation.cache, config)
   if needed <= length:
     return conversation
   if needed > config.block_size:
@@ -494,7 +494,7 @@ def _room(conversation: Conversation, needed: int, config: gpt.GPTConfig) -> Con
   while length < needed:
     length *= 2
   return conversation._replace(cache=grow_cache(conversation.cache,
-                                                min(length, config.block_size)))
+                                                min(length, config.block_size), config))
 
 
 def extend(layers, rest: Params, conversation: Conversation, ids: Sequence[int],
@@ -513,11 +513,15 @@ def extend(layers, rest: Params, conversation: Conversation, ids: Sequence[int],
   if not ids:
     raise ValueError("`ids` is empty; a conversation needs at least one token.")
   same = min(common_prefix(conversation.ids, ids), len(ids) - 1)  # feed one, for its logits
+  if 1 in config.layer_kinds and same < len(conversation.ids) - 1:
+    # A sliding-window layer's ring has overwritten what came before the tokens
+    # being replaced (and the layers above depend on it): feed everything again.
+    same = 0
   fresh = ids[same:]
   padded = -(-len(fresh) // pad_to) * pad_to
   _room(conversation, len(ids), config)  # raises past the model's context
   conversation = _room(conversation, min(same + padded, config.block_size), config)
-  padded = min(padded, cache_length(conversation.cache) - same)
+  padded = min(padded, cache_length(conversation.cache, config) - same)
   tokens = jnp.asarray([fresh + (0,) * (padded - len(fresh))], jnp.int32)
   logits, cache = prefill(layers, rest, tokens, conversation.cache, jnp.int32(same),
                           jnp.int32(len(fresh)), config, forms=forms)

@@ -31,6 +31,11 @@ class KVCache(NamedTuple):
   (`GPTConfig.n_kv_head`) the cache takes `n_kv_head / n_head` of the memory
   a cache of every head would (a quarter for Llama 3 8B's 8 of 32 heads).
 
+  A sliding-window layer (`GPTConfig.layer_kinds`) keeps only its last
+  `min(window, length)` positions, a ring buffer (position `p` in slot
+  `p % size`), so past the window a long context's memory grows only in
+  the global layers.
+
   Batch and head share one axis because that is the layout XLA's batched
   matmul wants: with `[batch, head, ...]` arrays XLA fused the cache update
   into a reshape for the attention product as well as into the loop's
@@ -45,9 +50,23 @@ def _cache_layer_shape(config: gpt.GPTConfig, batch: int, length: int) -> Tuple[
   return (batch * config.kv_heads, length, config.head_dim)
 
 
-def cache_length(cache: KVCache) -> int:
-  """Positions the cache has room for (static: its arrays' shape)."""
-  return cache.k[0].shape[1]
+def layer_lengths(config: gpt.GPTConfig, length: int) -> Tuple[int, ...]:
+  """Each layer's slots in a cache of `length` positions: a sliding-window layer's ring
+  holds `min(window, length)`, a global layer `length`."""
+  return tuple(min(config.window, length) if kind else length for kind in config.layer_kinds)
+
+
+def cache_length(cache: KVCache, config: Optional[gpt.GPTConfig] = None) -> int:
+  """Positions the cache has room for (static: its arrays' shapes).
+
+  A model whose layers all slide (`config` needed to tell) has room for its
+  whole context once its rings hold a window: older positions are dropped
+  as the model drops them.
+  """
+  if config is None or 0 in config.layer_kinds:
+    return cache.k[config.layer_kinds.index(0) if config else 0].shape[1]
+  size = cache.k[0].shape[1]
+  return config.block_size if size >= config.window else size
 
 
 def init_kv_cache(config: gpt.GPTConfig, batch: int, length: Optional[int] = None) -> KVCache:
@@ -61,33 +80,41 @@ def init_kv_cache(config: gpt.GPTConfig, batch: int, length: Optional[int] = Non
   if not 1 <= length <= config.block_size:
     raise ValueError(f"a KV cache of {length} positions; give 1 to block_size="
                      f"{config.block_size}.")
-  shape = _cache_layer_shape(config, batch, length)
   # Separate arrays for keys and values: a cache donated to XLA (decode.step)
   # must not hold one buffer twice.
-  zeros = lambda: tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layer))
+  zeros = lambda: tuple(jnp.zeros(_cache_layer_shape(config, batch, n), jnp.float32)
+                        for n in layer_lengths(config, length))
   return KVCache(zeros(), zeros())
 
 
-def grow_cache(cache: KVCache, length: int) -> KVCache:
-  """`cache` with room for `length` positions (its own kept, new slots zero)."""
-  extra = length - cache_length(cache)
-  if extra < 0:
+def grow_cache(cache: KVCache, length: int, config: Optional[gpt.GPTConfig] = None
+               ) -> KVCache:
+  """`cache` with room for `length` positions (its own kept, new slots zero).
+
+  With `config` (needed for sliding-window layers), a ring shorter than
+  the window grows too: until it first fills, position `p` is in slot `p`,
+  so padding its end keeps every slot where `p % size` finds it.
+  """
+  if length < cache_length(cache, config):
     raise ValueError(f"grow_cache to {length} positions, fewer than the cache's "
-                     f"{cache_length(cache)}.")
-  pad = lambda a: jnp.pad(a, ((0, 0), (0, extra), (0, 0)))
-  return KVCache(tuple(map(pad, cache.k)), tuple(map(pad, cache.v)))
+                     f"{cache_length(cache, config)}.")
+  sizes = (layer_lengths(config, length) if config is not None
+           else (length,) * len(cache.k))
+  pad = lambda a, n: jnp.pad(a, ((0, 0), (0, n - a.shape[1]), (0, 0)))
+  return KVCache(tuple(map(pad, cache.k, sizes)), tuple(map(pad, cache.v, sizes)))
 
 
 def check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
-  length = cache_length(cache) if cache.k else config.block_size
-  layer_shape = _cache_layer_shape(config, batch, length)
-  want = KVCache(*[(layer_shape,) * config.n_layer] * 2)
+  length = (cache.k[config.layer_kinds.index(0)].shape[1] if cache.k and 0 in config.layer_kinds
+            else cache.k[0].shape[1] if cache.k else config.block_size)
+  want = KVCache(*[tuple(_cache_layer_shape(config, batch, n)
+                         for n in layer_lengths(config, length))] * 2)
   got = jax.tree.map(jnp.shape, cache)
   if got != want or length > config.block_size:
     raise ValueError(f"KV cache of shapes {got}, but this config and batch need "
                      f"{config.n_layer} layers of {_cache_layer_shape(config, batch, 'length')} "
-                     f"(length <= {config.block_size}); build it with "
-                     f"init_kv_cache(config, batch).")
+                     f"(length <= {config.block_size}; a sliding-window layer's at most the "
+                     f"window); build it with init_kv_cache(config, batch).")
 
 
 def layers_of(params: Params, config: gpt.GPTConfig) -> Tuple[Params, ...]:
@@ -130,6 +157,7 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
   # The GPU's forms multiply in the compute dtype; the CPU's in float32.
   low_precision = forms.attention in ("xla", "cudnn")
   compute_dtype = config.matmul_dtype if low_precision else None
+  scale = config.attn_scale
 
   def attend(q, k, v):
     b, t = q.shape[:2]
@@ -140,14 +168,75 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
                                          (0, pos, 0))
             for buf, new in ((k_buf, k_new), (v_buf, v_new)))
     if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0 and key_start is None:
-      y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype)
+      y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype,
+                                     softcap=config.attn_softcap, scale=scale)
       return y, tuple(bufs)
     q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
     new_k_buf, new_v_buf = bufs
-    y = attention.attend_to_cache(q * (1.0 / math.sqrt(d)), new_k_buf.reshape(b, kv, -1, d),
+    # The model's own scale, as a Python float: the same program as before for 1/sqrt(d).
+    y = attention.attend_to_cache(q * (1.0 / math.sqrt(d) if config.attn_scalar is None
+                                       else scale), new_k_buf.reshape(b, kv, -1, d),
                                   new_v_buf.reshape(b, kv, -1, d), pos,
-                                  compute_dtype=compute_dtype, key_start=key_start)
+                                  compute_dtype=compute_dtype, key_start=key_start,
+                                  softcap=config.attn_softcap)
     return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
+
+  return attend
+
+
+def _ring_positions(pos: chex.Numeric, size: int) -> chex.Array:
+  """`[size]`: the position each ring slot holds once positions `< pos` are written
+  (slot `s` holds the latest `p < pos` with `p % size == s`; negative: none yet)."""
+  return pos - 1 - jnp.mod(pos - 1 - jnp.arange(size), size)
+
+
+def _ring_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric, count: chex.Numeric,
+                 config: gpt.GPTConfig, forms: kernels.Forms,
+                 key_start: Optional[chex.Array] = None) -> gpt.Attend:
+  """`gpt.Attend` of a sliding-window layer through its ring buffer (`KVCache`).
+
+  One token (a decoding step) is written first, over the position that
+  just left its window, then attends to the ring. Several tokens attend to
+  the ring and to their own keys (only their own at a static `pos == 0`),
+  then the last `min(count, size)` real ones (`count`: tokens before the
+  padding) are written. Positions are those of `_cached_attend`, so left
+  padding (`key_start`) and the window mask compose.
+  """
+  kv, d, size = config.kv_heads, config.head_dim, k_buf.shape[1]
+  low_precision = forms.attention in ("xla", "cudnn")
+  compute_dtype = config.matmul_dtype if low_precision else None
+  masks = dict(window=config.window, softcap=config.attn_softcap, key_start=key_start,
+               compute_dtype=compute_dtype)
+
+  def attend(q, k, v):
+    b, t = q.shape[:2]
+    k_new, v_new = (a.transpose(0, 2, 1, 3).reshape(b * kv, t, d) for a in (k, v))
+    q = q.transpose(0, 2, 1, 3) * config.attn_scale  # [b, h, t, d]
+    heads = lambda a: a.reshape(b, kv, -1, d)
+    if t == 1:
+      bufs = tuple(jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype),
+                                                (0, jnp.mod(pos, size), 0))
+                   for buf, new in ((k_buf, k_new), (v_buf, v_new)))
+      y = attention.attend_to_cache(q, heads(bufs[0]), heads(bufs[1]), pos,
+                                    key_positions=_ring_positions(pos + 1, size), **masks)
+      return y.transpose(0, 2, 1, 3), bufs
+    if isinstance(pos, int) and pos == 0:
+      keys, values, positions = k_new, v_new, jnp.arange(t)
+    else:
+      keys = jnp.concatenate([k_buf, k_new.astype(k_buf.dtype)], axis=1)
+      values = jnp.concatenate([v_buf, v_new.astype(v_buf.dtype)], axis=1)
+      positions = jnp.concatenate([_ring_positions(pos, size), pos + jnp.arange(t)])
+    y = attention.attend_to_cache(q, heads(keys), heads(values), pos, key_positions=positions,
+                                  **masks)
+    # The last `m` real tokens go to their slots; indices before the first token
+    # (fewer real tokens than `m`) are dropped, leaving the ring's older positions.
+    m = min(t, size)
+    index = count - m + jnp.arange(m)
+    slots = jnp.where(index >= 0, jnp.mod(pos + index, size), size)
+    index = jnp.maximum(index, 0)
+    bufs = tuple(buf.at[:, slots].set(new[:, index].astype(buf.dtype), mode="drop")
+                 for buf, new in ((k_buf, k_new), (v_buf, v_new)))
+    return y.transpose(0, 2, 1, 3), bufs
 
   return attend
 
@@ -172,15 +261,17 @@ def forward(layers, params, tokens, cache, pos, config, forms, last=None, offset
   """
   start = pos if offsets is None else pos - offsets
   x = gpt.input_states(params, tokens, config, start)
+  count = tokens.shape[1] if last is None else last + 1
   # Decoding does little work per layer, so a plain Python loop over the
   # layers (unrolled in the compiled program) beats a scan's overhead.
   ks, vs = [], []
   for i, (layer, k_buf, v_buf) in enumerate(zip(layers, cache.k, cache.v)):
-    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms,
-                                  attend=_cached_attend(k_buf, v_buf, pos, config, forms,
-                                                        offsets),
-                                  start=start,
-                                  value_embed=gpt.value_embedding(params, tokens, config, i))
+    kind = config.layer_kinds[i]
+    attend = (_ring_attend(k_buf, v_buf, pos, count, config, forms, offsets) if kind else
+              _cached_attend(k_buf, v_buf, pos, config, forms, offsets))
+    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms, attend=attend, start=start,
+                                  value_embed=gpt.value_embedding(params, tokens, config, i),
+                                  kind=kind)
     ks.append(k_buf)
     vs.append(v_buf)
   x = x[:, -1] if last is None else jax.lax.dynamic_index_in_dim(x, last, 1, keepdims=False)

@@ -6,8 +6,8 @@ the same function: logits within 1e-4 in float32, the same greedy tokens as
 `generate` through the KV cache, and an export that transformers reloads
 with equal logits. The cases cover grouped-query attention with fewer
 key/value heads than heads, multi-query attention, tied and untied heads,
-Qwen2's query/key/value biases, Llama 3's RoPE scaling and Mistral's sliding
-window. transformers and torch are test/bench extras.
+Qwen2's query/key/value biases, Llama 3's RoPE scaling, and Mistral's and
+Qwen2's sliding windows, shorter than the sequences. transformers and torch are test/bench extras.
 """
 
 import dataclasses
@@ -44,7 +44,10 @@ MODELS = {
     "llama_mqa_tied": ("Llama", dict(num_attention_heads=4, num_key_value_heads=1,
                                      tie_word_embeddings=True)),
     "mistral_window": ("Mistral", dict(num_attention_heads=4, num_key_value_heads=2,
-                                       tie_word_embeddings=False, sliding_window=16)),
+                                       tie_word_embeddings=False, sliding_window=6)),
+    "qwen2_window": ("Qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
+                                   tie_word_embeddings=True, use_sliding_window=True,
+                                   sliding_window=6, max_window_layers=1)),
 }
 FAST = ("llama_gqa_untied", "qwen2_qkv_bias")
 CASES = [pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in MODELS]
@@ -90,7 +93,10 @@ def test_logits_equal_transformers(hf_model):
   assert (config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
   assert config.kv_heads == model.config.num_key_value_heads < config.n_head
   assert config.tie_embeddings == ("lm_head" not in params)
-  assert config.qkv_bias == (name == "qwen2_qkv_bias") == ("b" in params["blocks"]["attn"]["qkv"])
+  assert config.qkv_bias == name.startswith("qwen2") == ("b" in params["blocks"]["attn"]["qkv"])
+  assert config.layer_kinds == {"mistral_window": (1, 1), "qwen2_window": (0, 1)}.get(
+      name, (0, 0))
+  assert config.window == (6 if name.endswith("window") else None)
   assert spec.to_dict() == {"type": "ids", "name": "ids", "vocab_size": VOCAB}  # no tokenizer.json
   tokens = ids()
   got = np.asarray(gpt.forward(params, jnp.asarray(tokens), config))
@@ -117,7 +123,7 @@ def test_export_reloads_in_transformers_with_equal_logits(hf_model, tmp_path):
   out = huggingface.to_huggingface(params, config, str(tmp_path / "export"),
                                    tokenizer_spec=spec)
   written = json.loads((out / "config.json").read_text())
-  assert written["model_type"] == ("qwen2" if name == "qwen2_qkv_bias" else "llama")
+  assert written["model_type"] == name.split("_")[0]
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   tokens = ids(seed=7)
   np.testing.assert_allclose(hf_logits(reloaded, tokens), hf_logits(model, tokens),

@@ -286,7 +286,7 @@ def config_from_hf(
     architectures = ", ".join(hf_config.get("architectures") or []) or "no architectures"
     raise ConversionError(
         f"{source} describes a {model_type!r} model ({architectures}); only GPT-2 "
-        f"(model_type 'gpt2') and the Llama family (llama, mistral, qwen2) convert to "
+        f"(model_type 'gpt2') and the Llama family (llama, mistral, qwen2, gemma3_text) convert to "
         f"purejax's GPT.")
   get = hf_config_lib.checked(hf_config, hf_config_lib.GPT2_FIELDS, source).get
   n_embd = get("n_embd")

@@ -37,6 +37,7 @@ KINDS: Dict[str, Callable[[Any], bool]] = {
     "true or false": lambda v: isinstance(v, bool),
     "a string": lambda v: isinstance(v, str),
     "a JSON object (or null)": lambda v: isinstance(v, dict),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
 }
 _NO_DEFAULT = object()
 
@@ -89,6 +90,39 @@ LLAMA_FIELDS = {
     "attention_bias": optional(BOOL, False),
     "mlp_bias": optional(BOOL, False),
     "use_sliding_window": optional(BOOL, False),
+    "max_window_layers": optional("a number"),
+    "layer_types": optional("a list of strings"),
+}
+
+# Gemma3TextConfig (`model_type` "gemma3_text"): the keys purejax reads. Older
+# files name the RoPE bases `rope_theta` and `rope_local_base_freq` and the
+# layers' pattern `sliding_window_pattern`; newer ones `rope_parameters` and
+# `layer_types`.
+GEMMA3_FIELDS = {
+    "vocab_size": required(SIZE),
+    "hidden_size": required(SIZE),
+    "intermediate_size": required(SIZE),
+    "num_hidden_layers": required(SIZE),
+    "num_attention_heads": required(SIZE),
+    "num_key_value_heads": optional(SIZE),  # absent: one per head
+    "head_dim": optional(SIZE, 256),
+    "max_position_embeddings": required(SIZE),
+    "rms_norm_eps": optional(NUMBER, 1e-6),
+    "rope_theta": optional(NUMBER),
+    "rope_local_base_freq": optional(NUMBER),
+    "rope_scaling": optional(OBJECT),
+    "rope_parameters": optional(OBJECT),
+    "sliding_window": optional(SIZE, 4096),
+    "sliding_window_pattern": optional(SIZE),
+    "_sliding_window_pattern": optional(SIZE),
+    "layer_types": optional("a list of strings"),
+    "query_pre_attn_scalar": optional(NUMBER, 256),
+    "final_logit_softcapping": optional(NUMBER),
+    "attn_logit_softcapping": optional(NUMBER),
+    "hidden_activation": optional("a string", "gelu_pytorch_tanh"),
+    "tie_word_embeddings": optional(BOOL, True),
+    "attention_bias": optional(BOOL, False),
+    "use_bidirectional_attention": optional(BOOL, False),
 }
 
 # Inside `rope_scaling` (and `rope_parameters`).

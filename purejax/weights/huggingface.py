@@ -6,7 +6,8 @@
 
 Two architectures convert: GPT-2 (`GPT2LMHeadModel`, mapped by
 `purejax.weights.gpt2`) and the Llama family (`LlamaForCausalLM`,
-`MistralForCausalLM`, `Qwen2ForCausalLM`, mapped by `purejax.weights.llama`),
+`MistralForCausalLM`, `Qwen2ForCausalLM`, and Gemma 3's `Gemma3ForCausalLM`,
+mapped by `purejax.weights.llama` and `purejax.weights.gemma`),
 told apart by `model_type` in `config.json`. A name (`gpt2`, or a Hub id
 such as `HuggingFaceTB/SmolLM-135M`) is looked up in the Hugging Face cache
 only: purejax never downloads. Weights are read with safetensors' numpy API,
@@ -188,7 +189,7 @@ def from_huggingface(
   """
   folder = _hf_folder(path_or_name)
   hf_config = _read_json(folder / "config.json")
-  if hf_config.get("model_type") in llama.MODEL_TYPES:
+  if hf_config.get("model_type") in (*llama.MODEL_TYPES, "gemma3"):
     return _from_llama_family(folder, hf_config)
   config, vocab = gpt2.config_from_hf(hf_config, str(folder / "config.json"),
                                       pad_vocab_multiple)

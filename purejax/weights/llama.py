@@ -22,10 +22,11 @@ as follows (Hugging Face's `nn.Linear` weights are `[out, in]`, purejax's
     model.norm.weight                          ln_f.scale
     lm_head.weight                             lm_head.w  (untied heads only)
 
-Mistral's sliding-window attention is exact for contexts up to the window,
-so `block_size` is the smaller of `max_position_embeddings` and
-`sliding_window`. The vocabulary is not padded (these vocabularies already
-are multiples of 64, or close).
+Mistral's and Qwen2's sliding windows are `GPTConfig.window` (Qwen2's on the
+layers from `max_window_layers` on). `Gemma3ForCausalLM` maps the same way,
+with its config in `purejax.weights.gemma` and four norms per block. The
+vocabulary is not padded (these vocabularies already are multiples of 64,
+or close).
 """
 
 from typing import Any, Dict, Optional, Tuple
@@ -34,6 +35,8 @@ import numpy as np
 
 from purejax import gpt
 from purejax import nn
+from purejax.gpt import config as gpt_config
+from purejax.weights import gemma
 from purejax.weights import hf_config as hf_config_lib
 from purejax.weights import tensors
 from purejax.weights.errors import ConversionError
@@ -42,7 +45,7 @@ Params = Dict[str, Any]
 
 # model_type in config.json -> the class that reads it in transformers.
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM"}
+               "qwen2": "Qwen2ForCausalLM", gemma.MODEL_TYPE: gemma.CLASS}
 
 
 # ----------------------------------------------------------------------------
@@ -50,7 +53,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 
 
 def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gpt.GPTConfig:
-  """The `GPTConfig` of a Llama, Mistral or Qwen2 `config.json`.
+  """The `GPTConfig` of a Llama, Mistral, Qwen2 or Gemma 3 `config.json`.
 
   Raises:
     ConversionError: another architecture, a missing or bad value
@@ -58,6 +61,8 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
       (named, as its config.json field).
   """
   model_type = hf_config.get("model_type")
+  if model_type in (gemma.MODEL_TYPE, "gemma3"):
+    return gemma.config_from_hf(hf_config, source)
   if model_type not in MODEL_TYPES:
     raise ConversionError(f"{source} describes a {model_type!r} model; the Llama family "
                           f"converts from model_type {', '.join(MODEL_TYPES)}.")
@@ -84,8 +89,6 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
                        f"num_attention_heads = {hidden // heads})")
   if get("partial_rotary_factor") != 1.0:
     unsupported.append(f"partial_rotary_factor={get('partial_rotary_factor')}")
-  if model_type == "qwen2" and get("use_sliding_window"):
-    unsupported.append("use_sliding_window=true")
   bias = get("attention_bias")
   if bias != get("mlp_bias"):
     unsupported.append(f"attention_bias={bias} with mlp_bias={get('mlp_bias')} "
@@ -97,25 +100,69 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
   if unsupported:
     raise ConversionError(f"{source}: purejax's GPT does not support "
                           f"{'; '.join(unsupported)}.")
-  block_size = get("max_position_embeddings")
-  if model_type == "mistral" and get("sliding_window") is not None:
-    block_size = min(block_size, get("sliding_window"))
+  window, pattern = _window(get, model_type, source)
   try:
     return gpt.GPTConfig(
-        vocab_size=get("vocab_size"), block_size=block_size,
+        vocab_size=get("vocab_size"), block_size=get("max_position_embeddings"),
         n_layer=get("num_hidden_layers"), n_head=heads, n_embd=hidden, dropout=0.0,
         bias=bias, qkv_bias=model_type == "qwen2", norm="rmsnorm",
         norm_eps=float(get("rms_norm_eps")), position="rope", rope_theta=float(theta),
         rope_scaling=scaling, mlp="swiglu", mlp_hidden=get("intermediate_size"),
-        n_kv_head=kv_heads, tie_embeddings=get("tie_word_embeddings"))
+        n_kv_head=kv_heads, tie_embeddings=get("tie_word_embeddings"),
+        window=window, window_pattern=pattern)
   except (ValueError, TypeError) as e:
     raise ConversionError(f"{source}: {e}") from e
 
 
+def _window(get, model_type: str, source: str):
+  """`(window, window_pattern)`: Mistral's window on every layer; Qwen2's, with
+  `use_sliding_window`, on the layers `layer_types` names (or those from
+  `max_window_layers` on)."""
+  window = get("sliding_window")
+  if model_type == "mistral" and window is not None:
+    return window, None
+  if model_type != "qwen2" or not get("use_sliding_window") or window is None:
+    return None, None
+  n_layer = get("num_hidden_layers")
+  types = get("layer_types")
+  if types is not None and len(types) == n_layer:
+    pattern = "".join(gpt_config.SLIDING if t == "sliding_attention" else gpt_config.FULL
+                      for t in types)
+  else:
+    full = int(get("max_window_layers") if get("max_window_layers") is not None else n_layer)
+    pattern = "".join(gpt_config.FULL if i < full else gpt_config.SLIDING
+                      for i in range(n_layer))
+  if gpt_config.SLIDING not in pattern:
+    return None, None
+  return window, pattern
+
+
 def is_family(config: gpt.GPTConfig) -> bool:
-  """Whether `config` is a Llama-family model (what `hf_config_dict` can describe)."""
+  """Whether `config` is a Llama-family model (what `hf_config_dict` can describe).
+
+  Gemma 3 counts (`gemma.is_family`); a window only as Mistral's (every
+  layer) or Qwen2's (the last layers).
+  """
+  if gemma.is_family(config):
+    return True
   return ((config.norm, config.position, config.mlp) == ("rmsnorm", "rope", "swiglu")
-          and not config.nanochat_options)
+          and not config.nanochat_options and not set(config.gemma_options) - {"window"}
+          and _window_model_type(config) is not False)
+
+
+def _window_model_type(config: gpt.GPTConfig):
+  """The model type that holds `config`'s window: None (no window), "mistral",
+  "qwen2", or False (none does)."""
+  kinds = config.layer_kinds
+  if config.window is None or 1 not in kinds:
+    return None
+  qwen2 = config.qkv_bias and not config.bias
+  if qwen2:
+    full = kinds.index(1)
+    return "qwen2" if all(kinds[full:]) else False
+  if all(kinds) and not config.bias:
+    return "mistral"
+  return False
 
 
 def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, Any]:
@@ -124,16 +171,20 @@ def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, A
   Raises:
     ConversionError: `config` is not a Llama-family model (`is_family`).
   """
+  if gemma.is_family(config):
+    return gemma.hf_config_dict(config, dtype)
   if not is_family(config):
     raise ConversionError(
         f"this model (norm={config.norm}, position={config.position}, mlp={config.mlp}, "
-        f"other options {list(config.nanochat_options)}) is neither GPT-2's architecture nor "
-        f"the Llama family's (rmsnorm, rope, swiglu, no other options); Hugging Face has no "
-        f"class for it.")
+        f"other options {list(config.nanochat_options + config.gemma_options)}) is neither "
+        f"GPT-2's architecture, the Llama family's (rmsnorm, rope, swiglu, no other options; a "
+        f"window on every layer as Mistral, or on the last layers as Qwen2) nor Gemma 3's; "
+        f"Hugging Face has no class for it.")
   qwen2 = config.qkv_bias and not config.bias
+  model_type = "qwen2" if qwen2 else (_window_model_type(config) or "llama")
   out = {
-      "architectures": [MODEL_TYPES["qwen2" if qwen2 else "llama"]],
-      "model_type": "qwen2" if qwen2 else "llama",
+      "architectures": [MODEL_TYPES[model_type]],
+      "model_type": model_type,
       "vocab_size": config.vocab_size,
       "hidden_size": config.n_embd,
       "intermediate_size": config.mlp_width,
@@ -153,7 +204,12 @@ def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, A
       "torch_dtype": dtype,
   }
   if qwen2:
-    out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer)
+    kinds = config.layer_kinds
+    out.update(use_sliding_window=config.window is not None, sliding_window=config.window,
+               max_window_layers=kinds.index(1) if config.window else config.n_layer,
+               layer_types=["sliding_attention" if k else "full_attention" for k in kinds])
+  elif model_type == "mistral":
+    out.update(sliding_window=config.window)
   else:
     out.update(attention_bias=config.bias, mlp_bias=config.bias)
   return out
@@ -163,17 +219,34 @@ def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, A
 # Tensors
 
 
+def _norm_names(config: gpt.GPTConfig) -> Dict[str, Tuple[str, ...]]:
+  """`{name after "model.layers.{i}.": path of its scale in a block's params}` of the norms."""
+  if config.sandwich_norm:  # Gemma: the post-attention norm is on the attention's output
+    names = {"input_layernorm.weight": ("ln_1",),
+             "post_attention_layernorm.weight": ("ln_attn_out",),
+             "pre_feedforward_layernorm.weight": ("ln_2",),
+             "post_feedforward_layernorm.weight": ("ln_mlp_out",)}
+  else:
+    names = {"input_layernorm.weight": ("ln_1",),
+             "post_attention_layernorm.weight": ("ln_2",)}
+  if config.qk_norm_scale:
+    names.update({"self_attn.q_norm.weight": ("attn", "q_norm"),
+                  "self_attn.k_norm.weight": ("attn", "k_norm")})
+  return names
+
+
 def _layer_names(config: gpt.GPTConfig) -> Dict[str, Tuple[int, ...]]:
   """`{name after "model.layers.{i}.": [out, in] shape}` of one layer."""
   c, d, f = config.n_embd, config.head_dim, config.mlp_width
   h, kv = config.n_head, config.kv_heads
-  names = {
-      "input_layernorm.weight": (c,), "post_attention_layernorm.weight": (c,),
+  names = {name: (d,) if path[0] == "attn" else (c,)
+           for name, path in _norm_names(config).items()}
+  names.update({
       "self_attn.q_proj.weight": (h * d, c), "self_attn.k_proj.weight": (kv * d, c),
       "self_attn.v_proj.weight": (kv * d, c), "self_attn.o_proj.weight": (c, h * d),
       "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c),
       "mlp.down_proj.weight": (c, f),
-  }
+  })
   if config.bias or config.qkv_bias:
     names.update({"self_attn.q_proj.bias": (h * d,), "self_attn.k_proj.bias": (kv * d,),
                   "self_attn.v_proj.bias": (kv * d,)})
@@ -233,17 +306,21 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
     return out
 
   attn = "self_attn."
+  blocks = {
+      "attn": {"qkv": dense(attn + "q_proj", attn + "k_proj", attn + "v_proj",
+                            bias=config.bias or config.qkv_bias),
+               "proj": dense(attn + "o_proj", bias=config.bias)},
+      "mlp": {"fc": dense("mlp.gate_proj", "mlp.up_proj", bias=config.bias),
+              "proj": dense("mlp.down_proj", bias=config.bias)},
+  }
+  for name, path in _norm_names(config).items():
+    node = blocks
+    for part in path[:-1]:
+      node = node[part]
+    node[path[-1]] = {"scale": layers(name)}
   params = {
       "wte": {"embedding": arrays["model.embed_tokens.weight"]},
-      "blocks": {
-          "ln_1": {"scale": layers("input_layernorm.weight")},
-          "attn": {"qkv": dense(attn + "q_proj", attn + "k_proj", attn + "v_proj",
-                                bias=config.bias or config.qkv_bias),
-                   "proj": dense(attn + "o_proj", bias=config.bias)},
-          "ln_2": {"scale": layers("post_attention_layernorm.weight")},
-          "mlp": {"fc": dense("mlp.gate_proj", "mlp.up_proj", bias=config.bias),
-                  "proj": dense("mlp.down_proj", bias=config.bias)},
-      },
+      "blocks": blocks,
       "ln_f": {"scale": arrays["model.norm.weight"]},
   }
   if not config.tie_embeddings:
@@ -276,8 +353,11 @@ def state_from_params(params: Params, config: gpt.GPTConfig,
     state["lm_head.weight"] = np.asarray(params["lm_head"]["w"]).T
   for i in range(config.n_layer):
     prefix = f"model.layers.{i}."
-    state[prefix + "input_layernorm.weight"] = blocks["ln_1"]["scale"][i]
-    state[prefix + "post_attention_layernorm.weight"] = blocks["ln_2"]["scale"][i]
+    for name, path in _norm_names(config).items():
+      node = blocks
+      for part in path:
+        node = node[part]
+      state[prefix + name] = node["scale"][i]
     for (sublayer, dense), names, cuts in fused:
       layer = blocks[sublayer][dense]
       for leaf, suffix in (("w", "weight"), ("b", "bias")):
