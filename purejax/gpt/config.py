@@ -98,8 +98,9 @@ class GPTConfig:
       slides.
     window_pattern: None, or which layers slide: one letter per layer, "S"
       (a sliding window of `window`) or "L" (the whole context), tiled over
-      the layers when shorter ("SSSSSL": Gemma 3's five local layers per
-      global one; "SSSL": nanochat's). Needs `window`.
+      the layers ("SSSSSL": Gemma 3's five local layers per global one;
+      "SSSL": nanochat's), its first `n_layer` letters when longer. Needs
+      `window`.
     rope_local_theta: None, or the RoPE base of the sliding layers, which
       then take no `rope_scaling` (Gemma 3: 10000 local, `rope_theta` and
       the scaling on the global layers); None: every layer has `rope_theta`.
@@ -224,9 +225,6 @@ class GPTConfig:
       if self.window is None:
         raise ValueError(f"window_pattern={self.window_pattern!r} needs window=N, the keys a "
                          f"sliding layer sees.")
-      if len(self.window_pattern) > self.n_layer:
-        raise ValueError(f"window_pattern={self.window_pattern!r} names more layers than "
-                         f"n_layer={self.n_layer}.")
     for name in ("rope_local_theta", "attn_scalar", "attn_softcap"):
       value = getattr(self, name)
       if value is not None and not (isinstance(value, (int, float)) and value > 0):

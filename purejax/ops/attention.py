@@ -59,7 +59,8 @@ def _visible(key_positions: chex.Array, positions: chex.Array,
   """
   visible = key_positions[None, :] <= positions[:, None]
   if window is not None:
-    visible &= key_positions[None, :] > positions[:, None] - window
+    visible &= (key_positions[None, :] > positions[:, None] - window) & (
+        key_positions[None, :] >= 0)
   return visible
 
 
