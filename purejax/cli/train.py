@@ -23,6 +23,7 @@ from absl import flags
 from purejax import checkpoint
 from purejax import evaluation
 from purejax import gpt
+from purejax.gpt import config as gpt_config
 from purejax import lora
 from purejax import weights
 from purejax.cli import command
@@ -114,8 +115,22 @@ def gpt_config(args: Args, vocab_size: int, base: Optional[gpt.GPTConfig] = None
   shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
   if args.depth is not None:
     shape = gpt.depth_shape(args.depth)
+  if arch.get("window_pattern") and args.arch == "nanochat":
+    arch.update(nanochat_windows(arch["window_pattern"], arch.get("window"),
+                                 shape["n_layer"], args.block_size))
   return gpt.GPTConfig(vocab_size=vocab_size, block_size=args.block_size,
                        n_kv_head=args.n_kv_head, **shape, **arch, **tunable)
+
+
+def nanochat_windows(pattern: str, window: Optional[int], n_layer: int, block_size: int
+                     ) -> dict:
+  """nanochat's `window_pattern` rule: the pattern tiled over the layers, the last layer
+  always global ("L"), and its short window half the context (flash attention's left
+  window of `block_size // 2`: `block_size // 2 + 1` keys with the query's own), unless
+  `--window` says otherwise."""
+  tiled = "".join(pattern[i % len(pattern)] for i in range(n_layer))
+  return dict(window_pattern=tiled[:-1] + gpt_config.FULL,
+              window=block_size // 2 + 1 if window is None else window)
 
 
 def gpt_train_config(args: Args) -> gpt_loop.GPTTrainConfig:

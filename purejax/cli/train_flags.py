@@ -181,9 +181,13 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
   flags.DEFINE_integer("batch_size", train.batch_size, "Sequences per step.", flag_values=args)
   flags.DEFINE_enum("arch", recipe.arch, list(gpt.ARCHITECTURES),
                     "The block: gpt2 (LayerNorm, learned positions, GELU), llama (RMSNorm, "
-                    "RoPE, SwiGLU, no biases) or nanochat (parameter-free RMSNorm, RoPE, "
-                    "QK-norm, ReLU^2, value embeddings, soft-capped logits, untied head); "
-                    "see gpt.ARCHITECTURES.", flag_values=args)
+                    "RoPE, SwiGLU, no biases), nanochat (parameter-free RMSNorm, RoPE, "
+                    "QK-norm, ReLU^2, value embeddings, soft-capped logits, untied head; "
+                    "--window_pattern=SSSL gives its sliding windows, the last layer "
+                    "global, half the context wide unless --window says) or gemma3 (five "
+                    "sliding-window layers of --window=512 per global one, Gemma's norms, "
+                    "scaled QK-norm, GeGLU, RoPE bases 1e4 local and 1e6 global); see "
+                    "gpt.ARCHITECTURES.", flag_values=args)
   flags.DEFINE_integer("depth", None, "Blocks; sets --n_layer, --n_embd and --n_head by "
                        "nanochat's rule (width = depth * 64 rounded up to whole 128-wide "
                        "heads) and scales --learning_rate and --min_lr by (width / 768) ** "
