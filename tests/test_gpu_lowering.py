@@ -121,3 +121,23 @@ def test_attention_dropout_runs_the_bf16_xla_form_without_patching(caplog):
   assert not any(name.startswith("__cudnn") for name in custom_calls(hlo))
   assert set(dot_dtypes(hlo)) == GPU_PRODUCTS, dot_dtypes(hlo)
   assert barriers(hlo) == 0 and row_major_copies(hlo) == 0
+
+
+def test_a_mixed_window_model_runs_cudnn_attention_in_both_kinds_of_layer(cudnn_version):
+  """Gemma 3's layers (sliding and global) in one scan: the `lax.cond` on each layer's
+  kind holds two cuDNN attentions, forward and backward, one of them with cuDNN's own
+  sliding window; no `[T, T]` scores anywhere."""
+  config = gpt.GPTConfig(**{**gpt.ARCHITECTURES["gemma3"], **dict(
+      vocab_size=512, block_size=320, n_layer=6, n_head=4, n_kv_head=1, n_embd=256,
+      head_size=64, window=64, compute_dtype="bfloat16")})
+  assert config.mixed_layers
+  params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
+  tokens = jax.ShapeDtypeStruct((2, 320), jnp.int32)
+  forms = kernels.select("gpu", scan_layers=True)
+  grad = jax.jit(jax.grad(lambda p, x: gpt.loss(p, x, x, config, forms=forms)))
+  hlo = lower_for(grad.trace(params, tokens))
+  calls = custom_calls(hlo)
+  assert calls[CUDNN_FORWARD] >= 2 and calls[CUDNN_BACKWARD] == 2, calls
+  windows = collections.Counter(re.findall(r"sliding_window_length\\22: (\d+)", hlo))
+  assert set(windows) == {"0", "64"}, windows  # the global layers' and the window's
+  assert square_faces(hlo, 320) == 0
