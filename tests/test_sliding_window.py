@@ -57,8 +57,9 @@ def test_the_plain_form_is_the_masked_softmax(window, softcap, scale):
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("form,block", [("blocked", 8), ("blocked", 5), ("xla", 64),
-                                        ("cudnn", 64)])
+@pytest.mark.parametrize("form,block", [("blocked", 8),
+                                        pytest.param("blocked", 5, marks=pytest.mark.slow),
+                                        ("xla", 64), ("cudnn", 64)])
 @pytest.mark.parametrize("window,softcap,kv_heads", [(5, None, 2), (8, 20.0, 4), (30, None, 1)])
 def test_every_form_equals_the_plain_form_values_and_gradients(form, block, window, softcap,
                                                                kv_heads):
@@ -114,6 +115,7 @@ def perturbed(params, key):
                                    for x, k in zip(leaves, keys)])
 
 
+@pytest.mark.slow
 def test_layers_of_different_kinds_scan_as_they_run_unrolled():
   config = small()
   assert config.layer_kinds == (1, 1, 0) and config.mixed_layers
@@ -149,7 +151,7 @@ def test_a_deeper_mixed_model_compiles_the_same_program():
   assert program_lines(12, "SSSSSL") <= 1.02 * program_lines(2, "SL")
 
 
-@pytest.mark.parametrize("pattern", ["S", "SSL"])
+@pytest.mark.parametrize("pattern", [pytest.param("S", marks=pytest.mark.slow), "SSL"])
 def test_a_sliding_layers_cache_is_a_ring_of_the_window(pattern):
   config = small(window_pattern=pattern)
   params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
@@ -157,24 +159,25 @@ def test_a_sliding_layers_cache_is_a_ring_of_the_window(pattern):
   cache = kv_cache.init_kv_cache(config, batch=2, length=24)
   assert [k.shape for k in cache.k] == [
       (2 * config.kv_heads, 5 if kind else 24, config.head_dim) for kind in config.layer_kinds]
-  # A prompt of 7 (beyond the window), then one token at a time: each step's logits
-  # are the full forward's at that position.
-  logits, cache = decode.forward_with_cache(params, tokens[:, :7], cache, 0, config)
-  full = gpt.forward(params, tokens, config)
+  full = jax.jit(gpt.forward, static_argnames="config")(params, tokens, config=config)
+  # A prompt of 7 (beyond the window) at the static position 0, then one token at a
+  # time at a traced position: each step's logits are the full forward's.
+  prompt = jax.jit(decode.forward_with_cache, static_argnames=("config", "pos"))
+  step = jax.jit(decode.forward_with_cache, static_argnames="config")
+  logits, cache = prompt(params, tokens[:, :7], cache, pos=0, config=config)
   np.testing.assert_allclose(logits, full[:, 6], atol=2e-5, rtol=2e-5)
   for pos in range(7, 24):
-    logits, cache = decode.forward_with_cache(params, tokens[:, pos:pos + 1], cache, pos,
-                                              config)
+    logits, cache = step(params, tokens[:, pos:pos + 1], cache, pos, config=config)
     np.testing.assert_allclose(logits, full[:, pos], atol=2e-5, rtol=2e-5)
   # Several tokens at a traced position read the ring and themselves.
   cache = kv_cache.init_kv_cache(config, batch=2, length=24)
-  _, cache = decode.forward_with_cache(params, tokens[:, :9], cache, 0, config)
-  logits, cache = decode.forward_with_cache(params, tokens[:, 9:16], cache, jnp.int32(9),
-                                            config)
+  _, cache = prompt(params, tokens[:, :9], cache, pos=0, config=config)
+  logits, cache = step(params, tokens[:, 9:16], cache, 9, config=config)
   np.testing.assert_allclose(logits, full[:, 15], atol=2e-5, rtol=2e-5)
   assert kv_cache.cache_length(cache, config) == (32 if pattern == "S" else 24)
 
 
+@pytest.mark.slow
 def test_a_conversation_through_rings_equals_feeding_it_afresh():
   """`decode.extend` feeds what changed; a sliding layer's ring cannot go back past its
   window, so a rewound conversation is fed again from its start."""
@@ -197,6 +200,7 @@ def test_a_conversation_through_rings_equals_feeding_it_afresh():
   assert [k.shape[1] for k in conversation.cache.k] == [5, 5, 32]
 
 
+@pytest.mark.slow
 def test_left_padded_batches_decode_through_rings_as_one_prompt_each():
   config = small()
   params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
@@ -209,6 +213,7 @@ def test_left_padded_batches_decode_through_rings_as_one_prompt_each():
     assert list(completion.tokens) == [int(t) for t in alone[0, len(prompt):]]
 
 
+@pytest.mark.slow
 def test_nanochats_window_pattern_is_an_option():
   config = gpt.GPTConfig(vocab_size=61, block_size=32, n_layer=6, n_head=2, n_embd=32,
                          **{**gpt.ARCHITECTURES["nanochat"], "window": 17,
