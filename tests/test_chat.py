@@ -170,3 +170,17 @@ def test_a_template_recorded_in_a_tokenizer_spec_makes_a_format(folder):
   ids = chat.encode(tok, fmt, [{"role": "user", "content": "Hi"}])
   assert ids[0] == 0 and ids.count(0) == 2  # the template's <s> first: BOS is not doubled
   assert chat.format_of_spec(tok.spec()) is None  # a tokenizer.json spec records none
+
+
+def test_a_gguf_chat_stops_at_the_end_of_turn_its_template_writes():
+  """A GGUF names one EOS (Gemma's `<eos>`); the turn ends at `<end_of_turn>`, which
+  llama.cpp knows by its text: the stop ids hold both, as the template writes it."""
+  import types  # pylint: disable=g-import-not-at-top
+  ids = {"<eos>": 1, "<end_of_turn>": 106, "<|im_end|>": 7}
+  tokenizer = types.SimpleNamespace(encode=lambda text: [ids[text]] if text in ids else [0, 0])
+  gemma = "{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+  spec = types.SimpleNamespace(chat_template=gemma, bos_token="<bos>", eos_token="<eos>",
+                               add_bos=True, encoding_file="gemma.gguf", name="gguf")
+  assert chat.format_of_spec(spec, tokenizer).stop_ids == (1, 106)
+  spec.chat_template = gemma.replace("<end_of_turn>", "|")  # not written: not a stop
+  assert chat.format_of_spec(spec, tokenizer).stop_ids == (1,)

@@ -39,7 +39,7 @@ def no_training(monkeypatch):
     (["--batch_size=0"], "--batch_size must be a positive integer, got 0."),
     (["--max_iters=-5"], "--max_iters must be a positive integer, got -5."),
     (["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4; choose n_head "
-     "among the divisors of n_embd (e.g. n_head=2)."),
+     "among the divisors of n_embd (e.g. n_head=2), or set head_size."),
     (["--arch=llama", "--n_kv_head=3", "--n_head=2"], "n_kv_head=3 does not divide n_head=2; "
      "each key/value head serves a whole group of query heads."),
     (["--dropout=1.0"], "dropout must be in [0, 1), got 1.0."),

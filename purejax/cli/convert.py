@@ -33,7 +33,7 @@ def define_flags(args: flags.FlagValues) -> None:
                       "(default: beside the checkpoint).", flag_values=args)
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                     "Dtype of the weights an hf: target gets.", flag_values=args)
-  flags.DEFINE_enum("gguf_type", "f16", ["f16", "bf16", "q8_0"],
+  flags.DEFINE_enum("gguf_type", "f16", ["f32", "f16", "bf16", "q8_0"],
                     "Type of the matrices a gguf: target gets (1-D tensors stay float32).",
                     flag_values=args)
   flags.DEFINE_bool("overwrite", False, "Replace an existing hf:DIR, gguf:FILE or nanogpt:FILE.",

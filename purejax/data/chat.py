@@ -161,19 +161,30 @@ def load_chat_format(folder: str, tokenizer=None) -> ChatFormat:
                     stop_ids=stop_ids_of_folder(str(root), eos_id), source=source)
 
 
+# Tokens that end a turn, by their text, as llama.cpp's vocabulary loader knows them.
+END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
 def format_of_spec(spec, tokenizer=None) -> Optional[ChatFormat]:
   """The chat format a tokenizer spec records (`chat_template`, `bos_token`,
   `eos_token`, `add_bos`: a GGUF file's metadata), or None when it has none.
-  The stop id is EOS's id in `tokenizer`, when given."""
+  The stop ids are EOS's id in `tokenizer`, when given, and those of the
+  `END_OF_TURN_TOKENS` the template writes (Gemma's `<end_of_turn>`)."""
   template = getattr(spec, "chat_template", None)
   if not template:
     return None
   bos, eos = getattr(spec, "bos_token", None), getattr(spec, "eos_token", None)
-  eos_ids = [int(i) for i in tokenizer.encode(eos)] if tokenizer is not None and eos else []
+  stops = []
+  # A GGUF names one EOS; the token that ends a turn may be another, which llama.cpp
+  # recognises by its text (Gemma's <end_of_turn>): taken when the template writes it.
+  for text in (eos, *(t for t in END_OF_TURN_TOKENS if t in template and t != eos)):
+    ids = [int(i) for i in tokenizer.encode(text)] if tokenizer is not None and text else []
+    if len(ids) == 1 and ids[0] not in stops:
+      stops.append(ids[0])
   named = tuple((name, text) for name, text in (("bos_token", bos), ("eos_token", eos)) if text)
   return ChatFormat(template=template, bos_token=bos, eos_token=eos,
                     add_bos=bool(getattr(spec, "add_bos", False)), special_tokens=named,
-                    stop_ids=tuple(eos_ids) if len(eos_ids) == 1 else (),
+                    stop_ids=tuple(stops),
                     source=str(getattr(spec, "encoding_file", None) or spec.name))
 
 

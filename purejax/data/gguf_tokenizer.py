@@ -13,8 +13,9 @@ GGUF loader builds them, so both give the same ids:
 - `gpt2`: a byte-level BPE (SmolLM, Qwen2, Llama 3): GPT-2's byte alphabet,
   the file's merges, the pre-tokenizer's split regex named by
   `tokenizer.ggml.pre` (GPT-2's when the name is not one of `SPLITS`);
-- `llama`: a SentencePiece BPE (Llama 2, Mistral): `▁` for spaces, byte
-  fallback, merges from the file or else from the tokens' scores.
+- `llama`: a SentencePiece BPE (Llama 2, Mistral, Gemma): `▁` for spaces,
+  byte fallback, merges from the file or else from the tokens' scores, and
+  a `▁` before the text unless `add_space_prefix` is false (Gemma's).
 
 Control tokens (type 3) become special tokens and user-defined ones (type 4)
 added tokens, so they are matched whole in text. The spec records the file
@@ -108,7 +109,10 @@ def read_fields(path: str) -> Dict[str, Any]:
 
 def fingerprint(fields: Dict[str, Any]) -> str:
   """sha256 of the metadata that makes the tokenizer (vocabulary, merges, types, model)."""
-  text = json.dumps([fields.get(key) for key in _KEYS], ensure_ascii=False, default=float)
+  values = [fields.get(key) for key in _KEYS]
+  if fields.get("add_space_prefix") is False:  # it changes the ids (Gemma's files)
+    values.append({"add_space_prefix": False})
+  text = json.dumps(values, ensure_ascii=False, default=float)
   return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -182,11 +186,14 @@ def build(fields: Dict[str, Any], source: str = "the GGUF file"):
     tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=True,
                                      byte_fallback=True, dropout=None, unk_token=tokens[
                                          fields.get("unknown_token_id", 0)]))
-    tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
-                                                    split=False)
+    # llama.cpp prepends a space unless the file says otherwise (Gemma's: add_space_prefix false).
+    prefix = bool(fields.get("add_space_prefix", True))
+    tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
     tok.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "),
-                                        tk.decoders.ByteFallback(), tk.decoders.Fuse(),
-                                        tk.decoders.Strip(content=" ", left=1)])
+                                        tk.decoders.ByteFallback(), tk.decoders.Fuse()]
+                                       + ([tk.decoders.Strip(content=" ", left=1)] if prefix
+                                          else []))
     control_ok = lambda t: True
   if types:
     tok.add_special_tokens([tk.AddedToken(t, normalized=False, special=True)

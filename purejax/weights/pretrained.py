@@ -215,7 +215,7 @@ def convert(source: str, target: str, *, meta: Optional[str] = None,
   """Converts `source` to `target` (both `KIND:PATH`); returns a one-line summary.
 
   `dtype` ("float32" or "bfloat16") is that of a Hugging Face target's
-  weights; `gguf_type` ("f16", "bf16" or "q8_0") that of a GGUF target's.
+  weights; `gguf_type` ("f32", "f16", "bf16" or "q8_0") that of a GGUF target's.
   """
   src_kind, src = parse_location(source, "source")
   dst_kind, dst = parse_location(target, "target", target=True)
