@@ -86,9 +86,10 @@ def test_a_bad_window_is_a_clear_error():
 
 
 def test_the_blocked_forms_work_falls_with_the_window():
-  """At T=1024 in blocks of 64, a 128 window multiplies at most 191 keys a query block,
-  against 544 on average without it: XLA's own count of the forward and backward
-  FLOPs falls below 0.4 of the full causal form's (times: bench/sliding_window.py)."""
+  """At T=1024, a 128 window in blocks of 128 (the form widens its blocks of 64 to the
+  window) multiplies at most 256 keys a query, against 544 on average without it in
+  blocks of 64: XLA's own count of the forward and backward FLOPs falls below half of
+  the full causal form's (times: bench/sliding_window.py)."""
   q, k, v = qkv(jax.random.PRNGKey(0), t=1024, heads=2, kv_heads=2, d=32, batch=1)
 
   def flops(window):
@@ -98,7 +99,7 @@ def test_the_blocked_forms_work_falls_with_the_window():
     analysis = compiled.cost_analysis()
     return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
 
-  assert flops(128) < 0.4 * flops(None)
+  assert flops(128) < 0.5 * flops(None)
 
 
 def small(**changes):
