@@ -40,10 +40,8 @@ MODELS = {
                                       "sliding_attention": {"rope_type": "default",
                                                             "rope_theta": 500.0}}),
 }
-# The fast tier runs one check: the first case's logits in the blocked form, scanned.
-CASES = [pytest.param(name, marks=() if i == 0 else pytest.mark.slow)
-         for i, name in enumerate(MODELS)]
-slow = pytest.mark.slow
+pytestmark = pytest.mark.slow  # transformers' models: the full suite's
+CASES = list(MODELS)
 
 
 def build(name: str, folder):
@@ -87,7 +85,6 @@ def assert_relative_close(got, want, tolerance=1e-5):
   assert error < tolerance, error
 
 
-@slow
 def test_the_config_is_gemma3s(hf_model):
   model, _, params, config = hf_model
   assert config.layer_kinds == (1, 1, 0) and config.window == WINDOW
@@ -100,9 +97,8 @@ def test_the_config_is_gemma3s(hf_model):
   assert params["blocks"]["attn"]["q_norm"]["scale"].shape == (3, 32)
 
 
-@pytest.mark.parametrize("form,scan", [
-    pytest.param(form, scan, marks=() if (form, scan) == ("blocked", True) else slow)
-    for form in ("plain", "blocked", "xla") for scan in (True, False)])
+@pytest.mark.parametrize("form", ["plain", "blocked", "xla"])
+@pytest.mark.parametrize("scan", [True, False])
 def test_logits_equal_transformers_beyond_the_window(hf_model, form, scan):
   model, _, params, config = hf_model
   tokens = ids()  # 20 positions, a window of 5
@@ -111,7 +107,6 @@ def test_logits_equal_transformers_beyond_the_window(hf_model, form, scan):
   assert_relative_close(got, hf_logits(model, tokens))
 
 
-@slow
 def test_greedy_kv_cache_tokens_equal_generate(hf_model):
   import torch  # pylint: disable=g-import-not-at-top
   model, _, params, config = hf_model
@@ -124,7 +119,6 @@ def test_greedy_kv_cache_tokens_equal_generate(hf_model):
   np.testing.assert_array_equal(np.asarray(ours), theirs.numpy())
 
 
-@slow
 def test_export_reloads_in_transformers_with_equal_logits(hf_model, tmp_path):
   transformers = need("transformers")
   model, _, params, config = hf_model
@@ -140,7 +134,6 @@ def test_export_reloads_in_transformers_with_equal_logits(hf_model, tmp_path):
   chex.assert_trees_all_equal(again, params)
 
 
-@slow
 def test_older_config_spellings_read_the_same(hf_model, tmp_path):
   """`rope_theta`, `rope_local_base_freq` and `sliding_window_pattern`, as Gemma 3's
   published config.json files (written by transformers 4.5x) spell them."""
@@ -158,7 +151,6 @@ def test_older_config_spellings_read_the_same(hf_model, tmp_path):
   assert older == config
 
 
-@slow
 def test_unsupported_options_are_one_line_errors_naming_the_field(tmp_path):
   build("softcap_gqa", tmp_path)
   path = tmp_path / "config.json"
@@ -176,7 +168,6 @@ def test_unsupported_options_are_one_line_errors_naming_the_field(tmp_path):
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-@slow
 def test_an_attention_softcap_has_no_gemma3_export(hf_model, tmp_path):
   """transformers' Gemma 3 ignores `attn_logit_softcapping`; a model with one is not Gemma 3."""
   _, _, params, config = hf_model
@@ -186,7 +177,6 @@ def test_an_attention_softcap_has_no_gemma3_export(hf_model, tmp_path):
     huggingface.to_huggingface(params, capped, str(tmp_path / "export"))
 
 
-@slow
 def test_local_layers_cache_only_their_window(hf_model):
   _, _, params, config = hf_model
   cache = kv_cache.init_kv_cache(config, batch=2, length=40)

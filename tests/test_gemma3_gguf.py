@@ -30,6 +30,8 @@ from purejax.weights import huggingface
 from purejax.weights import llama
 from purejax.weights.errors import ConversionError
 
+pytestmark = pytest.mark.slow  # a conversion's round trips: the full suite's
+
 gguf = need("gguf")
 Q = gguf.GGMLQuantizationType
 

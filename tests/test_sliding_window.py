@@ -60,7 +60,9 @@ def test_the_plain_form_is_the_masked_softmax(window, softcap, scale):
 @pytest.mark.parametrize("form,block", [("blocked", 8),
                                         pytest.param("blocked", 5, marks=pytest.mark.slow),
                                         ("xla", 64), ("cudnn", 64)])
-@pytest.mark.parametrize("window,softcap,kv_heads", [(5, None, 2), (8, 20.0, 4), (30, None, 1)])
+@pytest.mark.parametrize("window,softcap,kv_heads", [
+    (5, None, 2), pytest.param(8, 20.0, 4, marks=pytest.mark.slow),
+    pytest.param(30, None, 1, marks=pytest.mark.slow)])
 def test_every_form_equals_the_plain_form_values_and_gradients(form, block, window, softcap,
                                                                kv_heads):
   q, k, v = qkv(jax.random.PRNGKey(1), kv_heads=kv_heads)
@@ -152,7 +154,8 @@ def test_a_deeper_mixed_model_compiles_the_same_program():
   assert program_lines(12, "SSSSSL") <= 1.02 * program_lines(2, "SL")
 
 
-@pytest.mark.parametrize("pattern", [pytest.param("S", marks=pytest.mark.slow), "SSL"])
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["S", "SSL"])
 def test_a_sliding_layers_cache_is_a_ring_of_the_window(pattern):
   config = small(window_pattern=pattern)
   params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
