@@ -181,7 +181,7 @@ def test_the_fused_qkv_weight_is_orthogonalised_as_its_query_key_and_value(n_kv_
   g = np.asarray(grads["blocks"]["attn"]["qkv"]["w"])  # [n_layer, 16, 16 + 2 kv]
   kv = (g.shape[-1] - 16) // 2
   opt = optim.replace(MUON, muon_weight_decay=0.0)
-  # Each part is square or wide ([16, kv]), so Muon's shape scale is 1.
+  # Each part is square or tall ([16, kv]), so Muon's shape scale is 1.
   parts = np.split(g, (16, 16 + kv), axis=-1)
   expected = np.concatenate([reference_newton_schulz(p) for p in parts], axis=-1)
   np.testing.assert_allclose(first_muon_update(opt, params, grads, "attn.qkv"),
@@ -190,6 +190,22 @@ def test_the_fused_qkv_weight_is_orthogonalised_as_its_query_key_and_value(n_kv_
   fused = optim.replace(opt, muon_split_qkv=False)
   expected = reference_newton_schulz(g) * np.sqrt(g.shape[-1] / 16)
   np.testing.assert_allclose(first_muon_update(fused, params, grads, "attn.qkv"),
+                             -opt.setting("muon_learning_rate") * expected, atol=2e-5)
+
+
+def test_queries_wider_than_the_model_are_split_at_their_own_width():
+  """A head size apart from the width (Gemma: 4 heads of 256 in a 640-wide model): the
+  queries are `n_head * head_size` wide, read from the output projection, and each part
+  takes Keller Jordan's scale, sqrt(out / in) for the wide queries."""
+  config = dataclasses.replace(TINY, n_head=2, n_kv_head=1, head_size=16)  # q 32, kv 16
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  grads = random_like(params, 4)
+  g = np.asarray(grads["blocks"]["attn"]["qkv"]["w"])  # [n_layer, 16, 32 + 2 * 16]
+  opt = optim.replace(MUON, muon_weight_decay=0.0)
+  q, k, v = np.split(g, (32, 48), axis=-1)
+  expected = np.concatenate([reference_newton_schulz(q) * np.sqrt(2),
+                             reference_newton_schulz(k), reference_newton_schulz(v)], axis=-1)
+  np.testing.assert_allclose(first_muon_update(opt, params, grads, "attn.qkv"),
                              -opt.setting("muon_learning_rate") * expected, atol=2e-5)
 
 

@@ -155,18 +155,21 @@ def _shape_scale(u: chex.Array) -> float:
   return math.sqrt(max(1.0, u.shape[-1] / u.shape[-2]))
 
 
-def _orthogonalise_qkv(u: chex.Array, orthogonalise: callable) -> chex.Array:
-  """The fused attention projection `[..., d, d + 2 kv]` orthogonalised as its
-  query, key and value matrices, each alone (the GPT's queries are `n_head *
-  head_dim = d` wide, keys and values `kv` each)."""
+def _orthogonalise_qkv(u: chex.Array, orthogonalise: callable,
+                       query_width: Optional[int] = None) -> chex.Array:
+  """The fused attention projection `[..., d, q + 2 kv]` orthogonalised as its
+  query, key and value matrices, each alone and each scaled by Keller Jordan's rule
+  (`_shape_scale`). The queries are `query_width` wide (`n_head * head_dim`, the
+  output projection's input); None: `d`, as when the heads fill the width."""
   d, width = u.shape[-2:]
-  kv = (width - d) // 2
-  if kv == d:  # one batched iteration over the three square matrices
+  q_width = d if query_width is None else query_width
+  kv = (width - q_width) // 2
+  if kv == q_width:  # one batched iteration over the three matrices of one shape
     parts = jnp.stack(jnp.split(u, 3, axis=-1))
-    return jnp.concatenate(list(orthogonalise(parts)), axis=-1)
-  q, k, v = jnp.split(u, (d, d + kv), axis=-1)
-  k, v = orthogonalise(jnp.stack([k, v]))
-  return jnp.concatenate([orthogonalise(q), k, v], axis=-1)
+    return jnp.concatenate(list(orthogonalise(parts) * _shape_scale(parts)), axis=-1)
+  q, k, v = jnp.split(u, (q_width, q_width + kv), axis=-1)
+  k, v = orthogonalise(jnp.stack([k, v])) * _shape_scale(k)
+  return jnp.concatenate([orthogonalise(q) * _shape_scale(q), k, v], axis=-1)
 
 
 def is_fused_qkv(path: Tuple[str, ...], u: chex.Array) -> bool:
@@ -180,21 +183,34 @@ def scale_by_newton_schulz(steps: int = MUON_NS_STEPS, split_qkv: bool = True,
   and scaled by `sqrt(max(1, out / in))`, Keller Jordan's rule for Muon.
 
   With `split_qkv`, the attention's fused `qkv` weight is its query, key and
-  value matrices, each orthogonalised alone (and square or wide, so scaled
-  by 1), as nanochat and modded-nanogpt do with theirs; False treats it as
+  value matrices, each orthogonalised and scaled alone (square or tall, so
+  by 1, unless the heads are wider than the model: Gemma's queries), as
+  nanochat and modded-nanogpt do with theirs; False treats it as
   one `[d, 3d]` matrix. LoRA's factors are orthogonalised whole. `coeffs`
   names each step's quintic (`ns_coefficients`).
   """
   quintics = ns_coefficients(coeffs, steps)
   orthogonalise = functools.partial(newton_schulz, steps=steps, coeffs=quintics)
 
-  def scale(path, u):
-    if split_qkv and is_fused_qkv(_dotted_path(path), u):
-      return _orthogonalise_qkv(u, orthogonalise)
-    return orthogonalise(u) * _shape_scale(u)
-
   def update(updates, state, params=None):
     del params
+    # The queries' width is the output projection's input (`attn.proj.w`), which a
+    # head size apart from the width (Gemma) makes other than the model's width.
+    query_widths = {}
+
+    def record(path, u):
+      names = _dotted_path(path)
+      if names[-3:] == ("attn", "proj", "w") and jnp.ndim(u) >= 2:
+        query_widths[names[:-2]] = u.shape[-2]
+
+    jax.tree_util.tree_map_with_path(record, updates)
+
+    def scale(path, u):
+      names = _dotted_path(path)
+      if split_qkv and is_fused_qkv(names, u):
+        return _orthogonalise_qkv(u, orthogonalise, query_widths.get(names[:-2]))
+      return orthogonalise(u) * _shape_scale(u)
+
     return jax.tree_util.tree_map_with_path(scale, updates), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
