@@ -226,3 +226,19 @@ def test_nanochats_window_pattern_is_an_option():
   params = gpt.init_params(config, jax.random.PRNGKey(0))
   tokens = jnp.zeros((1, 32), jnp.int32)
   assert np.isfinite(gpt.loss(params, tokens, tokens, config)).all()
+
+
+def test_formats_without_windows_refuse_a_windowed_model(tmp_path):
+  """GPT-2's formats and Llama's config hold no window: a model with one is refused
+  rather than exported without it (Mistral's class holds a window on every layer)."""
+  from purejax.weights import gpt2 as gpt2_weights  # pylint: disable=g-import-not-at-top
+  from purejax.weights import llama  # pylint: disable=g-import-not-at-top
+  from purejax.weights.errors import ConversionError  # pylint: disable=g-import-not-at-top
+  windowed = gpt.GPTConfig(window=8)
+  with pytest.raises(ConversionError, match="window"):
+    gpt2_weights.check_architecture(windowed)
+  mixed = gpt.GPTConfig(**{**gpt.ARCHITECTURES["llama"], "window": 8, "window_pattern": "SL"})
+  with pytest.raises(ConversionError, match="window"):
+    llama.hf_config_dict(mixed)
+  every = dataclasses.replace(mixed, window_pattern=None)
+  assert llama.hf_config_dict(every)["model_type"] == "mistral"

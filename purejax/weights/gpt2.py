@@ -235,7 +235,7 @@ def is_gpt2(config: gpt.GPTConfig) -> bool:
   return (config.norm, config.position, config.mlp, config.mlp_width, config.kv_heads,
           config.tie_embeddings, config.qkv_bias, config.norm_eps) == (
               "layernorm", "learned", "gelu", 4 * config.n_embd, config.n_head, True, False,
-              _LAYER_NORM_EPS) and not config.nanochat_options
+              _LAYER_NORM_EPS) and not config.nanochat_options and not config.gemma_options
 
 
 def check_architecture(config: gpt.GPTConfig) -> None:
@@ -244,7 +244,7 @@ def check_architecture(config: gpt.GPTConfig) -> None:
     raise ConversionError(
         f"this model is not GPT-2's architecture (norm={config.norm}, position="
         f"{config.position}, mlp={config.mlp}, n_kv_head={config.kv_heads}, tie_embeddings="
-        f"{config.tie_embeddings}, other options {list(config.nanochat_options)}); GPT-2's formats (nanoGPT, GPT2LMHeadModel) cannot hold "
+        f"{config.tie_embeddings}, other options {list(config.nanochat_options + config.gemma_options)}); GPT-2's formats (nanoGPT, GPT2LMHeadModel) cannot hold "
         f"it: write a Hugging Face folder (hf:DIR) of a Llama-family model instead.")
 
 
