@@ -162,12 +162,19 @@ def generate(
   if stops == ():
     raise ValueError("`stop_ids` is empty; pass None to never stop early.")
   return jitted_generate(params, prompt, config, key, max_new_tokens, temperature, top_k,
-                         top_p, valid_vocab, stop_ids=stops, forms=forms)
+                         top_p, valid_vocab, stop_ids=stops, forms=forms,
+                         greedy=is_greedy(temperature))
+
+
+def is_greedy(temperature: chex.Numeric) -> bool:
+  """Whether `temperature` is a Python number <= 0: greedy decoding known before tracing
+  (a traced temperature may be either, so its program draws the noise)."""
+  return isinstance(temperature, (int, float)) and temperature <= 0
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k",
                                               "valid_vocab", "stop_ids", "forms",
-                                              "num_samples"))
+                                              "num_samples", "greedy"))
 def jitted_generate(
     params: Params,
     prompt: chex.Array,
@@ -184,6 +191,7 @@ def jitted_generate(
     offsets: Optional[chex.Array] = None,
     num_samples: int = 1,
     row_stop_ids: Optional[chex.Array] = None,
+    greedy: bool = False,
 ) -> Union[chex.Array, Generated]:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
@@ -214,6 +222,9 @@ def jitted_generate(
       copied); the result's rows are prompt-major (`r * num_samples + i`).
     row_stop_ids: optional `[batch, k]` int: each prompt row's own stop ids
       (padded with -1), with `stop_ids` given (any tuple): rows stop at their own.
+    greedy: static: every token is the argmax, and no noise is drawn (`temperature`
+      is then not read). Drawn ahead for a greedy batch of HumanEval (256 tokens
+      x 16 rows x 49152 ids), the noise was 805 MB of threefry output per call.
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
@@ -247,8 +258,12 @@ def jitted_generate(
     return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
 
   def sample_and_write(state: DecodeState, token_noise) -> Tuple[DecodeState, chex.Array]:
-    token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise,
-                          valid_vocab=valid_vocab)
+    if greedy:
+      token = sample_logits(None, state.logits, 0.0, gumbel=jnp.zeros((), state.logits.dtype),
+                            valid_vocab=valid_vocab)
+    else:
+      token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise,
+                            valid_vocab=valid_vocab)
     if stops is not None:  # a stopped row repeats its stop token
       last = jax.lax.dynamic_index_in_dim(state.tokens, p + state.index - 1, 1, False)
       token = jnp.where(state.done, last, token)
@@ -260,14 +275,14 @@ def jitted_generate(
 
   def decode(state: DecodeState, token_noise=None) -> Tuple[DecodeState, None]:
     # Each new token is sampled, written, then fed back (the last feed is wasted).
-    if token_noise is None:
+    if token_noise is None and not greedy:
       token_noise = noise(state.index)
     state, token = sample_and_write(state, token_noise)
     logits, cache = feed(token[:, None], state.cache, state.cache_len)
     return state._replace(cache=cache, cache_len=state.cache_len + 1, logits=logits), None
 
   def slide(state: DecodeState) -> DecodeState:
-    state, _ = sample_and_write(state, noise(state.index))
+    state, _ = sample_and_write(state, None if greedy else noise(state.index))
     recent = jax.lax.dynamic_slice(state.tokens, (0, p + state.index - plan.refill),
                                    (b, plan.refill))
     logits, cache = feed(recent, state.cache, 0)
@@ -278,7 +293,8 @@ def jitted_generate(
       return state
     # One batch of noise per loop: on XLA CPU a draw inside the loop runs
     # JAX's threefry as a rolled loop once per token (a third of the time).
-    ahead = jax.vmap(noise)(state.index + jnp.arange(n)) if forms.noise_ahead else None
+    ahead = (jax.vmap(noise)(state.index + jnp.arange(n)) if forms.noise_ahead and not greedy
+             else None)
     if stops is not None:  # until every row has stopped
       first = state.index
       step = lambda s: decode(s, None if ahead is None else ahead[s.index - first])[0]
@@ -409,7 +425,8 @@ def generate_batch(
   forms = forms or kernels.select(kernels.platform_of(params))
   out = jitted_generate(params, tokens, config, key, max_new_tokens, temperature, top_k, top_p,
                         valid_vocab, stop_ids=shared, forms=forms, offsets=offsets,
-                        num_samples=num_samples, row_stop_ids=per_row)
+                        num_samples=num_samples, row_stop_ids=per_row,
+                        greedy=is_greedy(temperature))
   if isinstance(out, Generated):
     rows, lengths, stopped = (jax.device_get(a) for a in out)
   else:

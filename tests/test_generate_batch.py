@@ -9,6 +9,7 @@ import pytest
 
 from purejax import decode
 from purejax import gpt
+from purejax.ops import kernels
 
 GPT2_LIKE = gpt.GPTConfig(vocab_size=61, block_size=48, n_layer=2, n_head=2, n_embd=32,
                           dropout=0.0, bias=False)
@@ -64,3 +65,25 @@ def test_a_batch_that_does_not_fit_the_context_is_refused():
     decode.generate_batch(params, [[1] * 40], GPT2_LIKE, jax.random.PRNGKey(0), 10)
   with pytest.raises(ValueError, match="at least one token"):
     decode.generate_batch(params, [[1], []], GPT2_LIKE, jax.random.PRNGKey(0), 4)
+
+
+def test_greedy_decoding_draws_no_noise_and_picks_the_same_tokens():
+  """A Python temperature <= 0 is known before tracing: the program draws no Gumbel
+  noise (for a greedy HumanEval batch it was 805 MB a call), and picks the tokens a
+  traced temperature of 0 picks."""
+  params = gpt.init_params(LLAMA_LIKE, jax.random.PRNGKey(1))
+  prompt = np.asarray([[5, 9, 2], [7, 1, 1]])
+  forms = kernels.select("cpu")
+
+  def program(temperature, greedy):
+    traced = decode.jitted_generate.trace(params, prompt, LLAMA_LIKE, jax.random.PRNGKey(0), 8,
+                                          temperature, stop_ids=(3,), forms=forms,
+                                          greedy=greedy)
+    return str(traced.jaxpr)
+
+  assert "random_bits" not in program(0.0, True)
+  assert "random_bits" in program(0.0, False)  # a traced temperature may sample
+  greedy = decode.generate(params, prompt, LLAMA_LIKE, jax.random.PRNGKey(0), 8, 0.0)
+  traced = jax.jit(lambda t: decode.generate(params, prompt, LLAMA_LIKE, jax.random.PRNGKey(0),
+                                             8, t, forms=forms))(0.0)
+  np.testing.assert_array_equal(greedy, traced)
