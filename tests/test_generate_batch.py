@@ -69,7 +69,7 @@ def test_a_batch_that_does_not_fit_the_context_is_refused():
 
 def test_greedy_decoding_draws_no_noise_and_picks_the_same_tokens():
   """A Python temperature <= 0 is known before tracing: the program draws no Gumbel
-  noise (for a greedy HumanEval batch it was 805 MB a call), and picks the tokens a
+  noise (for a greedy HumanEval batch it held 805 MB), and picks the tokens a
   traced temperature of 0 picks."""
   params = gpt.init_params(LLAMA_LIKE, jax.random.PRNGKey(1))
   prompt = np.asarray([[5, 9, 2], [7, 1, 1]])
