@@ -159,15 +159,7 @@ def hf_config_dict(config: gpt.GPTConfig, dtype: str = "float32") -> Dict[str, A
   return {
       "architectures": [CLASS],
       "model_type": MODEL_TYPE,
-      "vocab_size": config.vocab_size,
-      "hidden_size": config.n_embd,
-      "intermediate_size": config.mlp_width,
-      "num_hidden_layers": config.n_layer,
-      "num_attention_heads": config.n_head,
-      "num_key_value_heads": config.kv_heads,
-      "head_dim": config.head_dim,
-      "max_position_embeddings": config.block_size,
-      "rms_norm_eps": config.norm_eps,
+      **hf_config_lib.size_fields(config),
       "rope_parameters": {_FULL: full,
                           _SLIDING: {"rope_type": "default", "rope_theta": local_theta}},
       # With no window, every layer is global; Gemma's config still wants a size.

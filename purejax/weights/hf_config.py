@@ -189,3 +189,19 @@ def check_divides(source: str, part_key: str, part: int, whole_key: str, whole: 
   if whole % part:
     raise ConversionError(f"{source}: {part_key}={part} does not divide {whole_key}={whole}; "
                           f"it must (fix the file or use the one that came with the weights).")
+
+
+def size_fields(config) -> Dict[str, Any]:
+  """The sizes every Llama-family and Gemma `config.json` states, from a `GPTConfig`
+  (what `checked` reads back from `LLAMA_FIELDS` or `GEMMA3_FIELDS`)."""
+  return {
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.n_embd,
+      "intermediate_size": config.mlp_width,
+      "num_hidden_layers": config.n_layer,
+      "num_attention_heads": config.n_head,
+      "num_key_value_heads": config.kv_heads,
+      "head_dim": config.head_dim,
+      "max_position_embeddings": config.block_size,
+      "rms_norm_eps": config.norm_eps,
+  }
