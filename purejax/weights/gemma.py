@@ -26,7 +26,6 @@ import logging
 from typing import Any, Dict
 
 from purejax import gpt
-from purejax import nn
 from purejax.gpt import config as gpt_config
 from purejax.weights import hf_config as hf_config_lib
 from purejax.weights.errors import ConversionError
@@ -103,13 +102,7 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
     unsupported.append("use_bidirectional_attention=true (an embedding model, not causal)")
   if local_type != "default":
     unsupported.append(f"rope_parameters.{_SLIDING}.rope_type={local_type!r}")
-  try:
-    scaling = nn.RopeScaling.from_dict(scaling) if scaling else None
-  except ValueError as e:
-    unsupported.append(str(e).rstrip("."))
-  if unsupported:
-    raise ConversionError(f"{source}: purejax's GPT does not support "
-                          f"{'; '.join(unsupported)}.")
+  scaling = hf_config_lib.rope_scaling_or_refuse(source, scaling, unsupported)
   options = dict(gpt.ARCHITECTURES["gemma3"])
   options.update(
       vocab_size=get("vocab_size"), block_size=get("max_position_embeddings"),

@@ -17,6 +17,7 @@ writes `"head_dim": null`).
 import math
 from typing import Any, Callable, Dict, Mapping, NamedTuple
 
+from purejax import nn
 from purejax.weights.errors import ConversionError
 
 
@@ -205,3 +206,17 @@ def size_fields(config) -> Dict[str, Any]:
       "max_position_embeddings": config.block_size,
       "rms_norm_eps": config.norm_eps,
   }
+
+
+def rope_scaling_or_refuse(source: str, scaling, unsupported: list):
+  """The `nn.RopeScaling` of a `rope_scaling` dict (None for none), then raises one
+  ConversionError naming every option in `unsupported` (a kind of scaling purejax
+  lacks joins them) when there are any."""
+  try:
+    scaling = nn.RopeScaling.from_dict(scaling) if scaling else None
+  except ValueError as e:
+    unsupported.append(str(e).rstrip("."))
+  if unsupported:
+    raise ConversionError(f"{source}: purejax's GPT does not support "
+                          f"{'; '.join(unsupported)}.")
+  return scaling

@@ -34,7 +34,6 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import gpt
-from purejax import nn
 from purejax.gpt import config as gpt_config
 from purejax.weights import gemma
 from purejax.weights import hf_config as hf_config_lib
@@ -93,13 +92,7 @@ def config_from_hf(hf_config: Dict[str, Any], source: str = "config.json") -> gp
   if bias != get("mlp_bias"):
     unsupported.append(f"attention_bias={bias} with mlp_bias={get('mlp_bias')} "
                        f"(purejax's bias option covers both)")
-  try:
-    scaling = nn.RopeScaling.from_dict(scaling) if scaling else None
-  except ValueError as e:
-    unsupported.append(str(e).rstrip("."))
-  if unsupported:
-    raise ConversionError(f"{source}: purejax's GPT does not support "
-                          f"{'; '.join(unsupported)}.")
+  scaling = hf_config_lib.rope_scaling_or_refuse(source, scaling, unsupported)
   window, pattern = _window(get, model_type, source)
   try:
     return gpt.GPTConfig(
