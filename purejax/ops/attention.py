@@ -14,10 +14,7 @@ per head, and take plain arguments: nothing here knows a model config.
   softmax spans all its keys, so it is exact. With a finite mask and a
   written-out softmax, it is the fastest form on XLA's CPU backend. With
   fewer key/value heads than query heads, each key/value head's queries
-  are multiplied as one taller block, the keys not repeated. With a
-  sliding window well inside the sequence, every chunk of `block` queries
-  multiplies only the keys its window reaches, all chunks in one product
-  over a band of keys, so its cost falls with the window. Its two
+  are multiplied as one taller block, the keys not repeated. Its two
   products take `compute_dtype` operands (float32 accumulation); the
   softmax is float32.
 * "xla": the plain form with its two products in `compute_dtype` (float32
@@ -54,17 +51,16 @@ def _bhtd(x: chex.Array) -> chex.Array:
 
 def _visible(key_positions: chex.Array, positions: chex.Array,
              window: Optional[int]) -> chex.Array:
-  """`[..., t, s]`: which keys at `key_positions` `[..., s]` queries at `positions`
-  `[..., t]` see.
+  """`[t, s]`: which keys at `key_positions` `[s]` queries at `positions` `[t]` see.
 
   Causal: keys at or before the query; with `window`, only the last `window`
   of them (the query's own included). Ring-buffer slots not yet written
-  (and a band's padding) have negative positions (`window` set), never seen.
+  have negative positions (`window` set), never seen.
   """
-  keys, queries = key_positions[..., None, :], positions[..., :, None]
-  visible = keys <= queries
+  visible = key_positions[None, :] <= positions[:, None]
   if window is not None:
-    visible &= (keys > queries - window) & (keys >= 0)
+    visible &= (key_positions[None, :] > positions[:, None] - window) & (
+        key_positions[None, :] >= 0)
   return visible
 
 
@@ -212,62 +208,6 @@ def _grouped_blocked_attention(q, k, v, *, block, key, dropout, deterministic,
   return y.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
-def _banded_attention(q, k, v, *, chunk, window, key, dropout, deterministic,
-                      compute_dtype, forms, softcap=None):
-  """Sliding-window attention as one product over all chunks of `chunk` queries.
-
-  Chunk `i` multiplies the keys of chunks `i - m .. i`, `m = ceil((window - 1)
-  / chunk)`: all its queries' windows and no more. The keys are laid out as
-  a band, `[.., n, (m + 1) * chunk, d]` (zeros, at negative positions, before
-  the first chunk), so every chunk's scores are one batched product rather
-  than a product per chunk (T=1024, a 128 window, forward and backward on
-  this CPU: 0.43 of the full causal time, against 0.54 one chunk at a time).
-  The sequence is padded to whole chunks; the padded queries are dropped.
-  With dropout, the masks are drawn over `[b, h, n, chunk, keys]`, grouped
-  heads or not.
-
-  Args:
-    q: `[b, t, h, d]` scaled queries.
-    k, v: `[b, t, g, d]`, `g` dividing `h`.
-
-  Returns:
-    `[b, t, h, d]` float32.
-  """
-  b, t, h, d = q.shape
-  g = k.shape[2]
-  r = h // g
-  n = -(-t // chunk)
-  m = -(-(window - 1) // chunk)
-  q = q.reshape(b, t, g, r, d).transpose(0, 2, 3, 1, 4)  # [b, g, r, t, d]
-  k, v = _bhtd(k), _bhtd(v)  # [b, g, t, d]
-
-  def chunks(x):  # [..., t, d] -> [..., n, chunk, d]
-    x = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, n * chunk - t), (0, 0)])
-    return x.reshape(*x.shape[:-2], n, chunk, d)
-
-  def band(x):  # [b, g, t, d] -> [b, g, n, (m + 1) * chunk, d]
-    x = jnp.pad(chunks(x), [(0, 0), (0, 0), (m, 0), (0, 0), (0, 0)])
-    return jnp.concatenate([x[:, :, i:i + n] for i in range(m + 1)], axis=3)
-
-  rows = chunks(q).transpose(0, 1, 3, 2, 4, 5).reshape(b, g, n, r * chunk, d)
-  matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype, forms=forms)
-  scores = _capped(matmul(rows, jnp.swapaxes(band(k), -1, -2)), softcap)  # [b, g, n, rows, keys]
-  starts = jnp.arange(n)[:, None] * chunk
-  positions = jnp.tile(starts + jnp.arange(chunk), (1, r))  # [n, r * chunk]
-  key_positions = starts - m * chunk + jnp.arange((m + 1) * chunk)  # [n, keys]
-  unnormalised, total = _finite_mask_softmax_parts(scores, positions, key_positions, window)
-  if dropout_lib.drops(dropout, deterministic):  # the masks of [b, h, n, chunk, keys]
-    shape = unnormalised.shape
-    per_head = unnormalised.reshape(b, g, n, r, chunk, -1).transpose(0, 1, 3, 2, 4, 5)
-    per_head = dropout_lib.dropout(key, per_head.reshape(b, h, n, chunk, -1), dropout,
-                                   deterministic=deterministic)
-    unnormalised = per_head.reshape(b, g, r, n, chunk, -1).transpose(
-        0, 1, 3, 2, 4, 5).reshape(shape)
-  y = matmul(unnormalised, band(v)) / total  # [b, g, n, r * chunk, d]
-  y = y.reshape(b, g, n, r, chunk, d).transpose(0, 2, 4, 1, 3, 5)  # [b, n, chunk, g, r, d]
-  return y.reshape(b, n * chunk, h, d)[:, :t]
-
-
 def cudnn_unsupported(shape: Tuple[int, ...], dtype, dropping: bool,
                       softcap: Optional[float] = None) -> Optional[str]:
   """Why cuDNN's flash attention cannot run `[batch, time, heads, head_dim]` operands, or None.
@@ -344,9 +284,8 @@ def causal_attention(
     k, v: `[batch, time, kv_heads, head_dim]`.
     form: one of `kernels.ATTENTION_FORMS` (see the module docstring);
       "cudnn" runs "xla" where cuDNN does not apply (`cudnn_unsupported`).
-    block: queries per block of the "blocked" form (with a window of a
-      quarter of the sequence or more, blocks as wide as the window, up to
-      twice this).
+    block: queries per block of the "blocked" form (with a window, blocks
+      as wide as the window, up to twice this).
     dropout: drop rate of the attention weights: a float, or a scalar array
       (`dropout.dropout`), which always counts as dropping.
     key: dropout key (unused when deterministic).
@@ -358,8 +297,7 @@ def causal_attention(
       as `batched_matmul` takes it); None: the plain form.
     window: None, or sliding-window attention: position t attends to
       `t - window + 1 .. t` only. The blocked form then multiplies only the
-      keys inside its blocks' windows (`_banded_attention`, where
-      `window + block <= t / 2`), so its cost falls with the window;
+      keys inside its blocks' windows, so its cost falls with the window;
       cuDNN takes it as `local_window_size`.
     softcap: None, or `c` in `c * tanh(scores / c)` on the scaled scores
       (Gemma 2); cuDNN does not take it (the "xla" form runs).
@@ -392,17 +330,12 @@ def causal_attention(
     form = "xla"
   drop = dict(dropout=dropout, deterministic=deterministic)
   masks = dict(window=window, softcap=softcap)
-  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-  if form == "blocked" and window is not None and window + block <= q.shape[1] // 2:
-    # A window well inside the sequence: all chunks' products at once, each over the
-    # keys its window reaches (at most half the full causal form's scores).
-    return _banded_attention(q * scale, k, v, chunk=block, window=window, key=key,
-                             compute_dtype=compute_dtype, forms=forms, softcap=softcap, **drop)
   if window is not None:
-    # A window as wide as a quarter of the sequence or more: query blocks as wide as
-    # the window, up to twice `block` (fewer, larger products ran faster on this CPU),
-    # each over the key blocks its window reaches.
+    # Query blocks as wide as the window, up to twice `block`: fewer, larger products
+    # (T=1024, a 128 window, forward and backward on this CPU: 51 ms in blocks of 128,
+    # 60 in blocks of 64, 76 in blocks of 256).
     block = min(max(block, window), 2 * block)
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if form == "blocked" and k.shape[2] < q.shape[2]:
     return _grouped_blocked_attention(
         q * scale, k, v, block=block, key=key,
