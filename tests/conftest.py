@@ -46,10 +46,11 @@ def pytest_configure(config):
     os.environ.update({COMPILE_CACHE: config.purejax_compile_cache,
                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"})
-  if COMPILE_CACHE in os.environ:  # this process imported JAX before they were set
-    jax.config.update("jax_compilation_cache_dir", os.environ[COMPILE_CACHE])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  # The tests' own processes keep no cache: only the subprocesses they start (commands
+  # run twice, resumed, killed) share one. Serialising an executable into the cache
+  # has crashed an xdist worker now and then (a segfault inside JAX's
+  # `put_executable_and_time`), and in-process tests gained nothing from it.
+  jax.config.update("jax_compilation_cache_dir", None)
   _schedule_longest_first(config)
 
 

@@ -81,10 +81,11 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
   def test_causality(self):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 8))
+    forward = jax.jit(gpt.forward, static_argnums=2)
     for t in range(7):
       changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 1) % TINY.vocab_size)
-      a = gpt.forward(params, tokens, TINY)
-      b = gpt.forward(params, changed, TINY)
+      a = forward(params, tokens, TINY)
+      b = forward(params, changed, TINY)
       chex.assert_trees_all_close(a[:, :t + 1], b[:, :t + 1], atol=1e-5)
       assert not np.allclose(a[:, t + 1:], b[:, t + 1:], atol=1e-3)
 

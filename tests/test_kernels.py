@@ -7,7 +7,6 @@ program is checked in `test_gpu_lowering.py`.
 """
 
 import dataclasses
-import functools
 
 import chex
 import jax
@@ -110,7 +109,7 @@ def test_attention_forms_equal_plain_values_and_gradients(form, block, kv_heads)
   def value_and_grads(form):
     f = lambda q, k, v: jnp.sum(cotangent * attention.causal_attention(
         q, k, v, form=form, block=block))
-    return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
   chex.assert_trees_all_close(value_and_grads(form), value_and_grads("plain"),
                               rtol=1e-5, atol=1e-5)
@@ -133,9 +132,10 @@ def test_blocked_attention_in_bfloat16_multiplies_bfloat16_operands(matmul_backw
         q, k, v, form="blocked", block=5, compute_dtype=dtype, forms=forms))
     return jax.value_and_grad(f, argnums=(0, 1, 2))
 
-  ours = value_and_grads(jnp.bfloat16)(q, k, v)
+  ours = jax.jit(value_and_grads(jnp.bfloat16))(q, k, v)
   assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(ours))
-  chex.assert_trees_all_close(ours, value_and_grads(None)(q, k, v), rtol=5e-2, atol=5e-2)
+  chex.assert_trees_all_close(ours, jax.jit(value_and_grads(None))(q, k, v), rtol=5e-2,
+                              atol=5e-2)
   jaxpr = jax.make_jaxpr(value_and_grads(jnp.bfloat16))(q, k, v).jaxpr
   dtypes = dot_operand_dtypes(jaxpr)
   assert len(dtypes) == 3 * 2 * 3  # 3 blocks (12 positions); 2 products, each with 2 gradients
@@ -199,8 +199,8 @@ class AttentionTest(parameterized.TestCase):
     # Unrepeated keys change the products' shapes, not which weights drop.
     q, (k, v) = qkv(3, (2, 12, 4, 8))[0], qkv(4, (2, 12, 2, 8))[:2]
     key = jax.random.PRNGKey(4)
-    run = lambda k, v: attention.causal_attention(
-        q, k, v, form="blocked", block=5, dropout=0.5, key=key, deterministic=False)
+    run = jax.jit(lambda k, v: attention.causal_attention(
+        q, k, v, form="blocked", block=5, dropout=0.5, key=key, deterministic=False))
     chex.assert_trees_all_close(run(k, v), run(jnp.repeat(k, 2, axis=2),
                                                jnp.repeat(v, 2, axis=2)),
                                 rtol=1e-5, atol=1e-5)
@@ -389,8 +389,8 @@ TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16
 
 
 def loss_and_grads(config, params, tokens, forms=None):
-  return jax.value_and_grad(functools.partial(gpt.loss, forms=forms))(
-      params, tokens[:, :-1], tokens[:, 1:], config)
+  return jax.jit(jax.value_and_grad(lambda p: gpt.loss(
+      p, tokens[:, :-1], tokens[:, 1:], config, forms=forms)))(params)
 
 
 @pytest.mark.parametrize("changes", [
