@@ -164,24 +164,45 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
     k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, kv, t, d]
     # Keys and values come out of the products in the forms' matmul_output
     # dtype; the cache keeps its own.
-    bufs = (jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d).astype(buf.dtype),
-                                         (0, pos, 0))
-            for buf, new in ((k_buf, k_new), (v_buf, v_new)))
+    written = lambda k_new, v_new: tuple(
+        jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d).astype(buf.dtype),
+                                     (0, pos, 0))
+        for buf, new in ((k_buf, k_new), (v_buf, v_new)))
     if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0 and key_start is None:
       y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype,
                                      softcap=config.attn_softcap, scale=scale)
-      return y, tuple(bufs)
+      return y, written(k_new, v_new)
     q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
-    new_k_buf, new_v_buf = bufs
     # The model's own scale, as a Python float: the same program as before for 1/sqrt(d).
-    y = attention.attend_to_cache(q * (1.0 / math.sqrt(d) if config.attn_scalar is None
-                                       else scale), new_k_buf.reshape(b, kv, -1, d),
-                                  new_v_buf.reshape(b, kv, -1, d), pos,
-                                  compute_dtype=compute_dtype, key_start=key_start,
-                                  softcap=config.attn_softcap)
+    q = q * (1.0 / math.sqrt(d) if config.attn_scalar is None else scale)
+    masks = dict(compute_dtype=compute_dtype, key_start=key_start, softcap=config.attn_softcap)
+    if t == 1:  # a decoding step: see `_written_after`
+      y = attention.attend_to_cache_and_own(
+          q, k_buf.reshape(b, kv, -1, d), v_buf.reshape(b, kv, -1, d), k_new[:, :, 0],
+          v_new[:, :, 0], pos, **masks)
+      return y.transpose(0, 2, 1, 3), written(*_written_after(y, k_new, v_new))
+    new_k_buf, new_v_buf = written(k_new, v_new)
+    y = attention.attend_to_cache(q, new_k_buf.reshape(b, kv, -1, d),
+                                  new_v_buf.reshape(b, kv, -1, d), pos, **masks)
     return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
 
   return attend
+
+
+def _written_after(read: chex.Array, *new: chex.Array) -> Tuple[chex.Array, ...]:
+  """`new` (a step's keys and values), made to depend on `read` (its attention output).
+
+  A decoding step reads its layer's cache as it was before the step
+  (`attention.attend_to_cache_and_own`) and writes its own key and value
+  into one slot. Without an order between the two, XLA's CPU backend
+  copied each layer's whole cache twice a step to keep the old one for the
+  read (an `optimization_barrier` did not order them). Adding `0 *` one
+  element of the output orders the write after the read, and the write is
+  in place. The values are unchanged: the output is finite wherever the
+  step's logits are.
+  """
+  after = 0.0 * read.reshape(-1)[0]
+  return tuple(x + after.astype(x.dtype) for x in new)
 
 
 def _ring_positions(pos: chex.Numeric, size: int) -> chex.Array:
@@ -213,12 +234,13 @@ def _ring_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric, count:
     k_new, v_new = (a.transpose(0, 2, 1, 3).reshape(b * kv, t, d) for a in (k, v))
     q = q.transpose(0, 2, 1, 3) * config.attn_scale  # [b, h, t, d]
     heads = lambda a: a.reshape(b, kv, -1, d)
-    if t == 1:
+    if t == 1:  # the slot it writes holds a position that has left the window
+      y = attention.attend_to_cache_and_own(
+          q, heads(k_buf), heads(v_buf), heads(k_new)[:, :, 0], heads(v_new)[:, :, 0], pos,
+          key_positions=_ring_positions(pos, size), **masks)
       bufs = tuple(jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype),
                                                 (0, jnp.mod(pos, size), 0))
-                   for buf, new in ((k_buf, k_new), (v_buf, v_new)))
-      y = attention.attend_to_cache(q, heads(bufs[0]), heads(bufs[1]), pos,
-                                    key_positions=_ring_positions(pos + 1, size), **masks)
+                   for buf, new in zip((k_buf, v_buf), _written_after(y, k_new, v_new)))
       return y.transpose(0, 2, 1, 3), bufs
     if isinstance(pos, int) and pos == 0:
       keys, values, positions = k_new, v_new, jnp.arange(t)

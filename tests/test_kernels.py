@@ -496,3 +496,30 @@ def test_block_inputs_saved_in_bf16_take_a_traced_dropout_rate():
   grads = {remat: jax.jit(jax.vmap(jax.grad(loss), (None, 0, None)), static_argnums=2)(
       params, rates, remat) for remat in ("full", "full_compute_dtype")}
   chex.assert_trees_all_close(grads["full_compute_dtype"], grads["full"], rtol=5e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("case", ["plain", "padded_rows", "ring_window_softcap", "bfloat16"])
+def test_a_step_over_the_old_cache_and_its_own_key_equals_attending_to_the_written_cache(case):
+  # A decoding step reads the cache as it was and its own key apart
+  # (`attend_to_cache_and_own`), so XLA can write its slot in place; the
+  # function is that of writing the slot first and attending to the cache.
+  b, kv, h, s, d, pos = 3, 2, 4, 10, 8, 6
+  keys = jax.random.split(jax.random.PRNGKey(5), 5)
+  q = jax.random.normal(keys[0], (b, h, 1, d))
+  k, v = (jax.random.normal(key, (b, kv, s, d)) for key in keys[1:3])
+  k_own, v_own = (jax.random.normal(key, (b, kv, d)) for key in keys[3:5])
+  options, slot = {}, pos
+  if case == "padded_rows":
+    options = dict(key_start=jnp.array([0, 2, 5]))
+  if case == "ring_window_softcap":  # a ring of 4 slots after positions 0..6: slot p % 4
+    k, v, slot = k[:, :, :4], v[:, :, :4], pos % 4
+    options = dict(key_positions=jnp.array([4, 5, 2, 3]), window=3, softcap=2.0)
+  if case == "bfloat16":
+    options = dict(compute_dtype=jnp.bfloat16)
+  got = attention.attend_to_cache_and_own(q, k, v, k_own, v_own, pos, **options)
+  written = [a.at[:, :, slot].set(own) for a, own in ((k, k_own), (v, v_own))]
+  if case == "ring_window_softcap":
+    options = dict(options, key_positions=options["key_positions"].at[slot].set(pos))
+  want = attention.attend_to_cache(q, *written, pos, **options)
+  tolerance = 2e-2 if case == "bfloat16" else 1e-5
+  chex.assert_trees_all_close(got, want, rtol=tolerance, atol=tolerance)
