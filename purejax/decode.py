@@ -16,6 +16,7 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from purejax import gpt
 from purejax import kv_cache
@@ -109,8 +110,10 @@ class DecodeState(NamedTuple):
     cache_len: positions filled in the cache.
     logits: `[batch, vocab]` next-token logits.
     index: how many new tokens are written.
-    lengths, done: with stop ids, `[batch]` new tokens up to and with each
-      row's stop token, and whether it has one (else None).
+    lengths, done: with stop ids or strings, `[batch]` new tokens up to and
+      with each row's stop token, and whether it has one (else None).
+    text: with stop strings, `[batch, bytes]` the last bytes of each row's
+      new text (`StopStrings`; -1 before its first byte), else None.
   """
   tokens: chex.Array
   cache: KVCache
@@ -119,17 +122,94 @@ class DecodeState(NamedTuple):
   index: chex.Array
   lengths: Optional[chex.Array] = None
   done: Optional[chex.Array] = None
+  text: Optional[chex.Array] = None
+
+
+class StopStrings(NamedTuple):
+  """Strings that end a row, as the decode loop looks for them (`stop_strings`).
+
+  Each row keeps the last bytes of its new text; after each token, a row
+  whose text holds one of the strings stops, so a batch of completions
+  that end at a string (HumanEval's "\ndef", say) ends with them instead of
+  running to `max_new_tokens`. The caller still cuts each text at the first
+  string; the tokens before it are the same either way.
+
+  Attributes:
+    token_bytes: `[vocab, width]` int32: each id's UTF-8 bytes, left-aligned,
+      -1 after them.
+    token_lengths: `[vocab]` int32: how many.
+    strings: `[n, longest]` int32: each string's UTF-8 bytes, right-aligned,
+      -1 before them.
+  """
+  token_bytes: chex.Array
+  token_lengths: chex.Array
+  strings: chex.Array
+
+
+def stop_strings(token_texts: Sequence[str], strings: Sequence[str],
+                 vocab_size: Optional[int] = None) -> StopStrings:
+  """The `StopStrings` of `strings` for a tokenizer whose id `i` reads `token_texts[i]`.
+
+  Args:
+    token_texts: each id's text as it reads inside a longer text
+      (`tokenizers.token_texts`).
+    strings: the stop strings, each non-empty.
+    vocab_size: the model's ids, if more than the tokenizer's (a padded
+      vocabulary: the extra ids have no text).
+
+  Raises:
+    ValueError: no strings, or an empty one.
+  """
+  if not strings or not all(strings):
+    raise ValueError(f"stop strings must be non-empty strings, got {list(strings)!r}.")
+  encoded = [t.encode("utf-8") for t in token_texts]
+  vocab_size = max(vocab_size or 0, len(encoded))
+  width = max(1, max(len(b) for b in encoded))
+  token_bytes = np.full((vocab_size, width), -1, np.int32)
+  lengths = np.zeros(vocab_size, np.int32)
+  for i, b in enumerate(encoded):
+    token_bytes[i, :len(b)] = list(b)
+    lengths[i] = len(b)
+  wanted = [s.encode("utf-8") for s in strings]
+  longest = max(len(b) for b in wanted)
+  table = np.full((len(wanted), longest), -1, np.int32)
+  for i, b in enumerate(wanted):
+    table[i, longest - len(b):] = list(b)
+  return StopStrings(jnp.asarray(token_bytes), jnp.asarray(lengths), jnp.asarray(table))
+
+
+def _text_width(table: StopStrings) -> int:
+  """Bytes a row keeps: enough for a string that ends in the newest token's bytes."""
+  return table.token_bytes.shape[1] + table.strings.shape[1]
+
+
+def _appended(table: StopStrings, text: chex.Array, token: chex.Array) -> chex.Array:
+  """`[batch, bytes]` the last bytes of each row's text once `token` `[batch]` is read."""
+  new = table.token_bytes[token]  # [batch, width]
+  joined = jnp.concatenate([text, new], axis=1)
+  start = table.token_lengths[token][:, None] + jnp.arange(text.shape[1])[None]
+  return jnp.take_along_axis(joined, start, axis=1)
+
+
+def _holds_a_string(table: StopStrings, text: chex.Array) -> chex.Array:
+  """`[batch]` whether each row's kept text holds one of the strings."""
+  longest = table.strings.shape[1]
+  windows = jnp.stack([text[:, j:j + longest] for j in range(text.shape[1] - longest + 1)],
+                      axis=1)  # [batch, windows, longest]
+  wanted = table.strings[None, None]  # [1, 1, n, longest]
+  equal = (windows[:, :, None] == wanted) | (wanted < 0)
+  return equal.all(-1).any((1, 2))
 
 
 class Generated(NamedTuple):
-  """What `generate` returns when given stop ids.
+  """What `generate` returns when given stop ids (or `jitted_generate` stop strings).
 
   Attributes (unbatched like the prompt):
     tokens: `[batch, prompt_len + max_new_tokens]`: the prompt, each row's new
       tokens up to its stop token, then that stop token repeated.
     lengths: `[batch]` new tokens of each row, its stop token included.
-    stopped: `[batch]` whether the row ended at a stop id (False: it ran to
-      `max_new_tokens`).
+    stopped: `[batch]` whether the row ended at a stop id or string (False: it
+      ran to `max_new_tokens`).
   """
   tokens: chex.Array
   lengths: chex.Array
@@ -192,6 +272,7 @@ def jitted_generate(
     num_samples: int = 1,
     row_stop_ids: Optional[chex.Array] = None,
     greedy: bool = False,
+    strings: Optional[StopStrings] = None,
 ) -> Union[chex.Array, Generated]:
   """Continues `prompt` by `max_new_tokens` sampled tokens, with a KV cache.
 
@@ -226,10 +307,13 @@ def jitted_generate(
       is then not read). Drawn ahead for a greedy batch of HumanEval (256 tokens
       x 16 rows x 49152 ids), the noise held 805 MB; its draw took 2% of the
       batch's time.
+    strings: optional `StopStrings`: a row also stops once its new text holds
+      one of them (the token that completes it is its stop token).
 
   Returns:
     `[batch, prompt_len + max_new_tokens]` (or unbatched like `prompt`): the
-    prompt followed by the new tokens; with `stop_ids`, a `Generated`.
+    prompt followed by the new tokens; with `stop_ids` or `strings`, a
+    `Generated`.
   """
   unbatched = prompt.ndim == 1
   if unbatched:
@@ -254,6 +338,7 @@ def jitted_generate(
   stops = None if stop_ids is None else jnp.asarray(stop_ids, jnp.int32)
   if stops is not None and row_stop_ids is not None:
     stops = jnp.asarray(row_stop_ids, jnp.int32)  # [batch, k]: each row's own
+  stopping = stops is not None or strings is not None
 
   def noise(index):  # [batch, vocab] Gumbel noise of new token `index`
     return jax.random.gumbel(jax.random.fold_in(key, index), (b, config.vocab_size))
@@ -265,12 +350,17 @@ def jitted_generate(
     else:
       token = sample_logits(None, state.logits, temperature, top_k, top_p, gumbel=token_noise,
                             valid_vocab=valid_vocab)
-    if stops is not None:  # a stopped row repeats its stop token
+    if stopping:  # a stopped row repeats its stop token
       last = jax.lax.dynamic_index_in_dim(state.tokens, p + state.index - 1, 1, False)
       token = jnp.where(state.done, last, token)
+      hit = jnp.zeros_like(state.done)
+      if stops is not None:
+        hit = jnp.isin(token, stops) if stops.ndim == 1 else (token[:, None] == stops).any(-1)
+      if strings is not None:
+        state = state._replace(text=_appended(strings, state.text, token))
+        hit = hit | _holds_a_string(strings, state.text)
       state = state._replace(lengths=jnp.where(state.done, state.lengths, state.index + 1),
-                             done=state.done | (jnp.isin(token, stops) if stops.ndim == 1
-                                                 else (token[:, None] == stops).any(-1)))
+                             done=state.done | hit)
     tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, p + state.index))
     return state._replace(tokens=tokens, index=state.index + 1), token
 
@@ -296,7 +386,7 @@ def jitted_generate(
     # JAX's threefry as a rolled loop once per token (a third of the time).
     ahead = (jax.vmap(noise)(state.index + jnp.arange(n)) if forms.noise_ahead and not greedy
              else None)
-    if stops is not None:  # until every row has stopped
+    if stopping:  # until every row has stopped
       first = state.index
       step = lambda s: decode(s, None if ahead is None else ahead[s.index - first])[0]
       return jax.lax.while_loop(lambda s: (s.index < first + n) & ~jnp.all(s.done), step,
@@ -307,7 +397,7 @@ def jitted_generate(
 
   def slides(state: DecodeState, n: int) -> DecodeState:
     """`slide`, then `n` decodes; with stop ids, nothing once every row has stopped."""
-    if stops is None:
+    if not stopping:
       return decodes(slide(state), n)
     return jax.lax.cond(jnp.all(state.done), lambda s: s, lambda s: decodes(slide(s), n), state)
 
@@ -325,8 +415,10 @@ def jitted_generate(
     b = b * num_samples
   tokens = jnp.concatenate([prompt, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
   state = DecodeState(tokens, cache, jnp.int32(plan.window), logits, jnp.int32(0))
-  if stops is not None:
+  if stopping:
     state = state._replace(lengths=jnp.zeros(b, jnp.int32), done=jnp.zeros(b, bool))
+  if strings is not None:
+    state = state._replace(text=jnp.full((b, _text_width(strings)), -1, jnp.int32))
   state = decodes(state, plan.first)
   if plan.full_periods:
     state = jax.lax.scan(lambda s, _: (slides(s, plan.period - 1), None), state,
@@ -334,7 +426,7 @@ def jitted_generate(
   if plan.tail:
     state = slides(state, plan.tail - 1)
   tokens = state.tokens
-  if stops is not None:  # rows cut short by the while loop's end repeat their stop token
+  if stopping:  # rows cut short by the while loop's end repeat their stop token
     written = jnp.arange(max_new_tokens)[None, :] < state.lengths[:, None]
     last = jnp.take_along_axis(tokens, p + state.lengths[:, None] - 1, axis=1)
     tokens = tokens.at[:, p:].set(jnp.where(written | ~state.done[:, None],
@@ -354,7 +446,8 @@ class Completion(NamedTuple):
 
   Attributes:
     tokens: the new ids, through the stop id that ended them (if any).
-    stopped: True where a stop id ended it (stop strings are cut by the caller).
+    stopped: True where a stop id or stop string ended it (the caller cuts the text
+      at the string).
   """
   tokens: Tuple[int, ...]
   stopped: bool
@@ -374,6 +467,7 @@ def generate_batch(
     stop_ids: Union[None, Sequence[int], Sequence[Sequence[int]]] = None,
     num_samples: int = 1,
     forms: Optional[kernels.Forms] = None,
+    stop_strings: Optional[StopStrings] = None,
 ) -> List[List[Completion]]:
   """Continues every prompt in one program: `[prompt][sample]` completions.
 
@@ -394,6 +488,9 @@ def generate_batch(
     stop_ids: ids that end a row: one list for all prompts, or a list per prompt.
     num_samples: completions per prompt.
     forms: execution forms; None: those of the platform `params` live on.
+    stop_strings: optional `StopStrings` (`stop_strings`): a row also ends once
+      its new text holds one; its tokens run through the token that completes
+      it (the caller cuts the text at the string).
 
   Raises:
     ValueError: no prompts, an empty prompt, a batch that does not fit the
@@ -427,7 +524,7 @@ def generate_batch(
   out = jitted_generate(params, tokens, config, key, max_new_tokens, temperature, top_k, top_p,
                         valid_vocab, stop_ids=shared, forms=forms, offsets=offsets,
                         num_samples=num_samples, row_stop_ids=per_row,
-                        greedy=is_greedy(temperature))
+                        greedy=is_greedy(temperature), strings=stop_strings)
   if isinstance(out, Generated):
     rows, lengths, stopped = (jax.device_get(a) for a in out)
   else:

@@ -87,3 +87,24 @@ def test_greedy_decoding_draws_no_noise_and_picks_the_same_tokens():
   traced = jax.jit(lambda t: decode.generate(params, prompt, LLAMA_LIKE, jax.random.PRNGKey(0),
                                              8, t, forms=forms))(0.0)
   np.testing.assert_array_equal(greedy, traced)
+
+
+def test_rows_end_at_their_first_stop_string_with_the_tokens_before_it():
+  # Id i reads "<i>"; a string spanning two tokens' text ends its row at the
+  # token that completes it, the tokens before it as in the free run.
+  params = gpt.init_params(LLAMA_LIKE, jax.random.PRNGKey(1))
+  texts = [f"<{i}>" for i in range(LLAMA_LIKE.vocab_size)]
+  free = decode.generate_batch(params, PROMPTS[:2], LLAMA_LIKE, jax.random.PRNGKey(0), 12)
+  row = free[0][0].tokens
+  string = f"{row[3]}><{row[4]}"  # the end of token 3's text and the start of token 4's
+  table = decode.stop_strings(texts, [string, "never"])
+  stopped = decode.generate_batch(params, PROMPTS[:2], LLAMA_LIKE, jax.random.PRNGKey(0), 12,
+                                  stop_strings=table)
+  ends = next(j for j in range(len(row)) if string in "".join(texts[t] for t in row[:j + 1]))
+  assert stopped[0][0] == decode.Completion(row[:ends + 1], True)
+  assert stopped[1][0] == free[1][0] and not stopped[1][0].stopped  # holds neither string
+
+
+def test_stop_strings_must_be_non_empty():
+  with pytest.raises(ValueError, match="non-empty"):
+    decode.stop_strings(["a", "b"], ["a", ""])

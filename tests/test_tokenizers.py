@@ -20,7 +20,8 @@ from purejax.data import bpe_files
 from purejax.data import tokenize_files
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
-from helpers.data import MERGES, SHAKESPEARE, gpt2_byte_order, tiny_ranks, write_tiktoken_file
+from helpers.data import (MERGES, SHAKESPEARE, gpt2_byte_order, need, tiny_ranks,
+                          write_tiktoken_file)
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
@@ -304,3 +305,20 @@ def test_encode_chunks_of_nothing_and_progress_only_when_asked(tmp_path, tiny, c
   assert "tokenizing" not in capfd.readouterr().err
   tokenize_files.encode_file(tiny, str(path), chunk_bytes=512, progress=True)
   assert "tokenizing" in capfd.readouterr().err
+
+
+def test_token_texts_read_each_id_as_inside_a_text(tmp_path):
+  # A SentencePiece-style word "▁def" drops its space when decoded alone; inside
+  # a text it reads " def", so a stop string "\ndef" does not match "\n def".
+  hf_tokenizers = need("tokenizers")
+  from purejax.data import tokenizer_json  # pylint: disable=g-import-not-at-top
+  model = hf_tokenizers.models.WordLevel({"<unk>": 0, "a": 1, "\n": 2, "▁def": 3},
+                                         unk_token="<unk>")
+  spm = hf_tokenizers.Tokenizer(model)
+  spm.pre_tokenizer = hf_tokenizers.pre_tokenizers.Metaspace()
+  spm.decoder = hf_tokenizers.decoders.Metaspace()
+  spm.save(str(tmp_path / "tokenizer.json"))
+  tokenizer = tokenizer_json.load(str(tmp_path / "tokenizer.json"))
+  assert tokenizer.decode([3]) == "def"
+  assert tokenizers.token_texts(tokenizer)[1:] == ["a", "\n", " def"]
+  assert tokenizers.token_texts(tokenizers.CharTokenizer("ab\n")) == ["a", "b", "\n"]

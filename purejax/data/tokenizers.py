@@ -28,7 +28,7 @@ tokenizer.
 import dataclasses
 import os
 import pickle
-from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, ClassVar, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import numpy as np
 
@@ -138,6 +138,26 @@ def byte_lengths(tokenizer: Tokenizer) -> Optional[np.ndarray]:
   """
   lengths = getattr(tokenizer, "byte_lengths", None)
   return None if lengths is None else lengths()
+
+
+def token_texts(tokenizer: Tokenizer) -> List[str]:
+  """Each id's text as it reads inside a longer text, for matching stop strings.
+
+  Decoded after another token, less that token's own text: decoded alone, a
+  SentencePiece token drops its leading space (`"▁def"` reads `"def"`), which
+  would make `"\ndef"` seem to follow `"\n def"`. A token holding part of a
+  UTF-8 character reads as U+FFFD.
+  """
+  try:
+    anchor = [int(tokenizer.encode("a")[0])]
+  except (TokenizerError, IndexError):
+    anchor = [0]
+  before = tokenizer.decode(anchor)
+  texts = []
+  for i in range(tokenizer.vocab_size):
+    text = tokenizer.decode(anchor + [i])
+    texts.append(text[len(before):] if text.startswith(before) else tokenizer.decode([i]))
+  return texts
 
 
 def _check_ids(ids: Any, vocab_size: int) -> np.ndarray:

@@ -26,6 +26,7 @@ import numpy as np
 
 from purejax import decode
 from purejax.data import chat
+from purejax.data import tokenizers
 from purejax.evaluation import sandbox
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
@@ -81,12 +82,25 @@ def program(problem: Dict[str, Any], completion: str, chat_mode: bool) -> str:
   return f"{code}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
+def stop_strings(tokenizer, config) -> decode.StopStrings:
+  """The base form's stop sequences, for the decode loop to end each completion at."""
+  return decode.stop_strings(tokenizers.token_texts(tokenizer), STOP_SEQUENCES,
+                             config.vocab_size)
+
+
 def complete(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
              fmt: Optional[chat.ChatFormat] = None, max_new_tokens: int = 256,
              temperature: float = 0.0, key=None, stop_ids: Sequence[int] = (),
-             samples: int = 1, forms=None) -> List[List[str]]:
+             samples: int = 1, forms=None,
+             strings: Optional[decode.StopStrings] = None) -> List[List[str]]:
   """`samples` completions of each problem, all in one program (`decode.generate_batch`):
-  cut at the stop sequences (base) or taken from their code block (chat)."""
+  cut at the stop sequences (base) or taken from their code block (chat).
+
+  A base model's rows end in the program at the stop sequences (`strings`:
+  `stop_strings`, built here when None); the text is cut at the first.
+  """
+  if fmt is None and strings is None:
+    strings = stop_strings(tokenizer, config)
   prompts = [prompt_ids(p, tokenizer, fmt) for p in problems]
   room = min(max_new_tokens, config.block_size - max(len(ids) for ids in prompts))
   if room < 1:
@@ -96,7 +110,7 @@ def complete(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
                                 jax.random.PRNGKey(0) if key is None else key, room,
                                 temperature=temperature, valid_vocab=tokenizer.vocab_size,
                                 stop_ids=list(stop_ids) or None, num_samples=samples,
-                                forms=forms)
+                                forms=forms, stop_strings=strings if fmt is None else None)
   out = []
   for rows in batch:
     texts = [tokenizer.decode([t for t in row.tokens if t not in stop_ids]) for row in rows]
@@ -125,13 +139,14 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
   if any(k > samples or k < 1 for k in ks):
     raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {list(ks)}.")
   key = jax.random.PRNGKey(seed)
+  strings = stop_strings(tokenizer, config) if fmt is None else None  # once for all batches
   outcomes, counts = [], []
   for start in range(0, len(problems), batch_size):
     group = problems[start:start + batch_size]
     completions = complete(params, config, tokenizer, group, fmt=fmt,
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            key=jax.random.fold_in(key, start), stop_ids=stop_ids,
-                           samples=samples, forms=forms)
+                           samples=samples, forms=forms, strings=strings)
     for problem, texts in zip(group, completions):
       counts.append(0)
       for s, completion in enumerate(texts):
