@@ -69,6 +69,7 @@ class PurejaxLM(LM):
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self._batch_size = int(batch_size) if str(batch_size) != "auto" else 8
     self.seed = int(seed)
+    self._texts: Optional[List[str]] = None  # each id's text, for stop strings
 
   @property
   def eot_token_id(self) -> int:
@@ -113,8 +114,13 @@ class PurejaxLM(LM):
       _, kwargs = r.args
       sampled = bool(kwargs.get("do_sample"))
       groups.setdefault((int(kwargs.get("max_gen_toks", 256)),
-                         float(kwargs.get("temperature", 0.0)) if sampled else 0.0), []).append(i)
-    for (max_new, temperature), members in groups.items():
+                         float(kwargs.get("temperature", 0.0)) if sampled else 0.0,
+                         tuple(_stops(kwargs, self.tokenizer))), []).append(i)
+    for (max_new, temperature, stops), members in groups.items():
+      # Rows end at their stop strings inside the decode loop; the text is cut after.
+      wanted = [s for s in stops if s]
+      strings = (decode.stop_strings(self._token_texts(), wanted, self.config.vocab_size)
+                 if wanted else None)
       for start in range(0, len(members), self._batch_size):
         chunk = members[start:start + self._batch_size]
         prompts = [self.tok_encode(requests[i].args[0]) for i in chunk]
@@ -124,11 +130,17 @@ class PurejaxLM(LM):
         rows = decode.generate_batch(self.params, prompts, self.config,
                                      jax.random.PRNGKey(self.seed + chunk[0]), room,
                                      temperature=temperature,
-                                     valid_vocab=self.tokenizer.vocab_size)
+                                     valid_vocab=self.tokenizer.vocab_size,
+                                     stop_strings=strings)
         for i, (row,) in zip(chunk, rows):
-          text = self.tokenizer.decode(list(row.tokens))
-          out[i] = _cut(text, _stops(requests[i].args[1], self.tokenizer))
+          out[i] = _cut(self.tokenizer.decode(list(row.tokens)), list(stops))
     return out
+
+  def _token_texts(self) -> List[str]:
+    """Each id's text (`tokenizers.token_texts`), read once."""
+    if self._texts is None:
+      self._texts = tokenizers.token_texts(self.tokenizer)
+    return self._texts
 
 
 def _stops(kwargs: Dict[str, Any], tokenizer) -> List[str]:
