@@ -123,3 +123,23 @@ def test_humaneval_greedy_completions_equal_transformers_generate(smollm2_folder
   saved = json.loads((tmp_path / "results.json").read_text())["results"]["humaneval"]
   assert saved["outcomes"][0]["task_id"] == "HumanEval/0"  # each completion kept
   assert 0.0 <= final["humaneval"]["pass@1"] <= 1.0
+
+
+@pytest.mark.budget(40)
+def test_the_command_runs_harness_tasks_beside_its_own(smollm2_folder, local_task, tmp_path,
+                                                      capsys):
+  # `python -m purejax.eval --harness_tasks=... --harness_include_path=...`: the harness's
+  # accuracies on a local task, beside purejax's own runner on the same items.
+  need("lm_eval")
+  os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+  from purejax.cli import eval as eval_cli
+  include, data = local_task
+  out = tmp_path / "results.json"
+  assert eval_cli.run(["eval", f"--init_from={smollm2_folder}", f"--tasks={data}",
+                       "--harness_tasks=purejax_local_mc", f"--harness_include_path={include}",
+                       "--batch_size=4", f"--output={out}"]) == 0
+  results = json.loads(out.read_text())["results"]
+  harness, own = results["purejax_local_mc"], results[tasks.load_task(str(data)).name]
+  assert harness["acc"] == pytest.approx(own["accuracy_sum"])
+  assert harness["acc_norm"] == pytest.approx(own["accuracy_per_char"])
+  assert "purejax_local_mc (lm-evaluation-harness): acc" in capsys.readouterr().out
