@@ -396,7 +396,7 @@ def jitted_generate(
     return jax.lax.scan(lambda s, _: decode(s), state, None, length=n)[0]
 
   def slides(state: DecodeState, n: int) -> DecodeState:
-    """`slide`, then `n` decodes; with stop ids, nothing once every row has stopped."""
+    """`slide`, then `n` decodes; with stop ids or strings, nothing once every row has stopped."""
     if not stopping:
       return decodes(slide(state), n)
     return jax.lax.cond(jnp.all(state.done), lambda s: s, lambda s: decodes(slide(s), n), state)
