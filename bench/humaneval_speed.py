@@ -27,6 +27,7 @@ from absl import flags
 import jax
 
 from purejax import decode
+from purejax import engine
 from purejax import weights
 from purejax.data import tokenizers
 from purejax.evaluation import humaneval
@@ -34,8 +35,17 @@ from purejax.evaluation import humaneval
 FLAGS = flags.FLAGS
 
 
-def purejax_arm(params, config, tokenizer, prompts, batch_size, max_new, eos, stop_strings):
+def purejax_arm(params, config, tokenizer, prompts, rows, max_new, eos, stop_strings):
   # The stop strings' table is built inside the arm: its time is part of the run.
+  strings = humaneval.stop_strings(tokenizer, config) if stop_strings else None
+  completions = engine.generate_many(params, prompts, config, jax.random.PRNGKey(0), max_new,
+                                     rows=rows, stop_ids=[eos],
+                                     valid_vocab=tokenizer.vocab_size, stop_strings=strings)
+  return [list(c[0].tokens) for c in completions]
+
+
+def purejax_batches_arm(params, config, tokenizer, prompts, batch_size, max_new, eos,
+                        stop_strings):
   strings = humaneval.stop_strings(tokenizer, config) if stop_strings else None
   out = []
   for start in range(0, len(prompts), batch_size):
@@ -94,8 +104,12 @@ def main(argv):
   times, outputs = {}, {}
   hf_tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder))
                   if FLAGS.stop_strings else None)
-  arms = [("purejax", lambda: purejax_arm(params, config, tokenizer, prompts, FLAGS.batch_size,
+  arms = [("purejax", lambda: purejax_arm(params, config, tokenizer, prompts, FLAGS.rows,
                                           FLAGS.max_new_tokens, eos, FLAGS.stop_strings))]
+  if FLAGS.batches:
+    arms += [("purejax_batches", lambda: purejax_batches_arm(
+        params, config, tokenizer, prompts, FLAGS.batch_size, FLAGS.max_new_tokens, eos,
+        FLAGS.stop_strings))]
   hf_sizes = [int(b) for b in FLAGS.hf_batch_sizes]
   arms += [(f"hf_batch{b}", lambda b=b: hf_arm(model, prompts, b, FLAGS.max_new_tokens, eos,
                                                 pad, hf_tokenizer)) for b in hf_sizes]
@@ -117,7 +131,7 @@ def main(argv):
                         "purejax_tokens": len(ours), "hf_tokens": len(theirs)})
   best_hf = min(t for n, t in times.items() if n.startswith("hf_"))
   result = {"problems": len(problems), "max_new_tokens": FLAGS.max_new_tokens,
-            "batch_size": FLAGS.batch_size, "stop_strings": FLAGS.stop_strings,
+            "rows": FLAGS.rows, "stop_strings": FLAGS.stop_strings,
             "seconds": times,
             "speedup_vs_best_hf": best_hf / times["purejax"],
             "identical": len(problems) - len(differing), "differing": differing}
@@ -130,7 +144,11 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_integer("limit", 164, "Problems, from the first.")
   flags.DEFINE_integer("max_new_tokens", 256, "New tokens per completion, at most.")
-  flags.DEFINE_integer("batch_size", 16, "purejax's prompts per program.")
+  flags.DEFINE_integer("rows", 16, "purejax's completions decoded side by side "
+                       "(engine.generate_many).")
+  flags.DEFINE_bool("batches", False, "Also time purejax's decode.generate_batch, "
+                    "--batch_size prompts per program, each run until its last row ends.")
+  flags.DEFINE_integer("batch_size", 16, "With --batches, prompts per program.")
   flags.DEFINE_list("hf_batch_sizes", ["1", "8"], "transformers' batch sizes, each an arm.")
   flags.DEFINE_bool("stop_strings", True,
                     "Both sides end each row at HumanEval's stop sequences in the decode loop "

@@ -18,10 +18,11 @@ it; tests/test_architecture.py checks that against this drawing):
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
                 matmul and loss)
-    gpt/, mlp, kv_cache, decode, lora   the models (gpt/: its config, and its
-                model with each init beside its apply); the KV cache and sampling
-                with it; low-rank adapters over any model's params (below
-                training and weights, which both use it)
+    gpt/, mlp, kv_cache, decode, engine, lora   the models (gpt/: its config, and
+                its model with each init beside its apply); the KV cache and sampling
+                with it (a batch in one program; many prompts through rows refilled
+                as each completion ends); low-rank adapters over any model's params
+                (below training and weights, which both use it)
     data/       tokenizers (and training them), corpora, batches (each kind draws its
                 own), MNIST and TFDS
     optimizers/ optax optimizers and schedules, Muon
@@ -41,6 +42,7 @@ it; tests/test_architecture.py checks that against this drawing):
 
 from purejax import data
 from purejax import decode
+from purejax import engine
 from purejax import evaluation
 from purejax import gpt
 from purejax import lora
@@ -77,7 +79,7 @@ from purejax.weights import from_pretrained
 
 __all__ = [
     # modules and layers
-    "data", "decode", "gpt", "lora", "mlp", "nn", "ops", "rng", "training", "weights",
+    "data", "decode", "engine", "gpt", "lora", "mlp", "nn", "ops", "rng", "training", "weights",
     # models, how they run, and sampling
     "Forms", "GPTConfig", "KVCache", "generate", "select_forms",
     # data

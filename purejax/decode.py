@@ -194,8 +194,9 @@ def _appended(table: StopStrings, text: chex.Array, token: chex.Array) -> chex.A
 def _holds_a_string(table: StopStrings, text: chex.Array) -> chex.Array:
   """`[batch]` whether each row's kept text holds one of the strings."""
   longest = table.strings.shape[1]
-  windows = jnp.stack([text[:, j:j + longest] for j in range(text.shape[1] - longest + 1)],
-                      axis=1)  # [batch, windows, longest]
+  # One gather of every window (82 slices and a stack took 10% of a decoding step).
+  starts = np.arange(text.shape[1] - longest + 1)[:, None] + np.arange(longest)[None]
+  windows = text[:, starts]  # [batch, windows, longest]
   wanted = table.strings[None, None]  # [1, 1, n, longest]
   equal = (windows[:, :, None] == wanted) | (wanted < 0)
   return equal.all(-1).any((1, 2))

@@ -140,6 +140,23 @@ def layers_of(params: Params, config: gpt.GPTConfig) -> Tuple[Params, ...]:
                                                 params["blocks"]) for i in range(config.n_layer))
 
 
+def with_head_matrix(params: Params) -> Params:
+  """`params` whose tied output head is also held as its own `[embd, vocab]` matrix
+  (`"lm_head"`, as an untied model's): the same logits, from a matrix laid out for them.
+
+  The logits of a few tokens are one product with the `[vocab, embd]`
+  embedding table, and XLA's CPU backend transposed the whole table for it
+  on each call: SmolLM2-135M's head took 72 ms for one row's logits, 4 ms
+  from the transposed matrix. A program called once a token or a prompt
+  chunk (`decode.step`, `engine`) pays that every call, so their callers
+  transpose once. The matrix takes the table's memory again.
+  """
+  table = params["wte"]["embedding"]
+  if "lm_head" in params or not isinstance(table, jax.Array):
+    return params
+  return {**params, "lm_head": {"w": jnp.transpose(table)}}
+
+
 def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
                    config: gpt.GPTConfig, forms: kernels.Forms,
                    key_start: Optional[chex.Array] = None) -> gpt.Attend:
@@ -165,8 +182,7 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
     # Keys and values come out of the products in the forms' matmul_output
     # dtype; the cache keeps its own.
     written = lambda k_new, v_new: tuple(
-        jax.lax.dynamic_update_slice(buf, new.reshape(b * kv, t, d).astype(buf.dtype),
-                                     (0, pos, 0))
+        _write(buf, new.reshape(b * kv, t, d).astype(buf.dtype), pos, kv)
         for buf, new in ((k_buf, k_new), (v_buf, v_new)))
     if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0 and key_start is None:
       y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype,
@@ -187,6 +203,14 @@ def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
     return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
 
   return attend
+
+
+def _write(buf: chex.Array, new: chex.Array, slot: chex.Numeric, kv: int) -> chex.Array:
+  """`buf` `[batch * kv, slots, d]` with `new` `[batch * kv, t, d]` written from `slot`:
+  one slot for all rows, or `[batch]` slots, each row's own (one token a row)."""
+  if jnp.ndim(slot) == 0:
+    return jax.lax.dynamic_update_slice(buf, new, (0, slot, 0))
+  return buf.at[jnp.arange(buf.shape[0]), jnp.repeat(slot, kv)].set(new[:, 0])
 
 
 def _written_after(read: chex.Array, *new: chex.Array) -> Tuple[chex.Array, ...]:
@@ -235,11 +259,11 @@ def _ring_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric, count:
     q = q.transpose(0, 2, 1, 3) * config.attn_scale  # [b, h, t, d]
     heads = lambda a: a.reshape(b, kv, -1, d)
     if t == 1:  # the slot it writes holds a position that has left the window
+      rows_pos = pos if jnp.ndim(pos) == 0 else pos[:, None]  # [batch, 1]: each row's ring
       y = attention.attend_to_cache_and_own(
           q, heads(k_buf), heads(v_buf), heads(k_new)[:, :, 0], heads(v_new)[:, :, 0], pos,
-          key_positions=_ring_positions(pos, size), **masks)
-      bufs = tuple(jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype),
-                                                (0, jnp.mod(pos, size), 0))
+          key_positions=_ring_positions(rows_pos, size), **masks)
+      bufs = tuple(_write(buf, new.astype(buf.dtype), jnp.mod(pos, size), kv)
                    for buf, new in zip((k_buf, v_buf), _written_after(y, k_new, v_new)))
       return y.transpose(0, 2, 1, 3), bufs
     if isinstance(pos, int) and pos == 0:
@@ -271,7 +295,8 @@ def forward(layers, params, tokens, cache, pos, config, forms, last=None, offset
     params: the model's params (embeddings, final norm, head).
     tokens: `[batch, time]` ids at positions `pos, ...`.
     cache: the cache; positions `< pos` hold earlier tokens.
-    pos: position of `tokens[:, 0]` (may be traced).
+    pos: position of `tokens[:, 0]` (may be traced), or `[batch]` with one token a
+      row: each row's own position and cache slot (`purejax.engine`).
     config, forms: the model and how it runs.
     last: which token's logits to return (may be traced; None: the last).
     offsets: optional `[batch]` padding slots before each row's first token (a

@@ -171,6 +171,7 @@ FORMS_ENTRY_POINTS = {
     "purejax.training.loops.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
     "purejax.gpt.model",              # forward, loss
     "purejax.decode",                 # generate, forward_with_cache
+    "purejax.engine",                 # generate_many
     "purejax.evaluation.loglik",      # score (evaluation.evaluate called by hand)
 }
 

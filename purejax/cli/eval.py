@@ -60,7 +60,8 @@ def define_flags(args: flags.FlagValues) -> None:
                        flag_values=args)
   flags.DEFINE_integer("num_fewshot", None, "Answered examples before each item (default: "
                        "the spec's, else 0).", lower_bound=0, flag_values=args)
-  flags.DEFINE_integer("batch_size", 8, "Requests per compiled call.", lower_bound=1,
+  flags.DEFINE_integer("batch_size", 8, "Requests per compiled call (HumanEval: completions "
+                       "decoded side by side).", lower_bound=1,
                        flag_values=args)
   flags.DEFINE_string("output", "eval_results.json", "Where the results go, as JSON.",
                       flag_values=args)

@@ -11,7 +11,7 @@ it may also call `lm_eval.cli_evaluate()` with `--model purejax --model_args
 init_from=...`. Any harness task whose data is on this machine runs: log-likelihood
 requests go through `loglik.score` (many per compiled call), rolling ones
 through the harness's own token windows, and generation through
-`decode.generate`, greedy or sampled, cut at the first stop string.
+`engine.generate_many`, greedy or sampled, cut at the first stop string.
 """
 
 import dataclasses
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from purejax import decode
+from purejax import engine
 from purejax import weights
 from purejax.data import tokenizers
 from purejax.evaluation import loglik
@@ -106,8 +107,8 @@ class PurejaxLM(LM):
     return [float(t) for t in totals]
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
-    # Requests with the same settings go together, `batch_size` at a time, through
-    # `decode.generate_batch` (prompts of different lengths in one program).
+    # Requests with the same settings go together through `engine.generate_many`,
+    # `batch_size` decoded side by side, each row refilled as its completion ends.
     out: List[Optional[str]] = [None] * len(requests)
     groups: Dict[Tuple, List[int]] = {}
     for i, r in enumerate(requests):
@@ -121,19 +122,16 @@ class PurejaxLM(LM):
       wanted = [s for s in stops if s]
       strings = (decode.stop_strings(self._token_texts(), wanted, self.config.vocab_size)
                  if wanted else None)
-      for start in range(0, len(members), self._batch_size):
-        chunk = members[start:start + self._batch_size]
-        prompts = [self.tok_encode(requests[i].args[0]) for i in chunk]
-        room = max(1, min(max_new, self.max_length // 2))
-        prompts = [ids[-(self.max_length - room):] for ids in prompts]
-        room = min(max_new, self.max_length - max(len(ids) for ids in prompts))
-        rows = decode.generate_batch(self.params, prompts, self.config,
-                                     jax.random.PRNGKey(self.seed + chunk[0]), room,
-                                     temperature=temperature,
-                                     valid_vocab=self.tokenizer.vocab_size,
-                                     stop_strings=strings)
-        for i, (row,) in zip(chunk, rows):
-          out[i] = _cut(self.tokenizer.decode(list(row.tokens)), list(stops))
+      prompts = [self.tok_encode(requests[i].args[0]) for i in members]
+      room = max(1, min(max_new, self.max_length // 2))
+      prompts = [ids[-(self.max_length - room):] for ids in prompts]
+      room = min(max_new, self.max_length - max(len(ids) for ids in prompts))
+      rows = engine.generate_many(self.params, prompts, self.config,
+                                  jax.random.PRNGKey(self.seed), room, rows=self._batch_size,
+                                  temperature=temperature,
+                                  valid_vocab=self.tokenizer.vocab_size, stop_strings=strings)
+      for i, (row,) in zip(members, rows):
+        out[i] = _cut(self.tokenizer.decode(list(row.tokens)), list(stops))
     return out
 
   def _token_texts(self) -> List[str]:

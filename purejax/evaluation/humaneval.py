@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from purejax import decode
+from purejax import engine
 from purejax.data import chat
 from purejax.data import tokenizers
 from purejax.evaluation import sandbox
@@ -91,13 +92,14 @@ def stop_strings(tokenizer, config) -> decode.StopStrings:
 def complete(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
              fmt: Optional[chat.ChatFormat] = None, max_new_tokens: int = 256,
              temperature: float = 0.0, key=None, stop_ids: Sequence[int] = (),
-             samples: int = 1, forms=None,
-             strings: Optional[decode.StopStrings] = None) -> List[List[str]]:
-  """`samples` completions of each problem, all in one program (`decode.generate_batch`):
+             samples: int = 1, forms=None, strings: Optional[decode.StopStrings] = None,
+             rows: int = 16, progress=None) -> List[List[str]]:
+  """`samples` completions of each problem, `rows` at a time (`engine.generate_many`):
   cut at the stop sequences (base) or taken from their code block (chat).
 
-  A base model's rows end in the program at the stop sequences (`strings`:
-  `stop_strings`, built here when None); the text is cut at the first.
+  A base model's completions end in the decode loop at the stop sequences
+  (`strings`: `stop_strings`, built here when None); the text is cut at the
+  first. `progress(done, problems)` is called as each problem's last sample ends.
   """
   if fmt is None and strings is None:
     strings = stop_strings(tokenizer, config)
@@ -106,11 +108,12 @@ def complete(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
   if room < 1:
     raise ValueError(f"a prompt of {max(len(ids) for ids in prompts)} tokens leaves no room "
                      f"in the model's context of {config.block_size}.")
-  batch = decode.generate_batch(params, prompts, config,
-                                jax.random.PRNGKey(0) if key is None else key, room,
-                                temperature=temperature, valid_vocab=tokenizer.vocab_size,
-                                stop_ids=list(stop_ids) or None, num_samples=samples,
-                                forms=forms, stop_strings=strings if fmt is None else None)
+  batch = engine.generate_many(params, prompts, config,
+                               jax.random.PRNGKey(0) if key is None else key, room, rows=rows,
+                               temperature=temperature, valid_vocab=tokenizer.vocab_size,
+                               stop_ids=list(stop_ids) or None, num_samples=samples,
+                               forms=forms, stop_strings=strings if fmt is None else None,
+                               progress=progress)
   out = []
   for rows in batch:
     texts = [tokenizer.decode([t for t in row.tokens if t not in stop_ids]) for row in rows]
@@ -122,8 +125,11 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
         allow_code_execution: bool = False, fmt: Optional[chat.ChatFormat] = None,
         samples: int = 1, temperature: float = 0.0, ks: Sequence[int] = (1,),
         max_new_tokens: int = 256, timeout: float = 10.0, seed: int = 0, stop_ids=(),
-        batch_size: int = 8, forms=None, progress=None) -> Dict[str, Any]:
+        batch_size: int = 16, forms=None, progress=None) -> Dict[str, Any]:
   """Completes and checks each problem; returns pass@k for each k and per-problem outcomes.
+
+  Every completion is decoded first, `batch_size` side by side (`complete`;
+  `progress(done, problems)` as they end), then each program runs.
 
   Raises:
     CodeExecutionRefused: without `allow_code_execution`.
@@ -138,25 +144,19 @@ def run(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
                      f"temperature above 0, or take 1 sample.")
   if any(k > samples or k < 1 for k in ks):
     raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {list(ks)}.")
-  key = jax.random.PRNGKey(seed)
-  strings = stop_strings(tokenizer, config) if fmt is None else None  # once for all batches
+  completions = complete(params, config, tokenizer, problems, fmt=fmt,
+                         max_new_tokens=max_new_tokens, temperature=temperature,
+                         key=jax.random.PRNGKey(seed), stop_ids=stop_ids, samples=samples,
+                         forms=forms, rows=batch_size, progress=progress) if problems else []
   outcomes, counts = [], []
-  for start in range(0, len(problems), batch_size):
-    group = problems[start:start + batch_size]
-    completions = complete(params, config, tokenizer, group, fmt=fmt,
-                           max_new_tokens=max_new_tokens, temperature=temperature,
-                           key=jax.random.fold_in(key, start), stop_ids=stop_ids,
-                           samples=samples, forms=forms, strings=strings)
-    for problem, texts in zip(group, completions):
-      counts.append(0)
-      for s, completion in enumerate(texts):
-        outcome = sandbox.run_program(program(problem, completion, fmt is not None),
-                                      timeout=timeout)
-        counts[-1] += outcome.passed
-        outcomes.append({"task_id": problem["task_id"], "sample": s,
-                         "completion": completion, "status": outcome.status})
-    if progress is not None:
-      progress(min(start + batch_size, len(problems)), len(problems))
+  for problem, texts in zip(problems, completions):
+    counts.append(0)
+    for s, completion in enumerate(texts):
+      outcome = sandbox.run_program(program(problem, completion, fmt is not None),
+                                    timeout=timeout)
+      counts[-1] += outcome.passed
+      outcomes.append({"task_id": problem["task_id"], "sample": s,
+                       "completion": completion, "status": outcome.status})
   result = {f"pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts]))
             for k in ks}
   result.update(problems=len(problems), samples=samples, temperature=temperature,

@@ -450,7 +450,10 @@ def attend_to_cache_and_own(
       keys at positions `< query_start` are seen (`attend_to_cache`'s slots,
       `key_start` and `key_positions`).
     k_own, v_own: `[batch, kv_heads, head_dim]`, the query's own key and value.
-    query_start, compute_dtype, key_start, key_positions, window, softcap: as
+    query_start: the queries' position, or `[batch]`: each row's own (rows
+      decoded side by side at different lengths, `purejax.engine`); then
+      `key_positions` may be `[batch, cache_len]`, each row's ring.
+    compute_dtype, key_start, key_positions, window, softcap: as
       `attend_to_cache`'s.
 
   Returns:
@@ -461,10 +464,13 @@ def attend_to_cache_and_own(
   kv = k.shape[1]
   q = q.reshape(b, kv, h // kv, d)  # a key/value head's query heads are its rows
   slots = jnp.arange(k.shape[2]) if key_positions is None else key_positions
+  if jnp.ndim(query_start) == 1:  # each row at its own position: [batch, 1] against [.., s]
+    query_start = query_start[:, None]
   before = slots < query_start
   if window is not None:
     before &= (slots > query_start - window) & (slots >= 0)
-  seen = before[None] if key_start is None else before[None] & (slots[None] >= key_start[:, None])
+  before = before if before.ndim == 2 else before[None]  # [batch or 1, s]
+  seen = before if key_start is None else before & (slots >= key_start[:, None])
   dtype = jnp.float32 if compute_dtype is None else compute_dtype
   product = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
   q = q.astype(dtype)
