@@ -1,5 +1,5 @@
-r"""HumanEval's greedy completions on SmolLM2-135M-Instruct: purejax's batched engine
-against transformers' `generate`, the same prompts, token for token, and their time.
+r"""HumanEval's greedy completions on SmolLM2-135M-Instruct: purejax's engine against
+transformers' `generate`, the same prompts, token for token, and their time.
 
     python -m bench.humaneval_speed --limit=164 --max_new_tokens=256 --out=results.json
 
@@ -8,10 +8,11 @@ template) greedily for `--max_new_tokens` tokens, ending a row at the model's
 end token and (`--stop_strings`, the default) at HumanEval's stop sequences,
 inside the decode loop (purejax's `StopStrings`, transformers'
 `generate(stop_strings=...)`); transformers at each of `--hf_batch_sizes` (left padding, as its
-batched `generate` needs), purejax at `--batch_size` prompts per program
-(`decode.generate_batch`). The arms alternate in one process; each is
-timed whole, compiles and warm-up included for purejax (its first batch
-compiles, and every batch after reuses the programs of its padded length).
+batched `generate` needs), purejax with `--rows` completions side by side,
+each row refilled as its completion ends (`engine.generate_many`), and with
+`--batches` also `decode.generate_batch` at `--batch_size` prompts a program.
+The arms run one after the other in one process; each is timed whole,
+compiles and the weights' move to the device included for purejax.
 Which problems' completions differ (token for token; with stop strings, by
 their text up to the first one and their common tokens), and the first
 token where they do, is reported. Needs `pip install -e ".[test,eval]"` and the test suite's SmolLM2

@@ -564,10 +564,12 @@ class Step(NamedTuple):
 
 def model_part(params: Params, config: gpt.GPTConfig) -> Tuple[Tuple[Params, ...], Params]:
   """`(layers, rest)`: each layer's params, sliced once (`kv_cache.layers_of`), and
-  the params around them (embeddings, final norm, head), as `prefill` and `step` take them."""
+  the params around them (embeddings, final norm, head: a tied one also as its own
+  matrix, `kv_cache.with_head_matrix`), on the device, as `prefill` and `step` take them."""
   gpt.check_params(params, config)
   layers = tuple(jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config)))
-  return layers, {k: v for k, v in params.items() if k != "blocks"}
+  rest = jax.tree.map(jnp.asarray, {k: v for k, v in params.items() if k != "blocks"})
+  return layers, kv_cache.with_head_matrix(rest)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forms"), donate_argnames=("cache",))

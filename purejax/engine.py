@@ -151,8 +151,10 @@ def decode_until_one_ends(layers, params: Params, rows: Rows, live: chex.Array,
         token, mode="drop")
     count = rows.count + running
     done = rows.done | hit | (count >= max_new)
+    # A row that holds nothing is fed at slot 0, so the furthest position (how much
+    # of the cache a step reads, `attention.attend_to_cache_and_own`) is a live row's.
     logits, cache = kv_cache.forward(layers, params, token[:, None], rows.cache,
-                                     rows.positions, config, forms)
+                                     jnp.where(running, rows.positions, 0), config, forms)
     # A row's position stays at its last slot once it is done: it is fed again
     # there (wasted work, never read) and never runs past its cache.
     positions = rows.positions + (running & ~done)
@@ -277,7 +279,10 @@ def generate_many(
                   config=config, forms=forms, top_k=top_k, valid_vocab=valid_vocab,
                   greedy=decode.is_greedy(temperature))
 
-  pending = collections.deque(range(len(prompts) * num_samples))
+  # Longest prompts first: rows decoded together are of like lengths, so a step reads
+  # little more of the cache than its rows need.
+  order = sorted(range(len(prompts)), key=lambda p: -len(prompts[p]))
+  pending = collections.deque(p * num_samples + s for p in order for s in range(num_samples))
   live = np.zeros(rows, bool)
   held = {}  # row -> job
   results: Dict[int, decode.Completion] = {}

@@ -523,3 +523,24 @@ def test_a_step_over_the_old_cache_and_its_own_key_equals_attending_to_the_writt
   want = attention.attend_to_cache(q, *written, pos, **options)
   tolerance = 2e-2 if case == "bfloat16" else 1e-5
   chex.assert_trees_all_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("slots,softcap", [(10, None), (300, None), (300, 2.0)],
+                         ids=["one_pass", "blocks", "blocks_softcap"])
+def test_rows_at_their_own_positions_each_attend_as_alone(slots, softcap):
+  # Rows decoded side by side (`purejax.engine`) each attend to their own first
+  # `position` slots and their own key. Past `attention.ROWS_BLOCK` slots only the
+  # blocks below the furthest row are read (an online softmax): the same function.
+  b, kv, h, d = 3, 2, 4, 8
+  positions = jnp.array([4, 0, 7]) if slots == 10 else jnp.array([130, 3, 257])
+  keys = jax.random.split(jax.random.PRNGKey(6), 5)
+  q = jax.random.normal(keys[0], (b, h, 1, d))
+  k, v = (jax.random.normal(key, (b, kv, slots, d)) for key in keys[1:3])
+  k_own, v_own = (jax.random.normal(key, (b, kv, d)) for key in keys[3:5])
+  got = jax.jit(attention.attend_to_cache_and_own, static_argnames="softcap")(
+      q, k, v, k_own, v_own, positions, softcap=softcap)
+  for row, pos in enumerate(positions.tolist()):
+    one = lambda a, row=row: a[row:row + 1]
+    written = [one(a).at[:, :, pos].set(one(own)) for a, own in ((k, k_own), (v, v_own))]
+    want = attention.attend_to_cache(one(q), *written, pos, softcap=softcap)
+    chex.assert_trees_all_close(got[row:row + 1], want, rtol=1e-5, atol=1e-5)
