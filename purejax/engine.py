@@ -8,10 +8,10 @@ refilled with the next prompt as soon as its completion ends.
 a batch whose completions mostly end after 30 tokens still runs as long as
 its longest one. Here each of `rows` cache rows holds one completion at a
 time, at its own position. When a completion ends, the decode loop returns,
-the row is refilled with the next prompt (prefilled alone, in chunks of one
-compiled length), and decoding goes on. So the steps run are about the
+the row is refilled with the next prompt (prefilled alone, in chunks of four
+compiled lengths), and decoding goes on. So the steps run are about the
 tokens the completions need, divided by `rows`, plus one longest completion
-at the end, and three programs serve every prompt length.
+at the end, and the same few programs serve every prompt length.
 
 Everything on the device is a pure function of a `Rows` state in and out;
 the loop that refills rows is plain Python, below.
@@ -300,10 +300,11 @@ def generate_many(
                     stops[prompt], kv=config.kv_heads)
       live[row], held[row] = True, job
     state = decode_until_one_ends(layers, params, state, jnp.asarray(live), key, **sampling)
-    done, count, stopped = jax.device_get((state.done, state.count, state.stopped))
+    # All rows' tokens at once: a gather of the ended rows would compile for each count.
+    done, count, stopped, tokens = jax.device_get(
+        (state.done, state.count, state.stopped, state.tokens))
     ended = np.flatnonzero(live & done)
-    tokens = jax.device_get(state.tokens[ended])
-    for row, row_tokens in zip(ended, tokens):
+    for row, row_tokens in zip(ended, tokens[ended]):
       job = held.pop(row)
       results[job] = decode.Completion(tuple(int(t) for t in row_tokens[:count[row]]),
                                        bool(stopped[row]))

@@ -57,6 +57,7 @@ def test_each_completion_is_its_prompt_decoded_alone_and_ends_at_its_stop(config
     assert row == decode.Completion(w[:w.index(stop) + 1], True)
 
 
+@pytest.mark.slow
 def test_sampled_completions_do_not_depend_on_the_rows_and_samples_differ():
   params = gpt.init_params(LLAMA_LIKE, jax.random.PRNGKey(1))
   run = lambda rows: engine.generate_many(params, PROMPTS[:3], LLAMA_LIKE,
@@ -67,6 +68,7 @@ def test_sampled_completions_do_not_depend_on_the_rows_and_samples_differ():
   assert all(len({c.tokens for c in samples}) > 1 for samples in two)  # drawn, not copied
 
 
+@pytest.mark.slow
 def test_stop_strings_end_a_completion_as_in_one_batch():
   params = gpt.init_params(LLAMA_LIKE, jax.random.PRNGKey(1))
   texts = [f"<{i}>" for i in range(LLAMA_LIKE.vocab_size)]

