@@ -454,6 +454,19 @@ class Completion(NamedTuple):
   stopped: bool
 
 
+def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  config: gpt.GPTConfig, caller: str) -> None:
+  """Raises a ValueError naming `caller` unless there are prompts, none empty, and the
+  longest fits the context with `max_new_tokens`."""
+  if not prompts or not all(len(p) for p in prompts):
+    raise ValueError(f"{caller} needs at least one prompt, each of at least one token.")
+  longest = max(len(p) for p in prompts)
+  if longest + max_new_tokens > config.block_size:
+    raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
+                     f"{max_new_tokens} exceed block_size={config.block_size}; lower "
+                     f"max_new_tokens or shorten the prompts.")
+
+
 def generate_batch(
     params: Params,
     prompts: Sequence[Sequence[int]],
@@ -497,16 +510,11 @@ def generate_batch(
     ValueError: no prompts, an empty prompt, a batch that does not fit the
       context, or stop ids for another number of prompts.
   """
-  if not prompts or not all(len(p) for p in prompts):
-    raise ValueError("generate_batch needs at least one prompt, each of at least one token.")
+  check_prompts(prompts, max_new_tokens, config, "generate_batch")
   if num_samples < 1 or max_new_tokens < 1:
     raise ValueError(f"generate_batch needs num_samples >= 1 and max_new_tokens >= 1, got "
                      f"{num_samples} and {max_new_tokens}.")
   longest = max(len(p) for p in prompts)
-  if longest + max_new_tokens > config.block_size:
-    raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
-                     f"{max_new_tokens} exceed block_size={config.block_size}; lower "
-                     f"max_new_tokens or shorten the prompts.")
   # Padded to a multiple of 32 where it fits: batches of other lengths reuse a program.
   longest = max(longest, min(-(-longest // 32) * 32, config.block_size - max_new_tokens))
   tokens = jnp.asarray([[0] * (longest - len(p)) + [int(i) for i in p] for p in prompts],

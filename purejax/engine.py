@@ -250,16 +250,10 @@ def generate_many(
       with `max_new_tokens`, stop ids for another number of prompts, or
       `rows`, `num_samples` or `max_new_tokens` below 1.
   """
-  if not prompts or not all(len(p) for p in prompts):
-    raise ValueError("generate_many needs at least one prompt, each of at least one token.")
+  decode.check_prompts(prompts, max_new_tokens, config, "generate_many")
   if min(rows, num_samples, max_new_tokens) < 1:
     raise ValueError(f"generate_many needs rows, num_samples and max_new_tokens >= 1, got "
                      f"{rows}, {num_samples} and {max_new_tokens}.")
-  longest = max(len(p) for p in prompts)
-  if longest + max_new_tokens > config.block_size:
-    raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
-                     f"{max_new_tokens} exceed block_size={config.block_size}; lower "
-                     f"max_new_tokens or shorten the prompts.")
   per_prompt = _stop_lists(stop_ids, len(prompts))
   width = max(1, max(len(s) for s in per_prompt))
   stops = np.full((len(prompts), width), -1, np.int32)
