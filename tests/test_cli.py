@@ -52,11 +52,6 @@ def no_training(monkeypatch):
      "--min_lr must be in [0, --learning_rate=0.003], got 1.0."),
     (["--attention=cudnn"], "--attention=cudnn needs an NVIDIA GPU; this run is on cpu. "
      "Choose --attention=auto."),
-    (["--attn_block=0"], "--attn_block must be 'auto' or a positive integer, got '0'."),
-    (["--loss_chunk_rows=many"],
-     "--loss_chunk_rows must be 'auto' or a non-negative integer, got 'many'."),
-    (["--sweep=learning_rate=1e-3,3e-3", "--sweep_batch=-2"],
-     "--sweep_batch must be 'auto' or a non-negative integer, got '-2'."),
     (["--sweep=batch_size=4,8"], "'batch_size' cannot be swept in one program; choose among "
      "('learning_rate', 'min_lr', 'momentum', 'beta1', 'beta2', 'weight_decay', "
      "'muon_learning_rate', 'muon_momentum', 'muon_weight_decay', 'lion_beta1', 'lion_beta2', "
@@ -75,6 +70,15 @@ def test_bad_flag_values(capsys, tmp_path, args, message):
      "<sgd|momentum|adam|adamw|muon|lion>"),
     (["--cpu_devices=0"], "--cpu_devices=0: 0 is not a positive integer"),
     (["--sweep_seeds=0"], "--sweep_seeds=0: 0 is not a positive integer"),
+    (["--attn_block=0"], "--attn_block=0: must be 'auto' or a positive integer, got '0'"),
+    (["--loss_chunk_rows=many"],
+     "--loss_chunk_rows=many: must be 'auto' or a non-negative integer, got 'many'"),
+    (["--sweep_batch=-2"],
+     "--sweep_batch=-2: must be 'auto' or a non-negative integer, got '-2'"),
+    (["--attention=flash"], "--attention=flash: must be 'auto' or one of plain, blocked, xla, "
+     "cudnn, got 'flash'"),
+    (["--scan_layers=maybe"], "--scan_layers=maybe: must be 'auto' or 'true' or 'false', "
+     "got 'maybe'"),
     (["--lerning_rate=1e-3"], "Unknown command line flag 'lerning_rate'. Did you mean: "
      "learning_rate ?"),
 ])

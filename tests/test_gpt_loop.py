@@ -15,12 +15,15 @@ from purejax import checkpoint
 from purejax import gpt
 from purejax.data import corpus as corpus_lib
 from purejax.data import tokenizers
+from purejax.ops import kernels
 from purejax.optimizers import optim
 from purejax.training.effects import monitor
 from purejax.training.effects import runs
 from purejax.training.loops import gpt_loop
+from purejax.training.loops import gpt_run
 from purejax.training.loops import recipes
 from purejax.training.pure import flops
+from purejax.training.pure import parallel
 
 from helpers.cli import tensorboard_scalars
 
@@ -199,3 +202,15 @@ def test_a_schedule_that_does_not_fit_the_run_is_one_line_at_start_up(tmp_path, 
   lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("warning: ")]
   assert lines == [f"warning: {w}" for w in optim.schedule_warnings(
       dataclasses.replace(OPT, warmup_iters=8, decay_iters=5), 5)] and len(lines) == 2
+
+
+def test_a_run_takes_its_forms_or_the_overrides_for_its_platform():
+  """`forms` is a `kernels.Forms`, or `kernels.select`'s overrides (as the command line's
+  flags pass them) chosen for the platform of the run's devices."""
+  plan = parallel.make_plan(parallel.ParallelConfig(), 4)
+  chosen = gpt_run.forms_of(plan, {"attention": "xla", "attn_block": None})
+  assert chosen == kernels.select("cpu", attention="xla")
+  assert gpt_run.forms_of(plan, chosen) is chosen
+  assert gpt_run.forms_of(plan) == kernels.select("cpu")
+  with pytest.raises(ValueError, match="attention='cudnn' runs on NVIDIA GPUs only"):
+    gpt_run.forms_of(plan, {"attention": "cudnn"})

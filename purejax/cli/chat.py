@@ -144,7 +144,7 @@ def load(args):
                      "template, or a purejax run fine-tuned from one.")
   if args.top_p is not None and not 0 < args.top_p <= 1:
     raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
-  forms_flags.forms_overrides(args)  # bad forms flags fail before loading weights
+  forms_flags.check_platform(args)  # before loading weights
   params, config, tokenizer = models.load_model("", args.init_from,
                                                 tokenizer_file=args.tokenizer_file)
   fmt = models.chat_format(args.init_from, tokenizer)

@@ -83,7 +83,7 @@ def run_eval(args: flags.FlagValues) -> int:
     if args.harness_include_path and not args.harness_tasks:
       raise ValueError("--harness_include_path has no effect without --harness_tasks; add "
                        "them or drop it.")
-    forms_flags.forms_overrides(args)  # bad forms flags fail before loading anything
+    forms_flags.check_platform(args)  # before loading anything
     humaneval = HUMANEVAL in (args.tasks or ())
     if humaneval:
       ks = _pass_k(args)

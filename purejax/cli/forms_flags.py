@@ -3,8 +3,11 @@
 Every field of `kernels.Forms` is a flag defaulting to "auto": the choice
 `kernels.select` makes for the platform the run is on. They change how the
 model runs, never what it computes, so a run may resume with other values.
-`--sweep_batch`, how many runs of a sweep are vmapped together, is the
-sweep's own argument (`sweep.choose_sweep_batch`), not a form.
+The flags parse to their values at once ("auto" to None, bad values refused
+as absl refuses any flag), so a command reads them as `args.attention`,
+`args.attn_block`, ..., and hands them on as `kernels.select`'s overrides
+(`FORMS`). `--sweep_batch`, how many runs of a sweep are vmapped together, is
+the sweep's own argument (`sweep.choose_sweep_batch`), not a form.
 """
 
 from typing import Any, Dict, Optional
@@ -16,89 +19,115 @@ from purejax.ops import kernels
 
 _AUTO = "auto"
 
+# The flags that are `kernels.select` overrides (`Forms` fields), by their names.
+FORMS = ("attention", "attn_block", "remat", "scan_layers", "matmul_backward",
+         "matmul_output", "loss_chunk_rows", "noise_ahead")
+
+
+class _AutoOr(flags.ArgumentParser):
+  """'auto' (None: the platform's choice), or a value `parse_value` accepts."""
+
+  def __init__(self, kind: str, parse_value):
+    self._kind, self._parse_value = kind, parse_value
+
+  def parse(self, argument):
+    if argument is None or str(argument).lower() == _AUTO:
+      return None
+    try:
+      return self._parse_value(argument)
+    except ValueError:
+      raise ValueError(f"must be 'auto' or {self._kind}, got {argument!r}") from None
+
+  def flag_type(self) -> str:
+    return "string"
+
+
+def _integer(least: int):
+  def parse(argument):
+    number = int(argument)
+    if number < least:
+      raise ValueError(argument)
+    return number
+  return parse
+
+
+def _choice(choices):
+  def parse(argument):
+    if argument not in choices:
+      raise ValueError(argument)
+    return argument
+  return parse
+
+
+def _true_or_false(argument):
+  value = str(argument).lower()
+  if value not in ("true", "false"):
+    raise ValueError(argument)
+  return value == "true"
+
+
+def _define(args, name, kind, parse_value, help_text):
+  flags.DEFINE(_AutoOr(kind, parse_value), name, _AUTO,
+               f"{help_text} Default: auto (the platform's choice).", flag_values=args)
+
+
+def _one_of(choices) -> str:
+  return "one of " + ", ".join(choices)
+
 
 def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
   --matmul_output, --loss_chunk_rows, --noise_ahead and (for a command that runs
   sweeps) --sweep_batch."""
-  flags.DEFINE_enum("attention", _AUTO, [_AUTO, *kernels.ATTENTION_FORMS],
-                    "Form of causal attention (all compute the same function; 'cudnn' "
-                    "needs an NVIDIA GPU).", flag_values=args)
-  flags.DEFINE_string("attn_block", _AUTO,
-                      "Queries per block of the 'blocked' attention (a positive integer).",
-                      flag_values=args)
-  flags.DEFINE_enum("remat", _AUTO, [_AUTO, *kernels.REMAT_POLICIES],
-                    "What each block keeps for the backward pass: none (everything), "
-                    "full (only its input), full_compute_dtype (its input in the compute dtype: "
-                    "bf16 halves it; gradients to bf16 rounding), dots (the matmul outputs).",
-                    flag_values=args)
-  flags.DEFINE_enum("scan_layers", _AUTO, [_AUTO, "true", "false"],
-                    "Run the blocks as one lax.scan (false: an unrolled loop).",
-                    case_sensitive=False, flag_values=args)
-  flags.DEFINE_enum("matmul_backward", _AUTO, [_AUTO, *kernels.MATMUL_BACKWARD_FORMS],
-                    "Form of the low-precision matmul's gradient products.", flag_values=args)
-  flags.DEFINE_enum("matmul_output", _AUTO, [_AUTO, *kernels.MATMUL_OUTPUT_FORMS],
-                    "dtype of a low-precision matmul's output and input gradient: float32, "
-                    "or compute (rounded to the compute dtype, as PyTorch's autocast).",
-                    flag_values=args)
-  flags.DEFINE_string("loss_chunk_rows", _AUTO,
-                      "Rows per chunk of the output head and loss when the logits are "
-                      "large (0: never chunk).", flag_values=args)
-  flags.DEFINE_enum("noise_ahead", _AUTO, [_AUTO, "true", "false"],
-                    "Sampling draws its Gumbel noise before each decode loop.",
-                    case_sensitive=False, flag_values=args)
-  if not sweeps:
-    return
-  flags.DEFINE_string("sweep_batch", _AUTO,
-                      "Runs of a --sweep vmapped together (0: all at once; 1: one after "
-                      "another inside the one program, the CPU's choice).", flag_values=args)
-
-
-def _positive_int(args: flags.FlagValues, name: str, allow_zero: bool = False) -> Any:
-  if name not in args:
-    return None
-  value = args[name].value
-  if value == _AUTO:
-    return None
-  try:
-    number = int(value)
-  except ValueError:
-    number = -1
-  if number < (0 if allow_zero else 1):
-    least = "a non-negative" if allow_zero else "a positive"
-    raise ValueError(f"--{name} must be 'auto' or {least} integer, got {value!r}.")
-  return number
-
-
-def _bool(args: flags.FlagValues, name: str) -> Any:
-  value = args[name].value.lower()
-  return None if value == _AUTO else value == "true"
+  _define(args, "attention", _one_of(kernels.ATTENTION_FORMS),
+          _choice(kernels.ATTENTION_FORMS),
+          f"Form of causal attention: {', '.join(kernels.ATTENTION_FORMS)} (all compute the "
+          f"same function; 'cudnn' needs an NVIDIA GPU).")
+  _define(args, "attn_block", "a positive integer", _integer(1),
+          "Queries per block of the 'blocked' attention (a positive integer).")
+  _define(args, "remat", _one_of(kernels.REMAT_POLICIES), _choice(kernels.REMAT_POLICIES),
+          "What each block keeps for the backward pass (none, full, full_compute_dtype or "
+          "dots): none (everything), full (only its "
+          "input), full_compute_dtype (its input in the compute dtype: bf16 halves it; "
+          "gradients to bf16 rounding), dots (the matmul outputs).")
+  _define(args, "scan_layers", "'true' or 'false'", _true_or_false,
+          "Run the blocks as one lax.scan (false: an unrolled loop).")
+  _define(args, "matmul_backward", _one_of(kernels.MATMUL_BACKWARD_FORMS),
+          _choice(kernels.MATMUL_BACKWARD_FORMS),
+          f"Form of the low-precision matmul's gradient products: "
+          f"{', '.join(kernels.MATMUL_BACKWARD_FORMS)}.")
+  _define(args, "matmul_output", _one_of(kernels.MATMUL_OUTPUT_FORMS),
+          _choice(kernels.MATMUL_OUTPUT_FORMS),
+          "dtype of a low-precision matmul's output and input gradient: float32, or "
+          "compute (rounded to the compute dtype, as PyTorch's autocast).")
+  _define(args, "loss_chunk_rows", "a non-negative integer", _integer(0),
+          "Rows per chunk of the output head and loss when the logits are large (0: never "
+          "chunk).")
+  _define(args, "noise_ahead", "'true' or 'false'", _true_or_false,
+          "Sampling draws its Gumbel noise before each decode loop.")
+  if sweeps:
+    _define(args, "sweep_batch", "a non-negative integer", _integer(0),
+            "Runs of a --sweep vmapped together (0: all at once; 1: one after another "
+            "inside the one program, the CPU's choice).")
 
 
 def forms_overrides(args: flags.FlagValues) -> Dict[str, Any]:
-  """The forms flags as `kernels.select` overrides (None: the platform's choice)."""
-  overrides = dict(attention=args.attention, attn_block=_positive_int(args, "attn_block"),
-                   remat=args.remat, scan_layers=_bool(args, "scan_layers"),
-                   matmul_backward=args.matmul_backward,
-                   matmul_output=args.matmul_output if "matmul_output" in args else None,
-                   loss_chunk_rows=_positive_int(args, "loss_chunk_rows", allow_zero=True),
-                   noise_ahead=_bool(args, "noise_ahead"))
-  return {k: v for k, v in overrides.items() if v not in (None, _AUTO)}
+  """The forms flags given, as `kernels.select` overrides (an absent flag: the
+  platform's choice)."""
+  return {name: args[name].value for name in FORMS
+          if name in args and args[name].value is not None}
 
 
-def sweep_batch_from_flags(args: flags.FlagValues) -> Optional[int]:
-  """--sweep_batch as `sweep_loop.train_gpt_sweep`'s `sweep_batch` (None: the platform's)."""
-  return _positive_int(args, "sweep_batch", allow_zero=True)
+def check_platform(args: flags.FlagValues) -> None:
+  """Refuses forms JAX's devices cannot run (--attention=cudnn without an NVIDIA GPU);
+  call it after the devices are set up, before loading anything."""
+  platform = jax.devices()[0].platform
+  if args.attention == "cudnn" and platform != "gpu":
+    raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
+                     f"Choose --attention=auto.")
 
 
 def forms_from_flags(args: flags.FlagValues) -> kernels.Forms:
-  """The forms for JAX's devices, with the flags' overrides: the one choice of a run."""
-  overrides = forms_overrides(args)  # bad values fail before JAX starts its backends
-  platform = jax.devices()[0].platform
-  try:
-    return kernels.select(platform, **overrides)
-  except ValueError:
-    if overrides.get("attention") == "cudnn":  # select's words are the library's
-      raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
-                       f"Choose --attention=auto.") from None
-    raise
+  """The forms for JAX's devices, with the flags' overrides (`sample`, `chat`, `eval`)."""
+  check_platform(args)
+  return kernels.select(jax.devices()[0].platform, **forms_overrides(args))

@@ -67,7 +67,7 @@ def sample(args: flags.FlagValues) -> int:
   try:
     if args.top_p is not None and not 0 < args.top_p <= 1:
       raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
-    forms_flags.forms_overrides(args)  # bad forms flags fail before loading weights
+    forms_flags.check_platform(args)  # before loading weights
     wanted = parse_stop_ids(args.stop_ids)
     params, config, tokenizer = load_model(args.out_dir, args.init_from, best=args.best,
                                            tokenizer_file=args.tokenizer_file)

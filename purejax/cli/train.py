@@ -19,6 +19,7 @@ import sys
 from typing import Optional, Sequence
 
 from absl import flags
+import jax
 
 from purejax import checkpoint
 from purejax import evaluation
@@ -299,8 +300,13 @@ def lora_config(args: Args) -> Optional[lora.LoraConfig]:
 def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig) -> dict:
   train = gpt_train_config(args)
   runs.require_positive(block_size=args.block_size)
-  forms = forms_flags.forms_from_flags(args)  # fails on bad forms flags before loading data
-  sweep_batch = forms_flags.sweep_batch_from_flags(args)
+  # The forms flags given (parsed as absl parses them) go to the run as `kernels.select`'s
+  # overrides: the run chooses its forms for the platform its plan is on.
+  forms = {name: args[name].value for name in forms_flags.FORMS if args[name].value is not None}
+  if forms.get("attention") == "cudnn" and jax.devices()[0].platform != "gpu":
+    raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on "
+                     f"{jax.devices()[0].platform}. Choose --attention=auto.")
+  sweep_batch = args.sweep_batch
   grid = sweep_grid(args)
   adapters = lora_config(args)
   if not args.init_from:

@@ -13,7 +13,7 @@ plot and a sample.
 """
 
 import contextlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -94,7 +94,7 @@ def train_gpt(
     *,
     init_params: Optional[gpt.Params] = None,
     init_from: Optional[str] = None,
-    forms: Optional[kernels.Forms] = None,
+    forms: Union[kernels.Forms, Mapping[str, Any], None] = None,
     lora_config: Optional[lora.LoraConfig] = None,
     data: Optional[str] = None,
     sinks: Sequence[Any] = (),
@@ -120,9 +120,10 @@ def train_gpt(
     devices: how the step is spread over devices and hosts.
     init_params: start from these params (fine-tuning) instead of a random init.
     init_from: where `init_params` came from, recorded in the checkpoints.
-    forms: how the model runs (`kernels.select`); None: the forms of the
-      devices' platform. Not part of the run's identity: a run may resume
-      with other forms.
+    forms: how the model runs: a `kernels.Forms`, or `kernels.select`'s
+      overrides for the devices' platform (e.g. `{"attention": "xla"}`);
+      None: that platform's forms. Not part of the run's identity: a run may
+      resume with other forms.
     lora_config: train LoRA adapters of the params (`lora`) instead of the
       params; checkpoints hold base and adapters, and loading them as
       weights (`weights.from_purejax`) merges them.
@@ -185,7 +186,8 @@ def _finish(history, step: int, times, state: TrainState, text, keys,
 
 def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                  train: GPTTrainConfig, devices: ParallelConfig = ParallelConfig(),
-                 *, forms: Optional[kernels.Forms] = None) -> Dict[str, float]:
+                 *, forms: Union[kernels.Forms, Mapping[str, Any], None] = None
+                 ) -> Dict[str, float]:
   """Train and val loss of `params` on `train.eval_iters` batches of each split (no training).
 
   `forms` as in `train_gpt`.

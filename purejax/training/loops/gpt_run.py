@@ -13,7 +13,7 @@ runs share is one `RunContext`; what trains them is a `skeleton.Driven`.
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
@@ -127,10 +127,14 @@ def cadence(context: "RunContext") -> skeleton.Cadence:
                           call_length=context.call_length)
 
 
-def forms_of(plan: parallel.ShardingPlan, forms: Optional[kernels.Forms] = None
-             ) -> kernels.Forms:
-  """`forms`, else those `kernels.select` chooses for the plan's platform."""
-  return forms or kernels.select(kernels.platform_of(plan))
+def forms_of(plan: parallel.ShardingPlan,
+             forms: Union[kernels.Forms, Mapping[str, Any], None] = None) -> kernels.Forms:
+  """The run's forms: `forms` itself where it is a `kernels.Forms`, else those
+  `kernels.select` chooses for the plan's platform with `forms` as its overrides
+  (e.g. `{"attention": "xla"}`; None: none)."""
+  if isinstance(forms, kernels.Forms):
+    return forms
+  return kernels.select(kernels.platform_of(plan), **(forms or {}))
 
 
 def make_feed(text, config, train, plan, *, start_step, steps_per_call, end_step=None

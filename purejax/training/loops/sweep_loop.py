@@ -37,7 +37,7 @@ import dataclasses
 import json
 import pathlib
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -187,7 +187,7 @@ def train_gpt_sweep(
     init_params: Optional[gpt.Params] = None,
     init_from: Optional[str] = None,
     lora_config: Optional[lora.LoraConfig] = None,
-    forms: Optional[kernels.Forms] = None,
+    forms: Union[kernels.Forms, Mapping[str, Any], None] = None,
     sweep_batch: Optional[int] = None,
     data: Optional[str] = None,
     sinks: Callable[[str, Dict[str, Any]], Sequence[Any]] = lambda name, meta: (),
