@@ -1,9 +1,12 @@
 """Train a small character-level GPT on Tiny Shakespeare, then sample from it.
 
-    python examples/shakespeare_gpt.py
+    python examples/shakespeare_gpt.py         # 1000 steps, about a minute on 2 cores
+    python examples/shakespeare_gpt.py 200     # fewer steps
 
 The text ships inside the package, so this runs offline.
 """
+
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,21 +24,24 @@ config = gpt.GPTConfig(vocab_size=text.vocab_size, block_size=64, n_layer=4,
 keys = purejax.rng.split_named(jax.random.PRNGKey(0), ("params", "train", "eval", "sample"))
 params = gpt.init_params(config, keys["params"])
 
+num_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 optimizer = optim.make_optimizer(optim.OptimizerConfig(
-    learning_rate=1e-3, warmup_iters=50, decay_iters=1000, min_lr=1e-4, grad_clip=1.0,
+    learning_rate=1e-3, warmup_iters=50, decay_iters=num_steps, min_lr=1e-4, grad_clip=1.0,
     settings=adam.AdamW(beta2=0.99, weight_decay=0.1)))  # an optax GradientTransformation
 state = purejax.TrainState(params, optimizer.init(params), {"train": keys["train"]})
 train_data = batches.DeviceTokens(jnp.asarray(text.train))  # each step draws its batch
 val_data = batches.DeviceTokens(jnp.asarray(text.val))
 forms = kernels.select()  # how the model runs on this machine, chosen once
 
-for step in range(0, 1000, 100):
+every = max(num_steps // 10, 1)  # steps per jitted call: 10 calls, each then evaluated
+for step in range(0, num_steps, every):
   state, metrics = steps.train_steps(state, train_data, step, config=config,
-                                     optimizer=optimizer, batch_size=12, num_steps=100,
-                                     forms=forms)
+                                     optimizer=optimizer, batch_size=12,
+                                     num_steps=min(every, num_steps - step), forms=forms)
   val = steps.evaluate(state.params, val_data, keys["eval"], config=config, batch_size=12,
                        num_batches=50, forms=forms)
-  print(f"step {step + 100}: train loss {float(metrics.loss[-1]):.3f}, val loss {float(val):.3f}")
+  print(f"step {min(step + every, num_steps)}: train loss {float(metrics.loss[-1]):.3f}, "
+        f"val loss {float(val):.3f}")
 
 prompt = jnp.asarray(text.tokenizer.encode("ROMEO:"))
 out = decode.generate(state.params, prompt, config, keys["sample"], max_new_tokens=300,

@@ -235,7 +235,8 @@ def generate_many(
     prompts: token ids, at least one each.
     key: the sampling key.
     max_new_tokens: new tokens per completion, at most.
-    rows: completions decoded side by side (the batch of each step).
+    rows: completions decoded side by side (the batch of each step), at most
+      as many as there are completions.
     temperature, top_k, top_p, valid_vocab: as `decode.generate` (0: greedy).
     stop_ids: ids that end a completion: one list for all prompts, or a list per prompt.
     num_samples: completions per prompt.
@@ -254,6 +255,7 @@ def generate_many(
   if min(rows, num_samples, max_new_tokens) < 1:
     raise ValueError(f"generate_many needs rows, num_samples and max_new_tokens >= 1, got "
                      f"{rows}, {num_samples} and {max_new_tokens}.")
+  rows = min(rows, len(prompts) * num_samples)  # rows beyond the completions would idle
   per_prompt = _stop_lists(stop_ids, len(prompts))
   width = max(1, max(len(s) for s in per_prompt))
   stops = np.full((len(prompts), width), -1, np.int32)

@@ -21,12 +21,14 @@ def run_example(name, *args):
   return process.stdout
 
 
-@pytest.mark.budget(120)
+@pytest.mark.budget(40)
 def test_shakespeare_gpt_lowers_its_val_loss_and_samples():
-  out = run_example("shakespeare_gpt.py")
+  # 200 of its 1000 steps: the 500-step run of tests/test_integration.py is the one that
+  # checks how far this model learns.
+  out = run_example("shakespeare_gpt.py", "200")
   val = [float(v) for v in re.findall(r"val loss (\d+\.\d+)", out)]
   assert len(val) == 10
-  assert val[-1] < val[0] - 0.1 and val[-1] < 2.3  # log(65) = 4.17 at the start
+  assert val[-1] < val[0] - 0.5 and val[-1] < 2.6  # log(65) = 4.17 at the start
   assert "ROMEO:" in out
 
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from bench import gpu_kernels
 from helpers.gpu import GPT2, GPT2_BATCH
 from purejax import decode
 from purejax import gpt
@@ -94,10 +95,25 @@ def test_gpt2_default_step_unrolls_the_layers_within_its_budget(h100):
   assert plan.peak_bytes <= GPT2_UNROLLED_PEAK_BUDGET, plan.peak_bytes / GIB
   # The state (params + AdamW's two moments, float32) is the floor of the plan,
   # and it is donated: outputs alias the arguments.
-  n_params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(
-      lambda: gpt.init_params(GPT2, jax.random.PRNGKey(0)))))
+  params = jax.eval_shape(lambda: gpt.init_params(GPT2, jax.random.PRNGKey(0)))
+  n_params = sum(x.size for x in jax.tree.leaves(params))
   assert plan.argument_bytes >= 3 * 4 * n_params
   assert plan.alias_bytes >= 3 * 4 * n_params
+  # The kernel account (`bench.gpu_kernels`) of this program. Unrolled and without
+  # remat, every product runs once: forward 2 and backward 4 FLOPs per weight and
+  # token, the tied head's included; attention's are the causal half of 4 B H T^2 D
+  # forward and two and a half times that backward, in cuDNN's two calls per layer.
+  weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                if leaf.ndim >= 2 and "wpe" not in jax.tree_util.keystr(path))
+  card, peak = gpu_kernels.card_peaks("h100")
+  summary = gpu_kernels.summarize(gpu_kernels.Account(plan.hlo, GPT2.vocab_size), card,
+                                  peak)["categories"]
+  assert summary["products"]["flops"] == pytest.approx(
+      6 * weights * GPT2_BATCH * GPT2.block_size, rel=1e-3)
+  b, t, h, d = GPT2_BATCH, GPT2.block_size, GPT2.n_head, GPT2.head_dim
+  assert summary["attention"]["flops"] == pytest.approx(
+      GPT2.n_layer * 3.5 * 2 * b * h * t * t * d, rel=1e-6)
+  assert summary["attention"]["kernels"] == 2 * GPT2.n_layer
 
 
 def test_block_inputs_saved_in_bf16_plan_less_memory(h100, gpt2_step):

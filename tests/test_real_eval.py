@@ -60,7 +60,8 @@ def harness_run(model, include_path, model_args=None):
   from lm_eval.tasks import TaskManager
   out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["purejax_local_mc"],
                                 log_samples=True,
-                                task_manager=TaskManager(include_path=str(include_path)))
+                                task_manager=TaskManager(include_path=str(include_path),
+                                                         include_defaults=False))
   samples = sorted(out["samples"]["purejax_local_mc"], key=lambda s: s["doc_id"])
   return out["results"]["purejax_local_mc"], [[float(r[0][0]) for r in s["resps"]]
                                               for s in samples]
@@ -118,7 +119,7 @@ def test_humaneval_greedy_completions_equal_transformers_generate(smollm2_folder
   # The command line, end to end through the chat template, one problem.
   capsys.readouterr()
   code = eval_cli.run(["eval", f"--init_from={smollm2_folder}", "--tasks=humaneval",
-                       "--limit=1", "--allow_code_execution", "--max_new_tokens=128",
+                       "--limit=1", "--allow_code_execution", "--max_new_tokens=32",
                        f"--output={tmp_path / 'results.json'}"])
   out = capsys.readouterr().out
   assert code == 0, out[-2000:]

@@ -176,7 +176,13 @@ def _run_harness(harness, args, params, config, tokenizer):
   """`{task: {metric: value}}` of the harness's tasks on the model."""
   import lm_eval  # pylint: disable=g-import-not-at-top
   from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
-  manager = TaskManager(include_path=args.harness_include_path)
+  manager = None
+  if args.harness_include_path:
+    # Tasks all in the include path need not index the harness's thousands of own task
+    # files (about 14 s on 2 cores).
+    local = TaskManager(include_path=args.harness_include_path, include_defaults=False)
+    manager = local if set(args.harness_tasks) <= set(local.all_tasks) else None
+  manager = manager or TaskManager(include_path=args.harness_include_path)
   unknown = [t for t in args.harness_tasks if t not in manager.all_tasks]
   if unknown:
     raise ValueError(f"--harness_tasks: {', '.join(unknown)} is not a task the harness knows; "

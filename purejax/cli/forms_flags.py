@@ -10,7 +10,7 @@ as absl refuses any flag), so a command reads them as `args.attention`,
 the sweep's own argument (`sweep.choose_sweep_batch`), not a form.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from absl import flags
 import jax
