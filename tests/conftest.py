@@ -8,7 +8,8 @@ skip; the Tiny Shakespeare tests read the copy the package ships.
 
 Tiers: `pytest -m "not slow" tests` runs the fast tier (unit tests of every
 module, in-process); `pytest tests` runs everything. Tests that train through
-subprocesses, several devices or the real data are marked `slow`.
+subprocesses, several devices or the real data, and the few in-process ones that
+compile for over 2 s, are marked `slow`.
 """
 
 import os

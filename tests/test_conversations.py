@@ -85,6 +85,7 @@ def test_bad_lines_are_named_in_one_line(tmp_path, line, message):
     conversations.load_conversations(str(path), TOKENIZER, FMT, block_size=48)
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_a_runs_closing_sample_continues_a_users_turn_until_the_end_of_turn(tmp_path):
   # The first held-out conversation (else the first), up to its first answer.
   data = conversations.load_conversations(write_chats(tmp_path / "c.jsonl", [TALK]),

@@ -90,6 +90,7 @@ def hf_logits(model, ids):
     return model(torch.from_numpy(ids)).logits.numpy()
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_from_huggingface_computes_the_same_logits(hf_model):
   model, folder = hf_model
   params, config, spec = huggingface.from_huggingface(str(folder))
@@ -123,6 +124,7 @@ def test_to_huggingface_round_trip_through_transformers(hf_model, tmp_path):
   assert_trees_equal(again, params)
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_greedy_generate_matches_transformers(hf_model):
   import torch  # pylint: disable=g-import-not-at-top
   model, folder = hf_model

@@ -132,6 +132,7 @@ class GenerateTest(parameterized.TestCase):
                                           config, forms=forms)
     chex.assert_trees_all_close(logits, full[:, 5], atol=5e-2)
 
+  @pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
   def test_bf16_layers_hold_their_dense_weights_in_bf16_and_decode_the_same(self):
     # The products cast the dense weights to the compute dtype anyway, so the
     # decode loops hold them cast (half the bytes); nothing else is rounded.

@@ -39,8 +39,8 @@ def perturbed(params, key):  # Gemma's zero-initialised norm scales, made to mat
                                    for x, k in zip(leaves, keys)])
 
 
-@pytest.mark.parametrize("config", [
-    LLAMA_LIKE,
+@pytest.mark.parametrize("config", [  # each over 2 s of compiles: the full suite runs them
+    pytest.param(LLAMA_LIKE, marks=pytest.mark.slow),
     pytest.param(GPT2_LIKE, marks=pytest.mark.slow),
     pytest.param(GEMMA_LIKE, marks=pytest.mark.slow)], ids=["rope", "positions", "rings"])
 def test_each_completion_is_its_prompt_decoded_alone_and_ends_at_its_stop(config):

@@ -36,6 +36,7 @@ def alone(request):
   return sum(picked), greedy
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_requests_of_any_length_score_in_batches_as_each_alone():
   rng = np.random.default_rng(0)
   requests = [loglik.Request(rng.integers(0, 31, size=c).tolist(),

@@ -299,6 +299,7 @@ def test_lora_adapts_the_family_blocks():
   assert float(jnp.abs(grads["blocks.mlp.fc.w"]["b"]).max()) > 0
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_gpu_program_runs_grouped_heads_through_cudnn(cudnn_version):
   """SmolLM-135M's shape (9 heads, 3 key/value heads) lowered for CUDA: cuDNN reads the groups."""
   del cudnn_version

@@ -102,6 +102,7 @@ def np_cross_entropy(logits, targets):
   return -np.mean(np.take_along_axis(log_probs, targets[..., None], axis=-1))
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_the_nanochat_block_equals_a_plain_numpy_forward():
   # Three layers (value embeddings on 0 and 2), two key/value heads for four queries.
   config = gpt.GPTConfig(vocab_size=40, block_size=12, n_layer=3, n_head=4, n_embd=32,

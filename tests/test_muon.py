@@ -135,6 +135,7 @@ def test_the_blocks_matrices_take_muon_and_everything_else_adamw():
   rms = float(jnp.sqrt(jnp.mean(qkv ** 2)))
   assert 0.5 < rms / (MUON.setting("muon_learning_rate") * np.sqrt(1 / 16)) < 1.5, rms
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_lora_trains_only_the_adapters_and_their_factors_take_muon():
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
   adapters = lora.init(params, rank=2, targets=lora.ATTENTION_AND_MLP,

@@ -110,6 +110,7 @@ def sharpened(config, seed=0):
   return perturbed(gpt.init_params(config, jax.random.PRNGKey(seed)), seed + 1, scale=0.3)
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_twin_kv_cache_logits_equal_forward():
   params = perturbed(gpt.init_params(CONFIG, jax.random.PRNGKey(0)))
   tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (2, 16), 0, 65))
