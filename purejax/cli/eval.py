@@ -55,7 +55,8 @@ def define_flags(args: flags.FlagValues) -> None:
                     "(their data must be on this machine; needs pip install -e \".[eval]\").",
                     flag_values=args)
   flags.DEFINE_string("harness_include_path", None, "A folder of the harness's task YAML files "
-                      "(local tasks) for --harness_tasks.", flag_values=args)
+                      "(local tasks) for --harness_tasks; where every task is there, the "
+                      "harness's own thousands of tasks are not indexed.", flag_values=args)
   flags.DEFINE_integer("limit", None, "Score only each task's first N items.", lower_bound=1,
                        flag_values=args)
   flags.DEFINE_integer("num_fewshot", None, "Answered examples before each item (default: "
