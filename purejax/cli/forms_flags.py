@@ -121,8 +121,10 @@ def forms_overrides(args: flags.FlagValues) -> Dict[str, Any]:
 def check_platform(args: flags.FlagValues) -> None:
   """Refuses forms JAX's devices cannot run (--attention=cudnn without an NVIDIA GPU);
   call it after the devices are set up, before loading anything."""
+  if args.attention != "cudnn":
+    return
   platform = jax.devices()[0].platform
-  if args.attention == "cudnn" and platform != "gpu":
+  if platform != "gpu":
     raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on {platform}. "
                      f"Choose --attention=auto.")
 

@@ -19,7 +19,6 @@ import sys
 from typing import Optional, Sequence
 
 from absl import flags
-import jax
 
 from purejax import checkpoint
 from purejax import evaluation
@@ -303,9 +302,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   # The forms flags given (parsed as absl parses them) go to the run as `kernels.select`'s
   # overrides: the run chooses its forms for the platform its plan is on.
   forms = {name: args[name].value for name in forms_flags.FORMS if args[name].value is not None}
-  if forms.get("attention") == "cudnn" and jax.devices()[0].platform != "gpu":
-    raise ValueError(f"--attention=cudnn needs an NVIDIA GPU; this run is on "
-                     f"{jax.devices()[0].platform}. Choose --attention=auto.")
+  forms_flags.check_platform(args)  # before loading any data
   sweep_batch = args.sweep_batch
   grid = sweep_grid(args)
   adapters = lora_config(args)
