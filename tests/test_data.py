@@ -99,6 +99,71 @@ def test_tfds_offline_without_manual_dir_fails_fast(tmp_path, monkeypatch):
   assert time.monotonic() - start < 60  # TFDS alone would retry for minutes
 
 
+class FakePrepared:
+  """A prepared TFDS dataset's builder: its version folder, and the reads of its splits."""
+
+  def __init__(self, folder: pathlib.Path):
+    self.data_path = folder
+    self.reads = []
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "dataset_info.json").write_text("{}")
+    self.prepare(60)
+
+  def prepare(self, n: int):
+    """(Re)writes the split's records: `n` images of 2x2 pixels."""
+    (self.data_path / "fake-train.tfrecord-00000-of-00001").write_bytes(b"r" * n)
+    self.images = np.arange(n * 4, dtype=np.uint8).reshape(n, 2, 2)
+
+  def is_prepared(self):
+    return True
+
+  def as_dataset(self, split, batch_size):
+    assert batch_size == -1
+    self.reads.append(split)
+    return {"image": self.images, "label": np.arange(len(self.images), dtype=np.int64)}
+
+
+@pytest.fixture
+def fake_tfds(tmp_path, monkeypatch):
+  builder = FakePrepared(tmp_path / "fake" / "1.0.0")
+  fake = type("FakeTfds", (), {"builder": staticmethod(lambda name, data_dir: builder),
+                               "as_numpy": staticmethod(lambda ds: ds)})
+  monkeypatch.setattr(datasets, "_import_tfds", lambda: fake)
+  return builder
+
+
+def test_a_split_read_once_is_read_again_from_its_arrays_without_tfds(fake_tfds):
+  first = datasets.load_tfds_splits("fake", ("train",))["train"]
+  again = datasets.load_tfds_splits("fake", ("train",))["train"]
+  assert fake_tfds.reads == ["train"]  # the second read never asked TFDS
+  assert again.keys() == first.keys()
+  for name in first:
+    np.testing.assert_array_equal(again[name], first[name])
+    assert again[name].dtype == first[name].dtype
+
+
+def test_a_re_prepared_or_damaged_split_is_read_through_tfds_again(fake_tfds):
+  datasets.load_tfds_splits("fake", ("train",))
+  fake_tfds.prepare(30)  # the dataset prepared anew: other records
+  assert len(datasets.load_tfds_splits("fake", ("train",))["train"]["image"]) == 30
+  assert fake_tfds.reads == ["train", "train"]
+  kept = fake_tfds.data_path / "purejax-arrays-train.npz"
+  kept.write_bytes(kept.read_bytes()[:100])  # a damaged copy is not read
+  assert len(datasets.load_tfds_splits("fake", ("train",))["train"]["label"]) == 30
+  assert fake_tfds.reads == ["train"] * 3
+  assert sorted(p.name for p in fake_tfds.data_path.iterdir()) == [
+      "dataset_info.json", "fake-train.tfrecord-00000-of-00001", "purejax-arrays-train.npz"]
+
+
+def test_a_read_only_data_dir_is_read_through_tfds_each_time(fake_tfds, monkeypatch):
+  def read_only(path, write_fn):
+    raise PermissionError(13, "Read-only file system", str(path))
+  monkeypatch.setattr(datasets._files, "atomic_write", read_only)
+  for _ in range(2):
+    assert len(datasets.load_tfds_splits("fake", ("train",))["train"]["image"]) == 60
+  assert fake_tfds.reads == ["train", "train"]
+
+
 def test_embedded_shakespeare_is_the_original_text():
   import hashlib
   text = (datasets.EMBEDDED_SHAKESPEARE_DIR / "input.txt").read_bytes()

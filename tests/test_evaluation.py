@@ -1,6 +1,7 @@
 """Benchmarks by log-likelihood (`purejax.evaluation`): continuations scored many per
 call as each would be alone, CORE's task formats and rules, the command line."""
 
+import functools
 import json
 import os
 import pathlib
@@ -21,13 +22,18 @@ from purejax.evaluation import tasks
 TOKENIZER = tokenizers.CharTokenizer("abcdefghijklmnopqrstuvwxyz ?.!\n")
 CONFIG = gpt.GPTConfig(vocab_size=TOKENIZER.vocab_size, block_size=32, n_layer=2, n_head=2,
                        n_embd=32, dropout=0.0, bias=False)
-PARAMS = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
+
+
+@functools.cache
+def model_params():
+  """The tiny model's params, made on first use rather than when a worker collects this file."""
+  return gpt.init_params(CONFIG, jax.random.PRNGKey(0))
 
 
 def alone(request):
   """The summed log-probability of one request, from one unpadded forward pass."""
   ids = (list(request.context) + list(request.continuation))[-(CONFIG.block_size + 1):]
-  logits = gpt.forward(PARAMS, jnp.asarray([ids[:-1]]), CONFIG)[0]
+  logits = gpt.forward(model_params(), jnp.asarray([ids[:-1]]), CONFIG)[0]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   n = len(request.continuation)
   picked = [float(logp[t, ids[t + 1]]) for t in range(len(ids) - 1 - n, len(ids) - 1)]
@@ -42,7 +48,7 @@ def test_requests_of_any_length_score_in_batches_as_each_alone():
   requests = [loglik.Request(rng.integers(0, 31, size=c).tolist(),
                              rng.integers(0, 31, size=k).tolist())
               for c, k in [(3, 1), (10, 4), (1, 2), (25, 7), (40, 3), (5, 5)]]  # 40: cut
-  scored = loglik.score(PARAMS, CONFIG, requests, batch_size=4)
+  scored = loglik.score(model_params(), CONFIG, requests, batch_size=4)
   for request, got in zip(requests, scored):  # in the order given
     want, greedy = alone(request)
     assert got.logprob == pytest.approx(want, rel=1e-5, abs=1e-5)
@@ -56,7 +62,7 @@ def test_requests_of_any_length_score_in_batches_as_each_alone():
 ])
 def test_requests_that_cannot_be_scored_say_why(request_, message):
   with pytest.raises(ValueError, match=message):
-    loglik.score(PARAMS, CONFIG, [request_])
+    loglik.score(model_params(), CONFIG, [request_])
 
 
 def write_items(path, items):
@@ -103,7 +109,7 @@ def test_a_trailing_space_moves_to_the_continuation_as_lm_eval_splits_pairs():
 @pytest.mark.slow
 def test_accuracies_follow_each_rule_and_centre_on_chance(tmp_path):
   task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC))
-  result = tasks.run_task(task, PARAMS, CONFIG, TOKENIZER, batch_size=5)
+  result = tasks.run_task(task, model_params(), CONFIG, TOKENIZER, batch_size=5)
   # Independently: score every option alone, pick by each rule.
   picks = {"accuracy": [], "accuracy_sum": [], "accuracy_per_char": []}
   for i, item in enumerate(MC):
@@ -125,7 +131,7 @@ def test_language_modelling_counts_a_continuation_right_only_if_all_greedy(tmp_p
   items = [{"context": "the cat sat on the", "continuation": " mat"},
            {"context": "abc", "continuation": "d"}]
   task = tasks.load_task(write_items(tmp_path / "lm.jsonl", items))
-  result = tasks.run_task(task, PARAMS, CONFIG, TOKENIZER)
+  result = tasks.run_task(task, model_params(), CONFIG, TOKENIZER)
   expected = np.mean([alone(tasks.encode_pair(TOKENIZER, i["context"], i["continuation"]))[1]
                       for i in items])
   assert result["accuracy"] == expected == result["centered"]
@@ -155,11 +161,11 @@ def test_results_written_to_a_device_are_written_in_place(capfd):
 
 def test_evaluate_runs_each_task_and_refuses_two_of_one_name(tmp_path):
   task = tasks.load_task(write_items(tmp_path / "words.jsonl", MC))
-  results = evaluation.evaluate(PARAMS, CONFIG, TOKENIZER, [task], limit=3, progress=False)
+  results = evaluation.evaluate(model_params(), CONFIG, TOKENIZER, [task], limit=3, progress=False)
   assert results["words"]["items"] == 3 and results["words"]["seconds"] >= 0
   assert "| words | multiple_choice | 3 | 0 |" in evaluation.table(results)
   with pytest.raises(ValueError, match="named twice"):
-    evaluation.evaluate(PARAMS, CONFIG, TOKENIZER, [task, task])
+    evaluation.evaluate(model_params(), CONFIG, TOKENIZER, [task, task])
 
 
 @pytest.mark.slow
@@ -255,7 +261,7 @@ def test_humaneval_needs_its_flag_and_greedy_means_one_sample(capsys, tmp_path):
       capsys, eval_cli, f"--out_dir={tmp_path}", "--tasks=humaneval", "--samples=3",
       "--pass_k=1,3", "--allow_code_execution")
   with pytest.raises(humaneval.CodeExecutionRefused):
-    humaneval.run(PARAMS, CONFIG, TOKENIZER, [], allow_code_execution=False)
+    humaneval.run(model_params(), CONFIG, TOKENIZER, [], allow_code_execution=False)
 
 
 # -- during training
@@ -302,7 +308,7 @@ def harness_model():
   from helpers.data import need
   need("lm_eval")
   from purejax.evaluation import harness
-  return harness.PurejaxLM(params=PARAMS, config=CONFIG, tokenizer=TOKENIZER, batch_size=3)
+  return harness.PurejaxLM(params=model_params(), config=CONFIG, tokenizer=TOKENIZER, batch_size=3)
 
 
 def request(*args):
@@ -325,7 +331,7 @@ def test_harness_generation_is_greedy_decoding_cut_at_the_stop_strings():
 
 def decode_alone(ids, n):
   from purejax import decode
-  return decode.generate(PARAMS, np.asarray(ids), CONFIG, jax.random.PRNGKey(0),
+  return decode.generate(model_params(), np.asarray(ids), CONFIG, jax.random.PRNGKey(0),
                          max_new_tokens=n, temperature=0.0)
 
 

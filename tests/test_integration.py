@@ -6,6 +6,7 @@ unset, from the copy the package ships.
 """
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -37,6 +38,9 @@ def test_tfds_mnist_equals_the_original_idx_files(tfds_data_dir):
   from purejax.data import datasets
   mnist_dir = require_test_data("mnist")
   via_tfds = datasets.load_mnist(tfds_data_dir, str(mnist_dir))
+  # The fixture's first read through TFDS kept the arrays read here.
+  kept = pathlib.Path(tfds_data_dir, "mnist").glob("*/purejax-arrays-*.npz")
+  assert sorted(p.name for p in kept) == ["purejax-arrays-test.npz", "purejax-arrays-train.npz"]
   direct = datasets.load_mnist_idx(str(mnist_dir))
   assert via_tfds.train_images.shape == (60000, 784)
   assert via_tfds.test_images.shape == (10000, 784)

@@ -9,13 +9,13 @@ from helpers.data import need
 from purejax.training.effects import monitor
 from purejax.training.effects import wandb_sink
 
-wandb = need("wandb")
-
 
 @pytest.fixture(autouse=True)
 def fresh_wandb():
   """wandb reads its settings (WANDB_MODE, ...) into a process-wide object once; each test
-  sets its own environment, so each starts and ends without that object."""
+  sets its own environment, so each starts and ends without that object. (Imported here,
+  not when a worker collects this file: wandb takes most of a second to import.)"""
+  wandb = need("wandb")
   wandb.teardown()
   yield
   wandb.teardown()

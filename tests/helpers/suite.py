@@ -3,13 +3,12 @@ share (`built_once`, under a file lock)."""
 
 import contextlib
 import fcntl
+import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
-
-
 
 
 # The full suite keeps one compilation cache per test run, on disk, shared by
@@ -52,11 +51,31 @@ def suite_codegen() -> bool:
 
 
 def xla_accepts(flag: str) -> bool:
-  """Whether this jaxlib's XLA knows `flag` (XLA aborts a process on an unknown flag)."""
-  env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
-  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
-                         capture_output=True, timeout=120)
-  return probe.returncode == 0
+  """Whether this jaxlib's XLA knows `flag` (XLA aborts a process on an unknown flag).
+
+  Found by starting a process with the flag (a second of every test run's start), and
+  kept per Python and jaxlib in the user's cache, so a machine asks once per install.
+  """
+  import jaxlib  # pylint: disable=import-outside-toplevel
+  key = f"{sys.executable} jaxlib=={jaxlib.__version__} {flag}"
+  known = pathlib.Path.home() / ".cache" / "purejax-tests" / "xla_flags.json"
+  try:
+    answers = json.loads(known.read_text())
+  except (OSError, ValueError):
+    answers = {}
+  if key not in answers:
+    env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                           capture_output=True, timeout=120)
+    answers[key] = probe.returncode == 0
+    try:
+      known.parent.mkdir(parents=True, exist_ok=True)
+      partial = known.with_name(f"{known.name}.{os.getpid()}")
+      partial.write_text(json.dumps(answers, indent=1))
+      os.replace(partial, known)
+    except OSError:
+      pass  # a read-only home asks again next time
+  return answers[key]
 
 
 def built_once(name: str, build, *, computed: bool = True) -> pathlib.Path:
