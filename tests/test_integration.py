@@ -68,7 +68,7 @@ def test_gpt_500_steps_on_shakespeare_beats_any_bigram_model_then_samples(
   text_dir = tinyshakespeare_dir()
   process = run_module(
       "purejax.train", "--max_iters=500", "--lr_decay_iters=500", "--warmup_iters=20",
-      "--eval_interval=250", "--eval_iters=50", "--sample_tokens=40",
+      "--eval_interval=250", "--eval_iters=20", "--sample_tokens=40",
       f"--tfds_manual_dir={text_dir}", f"--tfds_data_dir={tfds_data_dir}",
       f"--out_dir={tmp_path}", env=long_run_env())
   metrics = final_metrics(process)
