@@ -247,6 +247,7 @@ def nanogpt_module(config: gpt.GPTConfig):
   return GPT().eval()
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 @pytest.mark.parametrize("bias", [True, False])
 def test_nanogpt_round_trip(tmp_path, bias):
   torch = need("torch")

@@ -110,6 +110,8 @@ class GenerateTest(parameterized.TestCase):
     cache = kv_cache.init_kv_cache(TINY, batch=2)
     chex.assert_shape(cache.k, [(2 * TINY.n_head, TINY.block_size, TINY.head_dim)] * 2)
     step = jax.jit(decode.forward_with_cache, static_argnames="config")
+    # Sliced on the host: a device slice at each position would compile one program each.
+    tokens, full = np.asarray(tokens), np.asarray(full)
     for t in range(TINY.block_size):
       logits, cache = step(params, tokens[:, t:t + 1], cache, t, config=TINY)
       chex.assert_trees_all_close(logits, full[:, t], atol=1e-5)

@@ -24,8 +24,8 @@ def alone(params, config, prompt, n):
   return tuple(int(t) for t in np.asarray(out)[len(prompt):])
 
 
-@pytest.mark.parametrize("config", [pytest.param(GPT2_LIKE, marks=pytest.mark.slow), LLAMA_LIKE],
-                         ids=["positions", "rope"])
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
+@pytest.mark.parametrize("config", [GPT2_LIKE, LLAMA_LIKE], ids=["positions", "rope"])
 def test_each_row_decodes_greedily_as_its_prompt_alone(config):
   params = gpt.init_params(config, jax.random.PRNGKey(1))
   batch = decode.generate_batch(params, PROMPTS, config, jax.random.PRNGKey(0), 12)

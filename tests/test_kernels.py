@@ -430,7 +430,8 @@ class GPTFormsTest(parameterized.TestCase):
     assert not [d for d in dots(f32.jaxpr) if jnp.bfloat16 in d]
 
 
-@pytest.mark.parametrize("scan_layers", [True, pytest.param(False, marks=slow)])
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
+@pytest.mark.parametrize("scan_layers", [True, False])
 def test_bf16_matmul_outputs_change_the_loss_and_gradients_by_bf16_rounding(scan_layers):
   # matmul_output="compute" is autocast's precision: the products' outputs
   # in bf16, the residual stream, norms, logits and weight gradients float32.

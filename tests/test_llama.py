@@ -103,6 +103,7 @@ def test_logits_equal_transformers(hf_model):
   np.testing.assert_allclose(got, hf_logits(model, tokens), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_greedy_kv_cache_tokens_equal_generate(hf_model):
   import torch  # pylint: disable=g-import-not-at-top
   _, model, folder = hf_model

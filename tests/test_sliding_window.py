@@ -140,6 +140,7 @@ def test_layers_of_different_kinds_scan_as_they_run_unrolled():
                          forms=kernels.select("cpu", attn_block=8)))(params))
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_a_deeper_mixed_model_compiles_the_same_program():
   """One block in the scanned program, whatever the depth: 12 layers' optimised HLO is
   the size of 2 layers' (their compile times, bench/sliding_window.py, follow)."""

@@ -211,6 +211,7 @@ def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   assert not np.allclose(metrics.loss[0], metrics.loss[1])
 
 
+@pytest.mark.slow  # over 2 s of compiles on 2 cores: the full suite runs it
 def test_evaluate_gives_each_runs_own_loss():
   data = random_tokens(jax.random.PRNGKey(0), (300,))
   params = sweep.stack([gpt.init_params(TINY, jax.random.PRNGKey(s)) for s in range(2)])
