@@ -161,9 +161,9 @@ _ARRAYS_KEY = "__prepared_files__"
 
 def _prepared_files_key(version_dir: pathlib.Path) -> str:
   """Names, sizes and modification times of TFDS's files for this version."""
-  files = sorted(p for p in version_dir.iterdir()
+  stats = sorted((p.name, p.stat()) for p in version_dir.iterdir()
                  if p.is_file() and not p.name.startswith((_ARRAYS_PREFIX, ".")))
-  return "\n".join(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in files)
+  return "\n".join(f"{name} {st.st_size} {st.st_mtime_ns}" for name, st in stats)
 
 
 def _arrays_path(builder, split: str) -> pathlib.Path:

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 
+from purejax import _files
+
 
 # The full suite keeps one compilation cache per test run, on disk, shared by
 # the run's pytest processes and every command line they start. A program is
@@ -70,9 +72,7 @@ def xla_accepts(flag: str) -> bool:
     answers[key] = probe.returncode == 0
     try:
       known.parent.mkdir(parents=True, exist_ok=True)
-      partial = known.with_name(f"{known.name}.{os.getpid()}")
-      partial.write_text(json.dumps(answers, indent=1))
-      os.replace(partial, known)
+      _files.atomic_write_bytes(known, json.dumps(answers, indent=1).encode())
     except OSError:
       pass  # a read-only home asks again next time
   return answers[key]
