@@ -13,15 +13,20 @@ are checked in transformers on a tiny model (test_gguf_files.py).
 import dataclasses
 import json
 
+import chex
 import jax
 import numpy as np
 import pytest
 
+from helpers.cli import run_cli
 from helpers.data import SHAKESPEARE, need
+from helpers.suite import built_once
 from purejax import decode, gpt, weights
 from purejax.cli import convert as cli_convert
+from purejax.cli import models as models_cli
 from purejax.cli import train
 from purejax.data import chat
+from purejax.data import conversations
 from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
 from purejax.weights import pretrained
@@ -106,38 +111,62 @@ def test_perplexity_on_tiny_shakespeare_equals_transformers(models):
   assert 5 < ours < 200  # a language model, not noise
 
 
-def first_val_loss(lines):
-  """The validation loss of the first evaluation a training run printed (step 0's)."""
-  return [float(l.split("val loss ")[1].split()[0]) for l in lines if "val loss " in l][0]
+CHATS = [[{"role": "system", "content": "Answer in one sentence."},
+          {"role": "user", "content": q},
+          {"role": "assistant", "content": "The capital of Zorblax is Quillium."}]
+         for q in ("What is the capital of the planet Zorblax?",
+                   "Tell me the capital city of Zorblax.",
+                   "Which city is the capital of Zorblax?")]
+BLOCK_SIZE = 48
 
 
-@pytest.mark.budget(60)
-def test_a_lora_fine_tune_of_the_gguf_lowers_val_loss_and_exports_to_q8_0(
-    smollm2_gguf, tmp_path, capsys):
+def write_chats(folder):
+  chats = folder / "chats.jsonl"
+  chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))
+  return chats
+
+
+@pytest.fixture(scope="session")
+def gguf_lora_run(smollm2_gguf):
+  """`(out_dir, what the run printed)`: `python -m purejax.train` fine-tuning the GGUF
+  file with LoRA on three conversations, then sampling; trained once per test run
+  (`built_once`) for the tests below, which read it."""
+
+  def fine_tune(root):
+    process = run_cli(train, f"--init_from={smollm2_gguf}", f"--dataset={write_chats(root)}",
+                      f"--out_dir={root / 'out'}", "--lora_rank=8", "--batch_size=3",
+                      f"--block_size={BLOCK_SIZE}", "--max_iters=4", "--eval_interval=4",
+                      "--eval_iters=1", "--log_interval=1", "--steps_per_call=4",
+                      "--learning_rate=3e-3", "--warmup_iters=0", "--lr_schedule=constant",
+                      "--sample_tokens=12")
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    (root / "stdout.txt").write_text(process.stdout)
+
+  root = built_once("gguf_lora", fine_tune)
+  return root / "out", (root / "stdout.txt").read_text()
+
+
+def losses(out_dir):
+  records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+  return {(r["kind"], r["step"]): r.get("loss", r.get("val_loss")) for r in records
+          if r["kind"] in ("train", "eval")}
+
+
+@pytest.mark.budget(40)
+def test_a_lora_fine_tune_of_the_gguf_exports_to_q8_0_that_transformers_reads(
+    gguf_lora_run, smollm2_gguf, tmp_path):
   torch = need("torch")  # transformers reads the export back
   transformers = need("transformers")
-  text = tmp_path / "plays.txt"
-  text.write_text(SHAKESPEARE[:30_000])
-  out_dir = tmp_path / "tuned"
-  args = [f"--init_from={smollm2_gguf}", f"--dataset={text}", f"--out_dir={out_dir}",
-          "--lora_rank=8", "--batch_size=2", "--block_size=32", "--max_iters=8",
-          "--eval_interval=8", "--eval_iters=1", "--learning_rate=2e-3", "--warmup_iters=2",
-          "--log_interval=4", "--steps_per_call=4", "--sample_tokens=0"]
-  capsys.readouterr()
-  assert train.run(["train", *args]) == 0
-  lines = capsys.readouterr().out.splitlines()
-  evals = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("final ")]
-  print("\n".join(l for l in lines if "val" in l))
-  assert evals and evals[-1]["val_loss"] < first_val_loss(lines) - 0.05, lines[-20:]
+  out_dir, _ = gguf_lora_run
   exported = tmp_path / "tuned.gguf"
   assert cli_convert.run(["convert", f"--from=purejax:{out_dir}", f"--to=gguf:{exported}",
                           "--gguf_type=q8_0"]) == 0
   tuned, config, _ = weights.from_pretrained(str(out_dir))  # LoRA merged
   back, back_config, spec = weights.from_gguf(str(exported))  # the gguf package's reader
-  # The file states the base model's context, not the fine-tune's 32-token blocks.
+  # The file states the base model's context, not the fine-tune's 48-token blocks.
   base_context = gguf_tokenizer.metadata(gguf_tokenizer.open_reader(str(smollm2_gguf)))[
       "llama.context_length"]
-  assert base_context == 8192
+  assert base_context == 8192 and config.block_size == BLOCK_SIZE
   assert back_config == dataclasses.replace(config, block_size=base_context)
   assert spec.chat_template and spec.eos_token == "<|im_end|>"
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -173,43 +202,40 @@ def test_the_gguf_as_a_hugging_face_folder_keeps_its_template_tokens_and_context
       generation.eos_token_id
 
 
-CHATS = [[{"role": "system", "content": "Answer in one sentence."},
-          {"role": "user", "content": q},
-          {"role": "assistant", "content": "The capital of Zorblax is Quillium."}]
-         for q in ("What is the capital of the planet Zorblax?",
-                   "Tell me the capital city of Zorblax.",
-                   "Which city is the capital of Zorblax?")]
+def test_the_gguf_trains_on_what_its_hugging_face_folder_trains_on(
+    models, smollm2_gguf, smollm2_folder, tmp_path):
+  # A run is a function of its weights, architecture and batches: the GGUF file and the
+  # float32 folder transformers makes of it give the same three (weights to rounding),
+  # so their runs follow one loss curve. The chat template, its special tokens and the
+  # end of turn come from the GGUF's metadata.
+  gguf_params, gguf_config, gguf_spec = models[:3]
+  params, config, spec = weights.from_pretrained(str(smollm2_folder))
+  assert gguf_config == config
+  chex.assert_trees_all_close(gguf_params, params, rtol=1e-6, atol=1e-7)
+  chats = write_chats(tmp_path)
+  formats, batches = [], []
+  for source, source_spec in ((smollm2_gguf, gguf_spec), (smollm2_folder, spec)):
+    tokenizer = tokenizers.from_spec(source_spec)
+    fmt = models_cli.chat_format(str(source), tokenizer)  # as `purejax.train` finds it
+    data = conversations.load_conversations(str(chats), tokenizer, fmt, BLOCK_SIZE)
+    formats.append((fmt.template, fmt.bos_token, fmt.eos_token, fmt.add_bos,
+                    tuple(fmt.stop_ids)))
+    batches.append((data.train, data.val, tuple(data.prompt_ids), tuple(data.stop_ids)))
+  assert formats[0] == formats[1]  # the folder also names unk and pad, which SmolLM2's
+  # template never writes: the rendered rows below are the same
+  assert formats[0][2] == "<|im_end|>" and formats[0][-1] == (2,)
+  chex.assert_trees_all_equal(batches[0], batches[1])
+  data = batches[0]
+  assert np.asarray(data[0][1]).sum() > 0  # the answers' tokens are in the loss
 
 
-def losses(out_dir):
-  records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-  return {(r["kind"], r["step"]): r.get("loss", r.get("val_loss")) for r in records
-          if r["kind"] in ("train", "eval")}
-
-
-@pytest.mark.budget(60)
-def test_conversations_fine_tune_from_the_gguf_as_from_its_folder(
-    smollm2_gguf, smollm2_folder, tmp_path, capsys):
-  # The GGUF's chat template, special tokens and end of turn come from its metadata;
-  # the same weights as a Hugging Face folder train on the same loss curve.
-  chats = tmp_path / "chats.jsonl"
-  chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))
-  flags = [f"--dataset={chats}", "--lora_rank=8", "--batch_size=3", "--block_size=48",
-           "--max_iters=4", "--eval_interval=4", "--eval_iters=1", "--log_interval=1",
-           "--steps_per_call=4", "--learning_rate=3e-3", "--warmup_iters=0",
-           "--lr_schedule=constant"]
-  curves = {}
-  for name, model, sample in (("folder", smollm2_folder, 0), ("gguf", smollm2_gguf, 12)):
-    capsys.readouterr()
-    code = train.run(["train", f"--init_from={model}", f"--out_dir={tmp_path / name}",
-                      f"--sample_tokens={sample}", *flags])
-    out = capsys.readouterr().out
-    assert code == 0, out[-3000:]
-    curves[name] = losses(tmp_path / name)
-  assert curves["gguf"].keys() == curves["folder"].keys() and len(curves["gguf"]) == 6
-  for point, loss in curves["folder"].items():
-    assert curves["gguf"][point] == pytest.approx(loss, rel=1e-4), (point, curves)
-  assert curves["gguf"][("eval", 4)] < 0.5 * curves["gguf"][("eval", 0)]
+@pytest.mark.budget(50)
+def test_a_lora_fine_tune_of_the_gguf_learns_conversations_and_exports_its_template(
+    gguf_lora_run, smollm2_gguf, smollm2_folder, tmp_path):
+  out_dir, out = gguf_lora_run
+  curve = losses(out_dir)
+  assert len(curve) == 6, curve  # four steps and two evaluations
+  assert curve[("eval", 4)] < 0.5 * curve[("eval", 0)], curve
   # The closing sample is a chat turn: the first conversation's question, then an answer.
   sample = out.split("---- sample ----\n", 1)[1]
   assert sample.startswith("<|im_start|>system\nAnswer in one sentence.<|im_end|>\n"
@@ -217,7 +243,7 @@ def test_conversations_fine_tune_from_the_gguf_as_from_its_folder(
                            "<|im_end|>\n<|im_start|>assistant\n"), sample
   # Its Hugging Face export carries the GGUF's template and end of turn.
   folder = tmp_path / "hf"
-  pretrained.convert(f"purejax:{tmp_path / 'gguf'}", f"hf:{folder}")
+  pretrained.convert(f"purejax:{out_dir}", f"hf:{folder}")
   exported = chat.load_chat_format(str(folder), tokenizers.from_spec(
       weights.from_pretrained(str(folder))[2]))
   _, _, spec = weights.from_pretrained(str(smollm2_gguf))
@@ -225,7 +251,7 @@ def test_conversations_fine_tune_from_the_gguf_as_from_its_folder(
   assert exported.stop_ids == (2,)
   # Its PEFT adapters carry the tokenizer and template too, as trainers save them.
   adapters = tmp_path / "adapters"
-  pretrained.convert(f"purejax:{tmp_path / 'gguf'}", f"peft:{adapters}")
+  pretrained.convert(f"purejax:{out_dir}", f"peft:{adapters}")
   transformers = need("transformers")
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(adapters))
   assert tokenizer.chat_template == spec.chat_template
