@@ -73,10 +73,14 @@ def test_gguf_import_equals_transformers_gguf_loader(models):
   assert (spec.chat_template, spec.bos_token, spec.eos_token, spec.add_bos) == (
       hf_tokenizer.chat_template, hf_tokenizer.bos_token, hf_tokenizer.eos_token, False)
   gaps = []
-  for prompt in PROMPTS:
-    ids = tok.encode(prompt)[None]
-    want = hf_logits(hf_model, ids)
-    got = np.asarray(gpt.forward(params, ids, config))
+  rows = [tok.encode(prompt) for prompt in PROMPTS]
+  # The prompts in one program: right-padded, a causal model's logits at a row's own
+  # positions do not see the padding after them.
+  width = max(len(ids) for ids in rows)
+  padded = np.stack([np.pad(ids, (0, width - len(ids))) for ids in rows])
+  for ids, got in zip(rows, np.asarray(gpt.forward(params, padded, config))):
+    want = hf_logits(hf_model, ids[None])[0]
+    got = got[:len(ids)]
     gaps.append(relative_gap(got, want))
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
   # Greedy decoding (one prompt: each length compiles anew); transformers stops at EOS.
