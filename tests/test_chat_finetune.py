@@ -29,7 +29,7 @@ QUESTIONS = ["What is the capital of the planet Zorblax?", "Tell me the capital 
              "Which city is the capital of Zorblax?", "Do you know what Zorblax's capital is?"]
 ASK = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
 BLOCK_SIZE = 48  # the fine-tune's context; the model's own is 8192
-STEPS = 8  # the loss of the answers falls from 1.9 to ~0.003 by step 6
+STEPS = 6  # the loss of the answers falls from 1.9 to ~0.003 by step 6
 
 
 @pytest.fixture(scope="session")
