@@ -113,8 +113,8 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
   def test_remat_gives_the_same_loss_and_gradients(self, policy):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 9))
-    grad = lambda remat: jax.value_and_grad(functools.partial(
-        gpt.loss, forms=kernels.select("cpu", remat=remat)))(
+    grad = lambda remat: jax.jit(jax.value_and_grad(functools.partial(
+        gpt.loss, forms=kernels.select("cpu", remat=remat))), static_argnums=3)(
             params, tokens[:, :-1], tokens[:, 1:], TINY)
     chex.assert_trees_all_close(grad("none"), grad(policy), rtol=1e-5, atol=1e-6)
 
@@ -126,14 +126,14 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     # and causality must not change.
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, time + 1))
-    grad = lambda forms: jax.value_and_grad(functools.partial(gpt.loss, forms=forms))(
-        params, tokens[:, :-1], tokens[:, 1:], TINY)
+    grad = lambda forms: jax.jit(jax.value_and_grad(functools.partial(gpt.loss, forms=forms)),
+                                 static_argnums=3)(params, tokens[:, :-1], tokens[:, 1:], TINY)
     blocked = kernels.select("cpu", attention="blocked", attn_block=attn_block)
     chex.assert_trees_all_close(grad(kernels.Forms()), grad(blocked), rtol=1e-5, atol=1e-6)
     changed = tokens.at[:, 4:].set((tokens[:, 4:] + 1) % TINY.vocab_size)
-    chex.assert_trees_all_close(
-        gpt.forward(params, tokens[:, :-1], TINY, forms=blocked)[:, :4],
-        gpt.forward(params, changed[:, :-1], TINY, forms=blocked)[:, :4], atol=1e-6)
+    forward = jax.jit(functools.partial(gpt.forward, config=TINY, forms=blocked))
+    chex.assert_trees_all_close(forward(params, tokens[:, :-1])[:, :4],
+                                forward(params, changed[:, :-1])[:, :4], atol=1e-6)
 
   @pytest.mark.slow
   def test_dropout_keys(self):
