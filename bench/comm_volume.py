@@ -45,6 +45,17 @@ from purejax.training.pure.state import TrainState  # noqa: E402
 
 FLAGS = flags.FLAGS
 
+SIZES = {
+    # name: (config, global batch, rounded up to 4 rows per device)
+    "recipe 4L/128 T64": (gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4,
+                                        n_head=4, n_embd=128, bias=False), 12),
+    "heavy 6L/384 T256": (gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6,
+                                        n_head=6, n_embd=384, bias=False), 16),
+}
+# label, FSDP, microbatches
+PLANS = [("replicated", False, 1), ("replicated, 4 microbatches", False, 4),
+         ("FSDP", True, 1), ("FSDP, 4 microbatches", True, 4)]
+
 
 def define_flags() -> None:
   """The command line's flags; defined only when this module runs as the program."""
@@ -52,7 +63,8 @@ def define_flags() -> None:
 
 
 def step_collectives(config, batch_size, plan, grad_accum_steps):
-  optimizer = optim.make_optimizer(optim.OptimizerConfig())
+  # the schedule does not change what crosses devices; a cosine one needs its end
+  optimizer = optim.make_optimizer(optim.from_flat(decay_iters=5000))
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   opt_state = jax.eval_shape(optimizer.init, params)
   state = TrainState(params, opt_state, {"train": jax.ShapeDtypeStruct((2,), np.uint32)})

@@ -1,5 +1,5 @@
 """The package's shape: layers that import only downward, no circles, no runaway modules,
-and the forms chosen only where a user starts.
+the forms chosen only where a user starts, and no file that uses a name it never defines.
 
 The layers are the ones `purejax/__init__.py`'s docstring draws, bottom to
 top; a module may import from its own layer and the layers below it. These
@@ -14,7 +14,12 @@ from typing import Dict, List, Tuple
 
 import purejax
 
+from helpers.data import need
+
 PACKAGE = pathlib.Path(purejax.__file__).parent
+# Every folder of Python the repository ships or runs: the library, its benchmarks,
+# examples and tests.
+SOURCE_FOLDERS = ("purejax", "bench", "examples", "tests")
 # A sanity bound, not a target: modules are split by job, and a long one is a
 # signal to look at it, not a reason to cut it where the count falls.
 MAX_LINES = 800
@@ -202,9 +207,35 @@ def test_forms_are_chosen_only_at_the_entry_points():
       name: calls[name] for name in FORMS_ENTRY_POINTS}
 
 
+def undefined_names(path: pathlib.Path) -> List[str]:
+  """pyflakes' `file:line: message` for each name the file uses and never defines.
+
+  Only these messages: a name used but never bound fails only when its line runs,
+  and a script's `main` or a benchmark's arm may run rarely (an unused import is
+  harmless and is left to taste).
+  """
+  need("pyflakes")
+  from pyflakes import checker, messages  # only where pyflakes is installed
+  wanted = (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)
+  found = checker.Checker(ast.parse(path.read_text()), filename=str(path))
+  return [f"{path}:{m.lineno}: {m.message % m.message_args}"
+          for m in found.messages if isinstance(m, wanted)]
+
+
+def test_no_file_uses_a_name_it_never_defines():
+  # A benchmark once lost the tables its main loops over when its flags moved; nothing
+  # ran that line until someone ran the benchmark.
+  root = PACKAGE.parent
+  found = [line for folder in SOURCE_FOLDERS for path in sorted((root / folder).rglob("*.py"))
+           for line in undefined_names(path)]
+  assert not found, "names used but never defined:\n" + "\n".join(found)
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
   # The ast checks above must be able to fail: a select call and an upward import.
   source = tmp_path / "module.py"
   source.write_text("from purejax import nn\nforms = kernels.select('cpu')\nselect()\n")
   assert select_calls(source) == [2, 3]
   assert imports_of(source, modules()) == [("purejax.nn", 1)]
+  assert [line.split(": ", 1)[1] for line in undefined_names(source)] == [
+      "undefined name 'kernels'", "undefined name 'select'"]
