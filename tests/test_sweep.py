@@ -31,6 +31,31 @@ BASE = optim.from_flat(learning_rate=1e-2, warmup_iters=2, decay_iters=20, min_l
                              weight_decay=0.1, grad_clip=1.0, beta2=0.99)
 
 
+def assert_params_equal_to_rounding(params, solo_params, config: gpt.GPTConfig) -> None:
+  """`params` equal `solo_params` within `PARAMS_ATOL`, the keys' bias aside.
+
+  The keys' bias has a zero gradient in exact arithmetic: it adds `q . b` to
+  every score of a query, and the softmax ignores a shift shared by all its
+  scores. What gradient it gets is rounding, which Adam scales to a step of
+  the learning rate's size in whichever direction the rounding fell, so two
+  programs that round differently move it apart by whole steps (1.2e-4 on a
+  CPU without AVX-512). It is left out of the comparison.
+  """
+  q_width, k_width = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+
+  def without_key_bias(tree):
+    qkv = tree["blocks"]["attn"]["qkv"]
+    if "b" not in qkv:
+      return tree
+    b = np.array(qkv["b"])
+    b[..., q_width:q_width + k_width] = 0.0
+    attn = {**tree["blocks"]["attn"], "qkv": {**qkv, "b": b}}
+    return {**tree, "blocks": {**tree["blocks"], "attn": attn}}
+
+  chex.assert_trees_all_close(without_key_bias(params), without_key_bias(solo_params),
+                              atol=PARAMS_ATOL, rtol=0)
+
+
 def test_parse_grid_and_expand_name_every_run():
   grid = sweep.parse_grid("learning_rate=3e-4,1e-3; weight_decay=0,0.1")
   assert grid == {"learning_rate": (3e-4, 1e-3), "weight_decay": (0.0, 0.1)}
@@ -164,7 +189,7 @@ def test_each_run_of_a_sweep_equals_the_run_trained_alone(dropout, sweep_batch):
   for i, spec in enumerate(runs):
     solo_params, solo_losses = _solo(config, data, spec, 20)
     np.testing.assert_allclose(losses[i], solo_losses, rtol=LOSS_RTOL)
-    chex.assert_trees_all_close(sweep.unstack(p, i), solo_params, atol=PARAMS_ATOL, rtol=0)
+    assert_params_equal_to_rounding(sweep.unstack(p, i), solo_params, config)
   # the runs really differ (different settings and seeds train differently)
   assert len({round(float(l), 4) for l in losses[:, -1]}) == 3
 
@@ -205,8 +230,7 @@ def test_a_sweep_over_dropout_trains_each_run_at_its_rate():
   for i, spec in enumerate(runs):
     solo_params, solo_losses = _solo(spec.model_config(config), data, spec, 20)
     np.testing.assert_allclose(metrics.loss[i], solo_losses, rtol=LOSS_RTOL)
-    chex.assert_trees_all_close(sweep.unstack(state.params, i), solo_params,
-                                atol=PARAMS_ATOL, rtol=0)
+    assert_params_equal_to_rounding(sweep.unstack(state.params, i), solo_params, config)
   # the same seed at two rates trains differently
   assert not np.allclose(metrics.loss[0], metrics.loss[1])
 
@@ -245,8 +269,8 @@ def test_the_cpu_runs_a_sweep_one_run_at_a_time_and_the_gpu_all_at_once():
   with pytest.raises(ValueError, match="`sweep_batch` must be None or a non-negative integer"):
     sweep.choose_sweep_batch("cpu", -1)
 
-@pytest.mark.slow  # over 5 s: the full suite runs it
 
+@pytest.mark.slow  # over 5 s: the full suite runs it
 @pytest.mark.budget(25)
 def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
   tokens = batches.DeviceTokens(random_tokens(jax.random.PRNGKey(0), (300,)))
@@ -260,10 +284,10 @@ def test_how_many_runs_are_vmapped_together_does_not_change_the_sweep():
     results.append((state.params, metrics.loss))
   for params, loss in results[1:]:
     np.testing.assert_allclose(loss, results[0][1], rtol=LOSS_RTOL)
-    chex.assert_trees_all_close(params, results[0][0], atol=PARAMS_ATOL, rtol=0)
+    assert_params_equal_to_rounding(params, results[0][0], TINY)
+
 
 @pytest.mark.slow  # over 5 s: the full suite runs it
-
 def test_one_run_at_a_time_needs_one_runs_scratch_memory():
   """Why the CPU maps the runs: vmapping N runs needs N runs' scratch memory."""
   state, hyper, make = _tiny_sweep(4)
