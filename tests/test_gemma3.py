@@ -181,12 +181,15 @@ def test_local_layers_cache_only_their_window(hf_model):
   _, _, params, config = hf_model
   cache = kv_cache.init_kv_cache(config, batch=2, length=40)
   assert [k.shape[1] for k in cache.k] == [WINDOW, WINDOW, 40]
+  # Jitted, as `generate` runs them: eagerly each layer's ops dispatch (and compile) one by one.
+  feed = jax.jit(decode.forward_with_cache, static_argnames=("config",))
+  forward = jax.jit(gpt.forward, static_argnames=("config",))
   prompt = jnp.asarray(ids(batch=2, length=9))
-  logits, cache = decode.forward_with_cache(params, prompt, cache, 0, config)
-  full = gpt.forward(params, prompt, config)[:, -1]
+  logits, cache = feed(params, prompt, cache, 0, config=config)
+  full = forward(params, prompt, config=config)[:, -1]
   np.testing.assert_allclose(logits, full, atol=1e-5, rtol=1e-5)
   step = jnp.asarray(ids(batch=2, length=1, seed=5))
-  logits, cache = decode.forward_with_cache(params, step, cache, 9, config)
-  whole = gpt.forward(params, jnp.concatenate([prompt, step], axis=1), config)[:, -1]
+  logits, cache = feed(params, step, cache, 9, config=config)
+  whole = forward(params, jnp.concatenate([prompt, step], axis=1), config=config)[:, -1]
   np.testing.assert_allclose(logits, whole, atol=1e-5, rtol=1e-5)
   assert [k.shape[1] for k in cache.k] == [WINDOW, WINDOW, 40]

@@ -193,16 +193,19 @@ def test_a_conversation_through_rings_equals_feeding_it_afresh():
   forms = kernels.select("cpu")
   layers = kv_cache.layers_of(params, config)
   ids = [int(i) for i in jax.random.randint(jax.random.PRNGKey(3), (26,), 0, 61)]
+  # The model is causal: the whole conversation's logits at a prefix's last position are
+  # that prefix's (one jitted forward instead of one eager forward per prefix).
+  forward = jax.jit(gpt.forward, static_argnames="config")
+  full = forward(params, jnp.asarray([ids]), config=config)
   conversation = decode.Conversation(kv_cache.init_kv_cache(config, 1, 8), ())
   for upto in (9, 17, 26):  # grows the cache (8 -> 16 -> 32); the rings stay at 5
     logits, conversation = decode.extend(layers, params, conversation, ids[:upto], config,
                                          forms=forms, pad_to=4)
-    want = gpt.forward(params, jnp.asarray([ids[:upto]]), config)[:, -1]
-    np.testing.assert_allclose(logits, want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(logits, full[:, upto - 1], atol=2e-5, rtol=2e-5)
   rewound = ids[:20] + [7, 8, 9]
   logits, conversation = decode.extend(layers, params, conversation, rewound, config,
                                        forms=forms, pad_to=4)
-  want = gpt.forward(params, jnp.asarray([rewound]), config)[:, -1]
+  want = forward(params, jnp.asarray([rewound]), config=config)[:, -1]
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=2e-5)
   assert [k.shape[1] for k in conversation.cache.k] == [5, 5, 32]
 
