@@ -13,6 +13,7 @@ may pick other collectives (e.g. reduce-scatter where the CPU backend keeps
 an all-reduce), so read the CPU numbers as the shape of the traffic.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -38,6 +39,7 @@ from purejax import gpt  # noqa: E402
 from purejax.data import batches  # noqa: E402
 from purejax.ops import kernels  # noqa: E402
 from purejax.optimizers import optim  # noqa: E402
+from purejax.training.loops import recipes  # noqa: E402
 from purejax.training.pure import parallel  # noqa: E402
 from purejax.training.pure import state as state_lib  # noqa: E402
 from purejax.training.pure import steps  # noqa: E402
@@ -47,10 +49,9 @@ FLAGS = flags.FLAGS
 
 SIZES = {
     # name: (config, global batch, rounded up to 4 rows per device)
-    "recipe 4L/128 T64": (gpt.GPTConfig(vocab_size=65, block_size=64, n_layer=4,
-                                        n_head=4, n_embd=128, bias=False), 12),
-    "heavy 6L/384 T256": (gpt.GPTConfig(vocab_size=65, block_size=256, n_layer=6,
-                                        n_head=6, n_embd=384, bias=False), 16),
+    "recipe 4L/128 T64": (recipes.SHAKESPEARE_CHAR, 12),
+    "heavy 6L/384 T256": (dataclasses.replace(recipes.SHAKESPEARE_CHAR, block_size=256,
+                                              n_layer=6, n_head=6, n_embd=384), 16),
 }
 # label, FSDP, microbatches
 PLANS = [("replicated", False, 1), ("replicated, 4 microbatches", False, 4),
@@ -63,8 +64,9 @@ def define_flags() -> None:
 
 
 def step_collectives(config, batch_size, plan, grad_accum_steps):
-  # the schedule does not change what crosses devices; a cosine one needs its end
-  optimizer = optim.make_optimizer(optim.from_flat(decay_iters=5000))
+  # purejax.train's optimizer; its cosine schedule needs an end, which changes nothing
+  # that crosses devices
+  optimizer = optim.make_optimizer(optim.replace(recipes.GPT_OPTIMIZER, decay_iters=5000))
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   opt_state = jax.eval_shape(optimizer.init, params)
   state = TrainState(params, opt_state, {"train": jax.ShapeDtypeStruct((2,), np.uint32)})
