@@ -430,6 +430,8 @@ def main(argv):
     overrides["remat"] = FLAGS.remat
   if FLAGS.matmul_output != "auto":
     overrides["matmul_output"] = FLAGS.matmul_output
+  if FLAGS.loss_logits != "auto":
+    overrides["loss_logits"] = FLAGS.loss_logits
   forms = kernels.select("gpu", **overrides)
   opt = optim.with_schedule_end(recipes.GPT_OPTIMIZER, 5000)
   account, _ = account_for(GPT2_124M, FLAGS.gpu, FLAGS.batch_size, forms, opt)
@@ -452,6 +454,8 @@ if __name__ == "__main__":
   flags.DEFINE_enum("remat", "auto", ["auto", *kernels.REMAT_POLICIES], "The remat policy.")
   flags.DEFINE_enum("matmul_output", "auto", ["auto", *kernels.MATMUL_OUTPUT_FORMS],
                     "The products' output dtype.")
+  flags.DEFINE_enum("loss_logits", "auto", ["auto", *kernels.LOSS_LOGITS_FORMS],
+                    "The dtype of the head's logits.")
   flags.DEFINE_integer("top", 25, "Kernel sites listed.")
   flags.DEFINE_string("out", None, "Also write the account as JSON here.")
   app.run(main)

@@ -21,7 +21,7 @@ _AUTO = "auto"
 
 # The flags that are `kernels.select` overrides (`Forms` fields), by their names.
 FORMS = ("attention", "attn_block", "remat", "scan_layers", "matmul_backward",
-         "matmul_output", "loss_chunk_rows", "noise_ahead")
+         "matmul_output", "loss_chunk_rows", "loss_logits", "noise_ahead")
 
 
 class _AutoOr(flags.ArgumentParser):
@@ -77,7 +77,7 @@ def _one_of(choices) -> str:
 
 def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
-  --matmul_output, --loss_chunk_rows, --noise_ahead and (for a command that runs
+  --matmul_output, --loss_chunk_rows, --loss_logits, --noise_ahead and (for a command that runs
   sweeps) --sweep_batch."""
   _define(args, "attention", _one_of(kernels.ATTENTION_FORMS),
           _choice(kernels.ATTENTION_FORMS),
@@ -103,6 +103,10 @@ def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   _define(args, "loss_chunk_rows", "a non-negative integer", _integer(0),
           "Rows per chunk of the output head and loss when the logits are large (0: never "
           "chunk).")
+  _define(args, "loss_logits", _one_of(kernels.LOSS_LOGITS_FORMS),
+          _choice(kernels.LOSS_LOGITS_FORMS),
+          "dtype the low-precision output head writes its logits in: float32, or compute "
+          "(as PyTorch's autocast; the loss still sums in float32).")
   _define(args, "noise_ahead", "'true' or 'false'", _true_or_false,
           "Sampling draws its Gumbel noise before each decode loop.")
   if sweeps:

@@ -30,6 +30,7 @@ from purejax.ops.matmul import LOW_RANK_OUTPUT
 ATTENTION_FORMS = ("plain", "blocked", "xla", "cudnn")
 MATMUL_BACKWARD_FORMS = ("plain", "row_major")
 MATMUL_OUTPUT_FORMS = ("float32", "compute")
+LOSS_LOGITS_FORMS = ("float32", "compute")
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -68,7 +69,8 @@ class Forms:
       its input's gradient (`MATMUL_OUTPUT_FORMS`): "float32", or "compute"
       rounds them to the compute dtype, as PyTorch's autocast does, so the
       elementwise work between products moves half the bytes. The output
-      head's logits and the weights' gradients stay float32 either way.
+      head's logits (see `loss_logits`) and the weights' gradients stay
+      float32 either way.
     remat: what each block keeps for the backward pass (`REMAT_POLICIES`):
       "none" stores every activation; "full" stores only the block's input
       and recomputes the rest; "full_compute_dtype" stores that input in
@@ -83,6 +85,12 @@ class Forms:
     loss_chunk_min_logits: see `loss_chunk_rows`.
     noise_ahead: sampling draws each scan's Gumbel noise in one batch before
       the scan, instead of once per token inside it.
+    loss_logits: the dtype the low-precision output head writes its logits in
+      (`LOSS_LOGITS_FORMS`): "float32", or "compute", as PyTorch's autocast
+      writes them; the loss reads them into float32 for its exponentials and
+      sums either way. In chunks, "compute" halves the bytes of the loss's
+      three passes over each chunk's `[rows, vocab]` logits (written by the
+      head, read by the logsumexp and by the gradient).
   """
   attention: str = "plain"
   attn_block: int = 64
@@ -93,11 +101,13 @@ class Forms:
   loss_chunk_rows: Optional[int] = None
   loss_chunk_min_logits: int = 1 << 26
   noise_ahead: bool = False
+  loss_logits: str = "float32"
 
   def __post_init__(self):
     for name, allowed in (("attention", ATTENTION_FORMS),
                           ("matmul_backward", MATMUL_BACKWARD_FORMS),
                           ("matmul_output", MATMUL_OUTPUT_FORMS),
+                          ("loss_logits", LOSS_LOGITS_FORMS),
                           ("remat", tuple(REMAT_POLICIES))):
       if getattr(self, name) not in allowed:
         raise ValueError(f"Forms.{name}={getattr(self, name)!r} is not one of {allowed}.")
@@ -118,7 +128,7 @@ class Forms:
     return (f"attention {attention}, remat {self.remat}, "
             f"{'scanned' if self.scan_layers else 'unrolled'} layers, "
             f"matmul backward {self.matmul_backward}, matmul output {self.matmul_output}, "
-            f"loss chunks {chunks}, "
+            f"loss chunks {chunks}, loss logits {self.loss_logits}, "
             f"noise {'ahead' if self.noise_ahead else 'per token'}")
 
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
