@@ -172,22 +172,31 @@ class Job(jobs.Job):
 
 
 def job_h_train(job: Job) -> None:
+  """The GPT-2 124M step (batch 12): the platform's forms, two candidates and the twin,
+  alternated. The candidates: the head's logits in bf16 (`loss_logits="compute"`, as
+  the twin writes them; not a default until measured here) and the layers scanned."""
   s = job.sizes
   config, batch = s.gpt2, s.train_batch
-  ref, unrolled, twin = ("purejax (scan_layers=True, auto forms)",
-                         "purejax (scan_layers=False)", job.twin_name())
+  platform = "gpu" if job.gpu else "cpu"
+  ref, logits, scanned, twin = ("purejax (auto forms)", "purejax (auto forms, bf16 logits)",
+                                "purejax (auto forms, scan_layers=True)", job.twin_name())
   job.set_config(config, batch=batch, steps_per_call=s.steps_per_call,
                  optimizer=optim.to_saved(GPT2_OPTIMIZER))
   job.note("peak_bytes of a purejax arm is the process's JAX peak after its first call, "
            "which includes the arms built before it; program_peak_bytes is the compiled "
            "step's own plan.")
+
+  def purejax_arm(info, **overrides):
+    return job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
+                       forms=kernels.select(platform, **overrides))
+
   arms = job.build({
-      ref: lambda info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info),
-      unrolled: lambda info: job.purejax(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info,
-                                         forms=kernels.select(scan_layers=False)),
+      ref: purejax_arm,
+      logits: functools.partial(purejax_arm, loss_logits="compute"),
+      scanned: functools.partial(purejax_arm, scan_layers=True),
       twin: lambda info: job.twin(config, batch, GPT2_OPTIMIZER, s.steps_per_call, info)})
   job.alternate(arms, s.train_rounds, lambda times: job.train_rows(
-      times, {unrolled: ref, twin: ref}, config, batch))
+      times, {logits: ref, scanned: ref, twin: ref}, config, batch))
 
 
 # h.forms' arms: `kernels.select` overrides of the GPU's forms for the GPT-2 124M step.

@@ -208,8 +208,9 @@ class Account:
     return seen
 
   def _fusion_traffic(self, comp_name: str) -> Tuple[int, int]:
-    """Bytes a fusion reads and writes: a sliced operand counts its slices, the buffer
-    of an in-place update counts nothing read and only the update written."""
+    """Bytes a fusion reads and writes: a sliced operand (converted or not) counts its
+    slices, the buffer of an in-place update counts nothing read and only the update
+    written."""
     comp = self.computations[comp_name]
     by_index = {i.name: i for i in comp.instructions.values() if i.op == "parameter"}
     users = collections.defaultdict(list)
@@ -217,13 +218,17 @@ class Account:
       for o in i.operands:
         users[o].append(i)
 
-    def through_bitcasts(name):
+    def through_bitcasts(name, convert_ok=True):
       found = []
       for user in users[name]:
         if user.op == "bitcast":
-          found.extend(through_bitcasts(user.name))
+          found.extend(through_bitcasts(user.name, convert_ok))
+        elif user.op == "convert" and convert_ok:
+          # A loop fusion converts only the elements its slice or gather reads
+          # (the kernel computes each output element from its operands).
+          found.extend((u, via, True) for u, via, _ in through_bitcasts(user.name, False))
         else:
-          found.append((user, name))
+          found.append((user, name, False))
       return found
 
     read = 0
@@ -231,11 +236,14 @@ class Account:
     for pname, param in by_index.items():
       uses = through_bitcasts(pname)
       full = _bytes(param.shape)
-      if uses and all(u.op in ("slice", "dynamic-slice", "gather") and u.operands[0] == via
-                      for u, via in uses):
-        read += min(full, sum(_bytes(u.shape) for u, _ in uses))
-      elif uses and all(u.op == "dynamic-update-slice" and u.operands[0] == via
-                        for u, via in uses):
+      sliced = [(u, via) for u, via, _ in uses
+                if u.op in ("slice", "dynamic-slice", "gather") and u.operands[0] == via]
+      if uses and len(sliced) == len(uses):
+        # What the slices take, in the parameter's own element type.
+        dtype = param.shape[:param.shape.index("[")]
+        read += min(full, sum(_bytes(dtype + u.shape[u.shape.index("["):]) for u, _ in sliced))
+      elif uses and all(u.op == "dynamic-update-slice" and u.operands[0] == via and not cv
+                        for u, via, cv in uses):
         in_place.add(pname)
       else:
         read += full

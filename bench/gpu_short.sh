@@ -2,8 +2,8 @@
 # One lent GPU in under 9 minutes: the GPT-2 124M step's memory plan against its
 # measured peak (bench.gpu h.plan, dumping XLA's autotuning results), the same
 # program's deviceless plans on that host (untuned, and with those results
-# loaded), then bench.gpu h.train (purejax scanned and unrolled against the
-# torch.compile twin).
+# loaded), then bench.gpu h.train (purejax's default forms, the default with the
+# head's logits in bf16, and the layers scanned, against the torch.compile twin).
 #   bash bench/gpu_short.sh OUT_DIR
 set -u
 out=${1:?usage: bash bench/gpu_short.sh OUT_DIR}

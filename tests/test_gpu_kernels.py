@@ -98,6 +98,31 @@ def test_a_loop_body_counts_its_trips_and_reads_only_what_it_slices():
   assert found["copied"].category == "copies"
 
 
+# A fusion that converts bf16 logits to float32 and takes one row of them: the
+# kernel reads that row (in bf16), not the whole operand.
+PICKED = """HloModule picked
+
+%fused_pick (q0: bf16[8,50], q1: s32[]) -> f32[1,50] {
+  %q0 = bf16[8,50]{1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %c = s32[] constant(0)
+  %qc = f32[8,50]{1,0} convert(%q0), metadata={op_name="jit(f)/jvp()/convert"}
+  ROOT %row = f32[1,50]{1,0} dynamic-slice(%qc, %q1, %c), dynamic_slice_sizes={1,50}, metadata={op_name="jit(f)/jvp()/dynamic_slice"}
+}
+
+ENTRY %main (l: bf16[8,50], i: s32[]) -> f32[1,50] {
+  %l = bf16[8,50]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %picked = f32[1,50]{1,0} fusion(%l, %i), kind=kLoop, calls=%fused_pick
+}
+"""
+
+
+def test_a_converted_operand_that_is_sliced_counts_only_its_slice():
+  picked = sites(gpu_kernels.Account(PICKED, vocab_size=50))["picked"]
+  assert (picked.read, picked.written) == (50 * 2 + 4, 50 * 4)
+
+
 def test_the_summary_adds_up_and_the_roofline_takes_the_slower_of_bytes_and_flops():
   account = gpu_kernels.Account(HLO, vocab_size=50)
   card = types.SimpleNamespace(bandwidth=1e9)  # bytes/s: all the account reads of a card
