@@ -342,32 +342,35 @@ class TiedHeadLossTest(parameterized.TestCase):
   @parameterized.parameters(None, 5)
   def test_logits_in_the_compute_dtype_round_only_the_logits(self, chunk):
     # loss_logits="compute" writes the head's logits in bf16, as autocast does;
-    # the loss still sums in float32. Loss and gradients stay within bf16
-    # rounding of the float32 logits' (the logits here are O(1): 2^-8 of them).
+    # the loss still sums in float32, and its value and gradients stay within
+    # bf16 rounding of the float32 logits' (the logits here are O(1)).
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
     table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
     labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
 
-    def value_and_grads(loss_logits):
+    def value_and_grads(loss_logits, chunk_rows):
       forms = kernels.Forms(loss_logits=loss_logits)
-      f = lambda x, table: tied_head_cross_entropy(
-          x, table, labels, compute_dtype=jnp.bfloat16, chunk_rows=chunk, forms=forms)
-      return jax.value_and_grad(f, argnums=(0, 1)), (x, table)
+      return jax.value_and_grad(lambda x, table: tied_head_cross_entropy(
+          x, table, labels, compute_dtype=jnp.bfloat16, chunk_rows=chunk_rows, forms=forms),
+                                argnums=(0, 1))
 
-    (f32, args), (bf16, _) = value_and_grads("float32"), value_and_grads("compute")
-    head = lambda f: [eqn.outvars[0].aval.dtype
-                      for eqn in all_eqns(jax.make_jaxpr(f)(*args).jaxpr)
-                      if eqn.primitive.name == "dot_general"
-                      and eqn.outvars[0].aval.shape[-1] == 97]
-    assert jnp.bfloat16 in head(bf16) and jnp.bfloat16 not in head(f32)
-    # Op by op: compiled whole, XLA's CPU compiler may drop a float32 -> bf16 ->
-    # float32 round trip (excess precision), and the rounding with it.
-    with jax.disable_jit():
-      (loss32, grads32), (loss16, grads16) = f32(*args), bf16(*args)
+    def head_dtypes(f):  # of the `[rows, 97]` logits (not the table's `[16, 97]` gradient)
+      return {eqn.outvars[0].aval.dtype for eqn in all_eqns(jax.make_jaxpr(f)(x, table).jaxpr)
+              if eqn.primitive.name == "dot_general" and eqn.outvars[0].aval.shape[-1] == 97
+              and eqn.outvars[0].aval.shape[0] != 16}
+
+    rounded = value_and_grads("compute", chunk)
+    assert head_dtypes(rounded) == {jnp.dtype(jnp.bfloat16)}
+    assert head_dtypes(value_and_grads("float32", chunk)) == {jnp.dtype(jnp.float32)}
+    # Op by op, where the rounding shows on a CPU (compiled whole, XLA's CPU
+    # compiler may drop a float32 -> bf16 -> float32 round trip).
+    loss32, grads32 = value_and_grads("float32", None)(x, table)
+    loss16, grads16 = value_and_grads("compute", None)(x, table)
     assert float(loss16) != float(loss32)
-    np.testing.assert_allclose(loss16, loss32, rtol=1e-2)
-    assert [g.dtype for g in grads16] == [g.dtype for g in grads32] == [jnp.float32] * 2
-    chex.assert_trees_all_close(grads16, grads32, rtol=5e-2, atol=2e-3)
+    for loss, grads in ((loss16, grads16), jax.jit(rounded)(x, table)):
+      np.testing.assert_allclose(loss, loss32, rtol=1e-2)
+      assert [g.dtype for g in grads] == [jnp.float32] * 2
+      chex.assert_trees_all_close(grads, grads32, rtol=5e-2, atol=2e-3)
 
   @parameterized.parameters((24, 8, 1), (24, 5, 2))
   def test_chunked_gradients_run_the_head_product_once_per_chunk(self, rows, chunk, products):
