@@ -218,15 +218,16 @@ class Account:
       for o in i.operands:
         users[o].append(i)
 
-    def through_bitcasts(name, convert_ok=True):
+    def readers(name, convert_ok=True):
+      """`(user, the operand it reads, whether through a convert)` for each instruction
+      reading `name`'s elements, past bitcasts and one convert (a loop fusion converts
+      only the elements a slice or gather after it reads)."""
       found = []
       for user in users[name]:
         if user.op == "bitcast":
-          found.extend(through_bitcasts(user.name, convert_ok))
+          found.extend(readers(user.name, convert_ok))
         elif user.op == "convert" and convert_ok:
-          # A loop fusion converts only the elements its slice or gather reads
-          # (the kernel computes each output element from its operands).
-          found.extend((u, via, True) for u, via, _ in through_bitcasts(user.name, False))
+          found.extend((u, via, True) for u, via, _ in readers(user.name, False))
         else:
           found.append((user, name, False))
       return found
@@ -234,7 +235,7 @@ class Account:
     read = 0
     in_place = set()
     for pname, param in by_index.items():
-      uses = through_bitcasts(pname)
+      uses = readers(pname)
       full = _bytes(param.shape)
       sliced = [(u, via) for u, via, _ in uses
                 if u.op in ("slice", "dynamic-slice", "gather") and u.operands[0] == via]

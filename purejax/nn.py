@@ -192,7 +192,7 @@ def embedding_logits(params: Params, x: chex.Array, *, compute_dtype=None,
   `compute_dtype` and `forms` as in `matmul.matmul`.
   """
   return matmul(x, params["embedding"].T, compute_dtype=compute_dtype, forms=forms,
-                        float32_output=True)
+                output="float32")
 
 
 # ----------------------------------------------------------------------------

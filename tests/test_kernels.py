@@ -285,7 +285,7 @@ class MatmulTest(parameterized.TestCase):
     forms = kernels.Forms(matmul_output="compute")
     y, vjp = jax.vjp(lambda x: matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms), x)
     assert y.dtype == vjp(y)[0].dtype == jnp.bfloat16
-    head = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms, float32_output=True)
+    head = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms, output="float32")
     assert head.dtype == jnp.float32
     np.testing.assert_array_equal(y, head.astype(jnp.bfloat16))
 

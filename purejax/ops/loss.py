@@ -9,7 +9,6 @@ head runs in chunks. Like `matmul.py`, this
 module takes any object with the `Forms` fields it reads as its forms.
 """
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple, Optional
 
@@ -127,16 +126,11 @@ def _logits(h, table, spec: _ChunkSpec, table_t=None) -> chex.Array:
   """`[rows, vocab]` logits of `h @ table.T` (`table_t`, if given, is `table.T`),
   soft-capped if `spec` says: float32, or in the compute dtype where the forms'
   `loss_logits` is "compute"."""
-  # The head's product rounds its output as a "compute" matmul does when the
-  # forms ask for compute-dtype logits; otherwise it writes float32.
-  forms, float32_output = spec.forms, True
-  if getattr(forms, "loss_logits", "float32") == "compute":
-    forms, float32_output = dataclasses.replace(forms, matmul_output="compute"), False
   # Without a row-major copy, `table.T` here, inside the chunks' loop, where it
   # is the dot's layout: taken outside, XLA's GPU compiler keeps a transposed
   # copy of the table alive across the loop (GPT-2 124M's plan: +147 MiB).
   logits = matmul(h, table.T if table_t is None else table_t, compute_dtype=spec.compute_dtype,
-                  forms=forms, float32_output=float32_output)
+                  forms=spec.forms, output=getattr(spec.forms, "loss_logits", "float32"))
   if spec.softcap is None:  # GPT-2's program, untouched
     return logits
   return _softcap(logits.astype(jnp.float32), spec.softcap)

@@ -143,7 +143,7 @@ class LowRankWeight:
 
 
 def matmul(x: chex.Array, w, *, compute_dtype=None,
-           forms: Optional[Any] = None, float32_output: bool = False) -> chex.Array:
+           forms: Optional[Any] = None, output: Optional[str] = None) -> chex.Array:
   """`x @ w` over the last axis of `x`, with optional mixed precision.
 
   With `compute_dtype` (e.g. bfloat16), the operands of the product and of
@@ -162,8 +162,8 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
     forms: the backward form (`Forms.matmul_backward`) and the output's
       dtype (`Forms.matmul_output`); None: the plain form, float32 output.
       Models pass the forms their entry point chose.
-    float32_output: float32 output whatever `forms` says (the output head's
-      logits).
+    output: the product's dtype, "float32" or "compute", whatever
+      `forms.matmul_output` says (the output head's logits); None: as `forms`.
 
   Returns:
     `[..., out_dim]`: float32 or `compute_dtype` (above) when `compute_dtype`
@@ -190,22 +190,20 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
     @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
     def low_rank_product(x2, base, a, b):
       frozen = _matmul_2d(x2, jax.lax.stop_gradient(base), compute_dtype=compute_dtype,
-                          forms=forms, frozen=True, float32_output=float32_output)
+                          forms=forms, frozen=True, output=output)
       return frozen + (w.scale * product(product(x2, a), b)).astype(frozen.dtype)
 
     y = checkpoint_name(low_rank_product(x2, w.base, w.a, w.b), LOW_RANK_OUTPUT)
   else:
-    y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms,
-                   float32_output=float32_output)
+    y = _matmul_2d(x2, w, compute_dtype=compute_dtype, forms=forms, output=output)
   return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
-def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False, float32_output=False):
+def _matmul_2d(x2, w, *, compute_dtype, forms, frozen=False, output=None):
   if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
     return x2 @ w
   row_major = forms is not None and forms.matmul_backward == "row_major"
-  rounded = (not float32_output and forms is not None
-             and getattr(forms, "matmul_output", "float32") == "compute")
+  rounded = (output or getattr(forms, "matmul_output", "float32")) == "compute"
   product = _low_precision_matmul_frozen if frozen else _low_precision_matmul
   # The output (and x's gradient) take x's dtype here: float32, or the compute dtype.
   out = jnp.dtype(compute_dtype) if rounded else jnp.float32
