@@ -441,6 +441,8 @@ def main(argv):
     overrides["matmul_output"] = FLAGS.matmul_output
   if FLAGS.loss_logits != "auto":
     overrides["loss_logits"] = FLAGS.loss_logits
+  if FLAGS.recompute_activation != "auto":
+    overrides["recompute_activation"] = FLAGS.recompute_activation == "true"
   forms = kernels.select("gpu", **overrides)
   opt = optim.with_schedule_end(recipes.GPT_OPTIMIZER, 5000)
   account, _ = account_for(GPT2_124M, FLAGS.gpu, FLAGS.batch_size, forms, opt)
@@ -465,6 +467,8 @@ if __name__ == "__main__":
                     "The products' output dtype.")
   flags.DEFINE_enum("loss_logits", "auto", ["auto", *kernels.LOSS_LOGITS_FORMS],
                     "The dtype of the head's logits.")
+  flags.DEFINE_enum("recompute_activation", "auto", ["auto", "true", "false"],
+                    "Whether the MLP's backward recomputes its activation.")
   flags.DEFINE_integer("top", 25, "Kernel sites listed.")
   flags.DEFINE_string("out", None, "Also write the account as JSON here.")
   app.run(main)

@@ -3,7 +3,8 @@
 # measured peak (bench.gpu h.plan, dumping XLA's autotuning results), the same
 # program's deviceless plans on that host (untuned, and with those results
 # loaded), then bench.gpu h.train (purejax's default forms, the default with the
-# head's logits in bf16, and the layers scanned, against the torch.compile twin).
+# head's logits in bf16, and with the MLP's activation saved instead of recomputed,
+# against the torch.compile twin).
 #   bash bench/gpu_short.sh OUT_DIR
 set -u
 out=${1:?usage: bash bench/gpu_short.sh OUT_DIR}

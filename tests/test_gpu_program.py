@@ -51,8 +51,9 @@ SMOLLM2_BATCH = 4
 # GiB peak.
 GPT2_STEP_TEMP_BUDGET = 1.18 * GIB
 GPT2_STEP_PEAK_BUDGET = 2.62 * GIB
-# Unrolled without remat (the GPU's default) it plans a 6.91 GiB peak.
-GPT2_UNROLLED_PEAK_BUDGET = 7.12 * GIB
+# Unrolled without remat (the GPU's default) it plans a 6.06 GiB peak (6.91
+# with the MLP's activation saved instead of recomputed).
+GPT2_UNROLLED_PEAK_BUDGET = 6.24 * GIB
 
 
 def square_buffers(hlo: str, size: int) -> int:

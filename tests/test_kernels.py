@@ -6,7 +6,9 @@ the chunked loss are plain JAX. cuDNN's attention cannot run on a CPU; its
 program is checked in `test_gpu_lowering.py`.
 """
 
+import contextlib
 import dataclasses
+import io
 
 import chex
 import jax
@@ -14,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import parameterized
+from jax import ad_checkpoint
 
 from purejax import gpt
+from purejax.gpt import config as gpt_config
 from purejax.ops import attention
 from purejax.ops import kernels
 from purejax.ops.loss import tied_head_cross_entropy
@@ -57,6 +61,9 @@ class SelectTest(parameterized.TestCase):
     # bf16 matmul outputs were measured faster on a GPU only.
     assert GPU_FORMS.matmul_output == "compute" and CPU_FORMS.matmul_output == "float32"
     assert kernels.select("tpu").matmul_output == "float32"
+    # The activation recomputed: chosen by the GPU's kernel account only.
+    assert GPU_FORMS.recompute_activation and not CPU_FORMS.recompute_activation
+    assert not kernels.select("tpu").recompute_activation
     assert kernels.select("cuda") == GPU_FORMS
     assert kernels.select("tpu").attention == "xla"  # cuDNN is NVIDIA's
     assert kernels.select() == CPU_FORMS  # these tests run on a CPU
@@ -421,6 +428,34 @@ class TiedHeadLossTest(parameterized.TestCase):
 TINY = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
 
+@pytest.mark.parametrize("mlp", gpt_config.MLPS)
+def test_a_recomputed_activation_keeps_only_its_input_and_the_same_gradients(mlp):
+  # Saved whole, GELU's backward reads its tanh (and more) beside its input;
+  # recomputed, only the first product's output stays, which the activation's
+  # backward reads anyway. The MLP computes the same function and gradients.
+  config = dataclasses.replace(TINY, mlp=mlp, compute_dtype="bfloat16")
+  params = gpt.init_block(config, jax.random.PRNGKey(0))["mlp"]
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, config.n_embd))
+  hidden = params["fc"]["w"].shape[-1]  # gated MLPs: gate and up, side by side
+
+  def mlp_sum(recompute):
+    forms = kernels.Forms(matmul_output="compute", recompute_activation=recompute)
+    return lambda p, x: jnp.sum(gpt.mlp(p, x, config, forms).astype(jnp.float32))
+
+  def saved_activations(recompute):  # the residuals shaped like the activation's input
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):  # one line per residual: "bf16[2,8,64] ..."
+      ad_checkpoint.print_saved_residuals(mlp_sum(recompute), params, x)
+    shapes = [line.split()[0] for line in listing.getvalue().splitlines()]
+    return [shape for shape in shapes if shape.startswith("bf16[2,8,")]
+
+  assert saved_activations(True) == [f"bf16[2,8,{hidden}]"]
+  assert len(saved_activations(False)) > 1
+  chex.assert_trees_all_close(jax.value_and_grad(mlp_sum(True))(params, x),
+                              jax.value_and_grad(mlp_sum(False))(params, x),
+                              rtol=1e-6, atol=1e-6)
+
+
 def loss_and_grads(config, params, tokens, forms=None):
   return jax.jit(jax.value_and_grad(lambda p: gpt.loss(
       p, tokens[:, :-1], tokens[:, 1:], config, forms=forms)))(params)
@@ -430,7 +465,8 @@ def loss_and_grads(config, params, tokens, forms=None):
     dict(attention="xla"), pytest.param(dict(scan_layers=False, remat="none"), marks=slow),
     pytest.param(dict(attention="plain"), marks=slow),
     pytest.param(dict(scan_layers=False), marks=slow),
-    pytest.param(dict(remat="full"), marks=slow)])
+    pytest.param(dict(remat="full"), marks=slow),
+    pytest.param(dict(recompute_activation=True), marks=slow)])
 def test_model_forms_give_the_same_loss_and_gradients(changes):
   params = gpt.init_params(TINY, jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 11)

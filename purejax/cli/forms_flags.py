@@ -21,7 +21,8 @@ _AUTO = "auto"
 
 # The flags that are `kernels.select` overrides (`Forms` fields), by their names.
 FORMS = ("attention", "attn_block", "remat", "scan_layers", "matmul_backward",
-         "matmul_output", "loss_chunk_rows", "loss_logits", "noise_ahead")
+         "matmul_output", "loss_chunk_rows", "loss_logits", "noise_ahead",
+         "recompute_activation")
 
 
 class _AutoOr(flags.ArgumentParser):
@@ -77,8 +78,8 @@ def _one_of(choices) -> str:
 
 def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
   """Defines --attention, --attn_block, --remat, --scan_layers, --matmul_backward,
-  --matmul_output, --loss_chunk_rows, --loss_logits, --noise_ahead and (for a command that runs
-  sweeps) --sweep_batch."""
+  --matmul_output, --loss_chunk_rows, --loss_logits, --noise_ahead, --recompute_activation and
+  (for a command that runs sweeps) --sweep_batch."""
   _define(args, "attention", _one_of(kernels.ATTENTION_FORMS),
           _choice(kernels.ATTENTION_FORMS),
           f"Form of causal attention: {', '.join(kernels.ATTENTION_FORMS)} (all compute the "
@@ -109,6 +110,9 @@ def define_forms_flags(args: flags.FlagValues, sweeps: bool = True) -> None:
           "(as PyTorch's autocast; the loss still sums in float32).")
   _define(args, "noise_ahead", "'true' or 'false'", _true_or_false,
           "Sampling draws its Gumbel noise before each decode loop.")
+  _define(args, "recompute_activation", "'true' or 'false'", _true_or_false,
+          "The MLP's activation keeps only its input for the backward pass, which "
+          "recomputes the rest (GELU's tanh).")
   if sweeps:
     _define(args, "sweep_batch", "a non-negative integer", _integer(0),
             "Runs of a --sweep vmapped together (0: all at once; 1: one after another "

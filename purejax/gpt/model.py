@@ -207,6 +207,8 @@ def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) 
   dense = functools.partial(nn.dense, compute_dtype=config.matmul_dtype, forms=forms)
   activation = {"swiglu": nn.swiglu, "geglu": nn.geglu,
                 "relu2": nn.relu_squared}.get(config.mlp, nn.gelu)
+  if forms.recompute_activation:
+    activation = jax.checkpoint(activation)  # saves its input only (`Forms`)
   return dense(params["proj"], activation(dense(params["fc"], x)))
 
 

@@ -91,6 +91,11 @@ class Forms:
       sums either way. In chunks, "compute" halves the bytes of the loss's
       three passes over each chunk's `[rows, vocab]` logits (written by the
       head, read by the logsumexp and by the gradient).
+    recompute_activation: the MLP's activation keeps only its input (the
+      first product's output, kept anyway) for the backward pass, which
+      recomputes the rest (GELU's `tanh`) in its own elementwise pass: the
+      forward writes one `[batch, time, hidden]` array less and the backward
+      reads one less.
   """
   attention: str = "plain"
   attn_block: int = 64
@@ -102,6 +107,7 @@ class Forms:
   loss_chunk_min_logits: int = 1 << 26
   noise_ahead: bool = False
   loss_logits: str = "float32"
+  recompute_activation: bool = False
 
   def __post_init__(self):
     for name, allowed in (("attention", ATTENTION_FORMS),
@@ -129,7 +135,8 @@ class Forms:
             f"{'scanned' if self.scan_layers else 'unrolled'} layers, "
             f"matmul backward {self.matmul_backward}, matmul output {self.matmul_output}, "
             f"loss chunks {chunks}, loss logits {self.loss_logits}, "
-            f"noise {'ahead' if self.noise_ahead else 'per token'}")
+            f"noise {'ahead' if self.noise_ahead else 'per token'}, "
+            f"activation {'recomputed' if self.recompute_activation else 'saved'}")
 
   def loss_chunk(self, rows: int, vocab: int) -> Optional[int]:
     """Rows per chunk of the head and loss for `rows` x `vocab` logits, or None."""
@@ -181,7 +188,7 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     scanned one's 905 (`bench.gpu_kernels`), as the scan's per-layer slices,
     weight casts and gradient stacking go. It costs compile time (GPT-2
     124M, deviceless: 38 s against 10) and memory (planned peak at batch
-    12: 6.9 GiB against 2.5); `scan_layers=True` brings the scan back.
+    12: 6.1 GiB against 2.5); `scan_layers=True` brings the scan back.
   * GPU only, scanned: remat "full_compute_dtype", each block's saved input
     in bf16 (38.1 against 38.0 ms/iter for "full" on the H200): GPT-2 124M's
     planned temporaries at batch 12 on an H100 are 1.15 GiB against 1.36.
@@ -189,6 +196,12 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
   * noise drawn per token: no rolled-loop penalty there, and drawing ahead
     would hold `[tokens, batch, vocab]` noise in memory.
+  * GPU only: the MLP's activation recomputed in the backward pass. Compiled
+    for an H200 (`bench.gpu_kernels`, bf16 logits), GPT-2 124M's step moves
+    46.00 GiB against 47.69 (GELU's forward wrote its `tanh` beside its
+    output, and the backward read it back: 144 MiB a layer), with the same
+    517 kernels; no GPU has timed it yet. The CPU's remat "dots" recomputes
+    the activation already.
   The TPU takes the GPU's forms except attention, "xla" (cuDNN is NVIDIA's).
   """
   name = platform or jax.default_backend()
@@ -211,7 +224,7 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
                 loss_chunk_rows=2048)
     if platform == "gpu":  # measured on a GPU only
       base.update(matmul_output="compute", remat_scanned="full_compute_dtype",
-                  scan_layers=False)
+                  scan_layers=False, recompute_activation=True)
   scanned, unrolled = base.pop("remat_scanned"), base.pop("remat_unrolled")
   base["remat"] = scanned if given.get("scan_layers", base.get("scan_layers", True)) else unrolled
   if given.get("attention") == "cudnn" and platform != "gpu":
