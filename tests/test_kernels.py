@@ -61,9 +61,13 @@ class SelectTest(parameterized.TestCase):
     # bf16 matmul outputs were measured faster on a GPU only.
     assert GPU_FORMS.matmul_output == "compute" and CPU_FORMS.matmul_output == "float32"
     assert kernels.select("tpu").matmul_output == "float32"
-    # The activation recomputed: chosen by the GPU's kernel account only.
+    # The activation recomputed: chosen by the GPU's kernel account only, and
+    # only where no remat recomputes the whole block already.
     assert GPU_FORMS.recompute_activation and not CPU_FORMS.recompute_activation
     assert not kernels.select("tpu").recompute_activation
+    assert not kernels.select("gpu", scan_layers=True).recompute_activation
+    assert not kernels.select("gpu", remat="full").recompute_activation
+    assert kernels.select("gpu", remat="full", recompute_activation=True).recompute_activation
     assert kernels.select("cuda") == GPU_FORMS
     assert kernels.select("tpu").attention == "xla"  # cuDNN is NVIDIA's
     assert kernels.select() == CPU_FORMS  # these tests run on a CPU

@@ -95,7 +95,9 @@ class Forms:
       first product's output, kept anyway) for the backward pass, which
       recomputes the rest (GELU's `tanh`) in its own elementwise pass: the
       forward writes one `[batch, time, hidden]` array less and the backward
-      reads one less.
+      reads one less. Under a remat that recomputes the block ("full",
+      "full_compute_dtype", "dots") the activation is recomputed already,
+      and this only adds a second recompute.
   """
   attention: str = "plain"
   attn_block: int = 64
@@ -196,12 +198,14 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
     float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
   * noise drawn per token: no rolled-loop penalty there, and drawing ahead
     would hold `[tokens, batch, vocab]` noise in memory.
-  * GPU only: the MLP's activation recomputed in the backward pass. Compiled
-    for an H200 (`bench.gpu_kernels`, bf16 logits), GPT-2 124M's step moves
-    46.00 GiB against 47.69 (GELU's forward wrote its `tanh` beside its
-    output, and the backward read it back: 144 MiB a layer), with the same
-    517 kernels; no GPU has timed it yet. The CPU's remat "dots" recomputes
-    the activation already.
+  * GPU only, remat "none": the MLP's activation recomputed in the backward
+    pass. Compiled for an H200 (`bench.gpu_kernels`), GPT-2 124M's unrolled
+    step moves 49.46 GiB against 51.14 (GELU's forward wrote its `tanh`
+    beside its output, and the backward read it back: 144 MiB a layer), with
+    the same 517 kernels; no GPU has timed it yet. A remat that recomputes
+    the block recomputes the activation already (scanned, for an H100: 894
+    kernels and 58.30 GiB with it, 882 and 57.46 without), as does the CPU's
+    "dots".
   The TPU takes the GPU's forms except attention, "xla" (cuDNN is NVIDIA's).
   """
   name = platform or jax.default_backend()
@@ -224,9 +228,11 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
                 loss_chunk_rows=2048)
     if platform == "gpu":  # measured on a GPU only
       base.update(matmul_output="compute", remat_scanned="full_compute_dtype",
-                  scan_layers=False, recompute_activation=True)
+                  scan_layers=False)
   scanned, unrolled = base.pop("remat_scanned"), base.pop("remat_unrolled")
   base["remat"] = scanned if given.get("scan_layers", base.get("scan_layers", True)) else unrolled
+  if platform == "gpu":  # where no remat recomputes the block already
+    base["recompute_activation"] = given.get("remat", base["remat"]) == "none"
   if given.get("attention") == "cudnn" and platform != "gpu":
     raise ValueError(f"attention='cudnn' runs on NVIDIA GPUs only, not on {platform!r}; "
                      f"choose among {ATTENTION_FORMS[:3]} there.")
