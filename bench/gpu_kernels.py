@@ -425,6 +425,9 @@ def card_peaks(gpu: str) -> Tuple[gpu_plan.Card, Dict[str, float]]:
   return card, {"bf16": peak["bfloat16"], "f16": peak["bfloat16"], "f32": peak["float32"]}
 
 
+# The forms this command's flags override (`kernels.Forms` fields).
+_FORM_FLAGS = ("scan_layers", "remat", "matmul_output", "loss_logits", "recompute_activation")
+
 GPT2_124M = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768,
                           bias=False, compute_dtype="bfloat16")
 
@@ -432,18 +435,10 @@ GPT2_124M = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=
 def main(argv):
   del argv
   FLAGS = flags.FLAGS
-  overrides = {}
-  if FLAGS.scan_layers != "auto":
-    overrides["scan_layers"] = FLAGS.scan_layers == "true"
-  if FLAGS.remat != "auto":
-    overrides["remat"] = FLAGS.remat
-  if FLAGS.matmul_output != "auto":
-    overrides["matmul_output"] = FLAGS.matmul_output
-  if FLAGS.loss_logits != "auto":
-    overrides["loss_logits"] = FLAGS.loss_logits
-  if FLAGS.recompute_activation != "auto":
-    overrides["recompute_activation"] = FLAGS.recompute_activation == "true"
-  forms = kernels.select("gpu", **overrides)
+  truth = {"true": True, "false": False}
+  # `select` keeps the GPU's choice for any form left at "auto".
+  forms = kernels.select("gpu", **{name: truth.get(FLAGS[name].value, FLAGS[name].value)
+                                   for name in _FORM_FLAGS})
   opt = optim.with_schedule_end(recipes.GPT_OPTIMIZER, 5000)
   account, _ = account_for(GPT2_124M, FLAGS.gpu, FLAGS.batch_size, forms, opt)
   card, peak = card_peaks(FLAGS.gpu)

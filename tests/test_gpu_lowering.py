@@ -58,7 +58,7 @@ def barriers(hlo: str) -> collections.Counter:
 
 def activation_input(config, batch) -> str:
   """The type of the MLP activation's input: the barrier `Forms.recompute_activation` sets."""
-  return f"tensor<{batch}x{config.block_size}x{4 * config.n_embd}xbf16>"
+  return f"tensor<{batch}x{config.block_size}x{config.mlp_width}xbf16>"
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
