@@ -56,7 +56,7 @@ from purejax.data.batches import sample_batch
 from purejax.data.corpus import Corpus
 from purejax.data.corpus import load_corpus
 from purejax.data.tokenizers import CharTokenizer
-from purejax.decode import generate
+from purejax.engine import generate
 from purejax.kv_cache import KVCache
 from purejax.gpt import GPTConfig
 from purejax.ops.kernels import Forms

@@ -1,25 +1,46 @@
-"""Continuous batching: many prompts decoded through a fixed set of cache rows, each row
-refilled with the next prompt as soon as its completion ends.
+"""The generation engine: requests decoded side by side in a fixed set of cache rows,
+admitted as they arrive, streamed out as they decode.
 
-    completions = engine.generate_many(params, prompts, config, key, max_new_tokens=256,
-                                       rows=16, stop_ids=[eos], stop_strings=strings)
+    completions = engine.generate(params, prompts, config, key, max_new_tokens=256,
+                                  rows=16, stop_ids=[eos])          # [prompt][sample]
 
-`decode.generate_batch` decodes one batch of prompts until its last row ends:
-a batch whose completions mostly end after 30 tokens still runs as long as
-its longest one. Here each of `rows` cache rows holds one completion at a
-time, at its own position. When a completion ends, the decode loop returns,
-the row is refilled with the next prompt (prefilled alone, in chunks of four
-compiled lengths), and decoding goes on. So the steps run are about the
-tokens the completions need, divided by `rows`, plus one longest completion
-at the end, and the same few programs serve every prompt length.
+    eng = engine.Engine(params, config, engine.EngineConfig(rows=16), decode_text=tok.decode)
+    eng.submit(engine.Request(prompt_ids, max_new_tokens=128, temperature=0.7,
+                              keys=[jax.random.PRNGKey(seed)]), on_event)
+    while eng.step(): pass                                          # or eng.run(stop) in a thread
 
-Everything on the device is a pure function of a `Rows` state in and out;
-the loop that refills rows is plain Python, below.
+Every sampler in purejax runs here: `generate` (a batch of prompts, the
+end-of-training sample, `python -m purejax.sample`, HumanEval and the
+harness's generation), `python -m purejax.chat` (one row whose cache keeps the
+conversation) and `python -m purejax.serve` (requests from many clients).
+
+On the device there are three pure programs of a `Rows` state in and out,
+each of one fixed shape:
+
+* `prefill`: `[prefill_rows, prefill_chunk]` prompt tokens, each call row a
+  chunk of some prompt at its own positions, written into that prompt's cache
+  row (several chunks of one prompt may share a call);
+* `decode_chunk`: up to `chunk_steps` tokens of every row: each row draws its
+  token by its own settings (`decode.sample_logits`, noise
+  `decode.token_noise`), checks its stop ids and strings, and feeds it at its
+  own position; it returns early when a row ends and a request is waiting;
+* `copy_row`: one row's cache and logits into another (a prompt's samples
+  share its prefill).
+
+Because each program has one shape and a row's arithmetic never mixes with
+another's (`attention.attend_with_cache`), a request's tokens are the same
+bits whatever else is in the batch: greedy output equals the prompt decoded
+alone, and seeded sampling does not depend on the company. Between programs
+the host (`Engine.step`) admits waiting requests into free rows, frees rows
+whose requests ended or were cancelled, and hands each request its new
+tokens and text (`decode.TextStream`).
 """
 
 import collections
+import dataclasses
 import functools
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+import threading
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import chex
 import jax
@@ -34,282 +55,719 @@ from purejax.ops import kernels
 
 Params = gpt.Params
 
-# Prompt tokens fed per prefill call, largest first: a prompt is fed in the largest
-# chunks it fills, its end in the smallest that holds it. Four programs serve every
-# prompt length. On a 2-core CPU a token cost 3.3 ms in chunks of 32 and 64, 2.6 in
-# chunks of 128 and 2.2 in chunks of 256 (SmolLM2-135M).
-PREFILL_CHUNKS = (256, 128, 64, 32)
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """The engine's shapes, fixed for its life (each program compiles once).
+
+  Attributes:
+    rows: completions decoded side by side (the batch of each decoding step).
+    length: cache positions per row, prompt and completion together (None: the
+      model's context, `block_size`).
+    prefill_rows: prompt chunks fed per prefill call.
+    prefill_chunk: tokens per chunk. A prompt is cut into chunks at multiples of
+      it from where its feeding starts, whatever else waits.
+    chunk_steps: decoding steps per call at most: the longest a new request waits
+      for its prefill, and how often the host sees new tokens.
+    stop_strings: stop strings a request may have, at most.
+    stop_string_bytes: bytes of the longest stop string.
+    top_logprobs: most likely tokens reported per step, at most.
+    reuse_prefix: a request continues the free row whose cached tokens share the
+      longest prefix with its prompt, and feeds only the rest (a conversation:
+      each turn feeds its own tokens). Its tokens are then no longer the bits
+      of the prompt fed afresh (other chunks, other rounding).
+  """
+  rows: int = 16
+  length: Optional[int] = None
+  prefill_rows: int = 4
+  prefill_chunk: int = 64
+  chunk_steps: int = 16
+  stop_strings: int = 8
+  stop_string_bytes: int = 32
+  top_logprobs: int = 20
+  reuse_prefix: bool = False
+
+  def __post_init__(self):
+    for name in ("rows", "prefill_rows", "prefill_chunk", "chunk_steps", "stop_strings",
+                 "stop_string_bytes"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
+    if self.top_logprobs < 0:
+      raise ValueError(f"EngineConfig.top_logprobs must be >= 0, got {self.top_logprobs}.")
+
+
+# ----------------------------------------------------------------------------
+# On the device: the rows' state and the three programs.
 
 
 class Rows(NamedTuple):
   """The completions in flight, one a row.
 
   Attributes:
-    cache: the KV cache, one row of each layer's per completion.
+    cache: the KV cache, a row of each layer's per completion.
     logits: `[rows, vocab]` each row's next-token logits.
-    positions: `[rows]` int32: the position (and cache slot) of each row's next token.
-    tokens: `[rows, max_new_tokens]` int32: each row's new tokens.
-    count: `[rows]` int32: how many it has.
+    positions: `[rows]` int32: how many tokens the row's cache holds (the next
+      token's position).
+    count: `[rows]` int32: new tokens so far (the next token's noise index).
     done: `[rows]` bool: its completion has ended (or the row holds none).
-    stopped: `[rows]` bool: it ended at a stop id or string (else at the limit).
-    job: `[rows]` int32: which completion it is (`prompt * num_samples + sample`),
-      for its sampling noise.
-    stops: `[rows, k]` int32: its stop ids, -1 for none.
-    text: with stop strings, `[rows, bytes]` the last bytes of its new text.
+    stopped: `[rows]` bool: it ended at a stop id or string.
+    text: `[rows, bytes]` int32: the last bytes of its new text (stop strings).
   """
   cache: KVCache
   logits: chex.Array
   positions: chex.Array
-  tokens: chex.Array
   count: chex.Array
   done: chex.Array
   stopped: chex.Array
-  job: chex.Array
-  stops: chex.Array
-  text: Optional[chex.Array] = None
+  text: chex.Array
 
 
-def init_rows(config: gpt.GPTConfig, rows: int, length: int, max_new_tokens: int,
-              stop_width: int, strings: Optional[decode.StopStrings] = None) -> Rows:
-  """`rows` empty rows (all done) of a cache of `length` positions."""
-  text = (None if strings is None else
-          jnp.full((rows, decode._text_width(strings)), -1, jnp.int32))  # pylint: disable=protected-access
-  return Rows(cache=kv_cache.init_kv_cache(config, rows, length),
-              logits=jnp.zeros((rows, config.vocab_size), jnp.float32),
-              positions=jnp.zeros(rows, jnp.int32),
-              tokens=jnp.zeros((rows, max_new_tokens), jnp.int32),
-              count=jnp.zeros(rows, jnp.int32), done=jnp.ones(rows, bool),
-              stopped=jnp.zeros(rows, bool), job=jnp.zeros(rows, jnp.int32),
-              stops=jnp.full((rows, stop_width), -1, jnp.int32), text=text)
+class Settings(NamedTuple):
+  """Each row's request settings, `[rows, ...]`, given with every decoding call.
+
+  Attributes:
+    keys: `[rows, 2]` uint32: each completion's key (`decode.completion_key`).
+    temperature: `[rows]` float32 (0: greedy).
+    top_k: `[rows]` int32 (0: every token).
+    top_p: `[rows]` float32 (1: every token).
+    limit: `[rows]` int32: new tokens at most.
+    stop_ids: `[rows, k]` int32, -1 for none.
+    strings: `[rows, n, bytes]` int32 (`decode.encode_stop_strings`).
+    active: `[rows]` bool: rows the host wants decoded (others are left done).
+    top: `[rows]` bool: rows that want the most likely tokens reported.
+  """
+  keys: chex.Array
+  temperature: chex.Array
+  top_k: chex.Array
+  top_p: chex.Array
+  limit: chex.Array
+  stop_ids: chex.Array
+  strings: chex.Array
+  active: chex.Array
+  top: chex.Array
 
 
-@functools.partial(jax.jit, static_argnames=("config", "forms"), donate_argnames=("cache",))
-def prefill_chunk(layers, params: Params, cache: KVCache, chunk: chex.Array, pos: chex.Numeric,
-                  last: chex.Numeric, *, config: gpt.GPTConfig, forms: kernels.Forms
-                  ) -> Tuple[chex.Array, KVCache]:
-  """One prompt's tokens `chunk` `[1, size]` at positions `pos, ...` into its own one-row
-  cache; the logits `[1, vocab]` after token `last` (the chunk's last real one)."""
-  return kv_cache.forward(layers, params, chunk, cache, pos, config, forms, last=last)
+class Emitted(NamedTuple):
+  """What a decoding call gives back: `[steps, rows, ...]` per step and row."""
+  tokens: chex.Array
+  emitted: chex.Array
+  logprobs: chex.Array
+  top_ids: chex.Array
+  top_logprobs: chex.Array
+
+
+def init_rows(config: gpt.GPTConfig, settings: EngineConfig, text_bytes: int) -> Rows:
+  """`settings.rows` empty rows (all done)."""
+  n = settings.rows
+  ring_room = settings.prefill_rows * settings.prefill_chunk
+  return Rows(cache=kv_cache.init_kv_cache(config, n, settings.length, ring_room),
+              logits=jnp.zeros((n, config.vocab_size), jnp.float32),
+              positions=jnp.zeros(n, jnp.int32), count=jnp.zeros(n, jnp.int32),
+              done=jnp.ones(n, bool), stopped=jnp.zeros(n, bool),
+              text=jnp.full((n, text_bytes), -1, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "forms"), donate_argnames=("rows",))
+def prefill(model: kv_cache.Model, rows: Rows, tokens: chex.Array, cache_rows: chex.Array,
+            starts: chex.Array, counts: chex.Array, finishing: chex.Array,
+            count_after: chex.Array, *, config: gpt.GPTConfig, forms: kernels.Forms) -> Rows:
+  """Feeds prompt chunks into their rows' caches.
+
+  Args:
+    model: `kv_cache.prepare(params, config)`.
+    rows: the state (donated: written in place).
+    tokens: `[calls, chunk]` ids; call row `c`'s first `counts[c]` are real, at
+      positions `starts[c], ...` of cache row `cache_rows[c]` (out of range: a
+      call row holding nothing, which writes nothing).
+    finishing: `[calls]` bool: the chunk ends its prompt: its row becomes a live
+      completion, its next-token logits those after the chunk's last real token.
+    count_after: `[calls]` int32: a finishing row's count of new tokens (0 for a
+      new completion; a slid one keeps its own).
+  """
+  logits, cache = kv_cache.forward(model, tokens, rows.cache, starts, counts, config, forms,
+                                   rows=cache_rows, own=False)
+  target = jnp.where(finishing, cache_rows, rows.done.shape[0])  # out of range: dropped
+  put = lambda a, v: a.at[target].set(v, mode="drop")
+  return Rows(cache=cache, logits=put(rows.logits, logits),
+              positions=put(rows.positions, starts + counts), count=put(rows.count, count_after),
+              done=put(rows.done, False), stopped=put(rows.stopped, False),
+              text=put(rows.text, jnp.full(rows.text.shape[1:], -1, jnp.int32)))
 
 
 @functools.partial(jax.jit, static_argnames=("kv",), donate_argnames=("rows",))
-def place(rows: Rows, cache: KVCache, logits: chex.Array, row: chex.Numeric,
-          length: chex.Numeric, job: chex.Numeric, stops: chex.Array, *, kv: int) -> Rows:
-  """`rows` with row `row` holding a prefilled prompt of `length` tokens: its one-row
-  `cache` and `logits` `[1, vocab]`, completion `job`, stop ids `stops` `[k]`."""
-  put = lambda big, one: jax.lax.dynamic_update_slice_in_dim(big, one, row * kv, axis=0)
-  text = None if rows.text is None else rows.text.at[row].set(-1)
-  return rows._replace(
-      cache=jax.tree.map(put, rows.cache, cache), logits=rows.logits.at[row].set(logits[0]),
-      positions=rows.positions.at[row].set(length), count=rows.count.at[row].set(0),
-      done=rows.done.at[row].set(False), stopped=rows.stopped.at[row].set(False),
-      job=rows.job.at[row].set(job), stops=rows.stops.at[row].set(stops), text=text)
+def copy_row(rows: Rows, source: chex.Numeric, target: chex.Numeric, *, kv: int) -> Rows:
+  """`rows` with row `target` a copy of row `source` (cache, logits, position, count)."""
+  def copy(buf):
+    block = jax.lax.dynamic_slice_in_dim(buf, source * kv, kv, axis=0)
+    return jax.lax.dynamic_update_slice_in_dim(buf, block, target * kv, axis=0)
+  one = lambda a: a.at[target].set(a[source])
+  return rows._replace(cache=jax.tree.map(copy, rows.cache), logits=one(rows.logits),
+                       positions=one(rows.positions), count=one(rows.count),
+                       done=one(rows.done), stopped=one(rows.stopped), text=one(rows.text))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "forms", "top_k", "valid_vocab",
-                                              "greedy"),
+@functools.partial(jax.jit, static_argnames=("config", "forms", "steps", "top",
+                                              "valid_vocab"),
                    donate_argnames=("rows",))
-def decode_until_one_ends(layers, params: Params, rows: Rows, live: chex.Array,
-                          key: chex.PRNGKey, temperature: chex.Numeric,
-                          top_p: Optional[chex.Numeric],
-                          strings: Optional[decode.StopStrings], *, config: gpt.GPTConfig,
-                          forms: kernels.Forms, top_k: Optional[int],
-                          valid_vocab: Optional[int], greedy: bool) -> Rows:
-  """Decodes every row, one token a step, until a `live` row's completion ends.
+def decode_chunk(model: kv_cache.Model, rows: Rows, settings: Settings,
+                 table: Optional[decode.StopBytes], max_steps: chex.Numeric,
+                 return_on_end: chex.Numeric, *, config: gpt.GPTConfig, forms: kernels.Forms,
+                 steps: int, top: int, valid_vocab: Optional[int]) -> Tuple[Rows, Emitted]:
+  """Decodes every active row, one token a step, for up to `max_steps` (<= `steps`) steps.
 
-  Each row samples its next token (row `r`'s noise: `fold_in(fold_in(key, job),
-  count)`, so a completion's tokens do not depend on which rows run beside it),
-  checks its stop ids and strings, and feeds the token through the cache at its
-  own position. Rows already done still run (a batch's shape is static) but
-  write nothing of theirs.
+  Each running row draws its token from its logits by its own settings, with
+  noise `decode.token_noise(key, count)`; checks its stop ids and strings;
+  and feeds the token at its own position. A row ends at a stop, at its
+  limit, or with its cache full (its last token drawn, not fed). Rows not
+  running write nothing. The loop returns early when every row has ended,
+  or, with `return_on_end`, as soon as a row that was running ends (a
+  request is waiting for it).
 
-  Args:
-    live: `[rows]` bool: rows whose completions are wanted (the loop returns as
-      soon as one of them is done; none is done when it is called).
+  Returns:
+    `(rows, emitted)`: `emitted` holds each step's token of every row, whether
+    the row ran it, its log-probability and the `top` most likely (where a row
+    asked, `settings.top`).
   """
-  n_rows, max_new = rows.tokens.shape
-  index = jnp.arange(n_rows)
+  n, vocab = rows.logits.shape
+  length = kv_cache.cache_length(rows.cache, config)
+  rows = rows._replace(done=rows.done | ~settings.active)
+  was_running = ~rows.done
+  sampled = jnp.any(was_running & (settings.temperature > 0))
+  filtered = jnp.any(was_running & ((settings.top_k > 0) | (settings.top_p < 1)))
+  wants_top = jnp.any(was_running & settings.top) if top else False
 
-  def step(rows: Rows) -> Rows:
-    if greedy:
-      token = decode.sample_logits(None, rows.logits, 0.0, valid_vocab=valid_vocab,
-                                   gumbel=jnp.zeros((), rows.logits.dtype))
-    else:
-      noise = jax.vmap(lambda job, i: jax.random.gumbel(
-          jax.random.fold_in(jax.random.fold_in(key, job), i), (config.vocab_size,)))(
-              rows.job, rows.count)
-      token = decode.sample_logits(None, rows.logits, temperature, top_k, top_p,
-                                   gumbel=noise, valid_vocab=valid_vocab)
+  def noise_at(count):  # [rows, vocab]
+    return jax.vmap(lambda k, i: decode.token_noise(k, i, vocab))(settings.keys, count)
+
+  def no_noise(count):
+    return jnp.zeros((n, vocab), jnp.float32)
+
+  # On XLA's CPU a draw inside the loop ran JAX's threefry as a rolled loop once per
+  # token (a third of a step): the CPU draws a call's noise before its loop.
+  ahead = None
+  if forms.noise_ahead:
+    ahead = jax.lax.cond(sampled, lambda: jax.vmap(lambda i: noise_at(rows.count + i))(
+        jnp.arange(steps)), lambda: jnp.zeros((steps, n, vocab), jnp.float32))
+
+  def choose(logits, noise):
+    def with_filters(scaled):
+      return decode._filtered(scaled, settings.top_k, settings.top_p)  # pylint: disable=protected-access
+    if valid_vocab is not None and valid_vocab < vocab:
+      logits = jnp.where(jnp.arange(vocab) < valid_vocab, logits, -jnp.inf)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    scaled = logits / jnp.maximum(settings.temperature, 1e-6)[:, None]
+    scaled = jax.lax.cond(filtered, with_filters, lambda s: s, scaled)
+    drawn = jnp.argmax(scaled + noise, axis=-1).astype(jnp.int32)
+    return jnp.where(settings.temperature > 0, drawn, greedy)
+
+  def step(carry):
+    i, rows, out = carry
     running = ~rows.done
-    hit = (token[:, None] == rows.stops).any(-1)
+    if ahead is not None:
+      noise = ahead[i]
+    else:
+      noise = jax.lax.cond(sampled, noise_at, no_noise, rows.count)
+    token = choose(rows.logits, noise)
+    hit = (token[:, None] == settings.stop_ids).any(-1)
     text = rows.text
-    if strings is not None:
-      text = decode._appended(strings, rows.text, token)  # pylint: disable=protected-access
-      hit |= decode._holds_a_string(strings, text)  # pylint: disable=protected-access
+    if table is not None:
+      text = decode.appended(table, rows.text, token)
+      hit |= decode.stop_hits(settings.strings, text)
       text = jnp.where(running[:, None], text, rows.text)
-    tokens = rows.tokens.at[index, jnp.where(running, rows.count, max_new)].set(
-        token, mode="drop")
+    if top:
+      lp, top_ids, top_lp = jax.lax.cond(
+          wants_top, lambda: decode.log_probs(rows.logits, token, top),
+          lambda: (decode.log_probs(rows.logits, token, 0)[0],
+                   jnp.zeros((n, top), jnp.int32), jnp.zeros((n, top), jnp.float32)))
+    else:
+      lp, top_ids, top_lp = decode.log_probs(rows.logits, token, 0)
+    room = rows.positions < length
+    fed = running & room
+    # Rows not fed write nothing (count 0) and read the least of the cache (position 0).
+    logits, cache = kv_cache.forward(model, token[:, None], rows.cache,
+                                     jnp.where(fed, rows.positions, 0), fed.astype(jnp.int32),
+                                     config, forms, own=True)
     count = rows.count + running
-    done = rows.done | hit | (count >= max_new)
-    # A row that holds nothing is fed at slot 0, so the furthest position (how much
-    # of the cache a step reads, `attention.attend_to_cache_and_own`) is a live row's.
-    logits, cache = kv_cache.forward(layers, params, token[:, None], rows.cache,
-                                     jnp.where(running, rows.positions, 0), config, forms)
-    # A row's position stays at its last slot once it is done: it is fed again
-    # there (wasted work, never read) and never runs past its cache.
-    positions = rows.positions + (running & ~done)
-    return rows._replace(cache=cache, logits=logits, positions=positions, tokens=tokens,
-                         count=count, done=done, stopped=rows.stopped | (running & hit),
-                         text=text)
+    ended = running & (hit | (count >= settings.limit) | ~room)
+    rows = Rows(cache=cache, logits=jnp.where(fed[:, None], logits, rows.logits),
+                positions=rows.positions + fed, count=count, done=rows.done | ended,
+                stopped=rows.stopped | (running & hit), text=text)
+    out = Emitted(out.tokens.at[i].set(token), out.emitted.at[i].set(running),
+                  out.logprobs.at[i].set(lp), out.top_ids.at[i].set(top_ids),
+                  out.top_logprobs.at[i].set(top_lp))
+    return i + 1, rows, out
 
-  def going(rows: Rows) -> chex.Array:
-    return jnp.any(live & ~rows.done) & ~jnp.any(live & rows.done)
+  def going(carry):
+    i, rows, _ = carry
+    some_ended = jnp.any(was_running & rows.done)
+    return (i < max_steps) & jnp.any(~rows.done) & ~(return_on_end & some_ended)
 
-  return jax.lax.while_loop(going, step, rows)
-
-
-def cache_length(prompt_lengths: Sequence[int], max_new_tokens: int,
-                 config: gpt.GPTConfig) -> int:
-  """Cache positions a row needs: the longest prompt, rounded up to the smallest prefill
-  chunk where the context allows, and `max_new_tokens`."""
-  longest, smallest = max(prompt_lengths), PREFILL_CHUNKS[-1]
-  return min(config.block_size, -(-longest // smallest) * smallest + max_new_tokens)
+  out = Emitted(jnp.zeros((steps, n), jnp.int32), jnp.zeros((steps, n), bool),
+                jnp.zeros((steps, n), jnp.float32), jnp.zeros((steps, n, top), jnp.int32),
+                jnp.zeros((steps, n, top), jnp.float32))
+  _, rows, out = jax.lax.while_loop(going, step, (jnp.int32(0), rows, out))
+  return rows, out
 
 
-def prefill(layers, params: Params, prompt: Sequence[int], length: int,
-            config: gpt.GPTConfig, forms: kernels.Forms) -> Tuple[chex.Array, KVCache]:
-  """`prompt`'s one-row cache of `length` positions, and its next-token logits `[1, vocab]`.
+# ----------------------------------------------------------------------------
+# On the host: requests, and the loop that runs them.
 
-  Fed in chunks of `PREFILL_CHUNKS` tokens: the largest the rest of the prompt
-  fills, and its end in the smallest, padded after the prompt (a padding key
-  sits past the prompt, where the row's own tokens overwrite it before
-  anything reads it). A chunk that would pass the cache's end is cut to end
-  there (a program of its own length; only near the context's end). Feeding
-  tokens again instead would be wrong in a sliding layer's ring, which holds
-  only the latest.
+
+@dataclasses.dataclass
+class Request:
+  """A prompt to complete, with its settings.
+
+  Attributes:
+    prompt: token ids, at least one.
+    max_new_tokens: new tokens per completion, at most (>= 1).
+    keys: one key per completion (`n = len(keys)` completions of the prompt, which
+      is fed once); token `i` of completion `j` is drawn with
+      `decode.token_noise(keys[j], i)`.
+    temperature, top_k, top_p: token choice (`decode.sample_logits`; 0, 0 and 1:
+      greedy, no filters).
+    stop_ids: ids that end a completion (the id is its last token).
+    stop_strings: strings that end a completion (its text is cut before them).
+    logprobs: report each token's log-probability.
+    top_logprobs: report this many most likely tokens per step.
+    slide: at the cache's end, go on from the last half of the context
+      (nanoGPT's sampling past its context); else the completion ends there.
   """
-  cache = kv_cache.init_kv_cache(config, 1, length)
-  logits, start = None, 0
-  while start < len(prompt):
-    rest = len(prompt) - start
-    size = min(next((c for c in PREFILL_CHUNKS if c <= rest), PREFILL_CHUNKS[-1]),
-               length - start)
-    ids = list(prompt[start:start + size])
-    chunk = jnp.asarray([ids + [0] * (size - len(ids))], jnp.int32)
-    logits, cache = prefill_chunk(layers, params, cache, chunk, start, len(ids) - 1,
-                                  config=config, forms=forms)
-    start += len(ids)
-  return logits, cache
+  prompt: Sequence[int]
+  max_new_tokens: int
+  keys: Sequence[Any] = (None,)
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  stop_ids: Sequence[int] = ()
+  stop_strings: Sequence[str] = ()
+  logprobs: bool = False
+  top_logprobs: int = 0
+  slide: bool = False
 
 
-def generate_many(
-    params: Params,
-    prompts: Sequence[Sequence[int]],
-    config: gpt.GPTConfig,
-    key: chex.PRNGKey,
-    max_new_tokens: int,
-    *,
-    rows: int = 16,
-    temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    valid_vocab: Optional[int] = None,
-    stop_ids: Union[None, Sequence[int], Sequence[Sequence[int]]] = None,
-    num_samples: int = 1,
-    forms: Optional[kernels.Forms] = None,
-    stop_strings: Optional[decode.StopStrings] = None,
-    progress: Optional[Callable[[int, int], None]] = None,
-) -> List[List[decode.Completion]]:
-  """Completes every prompt, `rows` completions at a time: `[prompt][sample]` completions.
+class Event(NamedTuple):
+  """What a request hears about one of its completions.
 
-  The same completions as `decode.generate_batch` gives (greedy: each those
-  of its prompt decoded alone), with as many decoding steps as the
-  completions need rather than as many as each batch's longest: a row whose
-  completion ends is refilled with the next prompt at once. A prompt with
-  `num_samples` is prefilled once; its cache is copied to each sample's row.
-  Sampled completion `j` (`prompt * num_samples + sample`) draws its token
-  `i` with noise `gumbel(fold_in(fold_in(key, j), i))`, whatever row it runs in.
+  Attributes:
+    request: the request's id (`Engine.submit`).
+    sample: which completion of it.
+    tokens: new tokens since the last event.
+    text: new text since the last event (with `decode_text`; else "").
+    logprobs: the new tokens' log-probabilities (with `Request.logprobs`).
+    top_logprobs: per new token, `((id, logprob), ...)` (with `Request.top_logprobs`).
+    finish_reason: None while it runs; then "stop", "length", "cancelled" or
+      "error".
+    completion: when it has finished, the whole `decode.Completion`.
+    prompt_fed: prompt tokens fed for it (fewer than the prompt's where a row's
+      cache held its start).
+  """
+  request: int
+  sample: int
+  tokens: Tuple[int, ...] = ()
+  text: str = ""
+  logprobs: Tuple[float, ...] = ()
+  top_logprobs: Tuple[Tuple[Tuple[int, float], ...], ...] = ()
+  finish_reason: Optional[str] = None
+  completion: Optional[decode.Completion] = None
+  prompt_fed: int = 0
+
+
+class _Sample:
+  """One completion in the engine: where it is and what it has so far."""
+
+  def __init__(self, request_id: int, index: int, request: Request, on_event, stream):
+    self.request_id, self.index, self.request = request_id, index, request
+    self.on_event, self.stream = on_event, stream
+    self.row: Optional[int] = None
+    self.tokens: List[int] = []
+    self.logprobs: List[float] = []
+    self.top: List[Tuple[Tuple[int, float], ...]] = []
+    self.feed: List[int] = []  # tokens still to prefill
+    self.fed = 0  # of them, fed so far
+    self.start = 0  # the position the feed starts at
+    self.prompt_fed = 0
+    self.live = False  # decoding
+    self.finished = False
+    self.copy_from: Optional["_Sample"] = None  # shares this sample's prefill
+
+
+class Engine:
+  """Runs requests through one model's rows. Not thread-safe except `submit` and
+  `cancel`, which any thread may call while one thread runs `step` (or `run`).
 
   Args:
     params, config: the model.
-    prompts: token ids, at least one each.
-    key: the sampling key.
-    max_new_tokens: new tokens per completion, at most.
-    rows: completions decoded side by side (the batch of each step), at most
-      as many as there are completions.
-    temperature, top_k, top_p, valid_vocab: as `decode.generate` (0: greedy).
-    stop_ids: ids that end a completion: one list for all prompts, or a list per prompt.
-    num_samples: completions per prompt.
+    settings: the engine's shapes (`EngineConfig`).
     forms: execution forms; None: those of the platform `params` live on.
-    stop_strings: optional `decode.StopStrings`: a completion also ends once
-      its text holds one (the caller cuts the text at the string).
-    progress: optional `progress(prompts_done, prompts)`, called as each prompt's
-      last completion ends.
-
-  Raises:
-    ValueError: no prompts, an empty one, one that does not fit the context
-      with `max_new_tokens`, stop ids for another number of prompts, or
-      `rows`, `num_samples` or `max_new_tokens` below 1.
+    valid_vocab: ids from this one on are never drawn (a padded vocabulary).
+    token_texts: each id's text inside a longer text (`tokenizers.token_texts`):
+      needed for stop strings to end rows inside the decoding loop.
+    decode_text: ids -> text (a tokenizer's `decode`): events then carry text
+      (`decode.TextStream`), and stop strings are also found in the text.
   """
-  decode.check_prompts(prompts, max_new_tokens, config, "generate_many")
-  if min(rows, num_samples, max_new_tokens) < 1:
-    raise ValueError(f"generate_many needs rows, num_samples and max_new_tokens >= 1, got "
-                     f"{rows}, {num_samples} and {max_new_tokens}.")
-  rows = min(rows, len(prompts) * num_samples)  # rows beyond the completions would idle
-  per_prompt = _stop_lists(stop_ids, len(prompts))
-  width = max(1, max(len(s) for s in per_prompt))
-  stops = np.full((len(prompts), width), -1, np.int32)
-  for p, ids in enumerate(per_prompt):
-    stops[p, :len(ids)] = ids
-  forms = forms or kernels.select(kernels.platform_of(params))
-  gpt.check_params(params, config)
-  # On the device once, outside every program: host (NumPy) weights would be copied in,
-  # and transposed where their strides are a transpose's, on every call.
-  layers = jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config))
-  params = kv_cache.with_head_matrix(
-      jax.tree.map(jnp.asarray, {k: v for k, v in params.items() if k != "blocks"}))
-  length = cache_length([len(p) for p in prompts], max_new_tokens, config)
-  state = init_rows(config, rows, length, max_new_tokens, width, stop_strings)
-  sampling = dict(temperature=jnp.float32(max(temperature, 0.0)),
-                  top_p=None if top_p is None else jnp.float32(top_p), strings=stop_strings,
-                  config=config, forms=forms, top_k=top_k, valid_vocab=valid_vocab,
-                  greedy=decode.is_greedy(temperature))
 
-  # Longest prompts first: rows decoded together are of like lengths, so a step reads
-  # little more of the cache than its rows need.
-  order = sorted(range(len(prompts)), key=lambda p: -len(prompts[p]))
-  pending = collections.deque(p * num_samples + s for p in order for s in range(num_samples))
-  live = np.zeros(rows, bool)
-  held = {}  # row -> job
-  results: Dict[int, decode.Completion] = {}
-  finished = collections.Counter()
-  prefilled = (-1, None, None)  # (prompt, logits, cache): the samples of one prompt share it
-  while pending or live.any():
-    for row in np.flatnonzero(~live):
-      if not pending:
-        break
-      job = pending.popleft()
-      prompt = job // num_samples
-      if prefilled[0] != prompt:
-        prefilled = (prompt, *prefill(layers, params, prompts[prompt], length, config, forms))
-      state = place(state, prefilled[2], prefilled[1], row, len(prompts[prompt]), job,
-                    stops[prompt], kv=config.kv_heads)
-      live[row], held[row] = True, job
-    state = decode_until_one_ends(layers, params, state, jnp.asarray(live), key, **sampling)
-    # All rows' tokens at once: a gather of the ended rows would compile for each count.
-    done, count, stopped, tokens = jax.device_get(
-        (state.done, state.count, state.stopped, state.tokens))
-    ended = np.flatnonzero(live & done)
-    for row, row_tokens in zip(ended, tokens[ended]):
-      job = held.pop(row)
-      results[job] = decode.Completion(tuple(int(t) for t in row_tokens[:count[row]]),
-                                       bool(stopped[row]))
-      live[row] = False
-      finished[job // num_samples] += 1
-      if progress is not None and finished[job // num_samples] == num_samples:
-        progress(sum(n == num_samples for n in finished.values()), len(prompts))
-  return [[results[p * num_samples + s] for s in range(num_samples)]
-          for p in range(len(prompts))]
+  def __init__(self, params: Params, config: gpt.GPTConfig,
+               settings: EngineConfig = EngineConfig(), *,
+               forms: Optional[kernels.Forms] = None, valid_vocab: Optional[int] = None,
+               token_texts: Optional[Sequence[str]] = None,
+               decode_text: Optional[Callable[[Sequence[int]], str]] = None):
+    length = settings.length or config.block_size
+    if not 1 <= length <= config.block_size:
+      raise ValueError(f"EngineConfig.length={length}: give 1 to the model's context, "
+                       f"block_size={config.block_size}.")
+    self.config, self.settings, self.length = config, dataclasses.replace(
+        settings, length=length), length
+    self.forms = forms or kernels.select(kernels.platform_of(params))
+    self.valid_vocab = valid_vocab
+    self.decode_text = decode_text
+    self.model = kv_cache.prepare(params, config)
+    self.table = (None if token_texts is None else
+                  decode.stop_bytes(token_texts, config.vocab_size))
+    width = (decode.text_width(self.table, settings.stop_string_bytes)
+             if self.table is not None else 1)
+    self.rows = init_rows(config, self.settings, width)
+    n = settings.rows
+    self._settings = dict(
+        keys=np.zeros((n, 2), np.uint32), temperature=np.zeros(n, np.float32),
+        top_k=np.zeros(n, np.int32), top_p=np.ones(n, np.float32),
+        limit=np.ones(n, np.int32), stop_ids=np.full((n, 1), -1, np.int32),
+        strings=np.full((n, settings.stop_strings, settings.stop_string_bytes), -1, np.int32),
+        active=np.zeros(n, bool), top=np.zeros(n, bool))
+    self._held: List[Optional[_Sample]] = [None] * n  # the sample each row holds
+    self._cached: List[Tuple[int, ...]] = [()] * n  # the tokens each row's cache holds
+    self._waiting: Deque[_Sample] = collections.deque()  # in arrival order
+    self._prefilling: List[_Sample] = []  # admitted, their prompt being fed
+    self._inbox: Deque[Tuple[str, Any]] = collections.deque()
+    self._lock = threading.Condition()
+    self._next_id = 0
+    self._samples: Dict[int, List[_Sample]] = {}
+    self.counters = collections.Counter()  # tokens generated, prefill calls, ...
+
+  # -- what other threads may call --------------------------------------------
+
+  def check(self, request: Request) -> None:
+    """Raises a ValueError naming what is wrong with `request` for this engine."""
+    prompt, limit = list(request.prompt), request.max_new_tokens
+    if not prompt:
+      raise ValueError("the prompt is empty; give at least one token.")
+    if any(not 0 <= int(i) < self.config.vocab_size for i in prompt):
+      raise ValueError(f"the prompt holds ids outside the model's {self.config.vocab_size}.")
+    if limit < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {limit}.")
+    if not request.slide and len(prompt) + limit > self.length:
+      raise ValueError(f"the prompt ({len(prompt)} tokens) and max_new_tokens={limit} "
+                       f"exceed the context of {self.length} tokens; lower max_new_tokens "
+                       f"or shorten the prompt.")
+    if not 1 <= len(request.keys) <= self.settings.rows:
+      raise ValueError(f"{len(request.keys)} completions of one prompt; give 1 to "
+                       f"{self.settings.rows} (the engine's rows).")
+    if request.top_k < 0 or not 0 < request.top_p <= 1 or request.temperature < 0:
+      raise ValueError(f"top_k >= 0, top_p in (0, 1] and temperature >= 0, got "
+                       f"{request.top_k}, {request.top_p} and {request.temperature}.")
+    if not 0 <= request.top_logprobs <= self.settings.top_logprobs:
+      raise ValueError(f"top_logprobs={request.top_logprobs}: at most "
+                       f"{self.settings.top_logprobs}.")
+    if request.stop_strings and self.table is None and self.decode_text is None:
+      raise ValueError("stop strings need the tokenizer's token texts (Engine's "
+                       "token_texts or decode_text).")
+    if request.stop_strings:
+      decode.encode_stop_strings(request.stop_strings, self.settings.stop_strings,
+                                 self.settings.stop_string_bytes)
+
+  def submit(self, request: Request, on_event: Callable[[Event], None]) -> int:
+    """Queues `request` (checked first: `check`); returns its id. `on_event(Event)` is
+    called from the thread running the engine as its completions advance."""
+    self.check(request)
+    with self._lock:
+      request_id = self._next_id
+      self._next_id += 1
+      self._inbox.append(("submit", (request_id, request, on_event)))
+      self._lock.notify_all()
+    return request_id
+
+  def cancel(self, request_id: int) -> None:
+    """Ends a request's completions (finish reason "cancelled"); its rows are free for
+    the next request after the current program."""
+    with self._lock:
+      self._inbox.append(("cancel", request_id))
+      self._lock.notify_all()
+
+  def load(self) -> Dict[str, int]:
+    """`{"waiting": requests not yet in a row, "rows_in_use": rows prefilling or decoding}`."""
+    return {"waiting": len(self._waiting),
+            "rows_in_use": sum(s is not None for s in self._held)}
+
+  # -- the loop ---------------------------------------------------------------
+
+  def run(self, stop: threading.Event, idle_wait: float = 0.05) -> None:
+    """Steps until `stop` is set, sleeping while there is nothing to do."""
+    while not stop.is_set():
+      if not self.step():
+        with self._lock:
+          if not self._inbox:
+            self._lock.wait(idle_wait)
+
+  def busy(self) -> bool:
+    """Whether any request is waiting, prefilling or decoding."""
+    return bool(self._inbox or self._waiting or any(s is not None for s in self._held))
+
+  def step(self) -> bool:
+    """One round: takes new requests and cancellations, feeds one prefill call, decodes
+    one chunk, and tells each request what it got. Returns whether work remains."""
+    self._read_inbox()
+    self._admit()
+    if self._prefilling:
+      self._prefill_call()
+    if any(s is not None and s.live for s in self._held):
+      self._decode_call()
+    return self.busy()
+
+  def warm_up(self) -> None:
+    """Compiles the engine's programs (with nothing to feed and every row done)."""
+    p, c = self.settings.prefill_rows, self.settings.prefill_chunk
+    n = self.settings.rows
+    self.rows = prefill(self.model, self.rows, jnp.zeros((p, c), jnp.int32),
+                        jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32),
+                        jnp.zeros(p, jnp.int32), jnp.zeros(p, bool), jnp.zeros(p, jnp.int32),
+                        config=self.config, forms=self.forms)
+    self.rows = copy_row(self.rows, 0, 0, kv=self.config.kv_heads)
+    self.rows, out = decode_chunk(self.model, self.rows, self._device_settings(), self.table,
+                                  jnp.int32(0), False, **self._decode_statics())
+    jax.block_until_ready((self.rows, out))
+
+  # -- its parts ----------------------------------------------------------------
+
+  def _read_inbox(self) -> None:
+    with self._lock:
+      inbox, self._inbox = self._inbox, collections.deque()
+    for kind, item in inbox:
+      if kind == "submit":
+        request_id, request, on_event = item
+        samples = []
+        for j in range(len(request.keys)):
+          stream = (decode.TextStream(self.decode_text, request.stop_strings)
+                    if self.decode_text is not None else None)
+          samples.append(_Sample(request_id, j, request, on_event, stream))
+        for s in samples[1:]:
+          s.copy_from = samples[0]
+        self._samples[request_id] = samples
+        self._waiting.extend(samples)
+      else:
+        for s in self._samples.get(item, []):
+          if not s.finished:
+            self._finish(s, "cancelled")
+
+  def _admit(self) -> None:
+    """Gives waiting samples free rows: a prompt's first sample to be fed, the others
+    as copies of it once it is."""
+    while self._waiting:
+      head = self._waiting[0]
+      siblings = [s for s in self._waiting if s.request_id == head.request_id]
+      free = [r for r, s in enumerate(self._held) if s is None]
+      if len(free) < len(siblings):
+        return  # a request's completions start together
+      first, *others = siblings
+      row = self._pick_row(free, first.request)
+      for s in siblings:
+        self._waiting.remove(s)
+      self._place(first, row)
+      for s in others:
+        self._place(s, next(r for r in free if self._held[r] is None))
+      prompt = tuple(int(i) for i in first.request.prompt)
+      if first.request.slide and len(prompt) > self.length:
+        prompt = prompt[-self.length:]  # conditioned on the context's last tokens
+      reused = self._reusable(row, prompt)
+      first.feed, first.start, first.fed = list(prompt[reused:]), reused, 0
+      first.prompt_fed = len(prompt) - reused
+      self._cached[row] = prompt[:reused]
+      self._prefilling.append(first)
+
+  def _pick_row(self, free: List[int], request: Request) -> int:
+    if not self.settings.reuse_prefix:
+      return free[0]
+    prompt = list(request.prompt)
+    return max(free, key=lambda r: self._reusable(r, prompt))
+
+  def _reusable(self, row: int, prompt: Sequence[int]) -> int:
+    """Prompt tokens row `row`'s cache already holds (with `reuse_prefix`; one is always
+    fed, for its logits)."""
+    if not self.settings.reuse_prefix:
+      return 0
+    cached = self._cached[row]
+    same = min(decode.common_prefix(cached, prompt), len(prompt) - 1)
+    # A ring (a sliding layer's) has room for this many positions past a query's window:
+    # rewriting more of what it holds would overwrite keys the new tokens see.
+    room = self.settings.prefill_rows * self.settings.prefill_chunk
+    if 1 in self.config.layer_kinds and len(cached) - same > room:
+      return 0
+    return same
+
+  def _place(self, sample: _Sample, row: int) -> None:
+    sample.row = row
+    self._held[row] = sample
+    r, s = sample.request, self._settings
+    key = r.keys[sample.index]
+    s["keys"][row] = np.asarray(jax.random.PRNGKey(0) if key is None else key, np.uint32)
+    s["temperature"][row], s["top_k"][row], s["top_p"][row] = r.temperature, r.top_k, r.top_p
+    s["limit"][row] = r.max_new_tokens
+    ids = list(r.stop_ids)
+    if len(ids) > s["stop_ids"].shape[1]:
+      grown = np.full((self.settings.rows, len(ids)), -1, np.int32)
+      grown[:, :s["stop_ids"].shape[1]] = s["stop_ids"]
+      s["stop_ids"] = grown
+    s["stop_ids"][row] = -1
+    s["stop_ids"][row, :len(ids)] = ids
+    s["strings"][row] = decode.encode_stop_strings(
+        r.stop_strings if self.table is not None else (), self.settings.stop_strings,
+        self.settings.stop_string_bytes)
+    s["top"][row] = r.top_logprobs > 0
+    s["active"][row] = False
+
+  def _prefill_call(self) -> None:
+    """Feeds up to `prefill_rows` chunks of the prompts being fed, oldest first."""
+    p, c, n = self.settings.prefill_rows, self.settings.prefill_chunk, self.settings.rows
+    tokens = np.zeros((p, c), np.int32)
+    cache_rows, starts = np.full(p, n, np.int32), np.zeros(p, np.int32)
+    counts, finishing = np.zeros(p, np.int32), np.zeros(p, bool)
+    count_after = np.zeros(p, np.int32)
+    call, done = 0, []
+    for sample in self._prefilling:
+      while call < p and sample.fed < len(sample.feed):
+        ids = sample.feed[sample.fed:sample.fed + c]
+        tokens[call, :len(ids)] = ids
+        cache_rows[call], starts[call] = sample.row, sample.start + sample.fed
+        counts[call] = len(ids)
+        sample.fed += len(ids)
+        if sample.fed == len(sample.feed):
+          finishing[call], count_after[call] = True, len(sample.tokens)
+          done.append(sample)
+        call += 1
+    self.rows = prefill(self.model, self.rows, tokens, cache_rows, starts, counts, finishing,
+                        count_after, config=self.config, forms=self.forms)
+    self.counters["prefill_calls"] += 1
+    self.counters["prompt_tokens"] += int(counts.sum())
+    for sample in done:
+      self._prefilling.remove(sample)
+      row = sample.row
+      self._cached[row] = self._cached[row] + tuple(sample.feed)
+      sample.feed, sample.live = [], True
+      self._settings["active"][row] = True
+      for other in self._samples[sample.request_id]:
+        if other.copy_from is sample and other.row is not None and not other.finished:
+          self.rows = copy_row(self.rows, row, other.row, kv=self.config.kv_heads)
+          self._cached[other.row] = self._cached[row]
+          other.live, other.prompt_fed = True, 0
+          self._settings["active"][other.row] = True
+          other.copy_from = None
+
+  def _device_settings(self) -> Settings:
+    return Settings(**{k: jnp.asarray(v) for k, v in self._settings.items()})
+
+  def _decode_statics(self) -> Dict[str, Any]:
+    return dict(config=self.config, forms=self.forms, steps=self.settings.chunk_steps,
+                top=self.settings.top_logprobs, valid_vocab=self.valid_vocab)
+
+  def _decode_call(self) -> None:
+    waiting = bool(self._waiting or self._inbox)
+    self.rows, out = decode_chunk(self.model, self.rows, self._device_settings(), self.table,
+                                  jnp.int32(self.settings.chunk_steps), waiting,
+                                  **self._decode_statics())
+    out, done, stopped, count, positions = jax.device_get(
+        (out, self.rows.done, self.rows.stopped, self.rows.count, self.rows.positions))
+    self.counters["decode_calls"] += 1
+    for row, sample in enumerate(self._held):
+      if sample is None or not sample.live:
+        continue
+      ran = out.emitted[:, row]
+      new = [int(t) for t in out.tokens[ran, row]]
+      self._cached[row] = self._cached[row] + tuple(new)
+      self.counters["tokens"] += len(new)
+      self._tell(sample, new, out.logprobs[ran, row], out.top_ids[ran, row],
+                 out.top_logprobs[ran, row])
+      if sample.finished:  # a stop string in the text
+        continue
+      if done[row]:
+        if stopped[row]:
+          self._finish(sample, "stop")
+        elif count[row] >= sample.request.max_new_tokens or not sample.request.slide:
+          self._finish(sample, "length")
+        else:
+          self._slide(sample)
+
+  def _tell(self, sample: _Sample, new: List[int], logprobs, top_ids, top_lps) -> None:
+    """Hands `sample`'s new tokens (and text) to its request."""
+    if not new:
+      return
+    r = sample.request
+    sample.tokens.extend(new)
+    lps = tuple(float(x) for x in logprobs) if r.logprobs else ()
+    tops = tuple(tuple((int(i), float(v)) for i, v in zip(ids[:r.top_logprobs],
+                                                           vals[:r.top_logprobs]))
+                 for ids, vals in zip(top_ids, top_lps)) if r.top_logprobs else ()
+    sample.logprobs.extend(lps)
+    sample.top.extend(tops)
+    text = ""
+    if sample.stream is not None:
+      shown = [t for t in new if t not in r.stop_ids]
+      text = sample.stream.push(shown)
+    sample.on_event(Event(sample.request_id, sample.index, tuple(new), text, lps, tops))
+    if sample.stream is not None and sample.stream.stopped:
+      self._finish(sample, "stop")
+
+  def _slide(self, sample: _Sample) -> None:
+    """Refeeds the last half of the context into `sample`'s row from position 0, then
+    decoding goes on (the sampling of `generate` past the context)."""
+    context = list(sample.request.prompt) + sample.tokens
+    keep = max(self.length // 2, 1)
+    sample.feed, sample.start, sample.fed, sample.live = context[-keep:], 0, 0, False
+    self._cached[sample.row] = ()
+    self._settings["active"][sample.row] = False
+    self._prefilling.append(sample)
+
+  def _finish(self, sample: _Sample, reason: str) -> None:
+    sample.finished, sample.live = True, False
+    if sample in self._waiting:
+      self._waiting.remove(sample)
+    if sample in self._prefilling:
+      self._prefilling.remove(sample)
+    if sample.row is not None:
+      self._settings["active"][sample.row] = False
+      self._held[sample.row] = None
+      if reason == "cancelled" and sample.feed:  # half fed: what it holds is unknown
+        self._cached[sample.row] = ()
+    text = sample.stream.finish() if sample.stream is not None else ""
+    completion = decode.Completion(
+        tuple(sample.tokens), reason == "stop",
+        tuple(sample.logprobs) if sample.request.logprobs else None,
+        tuple(sample.top) if sample.request.top_logprobs else None)
+    if all(s.finished for s in self._samples.get(sample.request_id, [])):
+      self._samples.pop(sample.request_id, None)
+    sample.on_event(Event(sample.request_id, sample.index, (), text, finish_reason=reason,
+                          completion=completion, prompt_fed=sample.prompt_fed))
+
+
+# ----------------------------------------------------------------------------
+# A batch of prompts.
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  config: gpt.GPTConfig, caller: str) -> None:
+  """Raises a ValueError naming `caller` unless there are prompts, none empty, and the
+  longest fits the context with `max_new_tokens`."""
+  if not len(prompts) or not all(len(p) for p in prompts):
+    raise ValueError(f"{caller} needs at least one prompt, each of at least one token.")
+  longest = max(len(p) for p in prompts)
+  if longest + max_new_tokens > config.block_size:
+    raise ValueError(f"the longest prompt ({longest} tokens) and max_new_tokens="
+                     f"{max_new_tokens} exceed block_size={config.block_size}; lower "
+                     f"max_new_tokens or shorten the prompts.")
+
+
+def cache_length(prompt_lengths: Sequence[int], max_new_tokens: int, chunk: int,
+                 config: gpt.GPTConfig) -> int:
+  """Cache positions a row of a batch needs: the longest prompt rounded up to whole
+  chunks, and `max_new_tokens`, within the model's context."""
+  return min(config.block_size, -(-max(prompt_lengths) // chunk) * chunk + max_new_tokens)
 
 
 def _stop_lists(stop_ids, n_prompts: int) -> List[Tuple[int, ...]]:
@@ -321,3 +779,134 @@ def _stop_lists(stop_ids, n_prompts: int) -> List[Tuple[int, ...]]:
   if len(stop_ids) != n_prompts:
     raise ValueError(f"stop_ids has {len(stop_ids)} lists for {n_prompts} prompts.")
   return [tuple(int(i) for i in s) for s in stop_ids]
+
+
+def generate(
+    params: Params,
+    prompts: Union[chex.Array, Sequence[Sequence[int]]],
+    config: gpt.GPTConfig,
+    key: chex.PRNGKey,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    valid_vocab: Optional[int] = None,
+    stop_ids: Union[None, Sequence[int], Sequence[Sequence[int]]] = None,
+    stop_strings: Sequence[str] = (),
+    token_texts: Optional[Sequence[str]] = None,
+    num_samples: int = 1,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    slide: bool = False,
+    rows: int = 16,
+    prefill_rows: int = 4,
+    prefill_chunk: int = 64,
+    forms: Optional[kernels.Forms] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> List[List[decode.Completion]]:
+  """Completes every prompt: `[prompt][sample]` completions.
+
+  `rows` completions decode side by side; a row whose completion ends takes
+  the next prompt at once, so the steps run are about the tokens the
+  completions need divided by `rows`. A prompt's samples share its prefill.
+  Completion `j = prompt * num_samples + sample` draws token `i` with
+  `decode.token_noise(decode.completion_key(key, j), i)`: the same tokens
+  whatever `rows` is, and greedy completions are each prompt's decoded alone.
+
+  Args:
+    params, config: the model.
+    prompts: token ids, at least one each (a `[batch, time]` array, or lists).
+    key: the sampling key.
+    max_new_tokens: new tokens per completion, at most.
+    temperature, top_k, top_p, valid_vocab: token choice (`decode.sample_logits`;
+      temperature 0: greedy).
+    stop_ids: ids that end a completion: one list for all prompts, or a list per
+      prompt.
+    stop_strings: strings that end a completion inside the decoding loop (its
+      tokens run through the one that completes the string; the caller cuts
+      the text), with `token_texts` (`tokenizers.token_texts`).
+    num_samples: completions per prompt.
+    logprobs, top_logprobs: report log-probabilities (`decode.Completion`).
+    slide: past the context, go on from its last half (nanoGPT's sampling; a
+      longer prompt is cut to the context's last tokens); else prompt and
+      `max_new_tokens` must fit it.
+    rows, prefill_rows, prefill_chunk: the engine's shapes (`EngineConfig`).
+    forms: execution forms; None: those of the platform `params` live on.
+    progress: optional `progress(prompts_done, prompts)`, called as each prompt's
+      last completion ends.
+
+  Raises:
+    ValueError: no prompts, an empty one, one that does not fit the context
+      (without `slide`), stop ids for another number of prompts, stop strings
+      without token texts, or `rows`, `num_samples` or `max_new_tokens` below 1.
+  """
+  prompts = [[int(i) for i in p] for p in (np.asarray(prompts).tolist()
+                                           if hasattr(prompts, "shape") else prompts)]
+  if slide:
+    check_prompts(prompts, 0, dataclasses.replace(config, block_size=1 << 30), "generate")
+  else:
+    check_prompts(prompts, max_new_tokens, config, "generate")
+  if min(rows, num_samples, max_new_tokens) < 1:
+    raise ValueError(f"generate needs rows, num_samples and max_new_tokens >= 1, got "
+                     f"{rows}, {num_samples} and {max_new_tokens}.")
+  if stop_strings and token_texts is None:
+    raise ValueError("stop_strings need token_texts (tokenizers.token_texts(tokenizer)).")
+  per_prompt = _stop_lists(stop_ids, len(prompts))
+  rows = max(min(rows, len(prompts) * num_samples), num_samples)
+  length = (config.block_size if slide else
+            cache_length([len(p) for p in prompts], max_new_tokens, prefill_chunk, config))
+  settings = EngineConfig(rows=rows, length=length, prefill_rows=prefill_rows,
+                          prefill_chunk=prefill_chunk, stop_strings=max(1, len(stop_strings)),
+                          stop_string_bytes=max([1] + [len(s.encode()) for s in stop_strings]),
+                          top_logprobs=top_logprobs)
+  eng = Engine(params, config, settings, forms=forms, valid_vocab=valid_vocab,
+               token_texts=token_texts if stop_strings else None)
+  results: Dict[Tuple[int, int], decode.Completion] = {}
+  finished = collections.Counter()
+
+  def on_event(event: Event, prompt: int) -> None:
+    if event.completion is None:
+      return
+    results[prompt, event.sample] = event.completion
+    finished[prompt] += 1
+    if progress is not None and finished[prompt] == num_samples:
+      progress(sum(n == num_samples for n in finished.values()), len(prompts))
+
+  # Longest prompts first: rows decoded together are of like lengths, so a step reads
+  # little more of the cache than its rows need.
+  for p in sorted(range(len(prompts)), key=lambda p: -len(prompts[p])):
+    keys = [decode.completion_key(key, p * num_samples + s) for s in range(num_samples)]
+    eng.submit(Request(prompts[p], max_new_tokens, keys, max(temperature, 0.0), top_k or 0,
+                       1.0 if top_p is None else top_p, per_prompt[p], tuple(stop_strings),
+                       logprobs, top_logprobs, slide),
+               functools.partial(on_event, prompt=p))
+  while eng.step():
+    pass
+  return [[results[p, s] for s in range(num_samples)] for p in range(len(prompts))]
+
+
+def sample_text(params: Params, tokenizer, config: gpt.GPTConfig, key: chex.PRNGKey,
+                num_tokens: int, prompt: Union[str, Sequence[int]] = "\n", *,
+                stop_ids: Optional[Sequence[int]] = None,
+                forms: Optional[kernels.Forms] = None) -> str:
+  """`num_tokens` sampled after `prompt` (temperature 0.8, top-k 200), decoded to text.
+
+  Args:
+    params, config: the model.
+    tokenizer: anything with `encode(str) -> ids`, `decode(ids) -> str` and
+      `vocab_size` (ids past it, a padded vocabulary's rows, are never sampled).
+    key: the sampling key.
+    num_tokens: tokens to sample, at most (past the context, it slides).
+    prompt: the text to continue, or its ids (a chat template's, whose
+      special tokens a plain `encode` would spell out).
+    stop_ids: ids that end the sample early (kept in it), e.g. an end of turn.
+    forms: as in `generate`.
+
+  Returns the prompt and its continuation, as text.
+  """
+  ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+  (completion,), = generate(params, [ids], config, key, num_tokens, temperature=0.8,
+                            top_k=200, valid_vocab=tokenizer.vocab_size, stop_ids=stop_ids,
+                            slide=True, rows=1, prefill_rows=1, forms=forms)
+  return tokenizer.decode(list(ids) + list(completion.tokens))

@@ -1,13 +1,13 @@
 """The KV cache: keys and values of past positions, and a GPT run through it.
 
-    cache = kv_cache.init_kv_cache(config, batch=1, length=256)
-    logits, cache = kv_cache.forward(kv_cache.layers_of(params, config), params,
-                                     tokens, cache, pos, config, forms)
+    model = kv_cache.prepare(params, config)
+    cache = kv_cache.init_kv_cache(config, batch=4, length=256)
+    logits, cache = kv_cache.forward(model, tokens, cache, starts, counts, config, forms)
 
-The pieces `purejax.decode` samples with: the cache pytree, the model's
-blocks attending through it, and the sliding-window policy for context
-beyond `block_size`. Everything here is a pure function of a cache in and
-a cache out.
+The pieces `purejax.engine` decodes with: the cache pytree, and the model's
+blocks attending through it (`attention.attend_with_cache`), each row of a
+batch at its own positions, so a prompt's chunks and a decoding step are the
+same call. Everything here is a pure function of a cache in and a cache out.
 """
 
 import math
@@ -50,71 +50,62 @@ def _cache_layer_shape(config: gpt.GPTConfig, batch: int, length: int) -> Tuple[
   return (batch * config.kv_heads, length, config.head_dim)
 
 
-def layer_lengths(config: gpt.GPTConfig, length: int) -> Tuple[int, ...]:
+def layer_lengths(config: gpt.GPTConfig, length: int, ring_room: int = 0) -> Tuple[int, ...]:
   """Each layer's slots in a cache of `length` positions: a sliding-window layer's ring
-  holds `min(window, length)`, a global layer `length`."""
-  return tuple(min(config.window, length) if kind else length for kind in config.layer_kinds)
+  holds `min(window + ring_room, length)`, a global layer `length`.
 
-
-def cache_length(cache: KVCache, config: Optional[gpt.GPTConfig] = None) -> int:
-  """Positions the cache has room for (static: its arrays' shapes).
-
-  A model whose layers all slide (`config` needed to tell) has room for its
-  whole context once its rings hold a window: older positions are dropped
-  as the model drops them.
+  `ring_room` is how many positions one call may write ahead of the oldest
+  query's window: a call that feeds up to `ring_room` tokens of a row and
+  then reads the ring (`forward` with `own=False`) finds every key its
+  queries see still there.
   """
-  if config is None or 0 in config.layer_kinds:
-    return cache.k[config.layer_kinds.index(0) if config else 0].shape[1]
-  size = cache.k[0].shape[1]
-  return config.block_size if size >= config.window else size
+  return tuple(min(config.window + ring_room, length) if kind else length
+               for kind in config.layer_kinds)
 
 
-def init_kv_cache(config: gpt.GPTConfig, batch: int, length: Optional[int] = None) -> KVCache:
+def init_kv_cache(config: gpt.GPTConfig, batch: int, length: Optional[int] = None,
+                  ring_room: int = 0) -> KVCache:
   """An empty (zero) cache for `batch` sequences of up to `length` positions.
 
-  Each decoded token reads every slot of the cache, so a cache no longer
-  than the call needs is faster: `generate` sizes it to prompt plus new
-  tokens. `length` defaults to the model's context, `block_size`.
+  Each token reads only the cache blocks below its position, so a long
+  cache costs memory, not time. `length` defaults to the model's context,
+  `block_size`; `ring_room` as in `layer_lengths`.
   """
   length = config.block_size if length is None else length
   if not 1 <= length <= config.block_size:
     raise ValueError(f"a KV cache of {length} positions; give 1 to block_size="
                      f"{config.block_size}.")
-  # Separate arrays for keys and values: a cache donated to XLA (decode.step)
+  # Separate arrays for keys and values: a cache donated to XLA (the engine's programs)
   # must not hold one buffer twice.
   zeros = lambda: tuple(jnp.zeros(_cache_layer_shape(config, batch, n), jnp.float32)
-                        for n in layer_lengths(config, length))
+                        for n in layer_lengths(config, length, ring_room))
   return KVCache(zeros(), zeros())
 
 
-def grow_cache(cache: KVCache, length: int, config: Optional[gpt.GPTConfig] = None
-               ) -> KVCache:
-  """`cache` with room for `length` positions (its own kept, new slots zero).
-
-  With `config` (needed for sliding-window layers), a ring shorter than
-  the window grows too: until it first fills, position `p` is in slot `p`,
-  so padding its end keeps every slot where `p % size` finds it.
-  """
-  if length < cache_length(cache, config):
-    raise ValueError(f"grow_cache to {length} positions, fewer than the cache's "
-                     f"{cache_length(cache, config)}.")
-  sizes = (layer_lengths(config, length) if config is not None
-           else (length,) * len(cache.k))
-  pad = lambda a, n: jnp.pad(a, ((0, 0), (0, n - a.shape[1]), (0, 0)))
-  return KVCache(tuple(map(pad, cache.k, sizes)), tuple(map(pad, cache.v, sizes)))
+def cache_length(cache: KVCache, config: gpt.GPTConfig) -> int:
+  """Positions the cache has room for (static: its global layers' slots; a model whose
+  layers all slide has room for its whole context)."""
+  if 0 in config.layer_kinds:
+    return cache.k[config.layer_kinds.index(0)].shape[1]
+  return config.block_size
 
 
 def check_cache(cache: KVCache, config: gpt.GPTConfig, batch: int) -> None:
-  length = (cache.k[config.layer_kinds.index(0)].shape[1] if cache.k and 0 in config.layer_kinds
-            else cache.k[0].shape[1] if cache.k else config.block_size)
-  want = KVCache(*[tuple(_cache_layer_shape(config, batch, n)
-                         for n in layer_lengths(config, length))] * 2)
+  """Raises a ValueError unless `cache` is a cache of `batch` rows for `config`."""
   got = jax.tree.map(jnp.shape, cache)
-  if got != want or length > config.block_size:
+  length = cache_length(cache, config) if len(cache.k) == config.n_layer else 0
+  sizes = [s[1] for s in got.k] if len(got.k) == config.n_layer else []
+  ok = (len(got.k) == len(got.v) == config.n_layer and got.k == got.v
+        and 1 <= length <= config.block_size
+        and all(shape == _cache_layer_shape(config, batch, n)
+                for shape, n in zip(got.k, sizes))
+        and all((n <= length) if kind else (n == length)
+                for n, kind in zip(sizes, config.layer_kinds)))
+  if not ok:
     raise ValueError(f"KV cache of shapes {got}, but this config and batch need "
                      f"{config.n_layer} layers of {_cache_layer_shape(config, batch, 'length')} "
-                     f"(length <= {config.block_size}; a sliding-window layer's at most the "
-                     f"window); build it with init_kv_cache(config, batch).")
+                     f"(length <= {config.block_size}; a sliding-window layer's ring at most "
+                     f"the length); build it with init_kv_cache(config, batch).")
 
 
 def layers_of(params: Params, config: gpt.GPTConfig) -> Tuple[Params, ...]:
@@ -157,211 +148,148 @@ def with_head_matrix(params: Params) -> Params:
   return {**params, "lm_head": {"w": jnp.transpose(table)}}
 
 
-def _cached_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric,
-                   config: gpt.GPTConfig, forms: kernels.Forms,
-                   key_start: Optional[chex.Array] = None) -> gpt.Attend:
-  """`gpt.Attend` for tokens at positions `pos, ...` through one layer's cache.
+class Model(NamedTuple):
+  """A model's params as the cache's programs take them (`prepare`).
 
-  Their keys and values are written into the cache, and they attend to
-  every cached position up to their own; it carries out the updated
-  `(k_buf, v_buf)`. At a static `pos == 0` (a prompt or a refill) the cache
-  before them is empty, so with the "cudnn" form they attend among
-  themselves through cuDNN, as in training. One-token steps read the cache
-  with XLA's products: a single query has no `[time, time]` scores to
-  avoid, and the work is one pass over the cache.
+  Attributes:
+    layers: each layer's params, sliced from the stacked blocks (`layers_of`).
+    rest: the params around them (embeddings, final norm, head: a tied one also
+      as its own matrix, `with_head_matrix`).
   """
-  kv, d = config.kv_heads, config.head_dim
-  # The GPU's forms multiply in the compute dtype; the CPU's in float32.
-  low_precision = forms.attention in ("xla", "cudnn")
-  compute_dtype = config.matmul_dtype if low_precision else None
-  scale = config.attn_scale
-
-  def attend(q, k, v):
-    b, t = q.shape[:2]
-    k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, kv, t, d]
-    # Keys and values come out of the products in the forms' matmul_output
-    # dtype; the cache keeps its own.
-    written = lambda k_new, v_new: tuple(
-        _write(buf, new.reshape(b * kv, t, d).astype(buf.dtype), pos, kv)
-        for buf, new in ((k_buf, k_new), (v_buf, v_new)))
-    if forms.attention == "cudnn" and isinstance(pos, int) and pos == 0 and key_start is None:
-      y = attention.causal_attention(q, k, v, form="cudnn", compute_dtype=compute_dtype,
-                                     softcap=config.attn_softcap, scale=scale)
-      return y, written(k_new, v_new)
-    q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
-    # The model's own scale, as a Python float: the same program as before for 1/sqrt(d).
-    q = q * (1.0 / math.sqrt(d) if config.attn_scalar is None else scale)
-    masks = dict(compute_dtype=compute_dtype, key_start=key_start, softcap=config.attn_softcap)
-    if t == 1:  # a decoding step: see `_written_after`
-      y = attention.attend_to_cache_and_own(
-          q, k_buf.reshape(b, kv, -1, d), v_buf.reshape(b, kv, -1, d), k_new[:, :, 0],
-          v_new[:, :, 0], pos, **masks)
-      return y.transpose(0, 2, 1, 3), written(*_written_after(y, k_new, v_new))
-    new_k_buf, new_v_buf = written(k_new, v_new)
-    y = attention.attend_to_cache(q, new_k_buf.reshape(b, kv, -1, d),
-                                  new_v_buf.reshape(b, kv, -1, d), pos, **masks)
-    return y.transpose(0, 2, 1, 3), (new_k_buf, new_v_buf)
-
-  return attend
+  layers: Tuple[Params, ...]
+  rest: Params
 
 
-def _write(buf: chex.Array, new: chex.Array, slot: chex.Numeric, kv: int) -> chex.Array:
-  """`buf` `[batch * kv, slots, d]` with `new` `[batch * kv, t, d]` written from `slot`:
-  one slot for all rows, or `[batch]` slots, each row's own (one token a row)."""
-  if jnp.ndim(slot) == 0:
-    return jax.lax.dynamic_update_slice(buf, new, (0, slot, 0))
-  return buf.at[jnp.arange(buf.shape[0]), jnp.repeat(slot, kv)].set(new[:, 0])
+def prepare(params: Params, config: gpt.GPTConfig) -> Model:
+  """`params` checked against `config`, sliced per layer and put on the device once.
+
+  Host (NumPy) weights would be copied in, and a tied head transposed, on
+  every call of a decoding program; here that happens once.
+  """
+  gpt.check_params(params, config)
+  layers = tuple(jax.tree.map(jnp.asarray, layers_of(params, config)))
+  rest = jax.tree.map(jnp.asarray, {k: v for k, v in params.items() if k != "blocks"})
+  return Model(layers, with_head_matrix(rest))
 
 
 def _written_after(read: chex.Array, *new: chex.Array) -> Tuple[chex.Array, ...]:
   """`new` (a step's keys and values), made to depend on `read` (its attention output).
 
   A decoding step reads its layer's cache as it was before the step
-  (`attention.attend_to_cache_and_own`) and writes its own key and value
-  into one slot. Without an order between the two, XLA's CPU backend
-  copied each layer's whole cache twice a step to keep the old one for the
-  read (an `optimization_barrier` did not order them). Adding `0 *` one
-  element of the output orders the write after the read, and the write is
-  in place. The values are unchanged: the output is finite wherever the
-  step's logits are.
+  (`attend_with_cache`'s `own`) and writes its own key and value into one
+  slot. Without an order between the two, XLA's CPU backend copied each
+  layer's whole cache twice a step to keep the old one for the read (an
+  `optimization_barrier` did not order them). Adding `0 *` one element of
+  the output orders the write after the read, and the write is in place.
+  The values are unchanged: the output is finite wherever the step's
+  logits are.
   """
   after = 0.0 * read.reshape(-1)[0]
   return tuple(x + after.astype(x.dtype) for x in new)
 
 
-def _ring_positions(pos: chex.Numeric, size: int) -> chex.Array:
-  """`[size]`: the position each ring slot holds once positions `< pos` are written
-  (slot `s` holds the latest `p < pos` with `p % size == s`; negative: none yet)."""
-  return pos - 1 - jnp.mod(pos - 1 - jnp.arange(size), size)
+def _slots(starts: chex.Array, counts: chex.Array, t: int, size: int, ring: bool,
+           ring_last: Optional[chex.Array]) -> chex.Array:
+  """`[batch, t]` the slot each token is written to; `size` (out of range, dropped) for
+  padding, and in a ring for tokens a later token of its cache row overwrites."""
+  positions = starts[:, None] + jnp.arange(t)
+  real = jnp.arange(t)[None] < counts[:, None]
+  if not ring:
+    return jnp.where(real & (positions < size), positions, size)
+  last = (starts + counts - 1) if ring_last is None else ring_last
+  return jnp.where(real & (positions > last[:, None] - size), jnp.mod(positions, size), size)
 
 
-def _ring_attend(k_buf: chex.Array, v_buf: chex.Array, pos: chex.Numeric, count: chex.Numeric,
-                 config: gpt.GPTConfig, forms: kernels.Forms,
-                 key_start: Optional[chex.Array] = None) -> gpt.Attend:
-  """`gpt.Attend` of a sliding-window layer through its ring buffer (`KVCache`).
+def _attend_through(k_buf: chex.Array, v_buf: chex.Array, starts: chex.Array,
+                    counts: chex.Array, rows: Optional[chex.Array], own: bool, ring: bool,
+                    config: gpt.GPTConfig, forms: kernels.Forms) -> gpt.Attend:
+  """`gpt.Attend` for tokens `[batch, time]` at positions `starts[b], ...` through one
+  layer's cache (`[cache_rows * kv_heads, slots, head_dim]`), carrying it out updated.
 
-  One token (a decoding step) is written first, over the position that
-  just left its window, then attends to the ring. Several tokens attend to
-  the ring and to their own keys (only their own at a static `pos == 0`),
-  then the last `min(count, size)` real ones (`count`: tokens before the
-  padding) are written. Positions are those of `_cached_attend`, so left
-  padding (`key_start`) and the window mask compose.
+  With `own`, the tokens attend to the cache as it was and to their own keys,
+  then are written (a decoding step: the write is in place); without, they are
+  written first and read back with the cache (a prompt's chunks, several of one
+  row in one call). Rows with `rows` write into and read those cache rows.
   """
   kv, d, size = config.kv_heads, config.head_dim, k_buf.shape[1]
+  cache_rows = k_buf.shape[0] // kv
+  # The GPU's forms multiply in the compute dtype; the CPU's in float32.
   low_precision = forms.attention in ("xla", "cudnn")
   compute_dtype = config.matmul_dtype if low_precision else None
-  masks = dict(window=config.window, softcap=config.attn_softcap, key_start=key_start,
-               compute_dtype=compute_dtype)
+  row_of = jnp.arange(starts.shape[0]) if rows is None else rows
+  ring_last = None
+  if ring and not own:  # every call row of a cache row sees the ring as the call leaves it
+    same = row_of[:, None] == row_of[None, :]
+    ends = jnp.where(counts > 0, starts + counts - 1, -1)
+    ring_last = jnp.max(jnp.where(same, ends[None, :], -1), axis=1)
+
+  def write(buf, new):  # new: [batch, kv, t, d]
+    b, _, t, _ = new.shape
+    slots = _slots(starts, counts, t, size, ring, ring_last)  # [batch, t]
+    lines = jnp.where(row_of < cache_rows, row_of, cache_rows)[:, None] * kv + jnp.arange(kv)
+    return buf.at[lines[:, :, None], slots[:, None, :]].set(new.astype(buf.dtype), mode="drop")
 
   def attend(q, k, v):
     b, t = q.shape[:2]
-    k_new, v_new = (a.transpose(0, 2, 1, 3).reshape(b * kv, t, d) for a in (k, v))
-    q = q.transpose(0, 2, 1, 3) * config.attn_scale  # [b, h, t, d]
-    heads = lambda a: a.reshape(b, kv, -1, d)
-    if t == 1:  # the slot it writes holds a position that has left the window
-      rows_pos = pos if jnp.ndim(pos) == 0 else pos[:, None]  # [batch, 1]: each row's ring
-      y = attention.attend_to_cache_and_own(
-          q, heads(k_buf), heads(v_buf), heads(k_new)[:, :, 0], heads(v_new)[:, :, 0], pos,
-          key_positions=_ring_positions(rows_pos, size), **masks)
-      bufs = tuple(_write(buf, new.astype(buf.dtype), jnp.mod(pos, size), kv)
-                   for buf, new in zip((k_buf, v_buf), _written_after(y, k_new, v_new)))
-      return y.transpose(0, 2, 1, 3), bufs
-    if isinstance(pos, int) and pos == 0:
-      keys, values, positions = k_new, v_new, jnp.arange(t)
-    else:
-      keys = jnp.concatenate([k_buf, k_new.astype(k_buf.dtype)], axis=1)
-      values = jnp.concatenate([v_buf, v_new.astype(v_buf.dtype)], axis=1)
-      positions = jnp.concatenate([_ring_positions(pos, size), pos + jnp.arange(t)])
-    y = attention.attend_to_cache(q, heads(keys), heads(values), pos, key_positions=positions,
-                                  **masks)
-    # The last `m` real tokens go to their slots; indices before the first token
-    # (fewer real tokens than `m`) are dropped, leaving the ring's older positions.
-    m = min(t, size)
-    index = count - m + jnp.arange(m)
-    slots = jnp.where(index >= 0, jnp.mod(pos + index, size), size)
-    index = jnp.maximum(index, 0)
-    bufs = tuple(buf.at[:, slots].set(new[:, index].astype(buf.dtype), mode="drop")
-                 for buf, new in ((k_buf, k_new), (v_buf, v_new)))
-    return y.transpose(0, 2, 1, 3), bufs
+    k_new, v_new = (a.transpose(0, 2, 1, 3) for a in (k, v))  # [b, kv, t, d]
+    q = q.transpose(0, 2, 1, 3)  # [b, h, t, d]
+    # The model's own scale, as a Python float: the same program for 1/sqrt(d).
+    q = q * (1.0 / math.sqrt(d) if config.attn_scalar is None else config.attn_scale)
+    options = dict(rows=rows, window=config.window if ring else None,
+                   softcap=config.attn_softcap, compute_dtype=compute_dtype)
+    grid = lambda buf: buf.reshape(cache_rows, kv, size, d)
+    if own:
+      y = attention.attend_with_cache(q, grid(k_buf), grid(v_buf), starts, own=(k_new, v_new),
+                                      ring_last=starts - 1 if ring else None, **options)
+      k_new, v_new = _written_after(y, k_new, v_new)
+      return y.transpose(0, 2, 1, 3), (write(k_buf, k_new), write(v_buf, v_new))
+    k_buf2, v_buf2 = write(k_buf, k_new), write(v_buf, v_new)
+    y = attention.attend_with_cache(q, grid(k_buf2), grid(v_buf2), starts, ring_last=ring_last,
+                                    **options)
+    return y.transpose(0, 2, 1, 3), (k_buf2, v_buf2)
 
   return attend
 
 
-def forward(layers, params, tokens, cache, pos, config, forms, last=None, offsets=None):
-  """`decode.forward_with_cache` over per-layer params `layers` (`layers_of`).
+def forward(model: Model, tokens: chex.Array, cache: KVCache, starts: chex.Array,
+            counts: chex.Array, config: gpt.GPTConfig, forms: kernels.Forms, *,
+            rows: Optional[chex.Array] = None, own: bool = True
+            ) -> Tuple[chex.Array, KVCache]:
+  """The model over `tokens` through the cache: each row at its own positions.
 
   Args:
-    layers: `layers_of(params, config)`.
-    params: the model's params (embeddings, final norm, head).
-    tokens: `[batch, time]` ids at positions `pos, ...`.
-    cache: the cache; positions `< pos` hold earlier tokens.
-    pos: position of `tokens[:, 0]` (may be traced), or `[batch]` with one token a
-      row: each row's own position and cache slot (`purejax.engine`).
+    model: `prepare(params, config)`.
+    tokens: `[batch, time]` ids; row `b`'s first `counts[b]` are real, at positions
+      `starts[b], starts[b] + 1, ...` (the rest is padding: never written, never
+      attended to).
+    cache: the cache; a row's positions before `starts[b]` hold its earlier tokens.
+    starts, counts: `[batch]` int32 (a row with count 0 writes nothing).
     config, forms: the model and how it runs.
-    last: which token's logits to return (may be traced; None: the last).
-    offsets: optional `[batch]` padding slots before each row's first token (a
-      batch of prompts left-padded to one length): row `r`'s token in slot `s`
-      is at position `s - offsets[r]`, and its padding is never attended.
+    rows: optional `[batch]` the cache row each token row writes and reads (several
+      token rows may share one: consecutive chunks of a prompt); out-of-range rows
+      write nothing. None: row `b`.
+    own: attend to the cache as it was and to the tokens' own keys, then write
+      (a decoding step, written in place); False: write, then attend (needs a
+      ring with room for the call's tokens, `layer_lengths`' `ring_room`).
 
   Returns:
-    `(logits [batch, vocab], cache)`.
+    `(logits [batch, vocab] after each row's last real token, cache)`.
   """
-  start = pos if offsets is None else pos - offsets
-  x = gpt.input_states(params, tokens, config, start)
-  count = tokens.shape[1] if last is None else last + 1
-  # Decoding does little work per layer, so a plain Python loop over the
-  # layers (unrolled in the compiled program) beats a scan's overhead.
+  starts = jnp.asarray(starts, jnp.int32)
+  counts = jnp.asarray(counts, jnp.int32)
+  x = gpt.input_states(model.rest, tokens, config, starts)
   ks, vs = [], []
-  for i, (layer, k_buf, v_buf) in enumerate(zip(layers, cache.k, cache.v)):
+  for i, (layer, k_buf, v_buf) in enumerate(zip(model.layers, cache.k, cache.v)):
     kind = config.layer_kinds[i]
-    attend = (_ring_attend(k_buf, v_buf, pos, count, config, forms, offsets) if kind else
-              _cached_attend(k_buf, v_buf, pos, config, forms, offsets))
-    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms, attend=attend, start=start,
-                                  value_embed=gpt.value_embedding(params, tokens, config, i),
+    attend = _attend_through(k_buf, v_buf, starts, counts, rows, own, bool(kind), config, forms)
+    # Decoding does little work per layer, so a plain Python loop over the
+    # layers (unrolled in the compiled program) beats a scan's overhead.
+    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms, attend=attend, start=starts,
+                                  value_embed=gpt.value_embedding(model.rest, tokens, config, i),
                                   kind=kind)
     ks.append(k_buf)
     vs.append(v_buf)
-  x = x[:, -1] if last is None else jax.lax.dynamic_index_in_dim(x, last, 1, keepdims=False)
-  x = gpt.final_norm(params, x, config)
-  return gpt.logits_of(params, x, config, forms), KVCache(tuple(ks), tuple(vs))
-
-
-class SlidingWindow(NamedTuple):
-  """When the cache slides while decoding (see `sliding_window`).
-
-  Attributes:
-    window: prompt tokens the cache starts from (the prompt's last ones).
-    refill: tokens the cache is rebuilt from when it is full.
-    first: tokens decoded before the first slide.
-    period: tokens per slide cycle: one slide, then `period - 1` decodes.
-    full_periods: whole cycles after `first`.
-    tail: tokens of the last, partial cycle (0: none).
-  """
-  window: int
-  refill: int
-  first: int
-  period: int
-  full_periods: int
-  tail: int
-
-
-def sliding_window(prompt_len: int, max_new_tokens: int, block_size: int) -> SlidingWindow:
-  """The context policy of `generate`, worked out before the loop runs.
-
-  A prompt longer than `block_size` is conditioned on its last `block_size`
-  tokens (as nanoGPT crops). Tokens are decoded through the cache while it
-  has room. When it is full, the window *slides*: the cache is rebuilt from
-  the last `block_size // 2` tokens, with positions restarting at 0, and
-  decoding goes on. So every token sees between `block_size // 2` and
-  `block_size` tokens of context. nanoGPT instead recomputes the last
-  `block_size` tokens for every new token, which costs `block_size` times
-  more; within `block_size` tokens the two are identical.
-
-  The prompt length is static, so where the slides fall is known here, and
-  the decode loop becomes fixed-length scans with slides between them.
-  """
-  window, refill = min(prompt_len, block_size), max(block_size // 2, 1)
-  first = min(max_new_tokens, block_size - window)
-  period = 1 + block_size - refill  # one slide, then decodes until full
-  full_periods, tail = divmod(max_new_tokens - first, period)
-  return SlidingWindow(window, refill, first, period, full_periods, tail)
+  last = jnp.clip(counts - 1, 0, tokens.shape[1] - 1)
+  x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]  # [batch, embd]
+  x = gpt.final_norm(model.rest, x, config)
+  return gpt.logits_of(model.rest, x, config, forms), KVCache(tuple(ks), tuple(vs))

@@ -6,8 +6,8 @@ r"""Chats with an instruct model in the terminal, its answers streamed as they a
 
 Type a message and press Enter; /reset starts the conversation over (the
 system prompt stays), /quit or Ctrl-D ends it. The conversation is kept in
-the model's KV cache, so each turn feeds only its own tokens, not the whole
-history again. With --prompt it answers once and exits (for scripts). The
+the model's KV cache (one row of `purejax.engine`), so each turn feeds only its
+own tokens, not the whole history again. With --prompt it answers once and exits (for scripts). The
 model is a Hugging Face folder with a chat template, or a purejax run
 fine-tuned from one; an answer ends at the model's end-of-turn token.
 """
@@ -20,8 +20,7 @@ from absl import flags
 import jax
 
 from purejax import checkpoint
-from purejax import decode
-from purejax import kv_cache
+from purejax import engine
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
@@ -29,7 +28,6 @@ from purejax.cli import models
 from purejax.data import chat
 
 COMMANDS = "/reset starts over, /quit or Ctrl-D ends"
-FIRST_CACHE = 512  # positions of a new conversation's cache; it doubles as needed
 
 
 def define_flags(args: flags.FlagValues) -> None:
@@ -60,17 +58,18 @@ def define_flags(args: flags.FlagValues) -> None:
 
 
 class Session:
-  """One conversation with one model: messages, and the cache that holds them."""
+  """One conversation with one model: messages, and an engine row whose cache holds them."""
 
   def __init__(self, args, params, config, tokenizer, fmt: chat.ChatFormat, stops, forms):
     self.args, self.config, self.tokenizer, self.fmt = args, config, tokenizer, fmt
-    self.stops, self.forms = stops, forms
-    self.layers, self.rest = decode.model_part(params, config)
+    self.stops = stops
+    # One row; a turn reuses what the row's cache holds of the conversation so far.
+    self.engine = engine.Engine(params, config, engine.EngineConfig(
+        rows=1, prefill_rows=1, chunk_steps=8, reuse_prefix=True), forms=forms,
+        valid_vocab=tokenizer.vocab_size, decode_text=tokenizer.decode)
     self.system = ([{"role": "system", "content": args.system}]
                    if args.system is not None else [])
     self.messages: List[dict] = list(self.system)
-    self.conversation = decode.Conversation(
-        kv_cache.init_kv_cache(config, 1, min(FIRST_CACHE, config.block_size)))
     self.turns = 0
 
   def reset(self) -> None:
@@ -105,35 +104,35 @@ class Session:
       self.messages.pop()
       raise
     start = time.perf_counter()
-    fed = max(1, len(ids) - decode.common_prefix(self.conversation.ids, ids))  # as extend
-    logits, self.conversation = decode.extend(self.layers, self.rest, self.conversation, ids,
-                                              self.config, forms=self.forms)
     key = jax.random.fold_in(jax.random.PRNGKey(self.args.seed), self.turns)
     self.turns += 1
-    answer, shown = [], ""
-    for step in decode.stream(self.layers, self.rest, self.conversation, logits, key,
-                              self.args.max_new_tokens, self.stops,
-                              self.args.temperature, self.args.top_k or None,
-                              self.args.top_p if self.args.top_p < 1 else None,
-                              self.tokenizer.vocab_size, config=self.config, forms=self.forms):
-      self.conversation = step.conversation
-      if step.token in self.stops:
-        break
-      answer.append(step.token)
-      text_so_far = self.tokenizer.decode(answer)
-      if not text_so_far.endswith("\ufffd"):  # not in the middle of a character's bytes
-        out.write(text_so_far[len(shown):])
+    ended: List[engine.Event] = []
+
+    def shown(event: engine.Event) -> None:
+      if event.text:
+        out.write(event.text)
         out.flush()
-        shown = text_so_far
+      if event.completion is not None:
+        ended.append(event)
+
+    self.engine.submit(engine.Request(
+        ids, min(self.args.max_new_tokens, self.config.block_size - len(ids)), [key],
+        self.args.temperature, self.args.top_k,
+        self.args.top_p if self.args.top_p is not None else 1.0, self.stops), shown)
+    while self.engine.step():
+      pass
+    (last,) = ended
+    answer = [t for t in last.completion.tokens if t not in self.stops]
     reply = self.tokenizer.decode(answer)
-    out.write(reply[len(shown):] + "\n")
+    out.write("\n")
     out.flush()
     self.messages.append({"role": "assistant", "content": reply})
     if self.args.stats:
       seconds = time.perf_counter() - start
-      print(f"[fed {fed} tokens, decoded {len(answer) + 1}, {seconds:.2f} s, "
-            f"{(len(answer) + 1) / seconds:.1f} tokens/s, context "
-            f"{len(self.conversation.ids)}]", file=sys.stderr)
+      decoded = len(last.completion.tokens)
+      print(f"[fed {last.prompt_fed} tokens, decoded {decoded}, {seconds:.2f} s, "
+            f"{decoded / seconds:.1f} tokens/s, context {len(ids) + decoded}]",
+            file=sys.stderr)
     return reply
 
 

@@ -12,10 +12,9 @@ from typing import Sequence
 
 from absl import flags
 import jax
-import jax.numpy as jnp
 
 from purejax import checkpoint
-from purejax import decode
+from purejax import engine
 from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
@@ -80,22 +79,19 @@ def sample(args: flags.FlagValues) -> int:
     params, config = models.adjust(params, config, args.block_size, args.dtype)
     stops = stop_ids_of(wanted, tokenizer)
     forms = forms_flags.forms_from_flags(args)
-    prompt = jnp.asarray(tokenizer.encode(start))
-    if prompt.size == 0:
+    prompt = list(tokenizer.encode(start))
+    if not prompt:
       raise ValueError("--start encodes to no tokens; give a longer prompt.")
   except (ValueError, OSError, checkpoint.CheckpointError) as e:
     errors.fail(e, args)
-  prompts = jnp.tile(prompt[None], (args.num_samples, 1))
-  out = decode.generate(params, prompts, config, jax.random.PRNGKey(args.seed),
-                        max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                        top_k=args.top_k or None, top_p=args.top_p,
-                        valid_vocab=tokenizer.vocab_size, stop_ids=stops or None, forms=forms)
-  tokens, lengths, stopped = (out.tokens, out.lengths, out.stopped) if stops else (
-      out, [args.max_new_tokens] * len(out), [False] * len(out))
-  p = prompt.shape[0]
-  for row, length, ended in zip(tokens, lengths, stopped):
-    new = row[p:p + int(length) - int(bool(ended))]  # the end token itself is not shown
-    print((start if args.show_prompt else "") + tokenizer.decode(new))
+  (samples,) = engine.generate(params, [prompt], config, jax.random.PRNGKey(args.seed),
+                               args.max_new_tokens, temperature=args.temperature,
+                               top_k=args.top_k or None, top_p=args.top_p,
+                               valid_vocab=tokenizer.vocab_size, stop_ids=stops or None,
+                               num_samples=args.num_samples, slide=True, forms=forms)
+  for completion in samples:
+    new = completion.tokens[:len(completion.tokens) - int(completion.stopped)]  # no end token
+    print((start if args.show_prompt else "") + tokenizer.decode(list(new)))
     print("---------------")
   return 0
 

@@ -11,7 +11,7 @@ it may also call `lm_eval.cli_evaluate()` with `--model purejax --model_args
 init_from=...`. Any harness task whose data is on this machine runs: log-likelihood
 requests go through `loglik.score` (many per compiled call), rolling ones
 through the harness's own token windows, and generation through
-`engine.generate_many`, greedy or sampled, cut at the first stop string.
+`engine.generate`, greedy or sampled, cut at the first stop string.
 """
 
 import dataclasses
@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax import decode
 from purejax import engine
 from purejax import weights
 from purejax.data import tokenizers
@@ -107,7 +106,7 @@ class PurejaxLM(LM):
     return [float(t) for t in totals]
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
-    # Requests with the same settings go together through `engine.generate_many`,
+    # Requests with the same settings go together through `engine.generate`,
     # `batch_size` decoded side by side, each row refilled as its completion ends.
     out: List[Optional[str]] = [None] * len(requests)
     groups: Dict[Tuple, List[int]] = {}
@@ -120,16 +119,14 @@ class PurejaxLM(LM):
     for (max_new, temperature, stops), members in groups.items():
       # Rows end at their stop strings inside the decode loop; the text is cut after.
       wanted = [s for s in stops if s]
-      strings = (decode.stop_strings(self._token_texts(), wanted, self.config.vocab_size)
-                 if wanted else None)
       prompts = [self.tok_encode(requests[i].args[0]) for i in members]
       room = max(1, min(max_new, self.max_length // 2))
       prompts = [ids[-(self.max_length - room):] for ids in prompts]
       room = min(max_new, self.max_length - max(len(ids) for ids in prompts))
-      rows = engine.generate_many(self.params, prompts, self.config,
-                                  jax.random.PRNGKey(self.seed), room, rows=self._batch_size,
-                                  temperature=temperature,
-                                  valid_vocab=self.tokenizer.vocab_size, stop_strings=strings)
+      rows = engine.generate(self.params, prompts, self.config, jax.random.PRNGKey(self.seed),
+                             room, rows=self._batch_size, temperature=temperature,
+                             valid_vocab=self.tokenizer.vocab_size, stop_strings=wanted,
+                             token_texts=self._token_texts() if wanted else None)
       for i, (row,) in zip(members, rows):
         out[i] = _cut(self.tokenizer.decode(list(row.tokens)), list(stops))
     return out

@@ -24,7 +24,6 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from purejax import decode
 from purejax import engine
 from purejax.data import chat
 from purejax.data import tokenizers
@@ -83,37 +82,32 @@ def program(problem: Dict[str, Any], completion: str, chat_mode: bool) -> str:
   return f"{code}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
-def stop_strings(tokenizer, config) -> decode.StopStrings:
-  """The base form's stop sequences, for the decode loop to end each completion at."""
-  return decode.stop_strings(tokenizers.token_texts(tokenizer), STOP_SEQUENCES,
-                             config.vocab_size)
-
-
 def complete(params, config, tokenizer, problems: Sequence[Dict[str, Any]], *,
              fmt: Optional[chat.ChatFormat] = None, max_new_tokens: int = 256,
              temperature: float = 0.0, key=None, stop_ids: Sequence[int] = (),
-             samples: int = 1, forms=None, strings: Optional[decode.StopStrings] = None,
+             samples: int = 1, forms=None, token_texts: Optional[Sequence[str]] = None,
              rows: int = 16, progress=None) -> List[List[str]]:
-  """`samples` completions of each problem, `rows` at a time (`engine.generate_many`):
-  cut at the stop sequences (base) or taken from their code block (chat).
+  """`samples` completions of each problem, `rows` at a time (`engine.generate`): cut
+  at the stop sequences (base) or taken from their code block (chat).
 
   A base model's completions end in the decode loop at the stop sequences
-  (`strings`: `stop_strings`, built here when None); the text is cut at the
-  first. `progress(done, problems)` is called as each problem's last sample ends.
+  (matched on `token_texts`, `tokenizers.token_texts`, read here when None);
+  the text is cut at the first. `progress(done, problems)` is called as each
+  problem's last sample ends.
   """
-  if fmt is None and strings is None:
-    strings = stop_strings(tokenizer, config)
+  if fmt is None and token_texts is None:
+    token_texts = tokenizers.token_texts(tokenizer)
   prompts = [prompt_ids(p, tokenizer, fmt) for p in problems]
   room = min(max_new_tokens, config.block_size - max(len(ids) for ids in prompts))
   if room < 1:
     raise ValueError(f"a prompt of {max(len(ids) for ids in prompts)} tokens leaves no room "
                      f"in the model's context of {config.block_size}.")
-  batch = engine.generate_many(params, prompts, config,
-                               jax.random.PRNGKey(0) if key is None else key, room, rows=rows,
-                               temperature=temperature, valid_vocab=tokenizer.vocab_size,
-                               stop_ids=list(stop_ids) or None, num_samples=samples,
-                               forms=forms, stop_strings=strings if fmt is None else None,
-                               progress=progress)
+  batch = engine.generate(params, prompts, config,
+                          jax.random.PRNGKey(0) if key is None else key, room, rows=rows,
+                          temperature=temperature, valid_vocab=tokenizer.vocab_size,
+                          stop_ids=list(stop_ids) or None, num_samples=samples, forms=forms,
+                          stop_strings=STOP_SEQUENCES if fmt is None else (),
+                          token_texts=token_texts if fmt is None else None, progress=progress)
   out = []
   for rows in batch:
     texts = [tokenizer.decode([t for t in row.tokens if t not in stop_ids]) for row in rows]

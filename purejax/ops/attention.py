@@ -1,7 +1,7 @@
 """Causal softmax attention, in the forms `kernels.select` chooses among.
 
     y = causal_attention(q, k, v, form="blocked")          # training, evaluation
-    y = attend_to_cache(q, k_cache, v_cache, query_start)   # decoding
+    y = attend_with_cache(q, k_cache, v_cache, starts)     # decoding, through a KV cache
 
 All forms compute the same function, `softmax(q k^T / sqrt(d) + causal mask) v`
 per head, and take plain arguments: nothing here knows a model config.
@@ -362,172 +362,121 @@ def causal_attention(
   return _bhtd(jnp.concatenate(blocks, axis=2))
 
 
-def attend_to_cache(
-    q: chex.Array, k: chex.Array, v: chex.Array, query_start: chex.Numeric,
-    *, compute_dtype=None, key_start: Optional[chex.Array] = None,
-    key_positions: Optional[chex.Array] = None, window: Optional[int] = None,
-    softcap: Optional[float] = None,
-) -> chex.Array:
-  """Queries at positions `query_start, ...` over a cache of keys and values.
+# Cache slots read per block by `attend_with_cache`.
+CACHE_BLOCK = 128
 
-  A cache of fewer key/value heads than query heads (grouped-query
-  attention) is read as it is: each key/value head's group of query heads
-  becomes more rows of one product, so the cache is never repeated.
+
+def ring_positions(last: chex.Array, size: int) -> chex.Array:
+  """`[..., size]`: the position each slot of a ring of `size` slots holds once positions
+  `0 .. last` are written (slot `s` holds the latest `p <= last` with `p % size == s`;
+  negative: not written yet). `last` is `[...]`, one a row."""
+  last = jnp.asarray(last)[..., None]
+  return last - jnp.mod(last - jnp.arange(size), size)
+
+
+def attend_with_cache(
+    q: chex.Array, k_cache: chex.Array, v_cache: chex.Array, starts: chex.Array, *,
+    rows: Optional[chex.Array] = None, own: Optional[Tuple[chex.Array, chex.Array]] = None,
+    ring_last: Optional[chex.Array] = None, window: Optional[int] = None,
+    softcap: Optional[float] = None, compute_dtype=None,
+) -> chex.Array:
+  """Queries of several rows, each at its own positions, over a KV cache.
+
+  The one attention of decoding: a prompt's chunk, a decoding step and a
+  batch of either all go through it. Row `b`'s queries are at positions
+  `starts[b], starts[b] + 1, ...` and see the keys of its cache row at
+  positions up to their own (and, with `window`, above `position - window`).
+  The cache is read in blocks of `CACHE_BLOCK` slots, only those below the
+  furthest query, with an online softmax: a block none of a row's queries
+  sees adds exactly nothing to it, so a row's output does not depend on
+  which rows run beside it (a request decoded in a full batch gives the bits
+  it gives alone).
+
+  A cache of fewer key/value heads than query heads (grouped-query attention)
+  is read as it is: each key/value head's group of query heads becomes more
+  rows of one product.
 
   Args:
     q: `[batch, heads, time, head_dim]` queries, already scaled.
-    k, v: `[batch, kv_heads, cache_len, head_dim]`, key `s` at position `s`
-      (or `key_positions[s]`); slots past the queries' positions are masked
-      out, whatever they hold.
-    query_start: position of `q[:, :, 0]` (may be traced).
-    compute_dtype: operand dtype of the two products (float32 accumulation,
-      softmax in float32); None multiplies in float32.
-    key_start: optional `[batch]`: each row's first real key slot (a batch of
-      prompts left-padded to one length); slots before it are padding, never
-      attended (a padding query attends only to itself, so nothing turns NaN).
-    key_positions: optional `[cache_len]` position of each slot (a ring
-      buffer's; negative: not written yet); None: slot `s` is position `s`.
+    k_cache, v_cache: `[cache_rows, kv_heads, slots, head_dim]`; slot `s` holds
+      position `s` (or, with `ring_last`, a ring's position).
+    starts: `[batch]` int: the position of each row's first query.
+    rows: optional `[batch]` int: the cache row each query row reads (None: row
+      `b` reads cache row `b`).
+    own: optional `(k, v)` `[batch, kv_heads, time, head_dim]`: the queries' own
+      keys and values, not yet in the cache, which then holds positions before
+      `starts` only (a decoding step reads the cache as it was and its own key
+      apart, so XLA writes the step's slot in place afterwards).
+    ring_last: optional `[batch]` int: the cache is a ring buffer (a sliding
+      window layer's) holding positions up to `ring_last[b]` (`ring_positions`).
     window: None, or the sliding window (`causal_attention`'s).
     softcap: None, or the attention soft-cap (`causal_attention`'s).
+    compute_dtype: operand dtype of the two products (float32 accumulation,
+      softmax in float32); None multiplies in float32.
 
   Returns:
     `[batch, heads, time, head_dim]` float32.
   """
   b, h, t, d = q.shape
-  kv = k.shape[1]
-  positions = query_start + jnp.arange(t)
-  if kv != h:  # query heads i*g .. i*g+g-1 read key/value head i
-    q = q.reshape(b, kv, (h // kv) * t, d)
-    positions = jnp.tile(positions, h // kv)
-  masks = dict(window=window, key_positions=key_positions)
-  if key_start is not None:
-    slots = jnp.arange(k.shape[2]) if key_positions is None else key_positions
-    real = slots[None, None, :] >= key_start[:, None, None]  # [b, 1, s]
-    mask = _visible(slots, positions, window)[None] & (  # [b, rows, s]
-        real | (slots[None, :] == positions[:, None])[None])
-    dtype = compute_dtype if compute_dtype is not None else jnp.float32
-    scores = _capped(jnp.einsum("bgrd,bgsd->bgrs", q.astype(dtype), k.astype(dtype),
-                                preferred_element_type=jnp.float32), softcap)
-    weights = jax.nn.softmax(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1)
-    y = jnp.einsum("bgrs,bgsd->bgrd", weights.astype(dtype), v.astype(dtype),
-                   preferred_element_type=jnp.float32)
-  elif compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32:
-    matmul = functools.partial(batched_matmul, compute_dtype=compute_dtype,
-                               forms=kernels.Forms())
-    scores = _capped(matmul(q, jnp.swapaxes(k, -1, -2)), softcap)  # [b, kv, rows, s]
-    slots = jnp.arange(k.shape[2]) if key_positions is None else key_positions
-    causal = _visible(slots, positions, window)
-    y = matmul(jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1), v)
-  elif t == 1:
-    # One query (a decoding step): here the plain softmax compiles to the
-    # faster program (sampling ran ~8% slower with the finite-mask form).
-    y = _masked_softmax_attention(q, k, v, positions, key=None, dropout=0.0,
-                                  deterministic=True, softcap=softcap, **masks)
-  else:
-    y = _finite_mask_attention(q, k, v, positions, key=None, dropout=0.0,
-                               deterministic=True, products=_HEAD_EINSUMS, softcap=softcap,
-                               **masks)
-  return y.reshape(b, h, t, d)
-
-
-def attend_to_cache_and_own(
-    q: chex.Array, k: chex.Array, v: chex.Array, k_own: chex.Array, v_own: chex.Array,
-    query_start: chex.Numeric, *, compute_dtype=None, key_start: Optional[chex.Array] = None,
-    key_positions: Optional[chex.Array] = None, window: Optional[int] = None,
-    softcap: Optional[float] = None,
-) -> chex.Array:
-  """One query a row (a decoding step) over the cache as it was before it, and its own key.
-
-  The same function as writing the query's key and value into the cache
-  and `attend_to_cache`, but nothing reads the updated cache: a compiled
-  decoding loop then writes each layer's new slot in place. Reading the
-  updated cache, XLA's CPU backend wrote each layer's whole cache anew every
-  step (a 16-row step of SmolLM2-135M's shape grew 0.36 ms a cache slot).
-
-  Args:
-    q: `[batch, heads, 1, head_dim]` queries at position `query_start`, scaled.
-    k, v: `[batch, kv_heads, cache_len, head_dim]`, the cache before this step:
-      keys at positions `< query_start` are seen (`attend_to_cache`'s slots,
-      `key_start` and `key_positions`).
-    k_own, v_own: `[batch, kv_heads, head_dim]`, the query's own key and value.
-    query_start: the queries' position, or `[batch]`: each row's own (rows
-      decoded side by side at different lengths, `purejax.engine`); then
-      `key_positions` may be `[batch, cache_len]`, each row's ring.
-    compute_dtype, key_start, key_positions, window, softcap: as
-      `attend_to_cache`'s.
-
-  Returns:
-    `[batch, heads, 1, head_dim]` float32.
-  """
-  b, h, t, d = q.shape
-  chex.assert_equal(t, 1)
-  kv = k.shape[1]
-  q = q.reshape(b, kv, h // kv, d)  # a key/value head's query heads are its rows
+  kv, size = k_cache.shape[1], k_cache.shape[2]
+  g = h // kv
   dtype = jnp.float32 if compute_dtype is None else compute_dtype
-  if (jnp.ndim(query_start) == 1 and key_positions is None and window is None
-      and key_start is None and k.shape[2] > ROWS_BLOCK):
-    y = _own_and_cache_in_blocks(q.astype(dtype), k, v, k_own, v_own, query_start,
-                                 dtype=dtype, softcap=softcap)
-    return y.reshape(b, h, 1, d)
-  slots = jnp.arange(k.shape[2]) if key_positions is None else key_positions
-  if jnp.ndim(query_start) == 1:  # each row at its own position: [batch, 1] against [.., s]
-    query_start = query_start[:, None]
-  before = slots < query_start
-  if window is not None:
-    before &= (slots > query_start - window) & (slots >= 0)
-  before = before if before.ndim == 2 else before[None]  # [batch or 1, s]
-  seen = before if key_start is None else before & (slots >= key_start[:, None])
   product = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-  q = q.astype(dtype)
-  scores = jnp.concatenate([product("bgrd,bgsd->bgrs", q, k.astype(dtype)),
-                            product("bgrd,bgd->bgr", q, k_own.astype(dtype))[..., None]],
-                           axis=-1)  # [b, kv, rows, cache_len + 1]
-  seen = jnp.concatenate([seen, jnp.ones((seen.shape[0], 1), bool)], axis=-1)[:, None, None]
-  weights = jax.nn.softmax(jnp.where(seen, _capped(scores, softcap), -jnp.inf), axis=-1)
-  y = product("bgrs,bgsd->bgrd", weights[..., :-1].astype(dtype), v.astype(dtype)) + (
-      weights[..., -1:] * v_own[:, :, None].astype(jnp.float32))
-  return y.reshape(b, h, 1, d)
+  q = q.reshape(b, kv, g * t, d).astype(dtype)  # a key/value head's query heads are its rows
+  positions = jnp.tile(starts[:, None] + jnp.arange(t), (1, g))  # [b, g * t]
+  limit = starts if own is not None else starts + t - 1  # the furthest key a row may read
 
+  def seen(key_positions):  # [b, s] -> [b, 1, g * t, s]
+    ok = (key_positions[:, None, :] <= positions[:, :, None]) & (key_positions >= 0)[:, None]
+    if own is not None:
+      ok &= (key_positions < starts[:, None])[:, None]
+    if window is not None:
+      ok &= key_positions[:, None, :] > positions[:, :, None] - window
+    return ok[:, None]
 
-# Cache slots per block when rows at their own positions read a long cache.
-ROWS_BLOCK = 128
-
-
-def _own_and_cache_in_blocks(q: chex.Array, k: chex.Array, v: chex.Array, k_own: chex.Array,
-                             v_own: chex.Array, query_start: chex.Array, *, dtype,
-                             softcap: Optional[float]) -> chex.Array:
-  """`attend_to_cache_and_own` for rows at their own positions `query_start` `[batch]`,
-  reading only the cache blocks below the furthest row (an online softmax over blocks).
-
-  Rows decoded side by side (`purejax.engine`) share a cache sized for the longest
-  prompt and completion, while most rows are far shorter; reading every slot each
-  step was about half of a SmolLM2-135M step at 672 slots. `q` is `[batch, kv_heads,
-  rows, head_dim]`, already in `dtype`; returns `[batch, kv_heads, rows, head_dim]`.
-  """
-  b, kv, r, d = q.shape
-  size = k.shape[2]
-  product = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-  own = _capped(product("bgrd,bgd->bgr", q, k_own.astype(dtype)), softcap)  # [b, kv, r]
-
-  def block(i, carry):
+  def absorb(carry, scores, values):
+    """The online softmax's state after `scores` `[b, kv, rows, s]` (-inf: unseen)."""
     high, total, out = carry  # running max, sum of weights, weighted values
-    start = jnp.minimum(i * ROWS_BLOCK, size - ROWS_BLOCK)  # the last ends at the cache's end
-    slots = start + jnp.arange(ROWS_BLOCK)
-    seen = (slots >= i * ROWS_BLOCK)[None] & (slots[None] < query_start[:, None])  # [b, block]
-    keys, values = (jax.lax.dynamic_slice_in_dim(a, start, ROWS_BLOCK, axis=2) for a in (k, v))
-    scores = jnp.where(seen[:, None, None],
-                       _capped(product("bgrd,bgsd->bgrs", q, keys.astype(dtype)), softcap),
-                       -jnp.inf)
     new_high = jnp.maximum(high, scores.max(-1))
-    weights = jnp.exp(scores - new_high[..., None])
-    kept = jnp.exp(high - new_high)
+    base = jnp.where(new_high == -jnp.inf, 0.0, new_high)  # no key seen yet: weights 0
+    weights = jnp.exp(scores - base[..., None])
+    kept = jnp.exp(high - base)
     return (new_high, total * kept + weights.sum(-1),
             out * kept[..., None] + product("bgrs,bgsd->bgrd", weights.astype(dtype),
                                             values.astype(dtype)))
 
-  # The own key is always seen: it starts the running max, so no row is ever all -inf.
-  start = (own, jnp.ones_like(own),
-           jnp.broadcast_to(v_own[:, :, None].astype(jnp.float32), (b, kv, r, d)))
-  blocks = (jnp.max(query_start) + ROWS_BLOCK - 1) // ROWS_BLOCK
-  _, total, out = jax.lax.fori_loop(0, blocks, block, start)
-  return out / total[..., None]
+  carry = (jnp.full((b, kv, g * t), -jnp.inf), jnp.zeros((b, kv, g * t)),
+           jnp.zeros((b, kv, g * t, d)))
+  if own is not None:
+    k_own, v_own = own
+    own_positions = starts[:, None] + jnp.arange(t)
+    mask = (own_positions[:, None, :] <= positions[:, :, None])  # [b, g * t, t]
+    if window is not None:
+      mask &= own_positions[:, None, :] > positions[:, :, None] - window
+    scores = _capped(product("bgrd,bgsd->bgrs", q, k_own.astype(dtype)), softcap)
+    carry = absorb(carry, jnp.where(mask[:, None], scores, -jnp.inf), v_own)
+
+  block = min(CACHE_BLOCK, size)
+  cache_rows = k_cache.shape[0]
+
+  def read(cache, lo):  # [b, kv, block, d]: each row's slots lo .. lo + block
+    if rows is None and cache_rows == b:
+      return jax.lax.dynamic_slice_in_dim(cache, lo, block, axis=2)
+    index = jnp.arange(b) if rows is None else jnp.clip(rows, 0, cache_rows - 1)
+    return jax.vmap(lambda r: jax.lax.dynamic_slice(cache, (r, 0, lo, 0),
+                                                    (1, kv, block, d))[0])(index)
+
+  def one_block(i, carry):
+    lo = jnp.minimum(i * block, size - block)  # the last block ends at the cache's end
+    slots = lo + jnp.arange(block)
+    if ring_last is None:
+      key_positions = jnp.broadcast_to(slots, (b, block))
+    else:
+      key_positions = jnp.take(ring_positions(ring_last, size), slots, axis=1)
+    mask = seen(key_positions) & (slots >= i * block)[None, None, None]  # each slot once
+    scores = _capped(product("bgrd,bgsd->bgrs", q, read(k_cache, lo).astype(dtype)), softcap)
+    return absorb(carry, jnp.where(mask, scores, -jnp.inf), read(v_cache, lo))
+
+  furthest = jnp.minimum(jnp.max(limit) + 1, size)  # slots that may hold a seen key
+  _, total, out = jax.lax.fori_loop(0, (furthest + block - 1) // block, one_block, carry)
+  return (out / total[..., None]).reshape(b, h, t, d)

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import jax
 import numpy as np
 
-from purejax import decode
+from purejax import engine
 from purejax import gpt
 from purejax import lora
 from purejax.data import corpus as corpus_lib
@@ -211,10 +211,10 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
 
 def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,
                 prompt="\n", *, stop_ids=None, forms: Optional[kernels.Forms] = None) -> str:
-  """`decode.sample_text` of a run's (possibly sharded) params, on process 0; '' elsewhere."""
+  """`engine.sample_text` of a run's (possibly sharded) params, on process 0; '' elsewhere."""
   # Whole params on one local device: sampling is one sequence, not worth a mesh.
   params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
   if not parallel.is_main_process():
     return ""
-  return decode.sample_text(params, tokenizer, config, key, num_tokens, prompt,
+  return engine.sample_text(params, tokenizer, config, key, num_tokens, prompt,
                             stop_ids=stop_ids, forms=forms)
