@@ -238,16 +238,6 @@ class AttentionTest(parameterized.TestCase):
     with pytest.raises(ValueError, match="not one of"):
       attention.causal_attention(*qkv(0), form="flash")
 
-  @parameterized.parameters((0, 1), (3, 1), (0, 4), (2, 5))
-  def test_attend_to_cache_equals_plain_attention(self, start, length):
-    q, k, v = qkv(5, (2, 8, 3, 4))  # [b, t, h, d]
-    full = attention.causal_attention(q, k, v)
-    # The cache holds positions 0..7; slots after the queries must be ignored.
-    to_bhtd = lambda x: x.transpose(0, 2, 1, 3)
-    cached = attention.attend_to_cache(to_bhtd(q[:, start:start + length]) / 2.0,
-                                       to_bhtd(k), to_bhtd(v), start)
-    chex.assert_trees_all_close(to_bhtd(cached), full[:, start:start + length], atol=1e-5)
-
 
 class MatmulTest(parameterized.TestCase):
 
@@ -572,49 +562,107 @@ def test_block_inputs_saved_in_bf16_take_a_traced_dropout_rate():
   chex.assert_trees_all_close(grads["full_compute_dtype"], grads["full"], rtol=5e-2, atol=2e-3)
 
 
-@pytest.mark.parametrize("case", ["plain", "padded_rows", "ring_window_softcap", "bfloat16"])
-def test_a_step_over_the_old_cache_and_its_own_key_equals_attending_to_the_written_cache(case):
-  # A decoding step reads the cache as it was and its own key apart
-  # (`attend_to_cache_and_own`), so XLA can write its slot in place; the
-  # function is that of writing the slot first and attending to the cache.
-  b, kv, h, s, d, pos = 3, 2, 4, 10, 8, 6
-  keys = jax.random.split(jax.random.PRNGKey(5), 5)
-  q = jax.random.normal(keys[0], (b, h, 1, d))
-  k, v = (jax.random.normal(key, (b, kv, s, d)) for key in keys[1:3])
-  k_own, v_own = (jax.random.normal(key, (b, kv, d)) for key in keys[3:5])
-  options, slot = {}, pos
-  if case == "padded_rows":
-    options = dict(key_start=jnp.array([0, 2, 5]))
-  if case == "ring_window_softcap":  # a ring of 4 slots after positions 0..6: slot p % 4
-    k, v, slot = k[:, :, :4], v[:, :, :4], pos % 4
-    options = dict(key_positions=jnp.array([4, 5, 2, 3]), window=3, softcap=2.0)
-  if case == "bfloat16":
-    options = dict(compute_dtype=jnp.bfloat16)
-  got = attention.attend_to_cache_and_own(q, k, v, k_own, v_own, pos, **options)
-  written = [a.at[:, :, slot].set(own) for a, own in ((k, k_own), (v, v_own))]
-  if case == "ring_window_softcap":
-    options = dict(options, key_positions=options["key_positions"].at[slot].set(pos))
-  want = attention.attend_to_cache(q, *written, pos, **options)
-  tolerance = 2e-2 if case == "bfloat16" else 1e-5
-  chex.assert_trees_all_close(got, want, rtol=tolerance, atol=tolerance)
+# ----------------------------------------------------------------------------
+# Attention through a KV cache (`attention.attend_with_cache`): rows at their own
+# positions, checked against plain causal attention over each row's whole sequence.
 
 
-@pytest.mark.parametrize("slots,softcap", [(10, None), (300, None), (300, 2.0)],
-                         ids=["one_pass", "blocks", "blocks_softcap"])
-def test_rows_at_their_own_positions_each_attend_as_alone(slots, softcap):
-  # Rows decoded side by side (`purejax.engine`) each attend to their own first
-  # `position` slots and their own key. Past `attention.ROWS_BLOCK` slots only the
-  # blocks below the furthest row are read (an online softmax): the same function.
-  b, kv, h, d = 3, 2, 4, 8
-  positions = jnp.array([4, 0, 7]) if slots == 10 else jnp.array([130, 3, 257])
-  keys = jax.random.split(jax.random.PRNGKey(6), 5)
-  q = jax.random.normal(keys[0], (b, h, 1, d))
-  k, v = (jax.random.normal(key, (b, kv, slots, d)) for key in keys[1:3])
-  k_own, v_own = (jax.random.normal(key, (b, kv, d)) for key in keys[3:5])
-  got = jax.jit(attention.attend_to_cache_and_own, static_argnames="softcap")(
-      q, k, v, k_own, v_own, positions, softcap=softcap)
-  for row, pos in enumerate(positions.tolist()):
-    one = lambda a, row=row: a[row:row + 1]
-    written = [one(a).at[:, :, pos].set(one(own)) for a, own in ((k, k_own), (v, v_own))]
-    want = attention.attend_to_cache(one(q), *written, pos, softcap=softcap)
-    chex.assert_trees_all_close(got[row:row + 1], want, rtol=1e-5, atol=1e-5)
+def cache_inputs(seed, starts, t, slots, *, heads=4, kv_heads=2, d=8, own=False, rows=None,
+                 ring=False, window=None, softcap=None):
+  """`attend_with_cache`'s arguments for query rows at `starts` (`t` queries each), and
+  what plain causal attention over each row's sequence gives at those positions.
+
+  Query row `b` reads cache row `rows[b]` (None: `b`). A cache slot holds its position's
+  key and value where the row has written it (with `own`, positions before the row's
+  queries; else through them), and random values elsewhere (stale slots, never to be
+  read). With `ring`, slot `s` holds the latest position `p % slots == s`.
+  """
+  starts = np.asarray(starts)
+  reads = np.arange(len(starts)) if rows is None else np.asarray(rows)
+  cache_rows, length = int(reads.max()) + 1, int(starts.max()) + t
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q_seq = jax.random.normal(keys[0], (cache_rows, length, heads, d))
+  k_seq, v_seq = (jax.random.normal(k, (cache_rows, length, kv_heads, d)) for k in keys[1:3])
+  full = np.asarray(attention.causal_attention(q_seq, k_seq, v_seq, window=window,
+                                               softcap=softcap))
+  ends = starts if own else starts + t  # positions before these are in the cache
+  written = np.zeros(cache_rows, int)
+  np.maximum.at(written, reads, ends)
+  ring_last = None
+  if ring:
+    ring_last = jnp.asarray(ends - 1)
+    slot_positions = np.asarray(attention.ring_positions(ring_last, slots))
+  else:
+    slot_positions = np.broadcast_to(np.arange(slots), (cache_rows, slots))
+  stale = np.asarray(jax.random.normal(keys[3], (2, cache_rows, kv_heads, slots, d)))
+  k_cache, v_cache = stale.copy()
+  for c in range(cache_rows):
+    for s, p in enumerate(slot_positions[c]):
+      if 0 <= p < written[c]:
+        k_cache[c, :, s], v_cache[c, :, s] = k_seq[c, p], v_seq[c, p]
+  at = lambda x: jnp.stack([x[c, a:a + t] for c, a in zip(reads, starts)])  # [b, t, ...]
+  heads_first = lambda x: x.transpose(0, 2, 1, 3)
+  q = heads_first(at(q_seq)) / np.sqrt(d)
+  own_kv = (heads_first(at(k_seq)), heads_first(at(v_seq))) if own else None
+  args = (q, jnp.asarray(k_cache), jnp.asarray(v_cache), jnp.asarray(starts))
+  options = dict(rows=None if rows is None else jnp.asarray(rows), own=own_kv,
+                 ring_last=ring_last, window=window, softcap=softcap)
+  return args, options, heads_first(np.stack([full[c, a:a + t] for c, a in zip(reads, starts)]))
+
+
+def attend(args, options, compute_dtype=None):
+  static = {k: options[k] for k in ("window", "softcap")}
+  traced = {k: v for k, v in options.items() if k not in static}
+  run = jax.jit(lambda *a, **kw: attention.attend_with_cache(
+      *a, **kw, **static, compute_dtype=compute_dtype))
+  return np.asarray(run(*args, **traced))
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["written_first", "own"])
+@pytest.mark.parametrize("case", ["grouped", "every_head", "shared_rows", "ring_window",
+                                  "softcap", "bfloat16"])
+def test_attending_through_the_cache_equals_plain_causal_attention(case, own):
+  # Three rows at positions 0, 4 and 9, three queries each (a prompt's chunks; a
+  # decoding step is one). `own`: the cache holds the positions before the queries
+  # and their keys come apart (a decoding step, so XLA writes its slot in place
+  # afterwards); else the queries' keys are written first and read back with the rest.
+  t, starts, options = 3, [0, 4, 9], dict(own=own)
+  if case == "every_head":
+    options.update(kv_heads=4)
+  if case == "shared_rows":  # two chunks of cache row 1's prompt, and cache row 0's
+    starts, options = [0, 3, 5], dict(options, rows=[1, 1, 0])
+  if case == "ring_window":  # a sliding layer's ring: room for the window and a chunk
+    options.update(ring=True, window=4)
+  if case == "softcap":
+    options.update(softcap=2.0)
+  slots = 6 if case == "ring_window" else 16
+  args, attend_options, want = cache_inputs(0, starts, t, slots, **options)
+  compute_dtype = jnp.bfloat16 if case == "bfloat16" else None
+  got = attend(args, attend_options, compute_dtype)
+  assert got.dtype == np.float32 and got.shape == want.shape
+  tolerance = 3e-2 if case == "bfloat16" else 1e-5
+  np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["step", "chunk"])
+def test_a_rows_attention_is_the_same_bits_whatever_the_other_rows_hold(own):
+  # Rows decoded side by side (`purejax.engine`) at positions 130, 3 and 257 of a
+  # cache of 300 slots: the loop reads blocks of CACHE_BLOCK slots up to the furthest
+  # row, past the first block, and a block none of a row's queries sees adds
+  # exactly nothing to it. So a row's output is the same bits whatever the others
+  # hold and wherever they are (here row 1's loop runs three blocks, then one).
+  slots, starts = 300, np.array([130, 3, 257])
+  assert slots > 2 * attention.CACHE_BLOCK
+  t = 1 if own else 2
+  args, options, want = cache_inputs(1, starts, t, slots, own=own)
+  got = attend(args, options)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  for row in range(3):
+    others = np.arange(3) != row
+    moved = np.where(others, [0, 1, 2], starts)  # the other rows near the start
+    new_args, new_options, _ = cache_inputs(2, moved, t, slots, own=own)
+    mix = lambda new, old: jnp.where(others.reshape(-1, *[1] * (old.ndim - 1)), new, old)
+    mixed_args = (*jax.tree.map(mix, new_args[:3], args[:3]), jnp.asarray(moved))
+    mixed_options = dict(options, own=None if not own else jax.tree.map(
+        mix, new_options["own"], options["own"]))
+    np.testing.assert_array_equal(attend(mixed_args, mixed_options)[row], got[row])
