@@ -21,8 +21,8 @@ from safetensors.numpy import load_file, save_file
 
 from helpers.cli import refusal, run_module
 from helpers.data import SHAKESPEARE, need
+from helpers.models import greedy_continuations
 from purejax import checkpoint
-from purejax import decode
 from purejax import gpt
 from purejax import weights
 from purejax.cli import convert as cli_convert
@@ -132,8 +132,7 @@ def test_greedy_generate_matches_transformers(hf_model):
   params, config, spec = huggingface.from_huggingface(str(folder))
   assert config.vocab_size == 128 and spec.vocab_size == 101
   prompt = np.array([[5, 17, 3, 99, 42]])
-  ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
-                         max_new_tokens=11, temperature=0.0, valid_vocab=spec.vocab_size)
+  ours = greedy_continuations(params, prompt, config, 11, valid_vocab=spec.vocab_size)
   with torch.no_grad():
     theirs = model.generate(torch.from_numpy(prompt), do_sample=False, max_new_tokens=11,
                             min_new_tokens=11, pad_token_id=0)

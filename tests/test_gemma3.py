@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from helpers.data import need
+from helpers.models import greedy_continuations
 from purejax import decode
 from purejax import gpt
 from purejax import kv_cache
@@ -111,8 +112,7 @@ def test_greedy_kv_cache_tokens_equal_generate(hf_model):
   import torch  # pylint: disable=g-import-not-at-top
   model, _, params, config = hf_model
   prompt = ids(batch=2, length=7, seed=3)  # longer than the window, and 12 tokens more
-  ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
-                         max_new_tokens=12, temperature=0.0)
+  ours = greedy_continuations(params, prompt, config, 12)
   with torch.no_grad():
     theirs = model.generate(torch.from_numpy(prompt), do_sample=False, max_new_tokens=12,
                             min_new_tokens=12, pad_token_id=0)

@@ -22,6 +22,7 @@ import pytest
 
 from helpers.data import need
 from helpers.gpu import CUDNN_BACKWARD, CUDNN_FORWARD, custom_calls, square_faces, train_step_hlo
+from helpers.models import greedy_continuations
 from purejax import decode
 from purejax import gpt
 from purejax.weights import huggingface
@@ -109,8 +110,7 @@ def test_greedy_kv_cache_tokens_equal_generate(hf_model):
   _, model, folder = hf_model
   params, config, _ = huggingface.from_huggingface(str(folder))
   prompt = ids(batch=2, length=5, seed=3)
-  ours = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0),
-                         max_new_tokens=10, temperature=0.0)
+  ours = greedy_continuations(params, prompt, config, 10)
   with torch.no_grad():
     theirs = model.generate(torch.from_numpy(prompt), do_sample=False, max_new_tokens=10,
                             min_new_tokens=10, pad_token_id=0)
@@ -326,7 +326,8 @@ def test_a_grouped_cache_reads_as_the_repeated_one(compute_dtype, time):
   rng = np.random.default_rng(1)
   q = jnp.asarray(rng.normal(size=(2, 6, time, 8)), jnp.float32)  # 6 heads
   k, v = (jnp.asarray(rng.normal(size=(2, 2, 10, 8)), jnp.float32) for _ in range(2))
-  attend = jax.jit(functools.partial(attention.attend_to_cache, compute_dtype=compute_dtype))
-  got = attend(q, k, v, 4)
-  want = attend(q, jnp.repeat(k, 3, axis=1), jnp.repeat(v, 3, axis=1), 4)
+  attend = jax.jit(functools.partial(attention.attend_with_cache, compute_dtype=compute_dtype))
+  starts = jnp.asarray([4, 2])  # each row at its own position
+  got = attend(q, k, v, starts)
+  want = attend(q, jnp.repeat(k, 3, axis=1), jnp.repeat(v, 3, axis=1), starts)
   chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)

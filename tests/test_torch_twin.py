@@ -13,11 +13,12 @@ import optax
 import pytest
 
 from helpers.data import need
+from helpers.models import greedy_continuations
 
 torch = need("torch")
 
 from bench import torch_gpt, torch_mlp  # pylint: disable=g-import-not-at-top
-from purejax import decode, gpt, mlp  # pylint: disable=g-import-not-at-top
+from purejax import gpt, mlp  # pylint: disable=g-import-not-at-top
 from purejax.data import batches  # pylint: disable=g-import-not-at-top
 from purejax.optimizers import optim  # pylint: disable=g-import-not-at-top
 
@@ -130,8 +131,7 @@ def test_twin_kv_cache_logits_equal_forward():
 def test_twin_kv_generate_greedy_equals_purejax(prompt_len, new_tokens):
   params = sharpened(CONFIG)
   prompt = jax.random.randint(jax.random.PRNGKey(3), (2, prompt_len), 0, 65)
-  ours = decode.generate(params, prompt, CONFIG, jax.random.PRNGKey(0),
-                         max_new_tokens=new_tokens, temperature=0.0)
+  ours = greedy_continuations(params, prompt, CONFIG, new_tokens)
   twin = torch_gpt.load_purejax_params(torch_gpt.TorchGPT(CONFIG), params).eval()
   theirs = twin.generate_kv(torch.from_numpy(np.asarray(prompt)).long(), new_tokens,
                             temperature=0.0)

@@ -3,7 +3,9 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from purejax import engine
 from purejax import gpt
 from purejax.ops import kernels
 from purejax.training.pure.state import TrainState
@@ -28,6 +30,16 @@ def sharpened_params(config, seed=0):
   keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
   return jax.tree.unflatten(
       tree, [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+
+
+def greedy_continuations(params, prompts, config, max_new_tokens, **options) -> np.ndarray:
+  """`[batch, prompt + max_new_tokens]`: each prompt row followed by its greedy tokens
+  (`engine.generate`, every prompt in one batch), as a peer's `generate` returns them."""
+  prompts = np.asarray(prompts)
+  rows = engine.generate(params, prompts, config, jax.random.PRNGKey(0), max_new_tokens,
+                         **options)
+  assert all(len(c.tokens) == max_new_tokens for (c,) in rows), "ended early"
+  return np.concatenate([prompts, np.asarray([c.tokens for (c,) in rows])], axis=1)
 
 
 RTOL = 1e-5
