@@ -1,4 +1,5 @@
-"""decode: KV-cache sampling equals full recomputation; sampling filters and checks."""
+"""Decoding (`engine.generate`, `decode`): KV-cache sampling equals full recomputation, past
+the context too; sampling filters and checks; the model run through its cache."""
 
 import dataclasses
 
@@ -10,6 +11,7 @@ import pytest
 from absl.testing import parameterized
 
 from purejax import decode
+from purejax import engine
 from purejax import gpt
 from purejax import kv_cache
 from purejax.ops import kernels
@@ -17,10 +19,10 @@ from helpers.models import TINY, random_tokens, sharpened_params
 
 
 def greedy_recompute(params, prompt, config, max_new_tokens):
-  """Greedy decoding by full recomputation, with `generate`'s context windows.
+  """Greedy decoding by full recomputation, with `generate(slide=True)`'s context windows.
 
   The context of each prediction is the last `cache_len` tokens, where
-  `cache_len` follows generate's rule: it starts at min(prompt, block_size),
+  `cache_len` follows the sliding rule: it starts at min(prompt, block_size),
   grows by one per token, and drops to block_size // 2 when it would
   exceed block_size.
   """
@@ -31,7 +33,14 @@ def greedy_recompute(params, prompt, config, max_new_tokens):
       cache_len = config.block_size // 2 if cache_len == config.block_size else cache_len + 1
     context = jnp.asarray(tokens[len(tokens) - cache_len:])[None]
     tokens.append(int(jnp.argmax(gpt.forward(params, context, config)[0, -1])))
-  return np.array(tokens)
+  return np.array(tokens[len(prompt):])
+
+
+def new_tokens(params, prompts, config, key, max_new_tokens, **options):
+  """`engine.generate`'s tokens: `[prompts, max_new_tokens]` (one sample each, run to the end)."""
+  rows = engine.generate(params, prompts, config, key, max_new_tokens, **options)
+  assert all(len(c.tokens) == max_new_tokens and not c.stopped for (c,) in rows)
+  return np.asarray([c.tokens for (c,) in rows])
 
 
 class GenerateTest(parameterized.TestCase):
@@ -42,21 +51,21 @@ class GenerateTest(parameterized.TestCase):
       ("prompt_longer_than_block", 12, 6),
   )
   @pytest.mark.slow
-  def test_kv_cache_greedy_equals_full_recompute(self, prompt_len, new_tokens):
+  def test_kv_cache_greedy_equals_full_recompute(self, prompt_len, max_new_tokens):
     params = sharpened_params(TINY)
     prompt = random_tokens(jax.random.PRNGKey(2), (prompt_len,))
-    cached = decode.generate(params, prompt, TINY, jax.random.PRNGKey(0),
-                          max_new_tokens=new_tokens, temperature=0.0)
-    np.testing.assert_array_equal(np.asarray(cached),
-                                  greedy_recompute(params, prompt, TINY, new_tokens))
+    cached = new_tokens(params, [prompt], TINY, jax.random.PRNGKey(0), max_new_tokens,
+                        slide=True, rows=1, prefill_rows=1)
+    np.testing.assert_array_equal(cached[0], greedy_recompute(params, prompt, TINY,
+                                                              max_new_tokens))
 
   @pytest.mark.slow
   def test_within_block_equals_nanogpt_crop_semantics(self):
     # Inside block_size, the context is simply every token so far.
     params = sharpened_params(TINY)
     prompt = random_tokens(jax.random.PRNGKey(3), (2,))
-    out = np.asarray(decode.generate(params, prompt, TINY, jax.random.PRNGKey(0),
-                                  max_new_tokens=6, temperature=0.0))
+    out = np.concatenate([prompt, new_tokens(params, [prompt], TINY, jax.random.PRNGKey(0),
+                                             6)[0]])
     for n in range(2, 8):
       logits = gpt.forward(params, jnp.asarray(out[:n])[None], TINY)
       assert out[n] == int(jnp.argmax(logits[0, -1]))
@@ -65,22 +74,22 @@ class GenerateTest(parameterized.TestCase):
   def test_batched_sampling_shapes_and_determinism(self):
     params = sharpened_params(TINY)
     prompts = random_tokens(jax.random.PRNGKey(3), (4, 3))
-    a = decode.generate(params, prompts, TINY, jax.random.PRNGKey(7), max_new_tokens=10)
-    b = decode.generate(params, prompts, TINY, jax.random.PRNGKey(7), max_new_tokens=10)
-    c = decode.generate(params, prompts, TINY, jax.random.PRNGKey(8), max_new_tokens=10)
-    chex.assert_shape(a, (4, 13))
+    sample = lambda key: new_tokens(params, prompts, TINY, key, 10, temperature=1.0,
+                                    slide=True)
+    a, b, c = sample(jax.random.PRNGKey(7)), sample(jax.random.PRNGKey(7)), sample(
+        jax.random.PRNGKey(8))
+    chex.assert_shape(a, (4, 10))
     chex.assert_trees_all_equal(a, b)
-    chex.assert_trees_all_equal(a[:, :3], prompts)
     assert not np.array_equal(a, c)
     assert int(a.max()) < TINY.vocab_size and int(a.min()) >= 0
 
   @pytest.mark.slow
   def test_top_k_one_is_greedy(self):
     params = sharpened_params(TINY)
-    prompt = random_tokens(jax.random.PRNGKey(4), (3,))
-    greedy = decode.generate(params, prompt, TINY, jax.random.PRNGKey(0), 8, temperature=0.0)
-    top1 = decode.generate(params, prompt, TINY, jax.random.PRNGKey(9), 8, temperature=1.0,
-                        top_k=1)
+    prompt = random_tokens(jax.random.PRNGKey(4), (1, 3))
+    greedy = new_tokens(params, prompt, TINY, jax.random.PRNGKey(0), 8, slide=True)
+    top1 = new_tokens(params, prompt, TINY, jax.random.PRNGKey(9), 8, temperature=1.0,
+                      top_k=1, slide=True)
     chex.assert_trees_all_equal(greedy, top1)
 
   def test_sample_logits_filters(self):
@@ -97,11 +106,13 @@ class GenerateTest(parameterized.TestCase):
   def test_generate_rejects_bad_top_k_and_mismatched_params(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
     prompt = jnp.zeros((1, 2), jnp.int32)
-    with pytest.raises(ValueError, match="top_k=0"):
-      decode.generate(params, prompt, TINY, jax.random.PRNGKey(0), 3, top_k=0)
+    with pytest.raises(ValueError, match="top_k >= 0"):
+      engine.generate(params, prompt, TINY, jax.random.PRNGKey(0), 3, top_k=-1)
+    with pytest.raises(ValueError, match="top_k=-1"):
+      decode.sample_logits(jax.random.PRNGKey(0), jnp.zeros((1, 4)), 1.0, top_k=-1)
     with pytest.raises(ValueError, match="n_layer=1"):
-      decode.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
-                   jax.random.PRNGKey(0), 3)
+      engine.generate(params, prompt, dataclasses.replace(TINY, n_layer=1),
+                      jax.random.PRNGKey(0), 3)
 
   def test_forward_with_cache_token_by_token_equals_forward(self):
     params = sharpened_params(TINY)
@@ -147,9 +158,12 @@ class GenerateTest(parameterized.TestCase):
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(float32_layers))
     tokens = random_tokens(jax.random.PRNGKey(5), (2, 6))
     forms = kernels.select("gpu", attention="xla")
-    feed = lambda layers: kv_cache.forward(layers, params, tokens, kv_cache.init_kv_cache(config, 2),
-                                           0, config, forms)
+    rest = kv_cache.prepare(params, config).rest  # embeddings, final norm, head
+    feed = lambda layers: kv_cache.forward(
+        kv_cache.Model(layers, rest), tokens, kv_cache.init_kv_cache(config, 2),
+        jnp.zeros(2, jnp.int32), jnp.full(2, 6, jnp.int32), config, forms)
     chex.assert_trees_all_equal(jax.jit(feed)(layers), jax.jit(feed)(float32_layers))
+    chex.assert_trees_all_equal_dtypes(kv_cache.prepare(params, config).layers, layers)
 
   def test_forward_with_cache_rejects_a_cache_of_another_batch(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
@@ -159,8 +173,8 @@ class GenerateTest(parameterized.TestCase):
 
   def test_generate_rejects_empty_prompt(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
-    with pytest.raises(ValueError, match="non-empty prompt"):
-      decode.generate(params, jnp.zeros((1, 0), jnp.int32), TINY, jax.random.PRNGKey(0), 3)
+    with pytest.raises(ValueError, match="each of at least one token"):
+      engine.generate(params, jnp.zeros((1, 0), jnp.int32), TINY, jax.random.PRNGKey(0), 3)
 
 
 def test_sample_text_continues_the_prompt_as_text():
@@ -168,8 +182,8 @@ def test_sample_text_continues_the_prompt_as_text():
   tok = tokenizers.CharTokenizer.from_text("abcdefgh \n")
   config = gpt.GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=8)
   params = gpt.init_params(config, jax.random.PRNGKey(0))
-  text = decode.sample_text(params, tok, config, jax.random.PRNGKey(1), 12, prompt="abc")
+  text = engine.sample_text(params, tok, config, jax.random.PRNGKey(1), 12, prompt="abc")
   assert text.startswith("abc") and len(text) == 3 + 12
   assert set(text) <= set("abcdefgh \n")  # padded ids (10..15) are never sampled
-  again = decode.sample_text(params, tok, config, jax.random.PRNGKey(1), 12, prompt="abc")
+  again = engine.sample_text(params, tok, config, jax.random.PRNGKey(1), 12, prompt="abc")
   assert again == text  # the key decides the sample
