@@ -494,7 +494,7 @@ class Engine:
 
   def load(self) -> Dict[str, int]:
     """`{"waiting": requests not yet in a row, "rows_in_use": rows prefilling or decoding}`."""
-    return {"waiting": len(self._waiting),
+    return {"waiting": len(self._waiting) + len(self._inbox),
             "rows_in_use": sum(s is not None for s in self._held)}
 
   # -- the loop ---------------------------------------------------------------
@@ -669,9 +669,11 @@ class Engine:
 
   def _decode_call(self) -> None:
     waiting = bool(self._waiting or self._inbox)
+    # A completion's first token goes out as soon as it is drawn (time to first token).
+    fresh = any(s is not None and s.live and not s.tokens for s in self._held)
+    steps = 1 if fresh and self.decode_text is not None else self.settings.chunk_steps
     self.rows, out = decode_chunk(self.model, self.rows, self._device_settings(), self.table,
-                                  jnp.int32(self.settings.chunk_steps), waiting,
-                                  **self._decode_statics())
+                                  jnp.int32(steps), waiting, **self._decode_statics())
     out, done, stopped, count, positions = jax.device_get(
         (out, self.rows.done, self.rows.stopped, self.rows.count, self.rows.positions))
     self.counters["decode_calls"] += 1
