@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from purejax import decode
+from purejax import engine
 from purejax import gpt
 from purejax import kv_cache
 from purejax.ops import attention
@@ -186,41 +187,65 @@ def test_a_sliding_layers_cache_is_a_ring_of_the_window(pattern):
 
 @pytest.mark.slow
 def test_a_conversation_through_rings_equals_feeding_it_afresh():
-  """`decode.extend` feeds what changed; a sliding layer's ring cannot go back past its
-  window, so a rewound conversation is fed again from its start."""
+  """A row that keeps a conversation (`EngineConfig(reuse_prefix=True)`) feeds only what
+  changed. A sliding layer's ring holds the window and one prefill call's tokens more,
+  so a conversation rewound by more than that is fed again from its start."""
   config = small()
   params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
-  forms = kernels.select("cpu")
-  layers = kv_cache.layers_of(params, config)
+  eng = engine.Engine(params, config, engine.EngineConfig(
+      rows=1, prefill_rows=1, prefill_chunk=4, top_logprobs=5, reuse_prefix=True),
+                      forms=kernels.select("cpu"))
+  assert [k.shape[1] for k in eng.rows.cache.k] == [5 + 4, 5 + 4, 32]
   ids = [int(i) for i in jax.random.randint(jax.random.PRNGKey(3), (26,), 0, 61)]
-  # The model is causal: the whole conversation's logits at a prefix's last position are
-  # that prefix's (one jitted forward instead of one eager forward per prefix).
   forward = jax.jit(gpt.forward, static_argnames="config")
-  full = forward(params, jnp.asarray([ids]), config=config)
-  conversation = decode.Conversation(kv_cache.init_kv_cache(config, 1, 8), ())
-  for upto in (9, 17, 26):  # grows the cache (8 -> 16 -> 32); the rings stay at 5
-    logits, conversation = decode.extend(layers, params, conversation, ids[:upto], config,
-                                         forms=forms, pad_to=4)
-    np.testing.assert_allclose(logits, full[:, upto - 1], atol=2e-5, rtol=2e-5)
-  rewound = ids[:20] + [7, 8, 9]
-  logits, conversation = decode.extend(layers, params, conversation, rewound, config,
-                                       forms=forms, pad_to=4)
-  want = forward(params, jnp.asarray([rewound]), config=config)[:, -1]
-  np.testing.assert_allclose(logits, want, atol=2e-5, rtol=2e-5)
-  assert [k.shape[1] for k in conversation.cache.k] == [5, 5, 32]
+  cached = ()
+
+  def first_token(prompt):
+    """Feeds `prompt` and draws one token: how many were fed; the token's top 5 against
+    the model fed the whole prompt afresh."""
+    nonlocal cached
+    events = []
+    eng.submit(engine.Request(prompt, 1, top_logprobs=5), events.append)
+    while eng.step():
+      pass
+    done = events[-1]
+    logp = np.asarray(jax.nn.log_softmax(forward(params, jnp.asarray([prompt]),
+                                                 config=config)[0, -1]))
+    (top,) = done.completion.top_logprobs
+    assert [i for i, _ in top] == list(np.argsort(-logp)[:5])
+    np.testing.assert_allclose([v for _, v in top], np.sort(logp)[::-1][:5], atol=1e-4)
+    cached = tuple(prompt) + done.completion.tokens
+    return done.prompt_fed
+
+  for upto in (9, 17, 26):  # each turn feeds what the cache does not hold
+    held = decode.common_prefix(cached, ids[:upto])
+    assert first_token(ids[:upto]) == upto - held
+  rewound = ids[:20] + [7, 8, 9]  # 7 of the 27 cached tokens replaced: more than the room
+  assert first_token(rewound) == len(rewound)
+  assert first_token(rewound[:22] + [5]) == 1  # 2 replaced: the ring still holds its window
+
+
+def greedy_alone(params, config, prompt, n):
+  """`prompt`'s `n` greedy tokens, the model run over the whole sequence for each."""
+  forward = jax.jit(gpt.forward, static_argnames="config")
+  tokens = list(prompt)
+  for _ in range(n):
+    padded = jnp.asarray([tokens + [0] * (config.block_size - len(tokens))])  # one program
+    tokens.append(int(jnp.argmax(forward(params, padded, config=config)[0, len(tokens) - 1])))
+  return tuple(tokens[len(prompt):])
 
 
 @pytest.mark.slow
-def test_left_padded_batches_decode_through_rings_as_one_prompt_each():
+def test_a_batch_decodes_through_rings_as_each_prompt_alone():
+  # Rings of the window and one prefill call (4 tokens): the longer prompt is fed in two
+  # chunks, and both rows wrap their rings as they decode.
   config = small()
   params = perturbed(gpt.init_params(config, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
   prompts = [[3, 4, 5, 6, 7, 8, 9, 10], [11, 12]]
-  batch = decode.generate_batch(params, prompts, config, jax.random.PRNGKey(0),
-                                max_new_tokens=9, temperature=0.0)
+  batch = engine.generate(params, prompts, config, jax.random.PRNGKey(0), max_new_tokens=9,
+                          prefill_rows=1, prefill_chunk=4)
   for prompt, (completion,) in zip(prompts, batch):
-    alone = decode.generate(params, jnp.asarray([prompt]), config, jax.random.PRNGKey(0),
-                            max_new_tokens=9, temperature=0.0)
-    assert list(completion.tokens) == [int(t) for t in alone[0, len(prompt):]]
+    assert completion.tokens == greedy_alone(params, config, prompt, 9)
 
 
 @pytest.mark.slow
