@@ -167,7 +167,7 @@ def test_ops_sit_below_the_layers_and_import_nothing_above_them():
 
 # Where a user starts, and so where the forms are chosen (`kernels.select`):
 # the command lines, the training loops, and the interactive model calls
-# (`gpt.forward`/`loss`, `decode.generate`) when given no forms. Everything
+# (`gpt.forward`/`loss`, `engine.generate`) when given no forms. Everything
 # below takes `forms` as an argument.
 FORMS_ENTRY_POINTS = {
     "purejax.cli.forms_flags",        # purejax.train and purejax.sample's flags
@@ -175,8 +175,8 @@ FORMS_ENTRY_POINTS = {
     "purejax.cli.plan",               # the GPU plan's command line (always GPU forms)
     "purejax.training.loops.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
     "purejax.gpt.model",              # forward, loss
-    "purejax.decode",                 # generate, forward_with_cache
-    "purejax.engine",                 # generate_many
+    "purejax.decode",                 # forward_with_cache
+    "purejax.engine",                 # Engine, generate, sample_text
     "purejax.evaluation.loglik",      # score (evaluation.evaluate called by hand)
 }
 

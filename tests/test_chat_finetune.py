@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from purejax import decode, lora, weights
+from purejax import engine, lora, weights
 from purejax.cli import chat as chat_cli
 from purejax.data import chat, conversations, tokenizer_json
 from purejax.optimizers import optim
@@ -68,11 +68,13 @@ def finetuned(smollm2, smollm2_folder):
 
 
 def greedy_answer(params, config, ids, stop_ids, max_new_tokens=24):
-  """purejax's greedy answer after `ids`: the new tokens through the stop id it ended at."""
-  out = decode.generate(params, np.asarray([ids]), config, jax.random.PRNGKey(0),
-                        max_new_tokens=max_new_tokens, temperature=0.0, stop_ids=stop_ids)
-  assert bool(out.stopped[0]), "the answer must end within max_new_tokens to compare stops"
-  return np.asarray(out.tokens)[0, len(ids):len(ids) + int(out.lengths[0])].tolist()
+  """purejax's greedy answer after `ids`: the new tokens through the stop id it ended at
+  (inside the model's context)."""
+  room = min(max_new_tokens, config.block_size - len(ids))
+  ((out,),) = engine.generate(params, [ids], config, jax.random.PRNGKey(0), room,
+                              stop_ids=stop_ids)
+  assert out.stopped, "the answer must end within max_new_tokens to compare stops"
+  return list(out.tokens)
 
 
 @pytest.fixture(scope="session")

@@ -331,9 +331,9 @@ def test_harness_generation_is_greedy_decoding_cut_at_the_stop_strings():
 
 
 def decode_alone(ids, n):
-  from purejax import decode
-  return decode.generate(model_params(), np.asarray(ids), CONFIG, jax.random.PRNGKey(0),
-                         max_new_tokens=n, temperature=0.0)
+  from purejax import engine
+  ((completion,),) = engine.generate(model_params(), [ids], CONFIG, jax.random.PRNGKey(0), n)
+  return list(ids) + list(completion.tokens)
 
 
 @pytest.mark.slow

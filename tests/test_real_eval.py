@@ -93,21 +93,21 @@ def test_humaneval_greedy_completions_equal_transformers_generate(smollm2_folder
   from purejax.cli import eval as eval_cli
   from purejax.cli import models as models_cli
   from purejax.ops import kernels
-  from purejax.ops.attention import ROWS_BLOCK
+  from purejax.ops.attention import CACHE_BLOCK
   from purejax.evaluation import humaneval
   params, config, spec = weights.from_pretrained(str(smollm2_folder))
   tokenizer = tokenizers.from_spec(spec)
   fmt = models_cli.chat_format(str(smollm2_folder), tokenizer)
   stops = models_cli.stop_ids(tokenizer, fmt)
   # Three problems through the chat template, two rows (one refilled), their caches past
-  # one block of attention.ROWS_BLOCK slots: the decoding `--tasks=humaneval` runs,
+  # one block of attention.CACHE_BLOCK slots: the decoding `--tasks=humaneval` runs,
   # called as the command below calls it (so the command finds it compiled).
   problems = humaneval.load_problems()[:3]
   prompts = [humaneval.prompt_ids(problem, tokenizer, fmt) for problem in problems]
-  completions = engine.generate_many(params, prompts, config, jax.random.PRNGKey(0), 32,
-                                     rows=2, valid_vocab=tokenizer.vocab_size,
-                                     stop_ids=list(stops), forms=kernels.select())
-  assert engine.cache_length([len(ids) for ids in prompts], 32, config) > ROWS_BLOCK
+  completions = engine.generate(params, prompts, config, jax.random.PRNGKey(0), 32,
+                                rows=2, valid_vocab=tokenizer.vocab_size,
+                                stop_ids=list(stops), forms=kernels.select())
+  assert engine.cache_length([len(ids) for ids in prompts], 32, 64, config) > CACHE_BLOCK
   model = transformers.AutoModelForCausalLM.from_pretrained(
       str(smollm2_folder), dtype=torch.float32).eval()
   answers = []

@@ -14,14 +14,14 @@ import dataclasses
 import json
 
 import chex
-import jax
 import numpy as np
 import pytest
 
 from helpers.cli import run_cli
 from helpers.data import SHAKESPEARE, need
+from helpers.models import greedy_continuations
 from helpers.suite import built_once
-from purejax import decode, gpt, weights
+from purejax import gpt, weights
 from purejax.cli import convert as cli_convert
 from purejax.cli import models as models_cli
 from purejax.cli import train
@@ -88,8 +88,7 @@ def test_gguf_import_equals_transformers_gguf_loader(models):
   with torch.no_grad():
     hf_tokens = hf_model.generate(torch.from_numpy(ids.astype(np.int64)), max_new_tokens=12,
                                   do_sample=False).numpy()
-  ours = decode.generate(params, ids, config, jax.random.PRNGKey(0), max_new_tokens=12,
-                         temperature=0.0)
+  ours = greedy_continuations(params, ids, config, 12)
   np.testing.assert_array_equal(np.asarray(ours)[:, :hf_tokens.shape[1]], hf_tokens)
   assert hf_tokens.shape[1] > ids.shape[1] + 2  # an answer, then EOS
   print(f"max |dlogits| / max |logits| = {max(gaps):.2e}")

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from purejax import decode, gpt, weights
+from purejax import engine, gpt, weights
 from real_model import smollm2_folder  # noqa: F401  (the fixture)
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
@@ -36,9 +36,9 @@ def test_logits_and_greedy_tokens_equal_transformers(smollm2_folder):
     scale = np.abs(expected).max()
     assert np.abs(got - expected).max() <= 1e-4 * scale, prompt
     np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
-  # Greedy continuations, both prompts in one program (`generate_batch`: each row's greedy
+  # Greedy continuations, both prompts side by side (`engine.generate`: each row's greedy
   # tokens are those of its prompt decoded alone).
-  ours = decode.generate_batch(params, rows, config, jax.random.PRNGKey(0), 12)
+  ours = engine.generate(params, rows, config, jax.random.PRNGKey(0), 12)
   for prompt, ids, (completion,) in zip(PROMPTS, rows, ours):
     with torch.no_grad():
       hf_tokens = model.generate(torch.from_numpy(ids[None]), max_new_tokens=12,
