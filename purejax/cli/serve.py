@@ -14,6 +14,7 @@ flight finish for up to --drain_seconds, cancels the rest and exits 0.
 """
 
 import logging
+import signal
 import sys
 from typing import Sequence
 
@@ -129,6 +130,11 @@ def serve(args: flags.FlagValues) -> int:
   server = uvicorn.Server(uvicorn.Config(
       asgi, host=args.host, port=args.port, access_log=False, log_level="info",
       timeout_graceful_shutdown=args.drain_seconds, lifespan="on", log_config=None))
+  stopped_by = []
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    # uvicorn catches these to shut down gracefully, then sends each to the handler it
+    # found: this one, so that a requested stop exits 0 rather than dying by the signal.
+    signal.signal(sig, lambda number, frame: stopped_by.append(number))
   server.run()
   if not server.started:
     return command.EXIT_ERROR  # uvicorn said why (the port is taken, say)
