@@ -1,8 +1,8 @@
 """The GPU program, pinned on a CPU: GPT-2 124M lowered for CUDA, its StableHLO read.
 
 CI has no GPU, so these tests lower the GPT-2 124M train step (12 layers,
-768 wide, T=1024, batch 12, vocab 50304, bf16), `evaluate` and `generate`
-for CUDA (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`) from
+768 wide, T=1024, batch 12, vocab 50304, bf16), `evaluate` and the engine's
+decoding programs for CUDA (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`) from
 `jax.ShapeDtypeStruct` inputs: nothing is compiled or allocated. They check
 that the GPU forms (`kernels.select("gpu")`, passed as `forms=`) build the
 program they are chosen for, and that the CPU keeps its own.
@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import pytest
 
 from helpers.gpu import (ABSTRACT_KEY, ABSTRACT_TOKENS, CUDNN_BACKWARD, CUDNN_FORWARD, GPT2,
-                         GPT2_BATCH, abstract_state, custom_calls, lower_for, square_faces,
-                         train_step_hlo)
-from purejax import decode
+                         GPT2_BATCH, abstract_state, custom_calls, engine_programs_args,
+                         lower_for, square_faces, train_step_hlo)
+from purejax import engine
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import attention
@@ -109,17 +109,28 @@ def test_evaluate_runs_cudnn_attention_forward_only(cudnn_version):
   assert set(dot_dtypes(hlo)) == GPU_PRODUCTS
 
 
-def test_decoding_reads_the_cache_with_bf16_products(cudnn_version):
-  # The prompt (position 0) attends among itself through cuDNN; each new
-  # token reads the cache with XLA's products, in bf16.
-  params, _ = abstract_state(GPT2)
-  prompt = jax.ShapeDtypeStruct((1, 16), jnp.int32)
-  hlo = lower_for(decode.jitted_generate.trace(params, prompt, GPT2, ABSTRACT_KEY, 8, top_k=200,
-                                              forms=kernels.select("gpu")))
-  calls = custom_calls(hlo)
-  assert calls[CUDNN_FORWARD] == GPT2.n_layer and CUDNN_BACKWARD not in calls, calls
-  assert square_faces(hlo, GPT2.block_size) == 0
-  assert set(dot_dtypes(hlo)) == GPU_PRODUCTS, dot_dtypes(hlo)
+def test_decoding_reads_the_cache_with_bf16_products():
+  # The engine's programs, prompt chunks (`engine.prefill`) and a token of every row
+  # a step (`engine.decode_chunk`), both attend through the cache
+  # (`attention.attend_with_cache`) with XLA's products, in bf16: no cuDNN call (a
+  # prompt is chunks through the cache too) and no [.., T, T] scores.
+  settings = engine.EngineConfig(rows=4)
+  model, rows, row_settings = engine_programs_args(GPT2, settings)
+  forms = kernels.select("gpu")
+  p = settings.prefill_rows
+  array = lambda dtype, *shape: jax.ShapeDtypeStruct(shape, dtype)
+  ids = array(jnp.int32, p)
+  prefill = engine.prefill.trace(
+      model, rows, array(jnp.int32, p, settings.prefill_chunk), ids, ids, ids, array(bool, p),
+      ids, config=GPT2, forms=forms)
+  decode_chunk = engine.decode_chunk.trace(
+      model, rows, row_settings, None, array(jnp.int32), array(bool), config=GPT2, forms=forms,
+      steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=50257)
+  for name, traced in (("prefill", prefill), ("decode_chunk", decode_chunk)):
+    hlo = lower_for(traced)
+    assert not any(call.startswith("__cudnn") for call in custom_calls(hlo)), name
+    assert square_faces(hlo, GPT2.block_size) == 0, name
+    assert set(dot_dtypes(hlo)) == GPU_PRODUCTS, (name, dot_dtypes(hlo))
 
 
 def test_attention_dropout_runs_the_bf16_xla_form_without_patching(caplog):

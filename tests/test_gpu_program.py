@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import pytest
 
 from bench import gpu_kernels
-from helpers.gpu import GPT2, GPT2_BATCH
+from helpers.gpu import GPT2, GPT2_BATCH, engine_programs_args
 from helpers.suite import built_once
-from purejax import decode
+from purejax import engine
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
@@ -167,21 +167,26 @@ def test_gpt2_evaluate_runs_cudnn_attention_forward_only(h100):
 
 
 def test_gpt2_decoding_plans_its_cache_and_no_scores(h100):
-  # The prompt runs through cuDNN; each new token reads the cache.
-  prompt = jax.ShapeDtypeStruct((1, 16), jnp.int32)
-  plan = compile_on(h100, lambda p, x, k: decode.jitted_generate.trace(
-      p, x, GPT2, k, 8, top_k=200, forms=kernels.select("gpu")),
-      abstract_params(GPT2), prompt, KEY)
-  assert plan.custom_calls[gpu_plan.CUDNN_FORWARD] >= 1, plan.custom_calls
-  assert gpu_plan.CUDNN_BACKWARD not in plan.custom_calls
+  # The engine's decoding program (`engine.decode_chunk`: a token of each of 4 rows a
+  # step) reads the cache with XLA's products, never cuDNN, and holds no scores.
+  settings = engine.EngineConfig(rows=4)
+  model, rows, row_settings = engine_programs_args(GPT2, settings)
+  plan = compile_on(h100, lambda m, r, s, steps, end: engine.decode_chunk.trace(
+      m, r, s, None, steps, end, config=GPT2, forms=kernels.select("gpu"),
+      steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=50257),
+      model, rows, row_settings, jax.ShapeDtypeStruct((), jnp.int32),
+      jax.ShapeDtypeStruct((), bool))
+  assert not any(name.startswith("__cudnn") for name in plan.custom_calls), plan.custom_calls
   assert square_buffers(plan.hlo, GPT2.block_size) == 0
-  # The float32 params are the arguments (0.46 GiB). The temporaries hold
-  # their bf16 copy, which the loop's products read (0.23 GiB planned today;
-  # 0.39 when the layers were sliced out in float32), beside the KV cache,
-  # 12 layers x 2 x [1, 12, 1024, 64] bf16.
-  params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params(GPT2)))
-  assert plan.argument_bytes >= params
-  assert plan.temp_bytes <= params / 2 + 16 * (1 << 20), plan.temp_bytes / GIB
+  # The arguments are the model as `kv_cache.prepare` holds it (0.45 GiB: the layers'
+  # dense weights already bf16, the rest float32 with the tied head also as its own
+  # matrix) and the rows (donated), whose KV cache is 12 layers x 2 x [4 * 12, 1024,
+  # 64] float32 (0.28 GiB). The temporaries hold no copy of the weights: 0.21 GiB
+  # planned today, the head's bf16 copy (0.07) and the keys in the layout XLA picks
+  # for the loop's products (half the cache).
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+  assert plan.argument_bytes >= nbytes(model) + nbytes(rows)
+  assert plan.temp_bytes <= 0.22 * GIB, plan.temp_bytes / GIB
 
 
 def test_smollm2_shaped_train_step_runs_grouped_cudnn_attention(h100):
