@@ -33,7 +33,6 @@ from bench import gpu_rows
 from bench import harness
 from bench import jobs
 from purejax import checkpoint
-from purejax import decode
 from purejax import gpt
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
@@ -622,21 +621,19 @@ def job_j_sample(job: Job) -> None:
   config, new_tokens = s.gpt2, s.sample_tokens
   job.set_config(config, new_tokens=new_tokens, prompt_tokens=1, batch=1, top_k=200)
   params = gpt.init_params(config, jax.random.PRNGKey(0))
-  prompt = jnp.zeros((1, 1), jnp.int32)
   keys = map(jax.random.PRNGKey, range(1_000_000))
-  ref, eager, compiled = ("purejax decode.generate (one jitted lax.scan)",
+  ref, eager, compiled = ("purejax engine.generate (one row, chunks of decoding steps)",
                           "torch twin generate_kv, eager (bf16 autocast)", None)
 
   def purejax_sampler(info):
-    generate = functools.partial(decode.generate, params, prompt, config,
-                                 max_new_tokens=new_tokens, top_k=200)
-    info.update(harness.program_stats(decode.jitted_generate.lower(
-        params, prompt, config, next(keys), max_new_tokens=new_tokens, top_k=200,
-        forms=kernels.select(kernels.platform_of(params))).compile()))
+    forms = kernels.select(kernels.platform_of(params))
+    info.update(harness.program_stats(
+        harness.sampling_program(params, config, forms, top_k=200).compile()))
 
     def run():
       start = time.perf_counter()
-      np.asarray(generate(next(keys)))
+      harness.sample_completion(params, config, next(keys), new_tokens, top_k=200,
+                                forms=forms)  # the tokens, on the host
       return (time.perf_counter() - start) / new_tokens
     run()
     return run

@@ -32,7 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import engine
 from purejax import gpt
+from purejax import kv_cache
 from purejax.data import batches
 from purejax.ops import attention
 from purejax.ops import kernels
@@ -276,6 +278,38 @@ def program_stats(compiled) -> dict:
         - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
   return {"cudnn_attention_calls": sum(targets.values()), "cudnn_attention_targets": targets,
           "program_peak_bytes": peak}
+
+
+# One sampled completion through one engine row (`sample_completion`); the shapes of its
+# programs (`engine.generate`'s, with no stop strings or log-probabilities asked for).
+SAMPLE_ENGINE = dict(rows=1, prefill_rows=1, stop_strings=1, stop_string_bytes=1,
+                     top_logprobs=0)
+
+
+def sample_completion(params, config: gpt.GPTConfig, key, new_tokens: int, top_k: int = 200,
+                      forms: Optional[kernels.Forms] = None) -> Tuple[int, ...]:
+  """`new_tokens` sampled after a one-token prompt at temperature 1 (nanoGPT's sampling:
+  past the context, on from its last half), through one engine row."""
+  ((completion,),) = engine.generate(
+      params, [[0]], config, key, new_tokens, temperature=1.0, top_k=top_k, slide=True,
+      rows=SAMPLE_ENGINE["rows"], prefill_rows=SAMPLE_ENGINE["prefill_rows"], forms=forms)
+  return completion.tokens
+
+
+def sampling_program(params, config: gpt.GPTConfig, forms: kernels.Forms, top_k: int = 200):
+  """`sample_completion`'s decoding program (`engine.decode_chunk`), lowered."""
+  settings = engine.EngineConfig(**SAMPLE_ENGINE)
+  n = settings.rows
+  row_settings = engine.Settings(
+      keys=jnp.zeros((n, 2), jnp.uint32), temperature=jnp.ones(n),
+      top_k=jnp.full(n, top_k, jnp.int32), top_p=jnp.ones(n), limit=jnp.ones(n, jnp.int32),
+      stop_ids=jnp.full((n, 1), -1, jnp.int32),
+      strings=jnp.full((n, settings.stop_strings, settings.stop_string_bytes), -1, jnp.int32),
+      active=jnp.ones(n, bool), top=jnp.zeros(n, bool))
+  return engine.decode_chunk.lower(
+      kv_cache.prepare(params, config), engine.init_rows(config, settings, 1), row_settings,
+      None, jnp.int32(settings.chunk_steps), False, config=config, forms=forms,
+      steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=None)
 
 
 # ----------------------------------------------------------------------------

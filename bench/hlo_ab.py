@@ -7,7 +7,8 @@
 Dumps the optimised HLO (`jax.jit(f).lower(...).compile().as_text()`) of
 the train step of bench cases a and b (`bench/run.py`: nanoGPT's CPU recipe
 4L/128 T=64 batch 12, and 6L/384 T=256 batch 16) in float32 and bfloat16,
-and of `decode.generate` (case c: 1000 tokens from a one-token prompt), and
+and of the engine's decoding program (case c: `engine.decode_chunk` as sampling
+1000 tokens from a one-token prompt runs it), and
 the same three for the Llama block at case a's size; and at case a's size
 the step with LoRA adapters, on conversation rows (`DeviceRows`), on the
 host's windows (`HostWindows`), and a sweep's step (two runs vmapped), each
@@ -25,7 +26,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from purejax import decode
+from bench import harness
 from purejax import gpt
 from purejax import lora
 from purejax.data import batches
@@ -120,12 +121,10 @@ def sweep_hlo(config: gpt.GPTConfig, batch_size: int, num_steps: int) -> str:
   return lowered.compile().as_text()
 
 
-def generate_hlo(config: gpt.GPTConfig, new_tokens: int = 1000) -> str:
+def generate_hlo(config: gpt.GPTConfig) -> str:
+  """The engine's decoding program as case c runs it (`harness.sampling_program`)."""
   params = gpt.init_params(config, jax.random.PRNGKey(0))
-  prompt = jnp.zeros((1,), jnp.int32)
-  lowered = decode.jitted_generate.lower(params, prompt, config, jax.random.PRNGKey(0),
-                                         new_tokens, top_k=200, forms=kernels.select("cpu"))
-  return lowered.compile().as_text()
+  return harness.sampling_program(params, config, kernels.select("cpu")).compile().as_text()
 
 
 def programs():
