@@ -5,13 +5,14 @@
 Two measurements, each in one process:
 
 1. Greedy decoding of `--tokens` new tokens after a chat prompt, purejax's
-   `decode.generate` and transformers' `model.generate` (float32, PyTorch
-   on `--threads` threads) run alternately, A B A B ...; tokens/s of each,
-   the median per-round ratio, and whether the tokens are the same.
-2. A conversation of `--turns` turns through `decode.extend` and
-   `decode.stream` (the cache kept across turns, as `purejax.chat` runs it):
-   each turn's seconds, for the same length of question and answer. A turn
-   that re-fed the history would grow with the turn's number.
+   `engine.generate` (one row) and transformers' `model.generate` (float32,
+   PyTorch on `--threads` threads) run alternately, A B A B ...; tokens/s of
+   each, the median per-round ratio, and whether the tokens are the same.
+2. A conversation of `--turns` turns through one `engine.Engine` row that
+   keeps it in its cache (`reuse_prefix`, as `purejax.chat` runs it): each
+   turn's seconds, for the same length of question and answer, and the
+   prompt tokens it fed. A turn that re-fed the history would grow with the
+   turn's number.
 
 The model is a Hugging Face folder (float32 weights, tokenizer.json, a chat
 template). Results go to `bench/results/<date>-sample_speed.json`.
@@ -28,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import harness
-from purejax import decode
-from purejax import kv_cache
+from purejax import engine
 from purejax import weights
 from purejax.data import chat
 from purejax.data import tokenizer_json
@@ -65,9 +65,9 @@ def greedy_arms(folder: str, n: int):
 
   def ours():
     start = time.perf_counter()
-    tokens = decode.generate(params, jnp.asarray(prompt), config, jax.random.PRNGKey(0), n,
-                             temperature=0.0, forms=forms)
-    out["ours"] = np.asarray(jax.block_until_ready(tokens))
+    ((completion,),) = engine.generate(params, prompt, config, jax.random.PRNGKey(0), n,
+                                       rows=1, forms=forms)  # greedy
+    out["ours"] = np.concatenate([prompt, [completion.tokens]], axis=1)
     return (time.perf_counter() - start) / n
 
   def theirs():
@@ -84,29 +84,31 @@ def greedy_arms(folder: str, n: int):
 
 
 def conversation_turns(folder: str, turns: int, answer_tokens: int):
-  """Seconds of each turn of a greedy conversation kept in one cache."""
+  """Seconds of each turn of a greedy conversation kept in one engine row's cache, the
+  context after it, and the prompt tokens it fed."""
   params, config, _ = weights.from_pretrained(folder)
   tok = tokenizer_json.load(folder)
   fmt = chat.load_chat_format(folder, tok)
-  forms = kernels.select("cpu")
-  layers, rest = decode.model_part(jax.tree.map(jnp.asarray, params), config)
-  conversation = decode.Conversation(kv_cache.init_kv_cache(config, 1, 1024))
-  messages, seconds, contexts = [], [], []
+  eng = engine.Engine(params, config, engine.EngineConfig(
+      rows=1, prefill_rows=1, chunk_steps=8, reuse_prefix=True), forms=kernels.select("cpu"))
+  messages, seconds, contexts, fed = [], [], [], []
   for turn in range(turns + 1):  # turn 0 compiles
     messages.append({"role": "user", "content": f"Question {turn}: {QUESTION}"})
     ids = chat.encode(tok, fmt, messages, add_generation_prompt=True)
     start = time.perf_counter()
-    logits, conversation = decode.extend(layers, rest, conversation, ids, config, forms=forms)
-    answer = []
-    for step in decode.stream(layers, rest, conversation, logits, jax.random.PRNGKey(0),
-                              answer_tokens, temperature=0.0, config=config, forms=forms):
-      conversation = step.conversation
-      answer.append(step.token)
+    ended = []
+    eng.submit(engine.Request(ids, answer_tokens),
+               lambda event: ended.append(event) if event.completion else None)
+    while eng.step():
+      pass
+    (done,) = ended
     seconds.append(time.perf_counter() - start)
-    contexts.append(len(conversation.ids))
-    print(f"  turn {turn}: {seconds[-1]:.2f} s (context {contexts[-1]} tokens)", flush=True)
-    messages.append({"role": "assistant", "content": tok.decode(answer)})
-  return seconds[1:], contexts[1:]
+    contexts.append(len(ids) + len(done.completion.tokens))
+    fed.append(done.prompt_fed)
+    print(f"  turn {turn}: {seconds[-1]:.2f} s (fed {fed[-1]} tokens, context {contexts[-1]})",
+          flush=True)
+    messages.append({"role": "assistant", "content": tok.decode(done.completion.tokens)})
+  return seconds[1:], contexts[1:], fed[1:]
 
 
 def main(argv):
@@ -124,7 +126,7 @@ def main(argv):
     print(f"  {name:13s} {1 / row['median']:7.1f} tokens/s (median)")
   print(f"  purejax is {speedup:.2f}x transformers (median per-round ratio); "
         f"same tokens: {same}", flush=True)
-  turn_seconds, contexts = conversation_turns(folder, FLAGS.turns, FLAGS.turn_tokens)
+  turn_seconds, contexts, fed = conversation_turns(folder, FLAGS.turns, FLAGS.turn_tokens)
   print(f"conversation, {FLAGS.turn_tokens} tokens answered per turn:")
   print(f"  last turn / first turn: {turn_seconds[-1] / turn_seconds[0]:.2f}")
   path = harness.unused_results_path(harness.RESULTS_DIR,
@@ -134,7 +136,7 @@ def main(argv):
                                         "same_tokens": same},
                                "results": {"greedy": {"rows": rows},
                                            "turns": {"seconds": turn_seconds,
-                                                     "contexts": contexts}}})
+                                                     "contexts": contexts, "fed": fed}}})
   print(f"wrote {path}")
 
 
