@@ -6,13 +6,14 @@ transformers' `generate`, the same prompts, token for token, and their time.
 Both sides continue each problem's prompt (the base-model form: no chat
 template) greedily for `--max_new_tokens` tokens, ending a row at the model's
 end token and (`--stop_strings`, the default) at HumanEval's stop sequences,
-inside the decode loop (purejax's `StopStrings`, transformers'
-`generate(stop_strings=...)`); transformers at each of `--hf_batch_sizes` (left padding, as its
-batched `generate` needs), purejax with `--rows` completions side by side,
-each row refilled as its completion ends (`engine.generate_many`), and with
-`--batches` also `decode.generate_batch` at `--batch_size` prompts a program.
-The arms run one after the other in one process; each is timed whole,
-compiles and the weights' move to the device included for purejax.
+inside the decode loop (purejax's engine matches them on each row's last bytes,
+transformers' `generate(stop_strings=...)`); transformers at each of
+`--hf_batch_sizes` (left padding, as its batched `generate` needs), purejax with
+`--rows` completions side by side, each row refilled as its completion ends
+(`engine.generate`), its prompts fed `--prefill_rows` chunks of `--prefill_chunk`
+tokens a call. The arms run one after the other in one process; each is timed
+whole, compiles, the tokenizer's token texts and the weights' move to the device
+included for purejax.
 Which problems' completions differ (token for token; with stop strings, by
 their text up to the first one and their common tokens), and the first
 token where they do, is reported. Needs `pip install -e ".[test,eval]"` and the test suite's SmolLM2
@@ -27,7 +28,6 @@ from absl import app
 from absl import flags
 import jax
 
-from purejax import decode
 from purejax import engine
 from purejax import weights
 from purejax.data import tokenizers
@@ -36,25 +36,17 @@ from purejax.evaluation import humaneval
 FLAGS = flags.FLAGS
 
 
-def purejax_arm(params, config, tokenizer, prompts, rows, max_new, eos, stop_strings):
-  # The stop strings' table is built inside the arm: its time is part of the run.
-  strings = humaneval.stop_strings(tokenizer, config) if stop_strings else None
-  completions = engine.generate_many(params, prompts, config, jax.random.PRNGKey(0), max_new,
-                                     rows=rows, stop_ids=[eos],
-                                     valid_vocab=tokenizer.vocab_size, stop_strings=strings)
+def purejax_arm(params, config, tokenizer, prompts, max_new, eos, stop_strings, *, rows,
+                prefill_rows, prefill_chunk):
+  # The tokens' texts, which the stop strings are matched on, are read inside the arm: their
+  # time is part of the run.
+  texts = tokenizers.token_texts(tokenizer) if stop_strings else None
+  completions = engine.generate(
+      params, prompts, config, jax.random.PRNGKey(0), max_new, rows=rows,
+      prefill_rows=prefill_rows, prefill_chunk=prefill_chunk, stop_ids=[eos],
+      valid_vocab=tokenizer.vocab_size,
+      stop_strings=humaneval.STOP_SEQUENCES if stop_strings else (), token_texts=texts)
   return [list(c[0].tokens) for c in completions]
-
-
-def purejax_batches_arm(params, config, tokenizer, prompts, batch_size, max_new, eos,
-                        stop_strings):
-  strings = humaneval.stop_strings(tokenizer, config) if stop_strings else None
-  out = []
-  for start in range(0, len(prompts), batch_size):
-    rows = decode.generate_batch(params, prompts[start:start + batch_size], config,
-                                 jax.random.PRNGKey(0), max_new, stop_ids=[eos],
-                                 valid_vocab=tokenizer.vocab_size, stop_strings=strings)
-    out += [list(r[0].tokens) for r in rows]
-  return out
 
 
 def hf_arm(model, prompts, batch_size, max_new, eos, pad, hf_tokenizer):
@@ -105,12 +97,9 @@ def main(argv):
   times, outputs = {}, {}
   hf_tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder))
                   if FLAGS.stop_strings else None)
-  arms = [("purejax", lambda: purejax_arm(params, config, tokenizer, prompts, FLAGS.rows,
-                                          FLAGS.max_new_tokens, eos, FLAGS.stop_strings))]
-  if FLAGS.batches:
-    arms += [("purejax_batches", lambda: purejax_batches_arm(
-        params, config, tokenizer, prompts, FLAGS.batch_size, FLAGS.max_new_tokens, eos,
-        FLAGS.stop_strings))]
+  arms = [("purejax", lambda: purejax_arm(
+      params, config, tokenizer, prompts, FLAGS.max_new_tokens, eos, FLAGS.stop_strings,
+      rows=FLAGS.rows, prefill_rows=FLAGS.prefill_rows, prefill_chunk=FLAGS.prefill_chunk))]
   hf_sizes = [int(b) for b in FLAGS.hf_batch_sizes]
   arms += [(f"hf_batch{b}", lambda b=b: hf_arm(model, prompts, b, FLAGS.max_new_tokens, eos,
                                                 pad, hf_tokenizer)) for b in hf_sizes]
@@ -132,7 +121,8 @@ def main(argv):
                         "purejax_tokens": len(ours), "hf_tokens": len(theirs)})
   best_hf = min(t for n, t in times.items() if n.startswith("hf_"))
   result = {"problems": len(problems), "max_new_tokens": FLAGS.max_new_tokens,
-            "rows": FLAGS.rows, "stop_strings": FLAGS.stop_strings,
+            "rows": FLAGS.rows, "prefill_rows": FLAGS.prefill_rows,
+            "prefill_chunk": FLAGS.prefill_chunk, "stop_strings": FLAGS.stop_strings,
             "seconds": times,
             "speedup_vs_best_hf": best_hf / times["purejax"],
             "identical": len(problems) - len(differing), "differing": differing}
@@ -146,10 +136,9 @@ if __name__ == "__main__":
   flags.DEFINE_integer("limit", 164, "Problems, from the first.")
   flags.DEFINE_integer("max_new_tokens", 256, "New tokens per completion, at most.")
   flags.DEFINE_integer("rows", 16, "purejax's completions decoded side by side "
-                       "(engine.generate_many).")
-  flags.DEFINE_bool("batches", False, "Also time purejax's decode.generate_batch, "
-                    "--batch_size prompts per program, each run until its last row ends.")
-  flags.DEFINE_integer("batch_size", 16, "With --batches, prompts per program.")
+                       "(engine.generate).")
+  flags.DEFINE_integer("prefill_rows", 4, "purejax's prompt chunks fed per prefill call.")
+  flags.DEFINE_integer("prefill_chunk", 64, "Tokens per prompt chunk.")
   flags.DEFINE_list("hf_batch_sizes", ["1", "8"], "transformers' batch sizes, each an arm.")
   flags.DEFINE_bool("stop_strings", True,
                     "Both sides end each row at HumanEval's stop sequences in the decode loop "
