@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 import purejax
-from purejax import decode, gpt
+from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
 from purejax.optimizers import adam, optim
@@ -43,7 +43,8 @@ for step in range(0, num_steps, every):
   print(f"step {min(step + every, num_steps)}: train loss {float(metrics.loss[-1]):.3f}, "
         f"val loss {float(val):.3f}")
 
-prompt = jnp.asarray(text.tokenizer.encode("ROMEO:"))
-out = decode.generate(state.params, prompt, config, keys["sample"], max_new_tokens=300,
-                      temperature=0.8, top_k=40, forms=forms)
-print(text.tokenizer.decode(out))
+prompt = text.tokenizer.encode("ROMEO:")
+# 300 tokens from a context of 64: past it, sampling goes on from its last half (slide).
+((sample,),) = purejax.generate(state.params, [prompt], config, keys["sample"], 300,
+                                temperature=0.8, top_k=40, slide=True, forms=forms)
+print(text.tokenizer.decode(list(prompt) + list(sample.tokens)))
