@@ -9,7 +9,7 @@ Model files call these and read as the math; which form runs is decided by
 each choice, and travels as one `Forms` value (the execution options: how a
 model runs, never what it computes). `select` runs once, at the entry points
 a user calls (the command lines, `gpt_loop.train_gpt` and `evaluate_gpt`, and
-`gpt.forward`, `gpt.loss`, `decode.generate` when given no forms); every
+`gpt.forward`, `gpt.loss`, `engine.generate` when given no forms); every
 function below them takes the `Forms` as an argument
 (`tests/test_architecture.py` keeps `select` to those modules). Every form
 has a plain reference form that the tests compare it with on CPU (values
