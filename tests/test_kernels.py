@@ -567,6 +567,9 @@ def test_block_inputs_saved_in_bf16_take_a_traced_dropout_rate():
 # positions, checked against plain causal attention over each row's whole sequence.
 
 
+_plain_attention = jax.jit(attention.causal_attention, static_argnames=("window", "softcap"))
+
+
 def cache_inputs(seed, starts, t, slots, *, heads=4, kv_heads=2, d=8, own=False, rows=None,
                  ring=False, window=None, softcap=None):
   """`attend_with_cache`'s arguments for query rows at `starts` (`t` queries each), and
@@ -581,10 +584,10 @@ def cache_inputs(seed, starts, t, slots, *, heads=4, kv_heads=2, d=8, own=False,
   reads = np.arange(len(starts)) if rows is None else np.asarray(rows)
   cache_rows, length = int(reads.max()) + 1, int(starts.max()) + t
   keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-  q_seq = jax.random.normal(keys[0], (cache_rows, length, heads, d))
-  k_seq, v_seq = (jax.random.normal(k, (cache_rows, length, kv_heads, d)) for k in keys[1:3])
-  full = np.asarray(attention.causal_attention(q_seq, k_seq, v_seq, window=window,
-                                               softcap=softcap))
+  q_seq = np.asarray(jax.random.normal(keys[0], (cache_rows, length, heads, d)))
+  k_seq, v_seq = (np.asarray(jax.random.normal(k, (cache_rows, length, kv_heads, d)))
+                  for k in keys[1:3])
+  full = np.asarray(_plain_attention(q_seq, k_seq, v_seq, window=window, softcap=softcap))
   ends = starts if own else starts + t  # positions before these are in the cache
   written = np.zeros(cache_rows, int)
   np.maximum.at(written, reads, ends)
@@ -600,22 +603,23 @@ def cache_inputs(seed, starts, t, slots, *, heads=4, kv_heads=2, d=8, own=False,
     for s, p in enumerate(slot_positions[c]):
       if 0 <= p < written[c]:
         k_cache[c, :, s], v_cache[c, :, s] = k_seq[c, p], v_seq[c, p]
-  at = lambda x: jnp.stack([x[c, a:a + t] for c, a in zip(reads, starts)])  # [b, t, ...]
+  at = lambda x: np.stack([x[c, a:a + t] for c, a in zip(reads, starts)])  # [b, t, ...]
   heads_first = lambda x: x.transpose(0, 2, 1, 3)
-  q = heads_first(at(q_seq)) / np.sqrt(d)
-  own_kv = (heads_first(at(k_seq)), heads_first(at(v_seq))) if own else None
+  q = jnp.asarray(heads_first(at(q_seq)) / np.sqrt(d))
+  own_kv = (jnp.asarray(heads_first(at(k_seq))), jnp.asarray(heads_first(at(v_seq)))
+            ) if own else None
   args = (q, jnp.asarray(k_cache), jnp.asarray(v_cache), jnp.asarray(starts))
   options = dict(rows=None if rows is None else jnp.asarray(rows), own=own_kv,
                  ring_last=ring_last, window=window, softcap=softcap)
   return args, options, heads_first(np.stack([full[c, a:a + t] for c, a in zip(reads, starts)]))
 
 
+_attend_with_cache = jax.jit(attention.attend_with_cache,
+                             static_argnames=("window", "softcap", "compute_dtype"))
+
+
 def attend(args, options, compute_dtype=None):
-  static = {k: options[k] for k in ("window", "softcap")}
-  traced = {k: v for k, v in options.items() if k not in static}
-  run = jax.jit(lambda *a, **kw: attention.attend_with_cache(
-      *a, **kw, **static, compute_dtype=compute_dtype))
-  return np.asarray(run(*args, **traced))
+  return np.asarray(_attend_with_cache(*args, **options, compute_dtype=compute_dtype))
 
 
 @pytest.mark.parametrize("own", [False, True], ids=["written_first", "own"])
