@@ -19,10 +19,10 @@ it; tests/test_architecture.py checks that against this drawing):
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
                 matmul and loss)
     gpt/, mlp, kv_cache, decode, engine, lora   the models (gpt/: its config, and
-                its model with each init beside its apply); the KV cache and sampling
-                with it (a batch in one program; many prompts through rows refilled
-                as each completion ends); low-rank adapters over any model's params
-                (below training and weights, which both use it)
+                its model with each init beside its apply); the KV cache, token choice
+                and the one generation engine (requests in rows of the cache, admitted
+                as they come, streamed out as they decode); low-rank adapters over any
+                model's params (below training and weights, which both use it)
     data/       tokenizers (and training them), corpora, batches (each kind draws its
                 own), MNIST and TFDS
     optimizers/ optax optimizers and schedules, Muon
@@ -34,7 +34,9 @@ it; tests/test_architecture.py checks that against this drawing):
                 multiple-choice, schema and language-modelling tasks from local files;
                 the model in lm-evaluation-harness (a training loop takes them as
                 metrics from the command line, so they sit above it)
-    cli/, train, sample, chat, plot, convert, replay, tokenizer, plan, eval   the command lines, the only layer
+    serving/    OpenAI's API over the engine: requests checked, responses shaped, the
+                ASGI application and its chat page
+    cli/, train, sample, chat, serve, plot, convert, replay, tokenizer, plan, eval   the command lines, the only layer
                 that speaks of --flags: `purejax.cli.<cmd>` is `python -m
                 purejax.<cmd>` (the top-level modules only give them those names;
                 `purejax.convert` itself is the function `weights.convert`)

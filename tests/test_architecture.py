@@ -144,8 +144,8 @@ def test_the_top_level_command_names_only_run_their_cli_module():
            and name != "purejax.cli"]
   assert sorted(names) == ["purejax.chat", "purejax.convert", "purejax.eval", "purejax.plan",
                            "purejax.plot",
-                           "purejax.replay", "purejax.sample", "purejax.tokenizer",
-                           "purejax.train"]
+                           "purejax.replay", "purejax.sample", "purejax.serve",
+                           "purejax.tokenizer", "purejax.train"]
   for name in names:
     command = name.split(".")[1]
     assert [target for target, _ in imports_of(known[name], known)] == [

@@ -47,8 +47,9 @@ def test_ci_runs_the_readme_setup_line_then_its_test_command_word_for_word():
 
 
 def test_ci_adds_no_install_of_its_own_beyond_the_gpu_compiler():
-  """What CI installs past the README's line is only JAX's CUDA plugin (XLA's GPU
-  compiler for the deviceless tests), which a machine without a GPU does not need."""
+  """What CI installs with pip past the README's line is only JAX's CUDA plugin (XLA's
+  GPU compiler for the deviceless tests), which a machine without a GPU does not need
+  (Debian's Chromium, for the chat page's browser test, comes from apt)."""
   setup, _, _ = fresh_machine_commands()
   installs = [line for line in ci_commands() if re.search(r"\bpip\b.*\binstall\b", line)
               and line != setup]

@@ -1,0 +1,118 @@
+r"""Prefill: several waiting prompts fed together against one at a time, per prompt token.
+
+    python -m bench.prefill_speed --ref=d9ab780 --rounds=5 --out=results.json
+
+Eight waiting prompts of mixed lengths (`--lengths`, tokens of Tiny Shakespeare) are each
+completed by one token on SmolLM2-135M-Instruct (the test suite's float32 folder), so the
+time is their prefill and one decoding step. Arms, each a process of its own, alternated
+round by round, compiles excluded (each arm runs once before its timed runs):
+
+* `batched`: the engine now: `prefill_rows` chunks of `prefill_chunk` tokens per call,
+  several prompts in one call (`--prefill_rows`, `--prefill_chunk`);
+* `one_at_a_time`: the same engine with one chunk row per call;
+* `ref`: the engine of the git revision `--ref` (checked out into a temporary worktree),
+  which fed each prompt alone in chunks of 256, 128, 64 and 32 tokens.
+
+Reports milliseconds per prompt token (medians over rounds) and the ratios.
+"""
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_list("lengths", ["37", "52", "75", "110", "160", "230", "300", "420"],
+                  "Prompt lengths in tokens.")
+flags.DEFINE_integer("rounds", 5, "Alternated rounds.")
+flags.DEFINE_integer("repeats", 3, "Timed runs per arm and round (their median).")
+flags.DEFINE_integer("prefill_rows", 4, "The batched arm's chunk rows per call.")
+flags.DEFINE_integer("prefill_chunk", 64, "Tokens per chunk.")
+flags.DEFINE_string("ref", None, "A git revision whose engine is the `ref` arm.")
+flags.DEFINE_string("out", None, "Write the results as JSON here.")
+flags.DEFINE_string("arm", None, "(internal) run one arm in this process and print its times.")
+FLAGS = flags.FLAGS
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_arm(arm: str) -> None:
+  """Times one arm in this process; prints a JSON list of seconds."""
+  sys.path[:0] = [os.getcwd(), str(ROOT / "tests")]
+  import jax  # pylint: disable=import-outside-toplevel
+  from purejax import engine, weights  # pylint: disable=import-outside-toplevel
+  from purejax.data import tokenizers  # pylint: disable=import-outside-toplevel
+  from real_model import smollm2_folder_path  # pylint: disable=import-outside-toplevel
+  params, config, spec = weights.from_pretrained(str(smollm2_folder_path()))
+  params = jax.tree.map(jax.numpy.asarray, params)
+  tokenizer = tokenizers.from_spec(spec)
+  text = (ROOT / "purejax/data/_datasets/tinyshakespeare/input.txt").read_text()
+  ids = list(tokenizer.encode(text[:20000]))
+  prompts = [ids[i * 500:i * 500 + int(n)] for i, n in enumerate(FLAGS.lengths)]
+  key = jax.random.PRNGKey(0)
+  if arm == "ref":
+    go = lambda: engine.generate_many(params, prompts, config, key, 1, rows=len(prompts))
+  else:
+    rows = FLAGS.prefill_rows if arm == "batched" else 1
+    go = lambda: engine.generate(params, prompts, config, key, 1, rows=len(prompts),
+                                 prefill_rows=rows, prefill_chunk=FLAGS.prefill_chunk)
+  go()  # compiles
+  times = []
+  for _ in range(FLAGS.repeats):
+    start = time.perf_counter()
+    go()
+    times.append(time.perf_counter() - start)
+  print(json.dumps(times))
+
+
+def main(argv):
+  del argv
+  if FLAGS.arm:
+    run_arm(FLAGS.arm)
+    return
+  arms = {"batched": str(ROOT), "one_at_a_time": str(ROOT)}
+  worktree = None
+  if FLAGS.ref:
+    worktree = tempfile.mkdtemp(prefix="purejax-ref-")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", worktree, FLAGS.ref],
+                   check=True, capture_output=True)
+    arms["ref"] = worktree
+  tokens = sum(int(n) for n in FLAGS.lengths)
+  per_token = {name: [] for name in arms}
+  try:
+    for round_ in range(FLAGS.rounds):
+      order = list(arms) if round_ % 2 == 0 else list(arms)[::-1]
+      for name in order:
+        flags_ = [f"--lengths={','.join(FLAGS.lengths)}", f"--repeats={FLAGS.repeats}",
+                  f"--prefill_rows={FLAGS.prefill_rows}",
+                  f"--prefill_chunk={FLAGS.prefill_chunk}", f"--arm={name}"]
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "prefill_speed.py"), *flags_],
+                              cwd=arms[name], capture_output=True, text=True, check=True)
+        seconds = statistics.median(json.loads(done.stdout.strip().splitlines()[-1]))
+        per_token[name].append(seconds / tokens * 1e3)
+        print(f"round {round_} {name}: {per_token[name][-1]:.2f} ms per prompt token", flush=True)
+  finally:
+    if worktree:
+      subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", worktree],
+                     capture_output=True)
+  medians = {name: statistics.median(v) for name, v in per_token.items()}
+  result = {"lengths": [int(n) for n in FLAGS.lengths], "prompt_tokens": tokens,
+            "prefill_rows": FLAGS.prefill_rows, "prefill_chunk": FLAGS.prefill_chunk,
+            "ms_per_prompt_token": medians, "rounds": per_token, "ref": FLAGS.ref,
+            "date": time.strftime("%Y-%m-%d")}
+  for name in medians:
+    if name != "batched":
+      result[f"batched_speedup_vs_{name}"] = medians[name] / medians["batched"]
+  print(json.dumps(result, indent=1))
+  if FLAGS.out:
+    pathlib.Path(FLAGS.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)
