@@ -340,3 +340,35 @@ def test_sigterm_lets_requests_in_flight_finish_and_exits_0(char_gpt_run, tmp_pa
   assert len(results) == 12 and all(finish in ("length", "stop") for _, finish in results)
   log = server.log.read_text()
   assert "Traceback" not in log and "stopped" in log
+
+
+@pytest.mark.budget(30)
+def test_a_lora_run_is_served_with_its_adapters(char_gpt_run, tmp_path):
+  from helpers.cli import final, run_cli  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from purejax import engine  # pylint: disable=import-outside-toplevel
+  from purejax import weights  # pylint: disable=import-outside-toplevel
+  from purejax.cli import train as train_cli  # pylint: disable=import-outside-toplevel
+  from purejax.data import tokenizers  # pylint: disable=import-outside-toplevel
+  text = tmp_path / "plays.txt"
+  text.write_text("ROMEO: " * 2000)  # a fine-tune that changes what follows "ROMEO:"
+  lora_run = tmp_path / "lora"
+  final(run_cli(train_cli, f"--init_from={char_gpt_run}", "--lora_rank=2", "--lora_alpha=4",
+                "--learning_rate=3e-2", "--max_iters=30", "--batch_size=4", "--eval_iters=1",
+                "--eval_interval=30", "--sample_tokens=0", f"--dataset={text}",
+                f"--out_dir={lora_run}"))
+
+  def greedy(folder):  # the run's weights as the library loads them (adapters merged)
+    params, config, spec = weights.from_pretrained(str(folder))
+    ids = list(tokenizers.from_spec(spec).encode("ROMEO:"))
+    ((out,),) = engine.generate(params, [ids], config, jax.random.PRNGKey(0), 8)
+    return tokenizers.from_spec(spec).decode(list(out.tokens))
+
+  server = Server(tmp_path / "server.log", f"--init_from={lora_run}", "--rows=2")
+  try:
+    server.wait_ready()
+    served = httpx.post(server.url + "/v1/completions", timeout=TIMEOUT, json={
+        "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0}).json()["choices"][0]["text"]
+  finally:
+    assert server.stop() == 0
+  assert served == greedy(lora_run) != greedy(char_gpt_run)
