@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import cache_rows
 from purejax import engine
 from purejax import gpt
 from purejax import kv_cache
@@ -297,17 +298,18 @@ def sample_completion(params, config: gpt.GPTConfig, key, new_tokens: int, top_k
 
 
 def sampling_program(params, config: gpt.GPTConfig, forms: kernels.Forms, top_k: int = 200):
-  """`sample_completion`'s decoding program (`engine.decode_chunk`), lowered."""
+  """`sample_completion`'s decoding program (`cache_rows.decode_chunk`), lowered."""
   settings = engine.EngineConfig(**SAMPLE_ENGINE)
   n = settings.rows
-  row_settings = engine.Settings(
+  row_settings = cache_rows.Settings(
       keys=jnp.zeros((n, 2), jnp.uint32), temperature=jnp.ones(n),
       top_k=jnp.full(n, top_k, jnp.int32), top_p=jnp.ones(n), limit=jnp.ones(n, jnp.int32),
       stop_ids=jnp.full((n, 1), -1, jnp.int32),
       strings=jnp.full((n, settings.stop_strings, settings.stop_string_bytes), -1, jnp.int32),
       active=jnp.ones(n, bool), top=jnp.zeros(n, bool))
-  return engine.decode_chunk.lower(
-      kv_cache.prepare(params, config), engine.init_rows(config, settings, 1), row_settings,
+  return cache_rows.decode_chunk.lower(
+      kv_cache.prepare(params, config),
+      cache_rows.init_rows(config, settings.rows, settings.length, settings.ring_room, 1), row_settings,
       None, jnp.int32(settings.chunk_steps), False, config=config, forms=forms,
       steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=None)
 

@@ -7,7 +7,7 @@
 Dumps the optimised HLO (`jax.jit(f).lower(...).compile().as_text()`) of
 the train step of bench cases a and b (`bench/run.py`: nanoGPT's CPU recipe
 4L/128 T=64 batch 12, and 6L/384 T=256 batch 16) in float32 and bfloat16,
-and of the engine's decoding program (case c: `engine.decode_chunk` as sampling
+and of the engine's decoding program (case c: `cache_rows.decode_chunk` as sampling
 1000 tokens from a one-token prompt runs it), and
 the same three for the Llama block at case a's size; and at case a's size
 the step with LoRA adapters, on conversation rows (`DeviceRows`), on the

@@ -18,11 +18,12 @@ it; tests/test_architecture.py checks that against this drawing):
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'
                 matmul and loss)
-    gpt/, mlp, kv_cache, decode, engine, lora   the models (gpt/: its config, and
-                its model with each init beside its apply); the KV cache, token choice
-                and the one generation engine (requests in rows of the cache, admitted
-                as they come, streamed out as they decode); low-rank adapters over any
-                model's params (below training and weights, which both use it)
+    gpt/, mlp, kv_cache, decode, cache_rows, engine, lora   the models (gpt/: its
+                config, and its model with each init beside its apply); the KV cache,
+                token choice, the programs over the cache's rows and the one generation
+                engine (requests in rows of the cache, admitted as they come, streamed
+                out as they decode); low-rank adapters over any model's params (below
+                training and weights, which both use it)
     data/       tokenizers (and training them), corpora, batches (each kind draws its
                 own), MNIST and TFDS
     optimizers/ optax optimizers and schedules, Muon

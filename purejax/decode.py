@@ -121,31 +121,31 @@ def sample_logits(
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
   if top_k is not None or top_p is not None:
-    scaled = _filtered(scaled, None if top_k is None else _per_row(top_k, b, jnp.int32),
-                       None if top_p is None else _per_row(top_p, b, jnp.float32))
+    top_k = _per_row(0 if top_k is None else top_k, b, jnp.int32)
+    top_p = _per_row(1.0 if top_p is None else top_p, b, jnp.float32)
+    # The filters sort every row's logits: only where some row asks for one.
+    scaled = jax.lax.cond(jnp.any(top_k > 0) | jnp.any(top_p < 1),
+                          lambda s: filter_logits(s, top_k, top_p), lambda s: s, scaled)
   if gumbel is None:
     gumbel = jax.random.gumbel(key, logits.shape)
   drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
   return jnp.where(temperature > 0, drawn, greedy)
 
 
-def _filtered(scaled: chex.Array, top_k: Optional[chex.Array],
-              top_p: Optional[chex.Array]) -> chex.Array:
-  """`scaled` `[batch, vocab]` with the tokens outside each row's top-k and nucleus at -inf."""
+def filter_logits(scaled: chex.Array, top_k: chex.Array, top_p: chex.Array) -> chex.Array:
+  """`scaled` `[batch, vocab]` with the tokens outside each row's top-k (`[batch]`, 0: all)
+  and nucleus (`[batch]`, 1: all) at -inf."""
   vocab = scaled.shape[-1]
   ordered = -jnp.sort(-scaled, axis=-1)  # [batch, vocab], most likely first
-  cutoff = jnp.full(scaled.shape[:1], -jnp.inf)
-  if top_k is not None:
-    kth = jnp.take_along_axis(ordered, jnp.clip(top_k - 1, 0, vocab - 1)[:, None], axis=1)[:, 0]
-    cutoff = jnp.where(top_k > 0, kth, cutoff)
-  if top_p is not None:
-    kept = jnp.where(ordered >= cutoff[:, None], ordered, -jnp.inf)
-    probs = jax.nn.softmax(kept, axis=-1)
-    # The smallest logit still inside the nucleus: tokens whose mass before them is
-    # below top_p are kept (always at least the most likely one).
-    inside = (jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]
-    nucleus = jnp.min(jnp.where(inside, ordered, jnp.inf), axis=-1)
-    cutoff = jnp.where(top_p < 1, jnp.maximum(cutoff, nucleus), cutoff)
+  kth = jnp.take_along_axis(ordered, jnp.clip(top_k - 1, 0, vocab - 1)[:, None], axis=1)[:, 0]
+  cutoff = jnp.where(top_k > 0, kth, -jnp.inf)
+  kept = jnp.where(ordered >= cutoff[:, None], ordered, -jnp.inf)
+  probs = jax.nn.softmax(kept, axis=-1)
+  # The smallest logit still inside the nucleus: tokens whose mass before them is
+  # below top_p are kept (always at least the most likely one).
+  inside = (jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]
+  nucleus = jnp.min(jnp.where(inside, ordered, jnp.inf), axis=-1)
+  cutoff = jnp.where(top_p < 1, jnp.maximum(cutoff, nucleus), cutoff)
   return jnp.where(scaled < cutoff[:, None], -jnp.inf, scaled)
 
 

@@ -14,8 +14,8 @@ end-of-training sample, `python -m purejax.sample`, HumanEval and the
 harness's generation), `python -m purejax.chat` (one row whose cache keeps the
 conversation) and `python -m purejax.serve` (requests from many clients).
 
-On the device there are three pure programs of a `Rows` state in and out,
-each of one fixed shape:
+On the device there are three pure programs of a `cache_rows.Rows` state in
+and out (`purejax/cache_rows.py`), each of one fixed shape:
 
 * `prefill`: `[prefill_rows, prefill_chunk]` prompt tokens, each call row a
   chunk of some prompt at its own positions, written into that prompt's cache
@@ -47,10 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import cache_rows
 from purejax import decode
 from purejax import gpt
 from purejax import kv_cache
-from purejax.kv_cache import KVCache
 from purejax.ops import kernels
 
 Params = gpt.Params
@@ -95,218 +95,10 @@ class EngineConfig:
     if self.top_logprobs < 0:
       raise ValueError(f"EngineConfig.top_logprobs must be >= 0, got {self.top_logprobs}.")
 
-
-# ----------------------------------------------------------------------------
-# On the device: the rows' state and the three programs.
-
-
-class Rows(NamedTuple):
-  """The completions in flight, one a row.
-
-  Attributes:
-    cache: the KV cache, a row of each layer's per completion.
-    logits: `[rows, vocab]` each row's next-token logits.
-    positions: `[rows]` int32: how many tokens the row's cache holds (the next
-      token's position).
-    count: `[rows]` int32: new tokens so far (the next token's noise index).
-    done: `[rows]` bool: its completion has ended (or the row holds none).
-    stopped: `[rows]` bool: it ended at a stop id or string.
-    text: `[rows, bytes]` int32: the last bytes of its new text (stop strings).
-  """
-  cache: KVCache
-  logits: chex.Array
-  positions: chex.Array
-  count: chex.Array
-  done: chex.Array
-  stopped: chex.Array
-  text: chex.Array
-
-
-class Settings(NamedTuple):
-  """Each row's request settings, `[rows, ...]`, given with every decoding call.
-
-  Attributes:
-    keys: `[rows, 2]` uint32: each completion's key (`decode.completion_key`).
-    temperature: `[rows]` float32 (0: greedy).
-    top_k: `[rows]` int32 (0: every token).
-    top_p: `[rows]` float32 (1: every token).
-    limit: `[rows]` int32: new tokens at most.
-    stop_ids: `[rows, k]` int32, -1 for none.
-    strings: `[rows, n, bytes]` int32 (`decode.encode_stop_strings`).
-    active: `[rows]` bool: rows the host wants decoded (others are left done).
-    top: `[rows]` bool: rows that want the most likely tokens reported.
-  """
-  keys: chex.Array
-  temperature: chex.Array
-  top_k: chex.Array
-  top_p: chex.Array
-  limit: chex.Array
-  stop_ids: chex.Array
-  strings: chex.Array
-  active: chex.Array
-  top: chex.Array
-
-
-class Emitted(NamedTuple):
-  """What a decoding call gives back: `[steps, rows, ...]` per step and row."""
-  tokens: chex.Array
-  emitted: chex.Array
-  logprobs: chex.Array
-  top_ids: chex.Array
-  top_logprobs: chex.Array
-
-
-def init_rows(config: gpt.GPTConfig, settings: EngineConfig, text_bytes: int) -> Rows:
-  """`settings.rows` empty rows (all done)."""
-  n = settings.rows
-  ring_room = settings.prefill_rows * settings.prefill_chunk
-  return Rows(cache=kv_cache.init_kv_cache(config, n, settings.length, ring_room),
-              logits=jnp.zeros((n, config.vocab_size), jnp.float32),
-              positions=jnp.zeros(n, jnp.int32), count=jnp.zeros(n, jnp.int32),
-              done=jnp.ones(n, bool), stopped=jnp.zeros(n, bool),
-              text=jnp.full((n, text_bytes), -1, jnp.int32))
-
-
-@functools.partial(jax.jit, static_argnames=("config", "forms"), donate_argnames=("rows",))
-def prefill(model: kv_cache.Model, rows: Rows, tokens: chex.Array, cache_rows: chex.Array,
-            starts: chex.Array, counts: chex.Array, finishing: chex.Array,
-            count_after: chex.Array, *, config: gpt.GPTConfig, forms: kernels.Forms) -> Rows:
-  """Feeds prompt chunks into their rows' caches.
-
-  Args:
-    model: `kv_cache.prepare(params, config)`.
-    rows: the state (donated: written in place).
-    tokens: `[calls, chunk]` ids; call row `c`'s first `counts[c]` are real, at
-      positions `starts[c], ...` of cache row `cache_rows[c]` (out of range: a
-      call row holding nothing, which writes nothing).
-    finishing: `[calls]` bool: the chunk ends its prompt: its row becomes a live
-      completion, its next-token logits those after the chunk's last real token.
-    count_after: `[calls]` int32: a finishing row's count of new tokens (0 for a
-      new completion; a slid one keeps its own).
-  """
-  logits, cache = kv_cache.forward(model, tokens, rows.cache, starts, counts, config, forms,
-                                   rows=cache_rows, own=False)
-  target = jnp.where(finishing, cache_rows, rows.done.shape[0])  # out of range: dropped
-  put = lambda a, v: a.at[target].set(v, mode="drop")
-  return Rows(cache=cache, logits=put(rows.logits, logits),
-              positions=put(rows.positions, starts + counts), count=put(rows.count, count_after),
-              done=put(rows.done, False), stopped=put(rows.stopped, False),
-              text=put(rows.text, jnp.full(rows.text.shape[1:], -1, jnp.int32)))
-
-
-@functools.partial(jax.jit, static_argnames=("kv",), donate_argnames=("rows",))
-def copy_row(rows: Rows, source: chex.Numeric, target: chex.Numeric, *, kv: int) -> Rows:
-  """`rows` with row `target` a copy of row `source` (cache, logits, position, count)."""
-  def copy(buf):
-    block = jax.lax.dynamic_slice_in_dim(buf, source * kv, kv, axis=0)
-    return jax.lax.dynamic_update_slice_in_dim(buf, block, target * kv, axis=0)
-  one = lambda a: a.at[target].set(a[source])
-  return rows._replace(cache=jax.tree.map(copy, rows.cache), logits=one(rows.logits),
-                       positions=one(rows.positions), count=one(rows.count),
-                       done=one(rows.done), stopped=one(rows.stopped), text=one(rows.text))
-
-
-@functools.partial(jax.jit, static_argnames=("config", "forms", "steps", "top",
-                                              "valid_vocab"),
-                   donate_argnames=("rows",))
-def decode_chunk(model: kv_cache.Model, rows: Rows, settings: Settings,
-                 table: Optional[decode.StopBytes], max_steps: chex.Numeric,
-                 return_on_end: chex.Numeric, *, config: gpt.GPTConfig, forms: kernels.Forms,
-                 steps: int, top: int, valid_vocab: Optional[int]) -> Tuple[Rows, Emitted]:
-  """Decodes every active row, one token a step, for up to `max_steps` (<= `steps`) steps.
-
-  Each running row draws its token from its logits by its own settings, with
-  noise `decode.token_noise(key, count)`; checks its stop ids and strings;
-  and feeds the token at its own position. A row ends at a stop, at its
-  limit, or with its cache full (its last token drawn, not fed). Rows not
-  running write nothing. The loop returns early when every row has ended,
-  or, with `return_on_end`, as soon as a row that was running ends (a
-  request is waiting for it).
-
-  Returns:
-    `(rows, emitted)`: `emitted` holds each step's token of every row, whether
-    the row ran it, its log-probability and the `top` most likely (where a row
-    asked, `settings.top`).
-  """
-  n, vocab = rows.logits.shape
-  length = kv_cache.cache_length(rows.cache, config)
-  rows = rows._replace(done=rows.done | ~settings.active)
-  was_running = ~rows.done
-  sampled = jnp.any(was_running & (settings.temperature > 0))
-  filtered = jnp.any(was_running & ((settings.top_k > 0) | (settings.top_p < 1)))
-  wants_top = jnp.any(was_running & settings.top) if top else False
-
-  def noise_at(count):  # [rows, vocab]
-    return jax.vmap(lambda k, i: decode.token_noise(k, i, vocab))(settings.keys, count)
-
-  def no_noise(count):
-    return jnp.zeros((n, vocab), jnp.float32)
-
-  # On XLA's CPU a draw inside the loop ran JAX's threefry as a rolled loop once per
-  # token (a third of a step): the CPU draws a call's noise before its loop.
-  ahead = None
-  if forms.noise_ahead:
-    ahead = jax.lax.cond(sampled, lambda: jax.vmap(lambda i: noise_at(rows.count + i))(
-        jnp.arange(steps)), lambda: jnp.zeros((steps, n, vocab), jnp.float32))
-
-  def choose(logits, noise):
-    def with_filters(scaled):
-      return decode._filtered(scaled, settings.top_k, settings.top_p)  # pylint: disable=protected-access
-    if valid_vocab is not None and valid_vocab < vocab:
-      logits = jnp.where(jnp.arange(vocab) < valid_vocab, logits, -jnp.inf)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    scaled = logits / jnp.maximum(settings.temperature, 1e-6)[:, None]
-    scaled = jax.lax.cond(filtered, with_filters, lambda s: s, scaled)
-    drawn = jnp.argmax(scaled + noise, axis=-1).astype(jnp.int32)
-    return jnp.where(settings.temperature > 0, drawn, greedy)
-
-  def step(carry):
-    i, rows, out = carry
-    running = ~rows.done
-    if ahead is not None:
-      noise = ahead[i]
-    else:
-      noise = jax.lax.cond(sampled, noise_at, no_noise, rows.count)
-    token = choose(rows.logits, noise)
-    hit = (token[:, None] == settings.stop_ids).any(-1)
-    text = rows.text
-    if table is not None:
-      text = decode.appended(table, rows.text, token)
-      hit |= decode.stop_hits(settings.strings, text)
-      text = jnp.where(running[:, None], text, rows.text)
-    if top:
-      lp, top_ids, top_lp = jax.lax.cond(
-          wants_top, lambda: decode.log_probs(rows.logits, token, top),
-          lambda: (decode.log_probs(rows.logits, token, 0)[0],
-                   jnp.zeros((n, top), jnp.int32), jnp.zeros((n, top), jnp.float32)))
-    else:
-      lp, top_ids, top_lp = decode.log_probs(rows.logits, token, 0)
-    room = rows.positions < length
-    fed = running & room
-    # Rows not fed write nothing (count 0) and read the least of the cache (position 0).
-    logits, cache = kv_cache.forward(model, token[:, None], rows.cache,
-                                     jnp.where(fed, rows.positions, 0), fed.astype(jnp.int32),
-                                     config, forms, own=True)
-    count = rows.count + running
-    ended = running & (hit | (count >= settings.limit) | ~room)
-    rows = Rows(cache=cache, logits=jnp.where(fed[:, None], logits, rows.logits),
-                positions=rows.positions + fed, count=count, done=rows.done | ended,
-                stopped=rows.stopped | (running & hit), text=text)
-    out = Emitted(out.tokens.at[i].set(token), out.emitted.at[i].set(running),
-                  out.logprobs.at[i].set(lp), out.top_ids.at[i].set(top_ids),
-                  out.top_logprobs.at[i].set(top_lp))
-    return i + 1, rows, out
-
-  def going(carry):
-    i, rows, _ = carry
-    some_ended = jnp.any(was_running & rows.done)
-    return (i < max_steps) & jnp.any(~rows.done) & ~(return_on_end & some_ended)
-
-  out = Emitted(jnp.zeros((steps, n), jnp.int32), jnp.zeros((steps, n), bool),
-                jnp.zeros((steps, n), jnp.float32), jnp.zeros((steps, n, top), jnp.int32),
-                jnp.zeros((steps, n, top), jnp.float32))
-  _, rows, out = jax.lax.while_loop(going, step, (jnp.int32(0), rows, out))
-  return rows, out
+  @property
+  def ring_room(self) -> int:
+    """Tokens one prefill call may write into a row (`kv_cache.layer_lengths`)."""
+    return self.prefill_rows * self.prefill_chunk
 
 
 # ----------------------------------------------------------------------------
@@ -425,8 +217,8 @@ class Engine:
                   decode.stop_bytes(token_texts, config.vocab_size))
     width = (decode.text_width(self.table, settings.stop_string_bytes)
              if self.table is not None else 1)
-    self.rows = init_rows(config, self.settings, width)
     n = settings.rows
+    self.rows = cache_rows.init_rows(config, n, length, settings.ring_room, width)
     self._settings = dict(
         keys=np.zeros((n, 2), np.uint32), temperature=np.zeros(n, np.float32),
         top_k=np.zeros(n, np.int32), top_p=np.ones(n, np.float32),
@@ -526,13 +318,14 @@ class Engine:
     """Compiles the engine's programs (with nothing to feed and every row done)."""
     p, c = self.settings.prefill_rows, self.settings.prefill_chunk
     n = self.settings.rows
-    self.rows = prefill(self.model, self.rows, jnp.zeros((p, c), jnp.int32),
-                        jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32),
-                        jnp.zeros(p, jnp.int32), jnp.zeros(p, bool), jnp.zeros(p, jnp.int32),
-                        config=self.config, forms=self.forms)
-    self.rows = copy_row(self.rows, 0, 0, kv=self.config.kv_heads)
-    self.rows, out = decode_chunk(self.model, self.rows, self._device_settings(), self.table,
-                                  jnp.int32(0), False, **self._decode_statics())
+    self.rows = cache_rows.prefill(self.model, self.rows, jnp.zeros((p, c), jnp.int32),
+                                   jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32),
+                                   jnp.zeros(p, jnp.int32), jnp.zeros(p, bool),
+                                   jnp.zeros(p, jnp.int32), config=self.config, forms=self.forms)
+    self.rows = cache_rows.copy_row(self.rows, 0, 0, kv=self.config.kv_heads)
+    self.rows, out = cache_rows.decode_chunk(self.model, self.rows, self._device_settings(),
+                                             self.table, jnp.int32(0), False,
+                                             **self._decode_statics())
     jax.block_until_ready((self.rows, out))
 
   # -- its parts ----------------------------------------------------------------
@@ -627,7 +420,7 @@ class Engine:
     """Feeds up to `prefill_rows` chunks of the prompts being fed, oldest first."""
     p, c, n = self.settings.prefill_rows, self.settings.prefill_chunk, self.settings.rows
     tokens = np.zeros((p, c), np.int32)
-    cache_rows, starts = np.full(p, n, np.int32), np.zeros(p, np.int32)
+    row_of, starts = np.full(p, n, np.int32), np.zeros(p, np.int32)
     counts, finishing = np.zeros(p, np.int32), np.zeros(p, bool)
     count_after = np.zeros(p, np.int32)
     call, done = 0, []
@@ -635,15 +428,15 @@ class Engine:
       while call < p and sample.fed < len(sample.feed):
         ids = sample.feed[sample.fed:sample.fed + c]
         tokens[call, :len(ids)] = ids
-        cache_rows[call], starts[call] = sample.row, sample.start + sample.fed
+        row_of[call], starts[call] = sample.row, sample.start + sample.fed
         counts[call] = len(ids)
         sample.fed += len(ids)
         if sample.fed == len(sample.feed):
           finishing[call], count_after[call] = True, len(sample.tokens)
           done.append(sample)
         call += 1
-    self.rows = prefill(self.model, self.rows, tokens, cache_rows, starts, counts, finishing,
-                        count_after, config=self.config, forms=self.forms)
+    self.rows = cache_rows.prefill(self.model, self.rows, tokens, row_of, starts, counts,
+                                   finishing, count_after, config=self.config, forms=self.forms)
     self.counters["prefill_calls"] += 1
     self.counters["prompt_tokens"] += int(counts.sum())
     for sample in done:
@@ -654,14 +447,14 @@ class Engine:
       self._settings["active"][row] = True
       for other in self._samples[sample.request_id]:
         if other.copy_from is sample and other.row is not None and not other.finished:
-          self.rows = copy_row(self.rows, row, other.row, kv=self.config.kv_heads)
+          self.rows = cache_rows.copy_row(self.rows, row, other.row, kv=self.config.kv_heads)
           self._cached[other.row] = self._cached[row]
           other.live, other.prompt_fed = True, 0
           self._settings["active"][other.row] = True
           other.copy_from = None
 
-  def _device_settings(self) -> Settings:
-    return Settings(**{k: jnp.asarray(v) for k, v in self._settings.items()})
+  def _device_settings(self) -> cache_rows.Settings:
+    return cache_rows.Settings(**{k: jnp.asarray(v) for k, v in self._settings.items()})
 
   def _decode_statics(self) -> Dict[str, Any]:
     return dict(config=self.config, forms=self.forms, steps=self.settings.chunk_steps,
@@ -672,8 +465,9 @@ class Engine:
     # A completion's first token goes out as soon as it is drawn (time to first token).
     fresh = any(s is not None and s.live and not s.tokens for s in self._held)
     steps = 1 if fresh and self.decode_text is not None else self.settings.chunk_steps
-    self.rows, out = decode_chunk(self.model, self.rows, self._device_settings(), self.table,
-                                  jnp.int32(steps), waiting, **self._decode_statics())
+    self.rows, out = cache_rows.decode_chunk(self.model, self.rows, self._device_settings(),
+                                             self.table, jnp.int32(steps), waiting,
+                                             **self._decode_statics())
     out, done, stopped, count, positions = jax.device_get(
         (out, self.rows.done, self.rows.stopped, self.rows.count, self.rows.positions))
     self.counters["decode_calls"] += 1

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from purejax import decode
+from purejax import cache_rows
 from purejax import engine
 from purejax import gpt
 from purejax import kv_cache
@@ -215,7 +216,7 @@ def test_greedy_rows_draw_no_noise():
             yield from draws(sub, in_cond or eqn.primitive.name == "cond")
 
   for platform in ("cpu", "gpu"):
-    traced = engine.decode_chunk.trace(
+    traced = cache_rows.decode_chunk.trace(
         eng.model, eng.rows, engine_settings(settings.rows), None, 4, False,
         config=LLAMA_LIKE, forms=kernels.select(platform), steps=4, top=0, valid_vocab=None)
     found = list(draws(traced.jaxpr.jaxpr))
@@ -223,8 +224,8 @@ def test_greedy_rows_draw_no_noise():
 
 
 def engine_settings(rows):
-  """`engine.Settings` of `rows` greedy rows, every one active."""
-  return engine.Settings(
+  """`cache_rows.Settings` of `rows` greedy rows, every one active."""
+  return cache_rows.Settings(
       keys=jnp.zeros((rows, 2), jnp.uint32), temperature=jnp.zeros(rows),
       top_k=jnp.zeros(rows, jnp.int32), top_p=jnp.ones(rows), limit=jnp.full(rows, 8),
       stop_ids=jnp.full((rows, 1), -1), strings=jnp.full((rows, 1, 1), -1),

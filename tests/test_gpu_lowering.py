@@ -23,6 +23,7 @@ import pytest
 from helpers.gpu import (ABSTRACT_KEY, ABSTRACT_TOKENS, CUDNN_BACKWARD, CUDNN_FORWARD, GPT2,
                          GPT2_BATCH, abstract_state, custom_calls, engine_programs_args,
                          lower_for, square_faces, train_step_hlo)
+from purejax import cache_rows
 from purejax import engine
 from purejax import gpt
 from purejax.data import batches
@@ -110,8 +111,8 @@ def test_evaluate_runs_cudnn_attention_forward_only(cudnn_version):
 
 
 def test_decoding_reads_the_cache_with_bf16_products():
-  # The engine's programs, prompt chunks (`engine.prefill`) and a token of every row
-  # a step (`engine.decode_chunk`), both attend through the cache
+  # The engine's programs, prompt chunks (`cache_rows.prefill`) and a token of every row
+  # a step (`cache_rows.decode_chunk`), both attend through the cache
   # (`attention.attend_with_cache`) with XLA's products, in bf16: no cuDNN call (a
   # prompt is chunks through the cache too) and no [.., T, T] scores.
   settings = engine.EngineConfig(rows=4)
@@ -120,10 +121,10 @@ def test_decoding_reads_the_cache_with_bf16_products():
   p = settings.prefill_rows
   array = lambda dtype, *shape: jax.ShapeDtypeStruct(shape, dtype)
   ids = array(jnp.int32, p)
-  prefill = engine.prefill.trace(
+  prefill = cache_rows.prefill.trace(
       model, rows, array(jnp.int32, p, settings.prefill_chunk), ids, ids, ids, array(bool, p),
       ids, config=GPT2, forms=forms)
-  decode_chunk = engine.decode_chunk.trace(
+  decode_chunk = cache_rows.decode_chunk.trace(
       model, rows, row_settings, None, array(jnp.int32), array(bool), config=GPT2, forms=forms,
       steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=50257)
   for name, traced in (("prefill", prefill), ("decode_chunk", decode_chunk)):

@@ -26,6 +26,7 @@ import pytest
 from bench import gpu_kernels
 from helpers.gpu import GPT2, GPT2_BATCH, engine_programs_args
 from helpers.suite import built_once
+from purejax import cache_rows
 from purejax import engine
 from purejax import gpt
 from purejax.data import batches
@@ -167,11 +168,11 @@ def test_gpt2_evaluate_runs_cudnn_attention_forward_only(h100):
 
 
 def test_gpt2_decoding_plans_its_cache_and_no_scores(h100):
-  # The engine's decoding program (`engine.decode_chunk`: a token of each of 4 rows a
+  # The engine's decoding program (`cache_rows.decode_chunk`: a token of each of 4 rows a
   # step) reads the cache with XLA's products, never cuDNN, and holds no scores.
   settings = engine.EngineConfig(rows=4)
   model, rows, row_settings = engine_programs_args(GPT2, settings)
-  plan = compile_on(h100, lambda m, r, s, steps, end: engine.decode_chunk.trace(
+  plan = compile_on(h100, lambda m, r, s, steps, end: cache_rows.decode_chunk.trace(
       m, r, s, None, steps, end, config=GPT2, forms=kernels.select("gpu"),
       steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=50257),
       model, rows, row_settings, jax.ShapeDtypeStruct((), jnp.int32),

@@ -9,7 +9,6 @@ time. The server of the real model is one per test process (a module fixture).
 
 import concurrent.futures
 import json
-import os
 import pathlib
 import shutil
 import signal

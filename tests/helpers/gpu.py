@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from purejax import cache_rows
 from purejax import engine
 from purejax import gpt
 from purejax import kv_cache
@@ -71,13 +72,14 @@ ABSTRACT_TOKENS = jax.ShapeDtypeStruct((1 << 20,), jnp.int32)
 
 def engine_programs_args(config, settings: engine.EngineConfig, text_bytes: int = 1):
   """Abstract arguments of the engine's programs for `config` and `settings`: `model`
-  (`kv_cache.prepare`'s), `rows` (`engine.init_rows`'s), and the decoding call's
-  `engine.Settings`, every row's."""
+  (`kv_cache.prepare`'s), `rows` (`cache_rows.init_rows`'s), and the decoding call's
+  `cache_rows.Settings`, every row's."""
   n, scalar = settings.rows, lambda dtype, *shape: jax.ShapeDtypeStruct(shape, dtype)
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   model = jax.eval_shape(lambda p: kv_cache.prepare(p, config), params)
-  rows = jax.eval_shape(lambda: engine.init_rows(config, settings, text_bytes))
-  row_settings = engine.Settings(
+  rows = jax.eval_shape(lambda: cache_rows.init_rows(config, settings.rows, settings.length,
+                                                     settings.ring_room, text_bytes))
+  row_settings = cache_rows.Settings(
       keys=scalar(jnp.uint32, n, 2), temperature=scalar(jnp.float32, n),
       top_k=scalar(jnp.int32, n), top_p=scalar(jnp.float32, n), limit=scalar(jnp.int32, n),
       stop_ids=scalar(jnp.int32, n, 1),
