@@ -6,9 +6,12 @@
 
 What `purejax.engine` runs on the device, each a pure function of a `Rows` state
 in and out (donated: written in place), each of one fixed shape for an engine's
-life: `prefill` feeds prompt chunks into their rows, `decode_chunk` decodes a
-token of every running row a step, `copy_row` copies a prefilled row to another
-(a prompt's samples). Which request holds which row is the host's business
+life: `prefill` feeds prompt chunks into their rows and draws each finished
+prompt's first token, `decode_chunk` feeds every running row's newest token and
+draws its next, a step at a time, and `copy_row` copies a prefilled row to another
+and draws that one's first token (a prompt's samples). All three draw with `draw`:
+token choice, stop ids and strings, the token limit and log-probabilities are
+written once. Which request holds which row is the host's business
 (`engine.Engine`).
 """
 
@@ -29,18 +32,24 @@ from purejax.ops import kernels
 class Rows(NamedTuple):
   """The completions in flight, one a row.
 
+  A row's newest token is drawn as soon as its logits exist (the first right
+  after its prompt is fed) and fed at the next step, so a completion's first
+  token leaves with its prefill and its last is never fed.
+
   Attributes:
     cache: the KV cache, a row of each layer's per completion.
-    logits: `[rows, vocab]` each row's next-token logits.
-    positions: `[rows]` int32: how many tokens the row's cache holds (the next
-      token's position).
-    count: `[rows]` int32: new tokens so far (the next token's noise index).
+    logits: `[rows, vocab]` each row's logits after its last fed token (a
+      prompt's samples draw their first tokens from them).
+    token: `[rows]` int32: its newest token, drawn, not yet fed.
+    positions: `[rows]` int32: how many tokens its cache holds (where `token` goes).
+    count: `[rows]` int32: new tokens drawn so far (the next one's noise index).
     done: `[rows]` bool: its completion has ended (or the row holds none).
     stopped: `[rows]` bool: it ended at a stop id or string.
     text: `[rows, bytes]` int32: the last bytes of its new text (stop strings).
   """
   cache: KVCache
   logits: chex.Array
+  token: chex.Array
   positions: chex.Array
   count: chex.Array
   done: chex.Array
@@ -49,7 +58,7 @@ class Rows(NamedTuple):
 
 
 class Settings(NamedTuple):
-  """Each row's request settings, `[rows, ...]`, given with every decoding call.
+  """Each row's request settings, `[rows, ...]`, given with every call.
 
   Attributes:
     keys: `[rows, 2]` uint32: each completion's key (`decode.completion_key`).
@@ -74,10 +83,21 @@ class Settings(NamedTuple):
 
 
 class Emitted(NamedTuple):
-  """What a decoding call gives back: `[steps, rows, ...]` per step and row."""
+  """Tokens a call drew, `[..., rows, ...]`: each, whether the row drew it, its
+  log-probability and the `top` most likely tokens' (where the row asked)."""
   tokens: chex.Array
   emitted: chex.Array
   logprobs: chex.Array
+  top_ids: chex.Array
+  top_logprobs: chex.Array
+
+
+class Drawn(NamedTuple):
+  """What `draw` gives for each row."""
+  token: chex.Array
+  hit: chex.Array
+  text: chex.Array
+  logprob: chex.Array
   top_ids: chex.Array
   top_logprobs: chex.Array
 
@@ -88,48 +108,111 @@ def init_rows(config: gpt.GPTConfig, n_rows: int, length: Optional[int], ring_ro
   `ring_room` and `text_bytes` as `kv_cache.layer_lengths` and `decode.text_width` say."""
   return Rows(cache=kv_cache.init_kv_cache(config, n_rows, length, ring_room),
               logits=jnp.zeros((n_rows, config.vocab_size), jnp.float32),
-              positions=jnp.zeros(n_rows, jnp.int32), count=jnp.zeros(n_rows, jnp.int32),
-              done=jnp.ones(n_rows, bool), stopped=jnp.zeros(n_rows, bool),
-              text=jnp.full((n_rows, text_bytes), -1, jnp.int32))
+              token=jnp.zeros(n_rows, jnp.int32), positions=jnp.zeros(n_rows, jnp.int32),
+              count=jnp.zeros(n_rows, jnp.int32), done=jnp.ones(n_rows, bool),
+              stopped=jnp.zeros(n_rows, bool), text=jnp.full((n_rows, text_bytes), -1, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "forms"), donate_argnames=("rows",))
-def prefill(model: kv_cache.Model, rows: Rows, tokens: chex.Array, cache_rows: chex.Array,
+def noise_of(settings: Settings, count: chex.Array, vocab: int) -> chex.Array:
+  """`[rows, vocab]` each row's noise for its token `count`; zeros unless a row samples."""
+  return jax.lax.cond(
+      jnp.any(settings.temperature > 0),
+      lambda: jax.vmap(lambda k, i: decode.token_noise(k, i, vocab))(settings.keys, count),
+      lambda: jnp.zeros((count.shape[0], vocab), jnp.float32))
+
+
+def draw(logits: chex.Array, settings: Settings, text: chex.Array, noise: chex.Array,
+         table: Optional[decode.StopBytes], *, top: int, valid_vocab: Optional[int]) -> Drawn:
+  """Each row's next token from its `logits` `[rows, vocab]` by its settings
+  (`decode.sample_logits` with `noise`), whether it hits a stop id or (with `table`) a
+  stop string in the row's `text`, the text with it, and its log-probabilities."""
+  token = decode.sample_logits(None, logits, settings.temperature, settings.top_k,
+                               settings.top_p, gumbel=noise, valid_vocab=valid_vocab)
+  hit = (token[:, None] == settings.stop_ids).any(-1)
+  if table is not None:
+    text = decode.appended(table, text, token)
+    hit |= decode.stop_hits(settings.strings, text)
+  n = logits.shape[0]
+  if top:  # the most likely tokens only where a row asks (a sort of every row's logits)
+    lp, top_ids, top_lp = jax.lax.cond(
+        jnp.any(settings.top), lambda: decode.log_probs(logits, token, top),
+        lambda: (decode.log_probs(logits, token, 0)[0], jnp.zeros((n, top), jnp.int32),
+                 jnp.zeros((n, top), jnp.float32)))
+  else:
+    lp, top_ids, top_lp = decode.log_probs(logits, token, 0)
+  return Drawn(token, hit, text, lp, top_ids, top_lp)
+
+
+def _emitted(drawn: Drawn, emitted: chex.Array) -> Emitted:
+  return Emitted(drawn.token, emitted, drawn.logprob, drawn.top_ids, drawn.top_logprobs)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "forms", "top", "valid_vocab"),
+                   donate_argnames=("rows",))
+def prefill(model: kv_cache.Model, rows: Rows, settings: Settings,
+            table: Optional[decode.StopBytes], tokens: chex.Array, cache_rows: chex.Array,
             starts: chex.Array, counts: chex.Array, finishing: chex.Array,
-            count_after: chex.Array, *, config: gpt.GPTConfig, forms: kernels.Forms) -> Rows:
-  """Feeds prompt chunks into their rows' caches.
+            count_after: chex.Array, *, config: gpt.GPTConfig, forms: kernels.Forms, top: int,
+            valid_vocab: Optional[int]) -> Tuple[Rows, Emitted]:
+  """Feeds prompt chunks into their rows' caches; a chunk that ends its prompt draws the
+  row's first token.
 
   Args:
     model: `kv_cache.prepare(params, config)`.
     rows: the state (donated: written in place).
+    settings, table: the rows' settings and the stop strings' bytes (`draw`).
     tokens: `[calls, chunk]` ids; call row `c`'s first `counts[c]` are real, at
       positions `starts[c], ...` of cache row `cache_rows[c]` (out of range: a
       call row holding nothing, which writes nothing).
     finishing: `[calls]` bool: the chunk ends its prompt: its row becomes a live
-      completion, its next-token logits those after the chunk's last real token.
-    count_after: `[calls]` int32: a finishing row's count of new tokens (0 for a
-      new completion; a slid one keeps its own).
+      completion, its first token drawn from the logits after the chunk.
+    count_after: `[calls]` int32: a finishing row's count of tokens drawn before
+      (0 for a new completion; a slid one keeps its own).
+
+  Returns:
+    `(rows, emitted)`: `emitted` `[calls]`, the first tokens (where `finishing`).
   """
+  n = rows.done.shape[0]
   logits, cache = kv_cache.forward(model, tokens, rows.cache, starts, counts, config, forms,
                                    rows=cache_rows, own=False)
-  target = jnp.where(finishing, cache_rows, rows.done.shape[0])  # out of range: dropped
+  own = jax.tree.map(lambda a: a[jnp.clip(cache_rows, 0, n - 1)], settings)  # [calls, ...]
+  fresh_text = jnp.full((tokens.shape[0], rows.text.shape[1]), -1, jnp.int32)
+  drawn = draw(logits, own, fresh_text, noise_of(own, count_after, logits.shape[1]), table,
+               top=top, valid_vocab=valid_vocab)
+  count = count_after + 1
+  target = jnp.where(finishing, cache_rows, n)  # out of range: dropped
   put = lambda a, v: a.at[target].set(v, mode="drop")
-  return Rows(cache=cache, logits=put(rows.logits, logits),
-              positions=put(rows.positions, starts + counts), count=put(rows.count, count_after),
-              done=put(rows.done, False), stopped=put(rows.stopped, False),
-              text=put(rows.text, jnp.full(rows.text.shape[1:], -1, jnp.int32)))
+  rows = Rows(cache=cache, logits=put(rows.logits, logits), token=put(rows.token, drawn.token),
+              positions=put(rows.positions, starts + counts), count=put(rows.count, count),
+              done=put(rows.done, drawn.hit | (count >= own.limit)),
+              stopped=put(rows.stopped, drawn.hit), text=put(rows.text, drawn.text))
+  return rows, _emitted(drawn, finishing)
 
 
-@functools.partial(jax.jit, static_argnames=("kv",), donate_argnames=("rows",))
-def copy_row(rows: Rows, source: chex.Numeric, target: chex.Numeric, *, kv: int) -> Rows:
-  """`rows` with row `target` a copy of row `source` (cache, logits, position, count)."""
+@functools.partial(jax.jit, static_argnames=("kv", "top", "valid_vocab"),
+                   donate_argnames=("rows",))
+def copy_row(rows: Rows, settings: Settings, table: Optional[decode.StopBytes],
+             source: chex.Numeric, target: chex.Numeric, *, kv: int, top: int,
+             valid_vocab: Optional[int]) -> Tuple[Rows, Emitted]:
+  """`rows` with row `target` a copy of the prefilled row `source` (its cache and logits),
+  its own first token drawn by its own settings; `emitted` `[1]` holds that token."""
   def copy(buf):
     block = jax.lax.dynamic_slice_in_dim(buf, source * kv, kv, axis=0)
     return jax.lax.dynamic_update_slice_in_dim(buf, block, target * kv, axis=0)
-  one = lambda a: a.at[target].set(a[source])
-  return rows._replace(cache=jax.tree.map(copy, rows.cache), logits=one(rows.logits),
-                       positions=one(rows.positions), count=one(rows.count),
-                       done=one(rows.done), stopped=one(rows.stopped), text=one(rows.text))
+  own = jax.tree.map(lambda a: a[target][None], settings)
+  count = rows.count[source] - 1  # the tokens drawn before the source's first
+  logits = rows.logits[source][None]
+  drawn = draw(logits, own, jnp.full((1, rows.text.shape[1]), -1, jnp.int32),
+               noise_of(own, count[None], logits.shape[1]), table, top=top,
+               valid_vocab=valid_vocab)
+  one = lambda a, v: a.at[target].set(v[0])
+  rows = Rows(cache=jax.tree.map(copy, rows.cache), logits=one(rows.logits, logits),
+              token=one(rows.token, drawn.token), positions=one(rows.positions,
+                                                                rows.positions[source][None]),
+              count=one(rows.count, count[None] + 1),
+              done=one(rows.done, drawn.hit | (count[None] + 1 >= own.limit)),
+              stopped=one(rows.stopped, drawn.hit), text=one(rows.text, drawn.text))
+  return rows, _emitted(drawn, jnp.ones(1, bool))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forms", "steps", "top",
@@ -141,75 +224,46 @@ def decode_chunk(model: kv_cache.Model, rows: Rows, settings: Settings,
                  steps: int, top: int, valid_vocab: Optional[int]) -> Tuple[Rows, Emitted]:
   """Decodes every active row, one token a step, for up to `max_steps` (<= `steps`) steps.
 
-  Each running row draws its token from its logits by its own settings, with
-  noise `decode.token_noise(key, count)`; checks its stop ids and strings;
-  and feeds the token at its own position. A row ends at a stop, at its
-  limit, or with its cache full (its last token drawn, not fed). Rows not
-  running write nothing. The loop returns early when every row has ended,
-  or, with `return_on_end`, as soon as a row that was running ends (a
-  request is waiting for it).
+  Each running row feeds its newest token at its own position, then draws
+  the next from the logits (`draw`: its own settings, noise
+  `decode.token_noise(key, count)`, its stop ids and strings). A row ends at
+  a stop or at its limit (that token is not fed), or when its cache is full
+  (its newest token has no slot). Rows not running write nothing. The loop
+  returns early when every row has ended, or, with `return_on_end`, as soon
+  as a row that was running ends (a request is waiting for it).
 
   Returns:
-    `(rows, emitted)`: `emitted` holds each step's token of every row, whether
-    the row ran it, its log-probability and the `top` most likely (where a row
-    asked, `settings.top`).
+    `(rows, emitted)`: `emitted` `[steps, rows]` each step's drawn tokens.
   """
   n, vocab = rows.logits.shape
   length = kv_cache.cache_length(rows.cache, config)
   rows = rows._replace(done=rows.done | ~settings.active)
   was_running = ~rows.done
-  sampled = jnp.any(was_running & (settings.temperature > 0))
-  wants_top = jnp.any(was_running & settings.top) if top else False
-
-  def noise_at(count):  # [rows, vocab]
-    return jax.vmap(lambda k, i: decode.token_noise(k, i, vocab))(settings.keys, count)
-
-  def no_noise(count):
-    return jnp.zeros((n, vocab), jnp.float32)
 
   # On XLA's CPU a draw inside the loop ran JAX's threefry as a rolled loop once per
   # token (a third of a step): the CPU draws a call's noise before its loop.
   ahead = None
   if forms.noise_ahead:
-    ahead = jax.lax.cond(sampled, lambda: jax.vmap(lambda i: noise_at(rows.count + i))(
-        jnp.arange(steps)), lambda: jnp.zeros((steps, n, vocab), jnp.float32))
+    ahead = jax.vmap(lambda i: noise_of(settings, rows.count + i, vocab))(jnp.arange(steps))
 
   def step(carry):
     i, rows, out = carry
     running = ~rows.done
-    if ahead is not None:
-      noise = ahead[i]
-    else:
-      noise = jax.lax.cond(sampled, noise_at, no_noise, rows.count)
-    token = decode.sample_logits(None, rows.logits, settings.temperature, settings.top_k,
-                                 settings.top_p, gumbel=noise, valid_vocab=valid_vocab)
-    hit = (token[:, None] == settings.stop_ids).any(-1)
-    text = rows.text
-    if table is not None:
-      text = decode.appended(table, rows.text, token)
-      hit |= decode.stop_hits(settings.strings, text)
-      text = jnp.where(running[:, None], text, rows.text)
-    if top:
-      lp, top_ids, top_lp = jax.lax.cond(
-          wants_top, lambda: decode.log_probs(rows.logits, token, top),
-          lambda: (decode.log_probs(rows.logits, token, 0)[0],
-                   jnp.zeros((n, top), jnp.int32), jnp.zeros((n, top), jnp.float32)))
-    else:
-      lp, top_ids, top_lp = decode.log_probs(rows.logits, token, 0)
-    room = rows.positions < length
-    fed = running & room
+    fed = running & (rows.positions < length)
     # Rows not fed write nothing (count 0) and read the least of the cache (position 0).
-    logits, cache = kv_cache.forward(model, token[:, None], rows.cache,
+    logits, cache = kv_cache.forward(model, rows.token[:, None], rows.cache,
                                      jnp.where(fed, rows.positions, 0), fed.astype(jnp.int32),
                                      config, forms, own=True)
-    count = rows.count + running
-    ended = running & (hit | (count >= settings.limit) | ~room)
-    rows = Rows(cache=cache, logits=jnp.where(fed[:, None], logits, rows.logits),
+    noise = ahead[i] if ahead is not None else noise_of(settings, rows.count, vocab)
+    drawn = draw(logits, settings, rows.text, noise, table, top=top, valid_vocab=valid_vocab)
+    count = rows.count + fed
+    ended = (running & ~fed) | (fed & (drawn.hit | (count >= settings.limit)))
+    keep = lambda new, old: jnp.where(fed.reshape(-1, *([1] * (new.ndim - 1))), new, old)
+    rows = Rows(cache=cache, logits=keep(logits, rows.logits), token=keep(drawn.token, rows.token),
                 positions=rows.positions + fed, count=count, done=rows.done | ended,
-                stopped=rows.stopped | (running & hit), text=text)
-    out = Emitted(out.tokens.at[i].set(token), out.emitted.at[i].set(running),
-                  out.logprobs.at[i].set(lp), out.top_ids.at[i].set(top_ids),
-                  out.top_logprobs.at[i].set(top_lp))
+                stopped=rows.stopped | (fed & drawn.hit), text=keep(drawn.text, rows.text))
+    step_out = _emitted(drawn, fed)
+    out = jax.tree.map(lambda all_, one: all_.at[i].set(one), out, step_out)
     return i + 1, rows, out
 
   def going(carry):

@@ -19,13 +19,14 @@ and out (`purejax/cache_rows.py`), each of one fixed shape:
 
 * `prefill`: `[prefill_rows, prefill_chunk]` prompt tokens, each call row a
   chunk of some prompt at its own positions, written into that prompt's cache
-  row (several chunks of one prompt may share a call);
-* `decode_chunk`: up to `chunk_steps` tokens of every row: each row draws its
-  token by its own settings (`decode.sample_logits`, noise
-  `decode.token_noise`), checks its stop ids and strings, and feeds it at its
-  own position; it returns early when a row ends and a request is waiting;
-* `copy_row`: one row's cache and logits into another (a prompt's samples
-  share its prefill).
+  row (several chunks of one prompt may share a call); a prompt's last chunk
+  draws its completion's first token, which leaves with the prefill;
+* `decode_chunk`: up to `chunk_steps` tokens of every row: each row feeds its
+  newest token at its own position and draws the next by its own settings
+  (`decode.sample_logits`, noise `decode.token_noise`), checking its stop ids
+  and strings; it returns early when a row ends and a request is waiting;
+* `copy_row`: one row's cache and logits into another, which draws its own
+  first token (a prompt's samples share its prefill).
 
 Because each program has one shape and a row's arithmetic never mixes with
 another's (`attention.attend_with_cache`), a request's tokens are the same
@@ -318,15 +319,18 @@ class Engine:
     """Compiles the engine's programs (with nothing to feed and every row done)."""
     p, c = self.settings.prefill_rows, self.settings.prefill_chunk
     n = self.settings.rows
-    self.rows = cache_rows.prefill(self.model, self.rows, jnp.zeros((p, c), jnp.int32),
-                                   jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32),
-                                   jnp.zeros(p, jnp.int32), jnp.zeros(p, bool),
-                                   jnp.zeros(p, jnp.int32), config=self.config, forms=self.forms)
-    self.rows = cache_rows.copy_row(self.rows, 0, 0, kv=self.config.kv_heads)
-    self.rows, out = cache_rows.decode_chunk(self.model, self.rows, self._device_settings(),
-                                             self.table, jnp.int32(0), False,
-                                             **self._decode_statics())
-    jax.block_until_ready((self.rows, out))
+    settings = self._device_settings()
+    self.rows, first = cache_rows.prefill(
+        self.model, self.rows, settings, self.table, jnp.zeros((p, c), jnp.int32),
+        jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32), jnp.zeros(p, jnp.int32),
+        jnp.zeros(p, bool), jnp.zeros(p, jnp.int32), **self._statics())
+    self.rows, copied = cache_rows.copy_row(self.rows, settings, self.table, 0, 0,
+                                            kv=self.config.kv_heads, **self._draw_statics())
+    self.rows = self.rows._replace(done=jnp.ones(n, bool))  # every row done again
+    self.rows, out = cache_rows.decode_chunk(self.model, self.rows, settings, self.table,
+                                             jnp.int32(0), False, steps=self.settings.chunk_steps,
+                                             **self._statics())
+    jax.block_until_ready((self.rows, first, copied, out))
 
   # -- its parts ----------------------------------------------------------------
 
@@ -435,41 +439,76 @@ class Engine:
           finishing[call], count_after[call] = True, len(sample.tokens)
           done.append(sample)
         call += 1
-    self.rows = cache_rows.prefill(self.model, self.rows, tokens, row_of, starts, counts,
-                                   finishing, count_after, config=self.config, forms=self.forms)
+    self.rows, first = cache_rows.prefill(
+        self.model, self.rows, self._device_settings(), self.table, tokens, row_of, starts,
+        counts, finishing, count_after, **self._statics())
     self.counters["prefill_calls"] += 1
     self.counters["prompt_tokens"] += int(counts.sum())
+    started = []  # (sample, its first token's index in `first`, or None: a copy's)
     for sample in done:
       self._prefilling.remove(sample)
       row = sample.row
       self._cached[row] = self._cached[row] + tuple(sample.feed)
       sample.feed, sample.live = [], True
       self._settings["active"][row] = True
+      started.append((sample, int(np.flatnonzero(finishing & (row_of == row))[0])))
+    first = jax.device_get(first)
+    copies = []
+    for sample, _ in list(started):
       for other in self._samples[sample.request_id]:
         if other.copy_from is sample and other.row is not None and not other.finished:
-          self.rows = cache_rows.copy_row(self.rows, row, other.row, kv=self.config.kv_heads)
-          self._cached[other.row] = self._cached[row]
-          other.live, other.prompt_fed = True, 0
+          self.rows, copied = cache_rows.copy_row(
+              self.rows, self._device_settings(), self.table, sample.row, other.row,
+              kv=self.config.kv_heads, **self._draw_statics())
+          self._cached[other.row] = self._cached[sample.row]
+          other.live, other.prompt_fed, other.copy_from = True, 0, None
           self._settings["active"][other.row] = True
-          other.copy_from = None
+          copies.append((other, copied))
+    state = jax.device_get((self.rows.done, self.rows.stopped, self.rows.count))
+    for sample, i in started:
+      self._first_token(sample, first, i, state)
+    for sample, copied in copies:
+      self._first_token(sample, jax.device_get(copied), 0, state)
+
+  def _first_token(self, sample: _Sample, emitted, i: int, state) -> None:
+    """Hands a completion its first token, drawn where its prompt was fed; ends it there
+    if that token already ends it."""
+    token = int(emitted.tokens[i])
+    self._cached[sample.row] = self._cached[sample.row] + (token,)
+    self.counters["tokens"] += 1
+    self._tell(sample, [token], emitted.logprobs[i:i + 1], emitted.top_ids[i:i + 1],
+               emitted.top_logprobs[i:i + 1])
+    self._ended(sample, state)
+
+  def _ended(self, sample: _Sample, state) -> None:
+    """Finishes `sample` (or slides it) if its row is done on the device."""
+    done, stopped, count = state
+    row = sample.row
+    if sample.finished or not done[row]:
+      return
+    if stopped[row]:
+      self._finish(sample, "stop")
+    elif count[row] >= sample.request.max_new_tokens or not sample.request.slide:
+      self._finish(sample, "length")
+    else:
+      self._slide(sample)
 
   def _device_settings(self) -> cache_rows.Settings:
     return cache_rows.Settings(**{k: jnp.asarray(v) for k, v in self._settings.items()})
 
-  def _decode_statics(self) -> Dict[str, Any]:
-    return dict(config=self.config, forms=self.forms, steps=self.settings.chunk_steps,
-                top=self.settings.top_logprobs, valid_vocab=self.valid_vocab)
+  def _draw_statics(self) -> Dict[str, Any]:
+    return dict(top=self.settings.top_logprobs, valid_vocab=self.valid_vocab)
+
+  def _statics(self) -> Dict[str, Any]:
+    return dict(config=self.config, forms=self.forms, **self._draw_statics())
 
   def _decode_call(self) -> None:
     waiting = bool(self._waiting or self._inbox)
-    # A completion's first token goes out as soon as it is drawn (time to first token).
-    fresh = any(s is not None and s.live and not s.tokens for s in self._held)
-    steps = 1 if fresh and self.decode_text is not None else self.settings.chunk_steps
-    self.rows, out = cache_rows.decode_chunk(self.model, self.rows, self._device_settings(),
-                                             self.table, jnp.int32(steps), waiting,
-                                             **self._decode_statics())
-    out, done, stopped, count, positions = jax.device_get(
-        (out, self.rows.done, self.rows.stopped, self.rows.count, self.rows.positions))
+    self.rows, out = cache_rows.decode_chunk(
+        self.model, self.rows, self._device_settings(), self.table,
+        jnp.int32(self.settings.chunk_steps), waiting, steps=self.settings.chunk_steps,
+        **self._statics())
+    out, *state = jax.device_get((out, self.rows.done, self.rows.stopped, self.rows.count))
     self.counters["decode_calls"] += 1
     for row, sample in enumerate(self._held):
       if sample is None or not sample.live:
@@ -480,15 +519,7 @@ class Engine:
       self.counters["tokens"] += len(new)
       self._tell(sample, new, out.logprobs[ran, row], out.top_ids[ran, row],
                  out.top_logprobs[ran, row])
-      if sample.finished:  # a stop string in the text
-        continue
-      if done[row]:
-        if stopped[row]:
-          self._finish(sample, "stop")
-        elif count[row] >= sample.request.max_new_tokens or not sample.request.slide:
-          self._finish(sample, "length")
-        else:
-          self._slide(sample)
+      self._ended(sample, state)
 
   def _tell(self, sample: _Sample, new: List[int], logprobs, top_ids, top_lps) -> None:
     """Hands `sample`'s new tokens (and text) to its request."""
@@ -521,6 +552,7 @@ class Engine:
     self._prefilling.append(sample)
 
   def _finish(self, sample: _Sample, reason: str) -> None:
+    was_live = sample.live
     sample.finished, sample.live = True, False
     if sample in self._waiting:
       self._waiting.remove(sample)
@@ -531,6 +563,8 @@ class Engine:
       self._held[sample.row] = None
       if reason == "cancelled" and sample.feed:  # half fed: what it holds is unknown
         self._cached[sample.row] = ()
+      elif was_live and sample.tokens:  # its newest token was drawn, never fed
+        self._cached[sample.row] = self._cached[sample.row][:-1]
     text = sample.stream.finish() if sample.stream is not None else ""
     completion = decode.Completion(
         tuple(sample.tokens), reason == "stop",

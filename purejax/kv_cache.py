@@ -139,8 +139,8 @@ def with_head_matrix(params: Params) -> Params:
   embedding table, and XLA's CPU backend transposed the whole table for it
   on each call: SmolLM2-135M's head took 72 ms for one row's logits, 4 ms
   from the transposed matrix. A program called once a token or a prompt
-  chunk (`decode.step`, `engine`) pays that every call, so their callers
-  transpose once. The matrix takes the table's memory again.
+  chunk (the engine's programs) pays that every call, so `prepare`
+  transposes once. The matrix takes the table's memory again.
   """
   table = params["wte"]["embedding"]
   if "lm_head" in params or not isinstance(table, jax.Array):

@@ -64,11 +64,12 @@ def test_answers_each_turn_once_feeding_only_its_own_tokens(smollm2_folder, caps
   asked = [{"role": "user", "content": QUESTION}]
   first_ids = chat.encode(tok, fmt, asked, add_generation_prompt=True)
   assert stats[0][0] == len(first_ids)
-  # The second turn feeds its own tokens only: what follows the first answer's <|im_end|>.
+  # The second turn feeds its own tokens only: from the first answer's <|im_end|> on
+  # (the answer's last token, drawn and never fed while it was decoded).
   history = asked + [{"role": "assistant", "content": first.rstrip("\n")},
                      {"role": "user", "content": follow_up}]
   second_ids = chat.encode(tok, fmt, history, add_generation_prompt=True)
-  assert stats[1][0] == len(second_ids) - (len(first_ids) + stats[0][1])
+  assert stats[1][0] == len(second_ids) - (len(first_ids) + stats[0][1] - 1)
   # After /reset the cache still holds the same first question: only its last token
   # is fed again (for its logits).
   assert stats[2][0] == 1

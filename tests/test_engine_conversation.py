@@ -66,7 +66,9 @@ def test_a_conversation_feeds_each_turn_once_and_equals_feeding_it_afresh(params
     assert_read_afresh(params, history, done.completion)
     fed.append(done.prompt_fed)
     history = history + list(done.completion.tokens) + [t + 1, 2]  # the next turn's own
-  assert fed == [6, 2, 2]  # the first turn whole; then each turn's own two tokens
+  # The first turn whole; then each turn's own two tokens and the answer's last one
+  # (drawn, and never fed while the answer was decoded).
+  assert fed == [6, 3, 3]
 
 
 @pytest.mark.slow
@@ -95,7 +97,8 @@ def test_streaming_stops_at_a_stop_id_and_yields_it(params):
 
   *streamed, free = answer()
   assert free.finish_reason == "length" and len(free.completion.tokens) == 6
-  assert sum(bool(e.tokens) for e in streamed) == 3  # as they are decoded, two a call
+  # As they are decoded: the first with the prompt's feeding, then two a call.
+  assert [len(e.tokens) for e in streamed if e.tokens] == [1, 2, 2, 1]
   tokens = list(free.completion.tokens)
   *_, stopped = answer(stop_ids=[tokens[1]])
   assert list(stopped.completion.tokens) == tokens[:tokens.index(tokens[1]) + 1]

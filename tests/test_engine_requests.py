@@ -104,7 +104,7 @@ def test_a_cancelled_request_frees_its_row_within_a_chunk(params):
   for _ in range(3):
     eng.step()
   emitted = sum(len(e.tokens) for _, e in log.events)
-  eng.submit(engine.Request([9, 9], 3), log("next"))  # waits: the one row is taken
+  eng.submit(engine.Request([9, 9], 9), log("next"))  # waits: the one row is taken
   assert eng.load() == {"waiting": 1, "rows_in_use": 1}
   eng.cancel(long_id)
   eng.step()  # the cancellation is read, the row is given to the next request
@@ -115,7 +115,7 @@ def test_a_cancelled_request_frees_its_row_within_a_chunk(params):
   assert eng.load() == {"waiting": 0, "rows_in_use": 1}
   while eng.step():
     pass
-  assert len(log.completion("next").tokens) == 3
+  assert len(log.completion("next").tokens) == 9
   assert eng.load() == {"waiting": 0, "rows_in_use": 0}
 
 

@@ -122,8 +122,9 @@ def test_decoding_reads_the_cache_with_bf16_products():
   array = lambda dtype, *shape: jax.ShapeDtypeStruct(shape, dtype)
   ids = array(jnp.int32, p)
   prefill = cache_rows.prefill.trace(
-      model, rows, array(jnp.int32, p, settings.prefill_chunk), ids, ids, ids, array(bool, p),
-      ids, config=GPT2, forms=forms)
+      model, rows, row_settings, None, array(jnp.int32, p, settings.prefill_chunk), ids, ids,
+      ids, array(bool, p), ids, config=GPT2, forms=forms, top=settings.top_logprobs,
+      valid_vocab=50257)
   decode_chunk = cache_rows.decode_chunk.trace(
       model, rows, row_settings, None, array(jnp.int32), array(bool), config=GPT2, forms=forms,
       steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=50257)

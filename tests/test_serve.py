@@ -224,6 +224,9 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(client):
   bad = client.post("/v1/chat/completions", content=b"{not json",
                     headers={"Content-Type": "application/json"})
   assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+  deep = client.post("/v1/chat/completions", content=b"[" * 2000 + b"]" * 2000,
+                     headers={"Content-Type": "application/json"})
+  assert deep.status_code == 400 and deep.json()["error"]["message"]
   big = client.post("/v1/chat/completions", content=b"x" * 5000,
                     headers={"Content-Type": "application/json"})
   assert big.status_code == 413 and big.json()["error"]["message"]

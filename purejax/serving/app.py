@@ -31,7 +31,6 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import jax
 import numpy as np
 import prometheus_client
 from starlette.applications import Starlette
@@ -203,6 +202,8 @@ class _Server:
       return json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
       raise protocol.APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+      raise protocol.APIError(400, "the request body is nested too deeply.") from None
 
   def check_model(self, model: Optional[str]) -> None:
     if model is not None and model != self.served.model_name:
@@ -215,8 +216,9 @@ class _Server:
     """The engine's requests for `prompts`, with their token budget checked."""
     context = self.served.engine.length
     out = []
-    seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
-    key = jax.random.PRNGKey(seed % (1 << 63))
+    seed = (sampling.seed if sampling.seed is not None else secrets.randbits(64)) % (1 << 64)
+    # `jax.random.PRNGKey(seed)` of all 64 bits (JAX without x64 would drop the high 32).
+    key = np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
     for p, ids in enumerate(prompts):
       room = context - len(ids)
       if room < 1:
@@ -342,7 +344,7 @@ def create_app(served: Served, config: ServerConfig = ServerConfig()) -> Starlet
         try:
           prompts = [chat.encode(tok, served.chat_format, parsed.messages,
                                  add_generation_prompt=True)]
-        except chat.ChatTemplateError as e:
+        except ValueError as e:  # chat.ChatTemplateError, or a tokenizer's refusal
           raise protocol.APIError(400, f"the chat template refused the messages: {e}",
                                   param="messages") from None
         param = "messages"
