@@ -306,11 +306,11 @@ def sampling_program(params, config: gpt.GPTConfig, forms: kernels.Forms, top_k:
       top_k=jnp.full(n, top_k, jnp.int32), top_p=jnp.ones(n), limit=jnp.ones(n, jnp.int32),
       stop_ids=jnp.full((n, 1), -1, jnp.int32),
       strings=jnp.full((n, settings.stop_strings, settings.stop_string_bytes), -1, jnp.int32),
-      active=jnp.ones(n, bool), top=jnp.zeros(n, bool))
+      active=jnp.ones(n, bool), logprobs=jnp.zeros(n, bool), top=jnp.zeros(n, bool))
   return cache_rows.decode_chunk.lower(
       kv_cache.prepare(params, config),
-      cache_rows.init_rows(config, settings.rows, settings.length, settings.ring_room, 1), row_settings,
-      None, jnp.int32(settings.chunk_steps), False, config=config, forms=forms,
+      cache_rows.init_rows(config, settings.rows, settings.length, settings.ring_room, 1),
+      row_settings, None, jnp.int32(settings.chunk_steps), False, config=config, forms=forms,
       steps=settings.chunk_steps, top=settings.top_logprobs, valid_vocab=None)
 
 

@@ -2,16 +2,17 @@ r"""Prefill: several waiting prompts fed together against one at a time, per pro
 
     python -m bench.prefill_speed --ref=d9ab780 --rounds=5 --out=results.json
 
-Eight waiting prompts of mixed lengths (`--lengths`, tokens of Tiny Shakespeare) are each
-completed by one token on SmolLM2-135M-Instruct (the test suite's float32 folder), so the
-time is their prefill and one decoding step. Arms, each a process of its own, alternated
-round by round, compiles excluded (each arm runs once before its timed runs):
+Eight waiting prompts of mixed lengths (`--lengths`, tokens of Tiny Shakespeare) are fed
+into the rows of SmolLM2-135M-Instruct's cache (the test suite's float32 folder), each
+ready to decode; the time is that feeding alone. Arms, each a process of its own,
+alternated round by round, compiles excluded (each arm runs once before its timed runs):
 
 * `batched`: the engine now: `prefill_rows` chunks of `prefill_chunk` tokens per call,
   several prompts in one call (`--prefill_rows`, `--prefill_chunk`);
 * `one_at_a_time`: the same engine with one chunk row per call;
 * `ref`: the engine of the git revision `--ref` (checked out into a temporary worktree),
-  which fed each prompt alone in chunks of 256, 128, 64 and 32 tokens.
+  which fed each prompt alone into a one-row cache in chunks of 256, 128, 64 and 32
+  tokens, then copied it into its row (`engine.prefill`, `engine.place` there).
 
 Reports milliseconds per prompt token (medians over rounds) and the ratios.
 """
@@ -43,25 +44,51 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_arm(arm: str) -> None:
-  """Times one arm in this process; prints a JSON list of seconds."""
+  """Times one arm's prefill of the prompts in this process; prints a JSON list of seconds."""
   sys.path[:0] = [os.getcwd(), str(ROOT / "tests")]
   import jax  # pylint: disable=import-outside-toplevel
-  from purejax import engine, weights  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from purejax import engine, kv_cache, weights  # pylint: disable=import-outside-toplevel
   from purejax.data import tokenizers  # pylint: disable=import-outside-toplevel
+  from purejax.ops import kernels  # pylint: disable=import-outside-toplevel
   from real_model import smollm2_folder_path  # pylint: disable=import-outside-toplevel
   params, config, spec = weights.from_pretrained(str(smollm2_folder_path()))
-  params = jax.tree.map(jax.numpy.asarray, params)
+  params = jax.tree.map(jnp.asarray, params)
   tokenizer = tokenizers.from_spec(spec)
   text = (ROOT / "purejax/data/_datasets/tinyshakespeare/input.txt").read_text()
   ids = list(tokenizer.encode(text[:20000]))
   prompts = [ids[i * 500:i * 500 + int(n)] for i, n in enumerate(FLAGS.lengths)]
-  key = jax.random.PRNGKey(0)
-  if arm == "ref":
-    go = lambda: engine.generate_many(params, prompts, config, key, 1, rows=len(prompts))
+  forms = kernels.select("cpu")
+  n = len(prompts)
+  if arm == "ref":  # the revision's own functions: each prompt fed alone, then placed in a row
+    layers = jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config))
+    rest = kv_cache.with_head_matrix({k: v for k, v in params.items() if k != "blocks"})
+    length = engine.cache_length([len(p) for p in prompts], 1, config)
+    state = engine.init_rows(config, n, length, 1, 1)
+    def go():
+      nonlocal state
+      for row, prompt in enumerate(prompts):
+        logits, cache = engine.prefill(layers, rest, prompt, length, config, forms)
+        state = engine.place(state, cache, logits, row, len(prompt), row,
+                             jnp.full(1, -1, jnp.int32), kv=config.kv_heads)
+      jax.block_until_ready(state)
   else:
     rows = FLAGS.prefill_rows if arm == "batched" else 1
-    go = lambda: engine.generate(params, prompts, config, key, 1, rows=len(prompts),
-                                 prefill_rows=rows, prefill_chunk=FLAGS.prefill_chunk)
+    length = max(len(p) for p in prompts) + FLAGS.prefill_chunk + 1
+    eng = engine.Engine(params, config, engine.EngineConfig(
+        rows=n, length=length, prefill_rows=rows, prefill_chunk=FLAGS.prefill_chunk),
+                        forms=forms)
+    eng.warm_up()
+    def go():
+      ids_ = [eng.submit(engine.Request(p, 1), lambda event: None) for p in prompts]
+      eng._read_inbox()  # pylint: disable=protected-access
+      eng._admit()  # pylint: disable=protected-access
+      while eng._prefilling:  # pylint: disable=protected-access
+        eng._prefill_call()  # pylint: disable=protected-access
+      jax.block_until_ready(eng.rows)
+      for i in ids_:  # the rows free again for the next run
+        eng.cancel(i)
+      eng._read_inbox()  # pylint: disable=protected-access
   go()  # compiles
   times = []
   for _ in range(FLAGS.repeats):

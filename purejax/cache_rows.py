@@ -69,6 +69,7 @@ class Settings(NamedTuple):
     stop_ids: `[rows, k]` int32, -1 for none.
     strings: `[rows, n, bytes]` int32 (`decode.encode_stop_strings`).
     active: `[rows]` bool: rows the host wants decoded (others are left done).
+    logprobs: `[rows]` bool: rows that want their tokens' log-probabilities.
     top: `[rows]` bool: rows that want the most likely tokens reported.
   """
   keys: chex.Array
@@ -79,6 +80,7 @@ class Settings(NamedTuple):
   stop_ids: chex.Array
   strings: chex.Array
   active: chex.Array
+  logprobs: chex.Array
   top: chex.Array
 
 
@@ -133,13 +135,15 @@ def draw(logits: chex.Array, settings: Settings, text: chex.Array, noise: chex.A
     text = decode.appended(table, text, token)
     hit |= decode.stop_hits(settings.strings, text)
   n = logits.shape[0]
-  if top:  # the most likely tokens only where a row asks (a sort of every row's logits)
+  nothing = lambda: (jnp.zeros(n), jnp.zeros((n, top), jnp.int32), jnp.zeros((n, top)))
+  chosen = lambda: (decode.log_probs(logits, token, 0)[0], *nothing()[1:])
+  # Only where a row asks: a softmax (and for the most likely, a sort) of every row's logits.
+  if top:
     lp, top_ids, top_lp = jax.lax.cond(
         jnp.any(settings.top), lambda: decode.log_probs(logits, token, top),
-        lambda: (decode.log_probs(logits, token, 0)[0], jnp.zeros((n, top), jnp.int32),
-                 jnp.zeros((n, top), jnp.float32)))
+        lambda: jax.lax.cond(jnp.any(settings.logprobs), chosen, nothing))
   else:
-    lp, top_ids, top_lp = decode.log_probs(logits, token, 0)
+    lp, top_ids, top_lp = jax.lax.cond(jnp.any(settings.logprobs), chosen, nothing)
   return Drawn(token, hit, text, lp, top_ids, top_lp)
 
 

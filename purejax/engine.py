@@ -68,6 +68,10 @@ class EngineConfig:
     prefill_rows: prompt chunks fed per prefill call.
     prefill_chunk: tokens per chunk. A prompt is cut into chunks at multiples of
       it from where its feeding starts, whatever else waits.
+    short_prefill_chunk: optionally a smaller chunk, for prompts that fit in
+      `prefill_rows` of it: one call of less work (a second program). Which of
+      the two a prompt takes depends on its length alone, so its bits do not
+      depend on what else waits.
     chunk_steps: decoding steps per call at most: the longest a new request waits
       for its prefill, and how often the host sees new tokens.
     stop_strings: stop strings a request may have, at most.
@@ -82,6 +86,7 @@ class EngineConfig:
   length: Optional[int] = None
   prefill_rows: int = 4
   prefill_chunk: int = 64
+  short_prefill_chunk: Optional[int] = None
   chunk_steps: int = 16
   stop_strings: int = 8
   stop_string_bytes: int = 32
@@ -95,6 +100,16 @@ class EngineConfig:
         raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
     if self.top_logprobs < 0:
       raise ValueError(f"EngineConfig.top_logprobs must be >= 0, got {self.top_logprobs}.")
+    if self.short_prefill_chunk is not None and not (
+        1 <= self.short_prefill_chunk < self.prefill_chunk):
+      raise ValueError(f"EngineConfig.short_prefill_chunk={self.short_prefill_chunk}: give "
+                       f"1 to prefill_chunk - 1 ({self.prefill_chunk - 1}), or None.")
+
+  def chunk_for(self, tokens: int) -> int:
+    """The chunk a prompt of `tokens` tokens to feed is fed in."""
+    short = self.short_prefill_chunk
+    return short if short is not None and tokens <= self.prefill_rows * short else (
+        self.prefill_chunk)
 
   @property
   def ring_room(self) -> int:
@@ -178,6 +193,7 @@ class _Sample:
     self.feed: List[int] = []  # tokens still to prefill
     self.fed = 0  # of them, fed so far
     self.start = 0  # the position the feed starts at
+    self.chunk = 0  # the chunk size it is fed in
     self.prompt_fed = 0
     self.live = False  # decoding
     self.finished = False
@@ -225,7 +241,7 @@ class Engine:
         top_k=np.zeros(n, np.int32), top_p=np.ones(n, np.float32),
         limit=np.ones(n, np.int32), stop_ids=np.full((n, 1), -1, np.int32),
         strings=np.full((n, settings.stop_strings, settings.stop_string_bytes), -1, np.int32),
-        active=np.zeros(n, bool), top=np.zeros(n, bool))
+        active=np.zeros(n, bool), logprobs=np.zeros(n, bool), top=np.zeros(n, bool))
     self._held: List[Optional[_Sample]] = [None] * n  # the sample each row holds
     self._cached: List[Tuple[int, ...]] = [()] * n  # the tokens each row's cache holds
     self._waiting: Deque[_Sample] = collections.deque()  # in arrival order
@@ -317,13 +333,13 @@ class Engine:
 
   def warm_up(self) -> None:
     """Compiles the engine's programs (with nothing to feed and every row done)."""
-    p, c = self.settings.prefill_rows, self.settings.prefill_chunk
-    n = self.settings.rows
+    p, n = self.settings.prefill_rows, self.settings.rows
     settings = self._device_settings()
-    self.rows, first = cache_rows.prefill(
-        self.model, self.rows, settings, self.table, jnp.zeros((p, c), jnp.int32),
-        jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32), jnp.zeros(p, jnp.int32),
-        jnp.zeros(p, bool), jnp.zeros(p, jnp.int32), **self._statics())
+    for c in {self.settings.prefill_chunk, self.settings.short_prefill_chunk} - {None}:
+      self.rows, first = cache_rows.prefill(
+          self.model, self.rows, settings, self.table, jnp.zeros((p, c), jnp.int32),
+          jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32), jnp.zeros(p, jnp.int32),
+          jnp.zeros(p, bool), jnp.zeros(p, jnp.int32), **self._statics())
     self.rows, copied = cache_rows.copy_row(self.rows, settings, self.table, 0, 0,
                                             kv=self.config.kv_heads, **self._draw_statics())
     self.rows = self.rows._replace(done=jnp.ones(n, bool))  # every row done again
@@ -375,6 +391,7 @@ class Engine:
         prompt = prompt[-self.length:]  # conditioned on the context's last tokens
       reused = self._reusable(row, prompt)
       first.feed, first.start, first.fed = list(prompt[reused:]), reused, 0
+      first.chunk = self.settings.chunk_for(len(first.feed))
       first.prompt_fed = len(prompt) - reused
       self._cached[row] = prompt[:reused]
       self._prefilling.append(first)
@@ -418,17 +435,20 @@ class Engine:
         r.stop_strings if self.table is not None else (), self.settings.stop_strings,
         self.settings.stop_string_bytes)
     s["top"][row] = r.top_logprobs > 0
+    s["logprobs"][row] = r.logprobs or r.top_logprobs > 0
     s["active"][row] = False
 
   def _prefill_call(self) -> None:
-    """Feeds up to `prefill_rows` chunks of the prompts being fed, oldest first."""
-    p, c, n = self.settings.prefill_rows, self.settings.prefill_chunk, self.settings.rows
+    """Feeds up to `prefill_rows` chunks of the prompts being fed, oldest first (those
+    fed in the oldest one's chunk size)."""
+    p, n = self.settings.prefill_rows, self.settings.rows
+    c = self._prefilling[0].chunk
     tokens = np.zeros((p, c), np.int32)
     row_of, starts = np.full(p, n, np.int32), np.zeros(p, np.int32)
     counts, finishing = np.zeros(p, np.int32), np.zeros(p, bool)
     count_after = np.zeros(p, np.int32)
     call, done = 0, []
-    for sample in self._prefilling:
+    for sample in [s for s in self._prefilling if s.chunk == c]:
       while call < p and sample.fed < len(sample.feed):
         ids = sample.feed[sample.fed:sample.fed + c]
         tokens[call, :len(ids)] = ids
@@ -547,6 +567,7 @@ class Engine:
     context = list(sample.request.prompt) + sample.tokens
     keep = max(self.length // 2, 1)
     sample.feed, sample.start, sample.fed, sample.live = context[-keep:], 0, 0, False
+    sample.chunk = self.settings.chunk_for(keep)
     self._cached[sample.row] = ()
     self._settings["active"][sample.row] = False
     self._prefilling.append(sample)

@@ -229,7 +229,7 @@ def engine_settings(rows):
       keys=jnp.zeros((rows, 2), jnp.uint32), temperature=jnp.zeros(rows),
       top_k=jnp.zeros(rows, jnp.int32), top_p=jnp.ones(rows), limit=jnp.full(rows, 8),
       stop_ids=jnp.full((rows, 1), -1), strings=jnp.full((rows, 1, 1), -1),
-      active=jnp.ones(rows, bool), top=jnp.zeros(rows, bool))
+      active=jnp.ones(rows, bool), logprobs=jnp.zeros(rows, bool), top=jnp.zeros(rows, bool))
 
 
 def test_progress_counts_prompts_as_their_last_sample_ends():

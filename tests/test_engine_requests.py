@@ -165,3 +165,24 @@ def test_requests_the_engine_cannot_run_are_refused_before_they_queue(params):
     with pytest.raises(ValueError, match=message):
       eng.submit(bad, lambda event: None)
   assert eng.load() == {"waiting": 0, "rows_in_use": 0}
+
+
+def test_a_prompt_short_enough_is_fed_in_the_short_chunks_each_as_alone(params):
+  settings = engine.EngineConfig(rows=3, prefill_rows=2, prefill_chunk=8, short_prefill_chunk=4,
+                                 chunk_steps=2)
+  assert [settings.chunk_for(n) for n in (1, 8, 9, 16)] == [4, 4, 8, 8]
+  eng = engine.Engine(params, CONFIG, settings)
+  log = Recorder()
+  prompts = {"short": [5, 9, 2, 7, 7], "long": [3] * 13}  # 2 chunks of 4; 2 chunks of 8
+  for name, prompt in prompts.items():
+    eng.submit(engine.Request(prompt, 6, logprobs=True), log(name))
+  while eng.step():
+    pass
+  assert eng.counters["prefill_calls"] == 2  # one call of each size
+  for name, prompt in prompts.items():
+    one = engine.Engine(params, CONFIG, settings)
+    alone_log = Recorder()
+    one.submit(engine.Request(prompt, 6, logprobs=True), alone_log("alone"))
+    while one.step():
+      pass
+    assert log.completion(name) == alone_log.completion("alone")

@@ -52,8 +52,10 @@ def define_flags(args: flags.FlagValues) -> None:
                        flag_values=args)
   flags.DEFINE_integer("prefill_rows", 4, "Prompt chunks fed per prefill call.",
                        lower_bound=1, flag_values=args)
-  flags.DEFINE_integer("prefill_chunk", 64, "Tokens per prompt chunk.", lower_bound=1,
+  flags.DEFINE_integer("prefill_chunk", 64, "Tokens per prompt chunk.", lower_bound=2,
                        flag_values=args)
+  flags.DEFINE_integer("short_prefill_chunk", 32, "Tokens per chunk of a prompt that fits "
+                       "in --prefill_rows of them (0: none).", lower_bound=0, flag_values=args)
   flags.DEFINE_integer("chunk_steps", 4, "Decoding steps between the engine's looks at new "
                        "requests and cancellations.", lower_bound=1, flag_values=args)
   flags.DEFINE_integer("max_queue", 64, "Requests waiting for a row at most; more get 429.",
@@ -95,7 +97,9 @@ def build(args):
   texts = tokenizers.token_texts(tokenizer)
   settings = engine.EngineConfig(
       rows=args.rows, length=length, prefill_rows=args.prefill_rows,
-      prefill_chunk=args.prefill_chunk, chunk_steps=args.chunk_steps, stop_strings=4,
+      prefill_chunk=args.prefill_chunk,
+      short_prefill_chunk=args.short_prefill_chunk or None, chunk_steps=args.chunk_steps,
+      stop_strings=4,
       stop_string_bytes=32, top_logprobs=20)
   eng = engine.Engine(params, config, settings, forms=forms_flags.forms_from_flags(args),
                       valid_vocab=tokenizer.vocab_size, token_texts=texts,

@@ -84,7 +84,7 @@ def engine_programs_args(config, settings: engine.EngineConfig, text_bytes: int 
       top_k=scalar(jnp.int32, n), top_p=scalar(jnp.float32, n), limit=scalar(jnp.int32, n),
       stop_ids=scalar(jnp.int32, n, 1),
       strings=scalar(jnp.int32, n, settings.stop_strings, settings.stop_string_bytes),
-      active=scalar(bool, n), top=scalar(bool, n))
+      active=scalar(bool, n), logprobs=scalar(bool, n), top=scalar(bool, n))
   return model, rows, row_settings
 
 
