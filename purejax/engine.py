@@ -68,10 +68,10 @@ class EngineConfig:
     prefill_rows: prompt chunks fed per prefill call.
     prefill_chunk: tokens per chunk. A prompt is cut into chunks at multiples of
       it from where its feeding starts, whatever else waits.
-    short_prefill_chunk: optionally a smaller chunk, for prompts that fit in
-      `prefill_rows` of it: one call of less work (a second program). Which of
-      the two a prompt takes depends on its length alone, so its bits do not
-      depend on what else waits.
+    short_prefill_chunks: smaller chunks, each for the prompts that fit in
+      `prefill_rows` of it and not of a smaller one: a short prompt's call does
+      less work (a program for each size). Which size a prompt takes depends on
+      its length alone, so its bits do not depend on what else waits.
     chunk_steps: decoding steps per call at most: the longest a new request waits
       for its prefill, and how often the host sees new tokens.
     stop_strings: stop strings a request may have, at most.
@@ -86,7 +86,7 @@ class EngineConfig:
   length: Optional[int] = None
   prefill_rows: int = 4
   prefill_chunk: int = 64
-  short_prefill_chunk: Optional[int] = None
+  short_prefill_chunks: Tuple[int, ...] = ()
   chunk_steps: int = 16
   stop_strings: int = 8
   stop_string_bytes: int = 32
@@ -100,16 +100,19 @@ class EngineConfig:
         raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
     if self.top_logprobs < 0:
       raise ValueError(f"EngineConfig.top_logprobs must be >= 0, got {self.top_logprobs}.")
-    if self.short_prefill_chunk is not None and not (
-        1 <= self.short_prefill_chunk < self.prefill_chunk):
-      raise ValueError(f"EngineConfig.short_prefill_chunk={self.short_prefill_chunk}: give "
-                       f"1 to prefill_chunk - 1 ({self.prefill_chunk - 1}), or None.")
+    if not all(1 <= c < self.prefill_chunk for c in self.short_prefill_chunks):
+      raise ValueError(f"EngineConfig.short_prefill_chunks={self.short_prefill_chunks}: each "
+                       f"must be 1 to prefill_chunk - 1 ({self.prefill_chunk - 1}).")
+
+  @property
+  def prefill_chunks(self) -> Tuple[int, ...]:
+    """Every chunk size, smallest first."""
+    return tuple(sorted(set(self.short_prefill_chunks) | {self.prefill_chunk}))
 
   def chunk_for(self, tokens: int) -> int:
     """The chunk a prompt of `tokens` tokens to feed is fed in."""
-    short = self.short_prefill_chunk
-    return short if short is not None and tokens <= self.prefill_rows * short else (
-        self.prefill_chunk)
+    return next((c for c in self.prefill_chunks if tokens <= self.prefill_rows * c),
+                self.prefill_chunk)
 
   @property
   def ring_room(self) -> int:
@@ -335,7 +338,7 @@ class Engine:
     """Compiles the engine's programs (with nothing to feed and every row done)."""
     p, n = self.settings.prefill_rows, self.settings.rows
     settings = self._device_settings()
-    for c in {self.settings.prefill_chunk, self.settings.short_prefill_chunk} - {None}:
+    for c in self.settings.prefill_chunks:
       self.rows, first = cache_rows.prefill(
           self.model, self.rows, settings, self.table, jnp.zeros((p, c), jnp.int32),
           jnp.full(p, n, jnp.int32), jnp.zeros(p, jnp.int32), jnp.zeros(p, jnp.int32),

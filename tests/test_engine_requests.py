@@ -168,8 +168,8 @@ def test_requests_the_engine_cannot_run_are_refused_before_they_queue(params):
 
 
 def test_a_prompt_short_enough_is_fed_in_the_short_chunks_each_as_alone(params):
-  settings = engine.EngineConfig(rows=3, prefill_rows=2, prefill_chunk=8, short_prefill_chunk=4,
-                                 chunk_steps=2)
+  settings = engine.EngineConfig(rows=3, prefill_rows=2, prefill_chunk=8,
+                                 short_prefill_chunks=(4,), chunk_steps=2)
   assert [settings.chunk_for(n) for n in (1, 8, 9, 16)] == [4, 4, 8, 8]
   eng = engine.Engine(params, CONFIG, settings)
   log = Recorder()

@@ -1,6 +1,6 @@
 r"""Serves a model over HTTP in OpenAI's API, with a chat page, on one generation engine.
 
-    python -m purejax.serve --init_from=path/to/SmolLM2-135M-Instruct     # then open http://127.0.0.1:8000
+    python -m purejax.serve --init_from=path/to/SmolLM2-135M-Instruct   # http://127.0.0.1:8000
     python -m purejax.serve --init_from=model.gguf --port=8080 --api_key=secret
     python -m purejax.serve --init_from=out-sft --rows=8 --max_context=1024
 
@@ -54,8 +54,9 @@ def define_flags(args: flags.FlagValues) -> None:
                        lower_bound=1, flag_values=args)
   flags.DEFINE_integer("prefill_chunk", 64, "Tokens per prompt chunk.", lower_bound=2,
                        flag_values=args)
-  flags.DEFINE_integer("short_prefill_chunk", 32, "Tokens per chunk of a prompt that fits "
-                       "in --prefill_rows of them (0: none).", lower_bound=0, flag_values=args)
+  flags.DEFINE_list("short_prefill_chunks", ["32", "48"], "Smaller chunk sizes: a prompt "
+                    "that fits in --prefill_rows chunks of one is fed in the smallest such "
+                    "(a program each; 'none': only --prefill_chunk).", flag_values=args)
   flags.DEFINE_integer("chunk_steps", 4, "Decoding steps between the engine's looks at new "
                        "requests and cancellations.", lower_bound=1, flag_values=args)
   flags.DEFINE_integer("max_queue", 64, "Requests waiting for a row at most; more get 429.",
@@ -98,7 +99,8 @@ def build(args):
   settings = engine.EngineConfig(
       rows=args.rows, length=length, prefill_rows=args.prefill_rows,
       prefill_chunk=args.prefill_chunk,
-      short_prefill_chunk=args.short_prefill_chunk or None, chunk_steps=args.chunk_steps,
+      short_prefill_chunks=short_chunks(args.short_prefill_chunks),
+      chunk_steps=args.chunk_steps,
       stop_strings=4,
       stop_string_bytes=32, top_logprobs=20)
   eng = engine.Engine(params, config, settings, forms=forms_flags.forms_from_flags(args),
@@ -106,6 +108,17 @@ def build(args):
                       decode_text=tokenizer.decode)
   name = args.served_model_name or args.init_from.rstrip("/").split("/")[-1]
   return app.Served(eng, tokenizer, fmt, stops, name, texts)
+
+
+def short_chunks(flag) -> tuple:
+  """--short_prefill_chunks as sizes; () for 'none'."""
+  if [v.lower() for v in flag] in (["none"], []):
+    return ()
+  try:
+    return tuple(int(v) for v in flag)
+  except ValueError:
+    raise ValueError(f"--short_prefill_chunks={','.join(flag)} must be chunk sizes "
+                     f"(integers) or 'none'.") from None
 
 
 def serve(args: flags.FlagValues) -> int:
