@@ -7,8 +7,9 @@ into the rows of SmolLM2-135M-Instruct's cache (the test suite's float32 folder)
 ready to decode; the time is that feeding alone. Arms, each a process of its own,
 alternated round by round, compiles excluded (each arm runs once before its timed runs):
 
-* `batched`: the engine now: `prefill_rows` chunks of `prefill_chunk` tokens per call,
-  several prompts in one call (`--prefill_rows`, `--prefill_chunk`);
+* `batched`: the engine now: `prefill_rows` chunks of `prefill_chunk` tokens per call
+  (or of a short chunk size a prompt fits), several prompts in one call
+  (`--prefill_rows`, `--prefill_chunk`, `--short_prefill_chunks`);
 * `one_at_a_time`: the same engine with one chunk row per call;
 * `ref`: the engine of the git revision `--ref` (checked out into a temporary worktree),
   which fed each prompt alone into a one-row cache in chunks of 256, 128, 64 and 32
@@ -35,6 +36,8 @@ flags.DEFINE_integer("rounds", 5, "Alternated rounds.")
 flags.DEFINE_integer("repeats", 3, "Timed runs per arm and round (their median).")
 flags.DEFINE_integer("prefill_rows", 4, "The batched arm's chunk rows per call.")
 flags.DEFINE_integer("prefill_chunk", 64, "Tokens per chunk.")
+flags.DEFINE_list("short_prefill_chunks", [], "The batched arm's smaller chunk sizes "
+                  "(EngineConfig.short_prefill_chunks).")
 flags.DEFINE_string("ref", None, "A git revision whose engine is the `ref` arm.")
 flags.DEFINE_string("out", None, "Write the results as JSON here.")
 flags.DEFINE_string("arm", None, "(internal) run one arm in this process and print its times.")
@@ -75,9 +78,10 @@ def run_arm(arm: str) -> None:
   else:
     rows = FLAGS.prefill_rows if arm == "batched" else 1
     length = max(len(p) for p in prompts) + FLAGS.prefill_chunk + 1
+    short = tuple(int(c) for c in FLAGS.short_prefill_chunks) if arm == "batched" else ()
     eng = engine.Engine(params, config, engine.EngineConfig(
-        rows=n, length=length, prefill_rows=rows, prefill_chunk=FLAGS.prefill_chunk),
-                        forms=forms)
+        rows=n, length=length, prefill_rows=rows, prefill_chunk=FLAGS.prefill_chunk,
+        short_prefill_chunks=short), forms=forms)
     eng.warm_up()
     def go():
       ids_ = [eng.submit(engine.Request(p, 1), lambda event: None) for p in prompts]
@@ -118,7 +122,9 @@ def main(argv):
       for name in order:
         flags_ = [f"--lengths={','.join(FLAGS.lengths)}", f"--repeats={FLAGS.repeats}",
                   f"--prefill_rows={FLAGS.prefill_rows}",
-                  f"--prefill_chunk={FLAGS.prefill_chunk}", f"--arm={name}"]
+                  f"--prefill_chunk={FLAGS.prefill_chunk}",
+                  f"--short_prefill_chunks={','.join(FLAGS.short_prefill_chunks)}",
+                  f"--arm={name}"]
         done = subprocess.run([sys.executable, str(ROOT / "bench" / "prefill_speed.py"), *flags_],
                               cwd=arms[name], capture_output=True, text=True, check=True)
         seconds = statistics.median(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -131,6 +137,7 @@ def main(argv):
   medians = {name: statistics.median(v) for name, v in per_token.items()}
   result = {"lengths": [int(n) for n in FLAGS.lengths], "prompt_tokens": tokens,
             "prefill_rows": FLAGS.prefill_rows, "prefill_chunk": FLAGS.prefill_chunk,
+            "short_prefill_chunks": FLAGS.short_prefill_chunks,
             "ms_per_prompt_token": medians, "rounds": per_token, "ref": FLAGS.ref,
             "date": time.strftime("%Y-%m-%d")}
   for name in medians:
