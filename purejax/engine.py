@@ -66,12 +66,18 @@ class EngineConfig:
     length: cache positions per row, prompt and completion together (None: the
       model's context, `block_size`).
     prefill_rows: prompt chunks fed per prefill call.
-    prefill_chunk: tokens per chunk. A prompt is cut into chunks at multiples of
-      it from where its feeding starts, whatever else waits.
-    short_prefill_chunks: smaller chunks, each for the prompts that fit in
-      `prefill_rows` of it and not of a smaller one: a short prompt's call does
-      less work (a program for each size). Which size a prompt takes depends on
-      its length alone, so its bits do not depend on what else waits.
+    prefill_chunk: tokens per chunk.
+    short_prefill_chunks: smaller chunks for a prompt's tail: a prompt is fed in
+      whole calls' worth of `prefill_chunk` chunks, then what is left (under
+      `prefill_rows * prefill_chunk` tokens) in the smallest chunk that holds it
+      in `prefill_rows` rows, so its last call pads little (a program for each
+      size). How a prompt is cut depends on its length alone, never on what
+      else waits, so its bits do not either.
+    prefill_calls: prefill calls per round at most while rows are decoding
+      (while none is, every waiting prompt is fed before decoding starts). A
+      decoding step costs about the same with one row live as with all, so
+      prompts fed first keep the steps full; the cap bounds how long a long
+      prompt holds up the tokens of the rows already decoding.
     chunk_steps: decoding steps per call at most: the longest a new request waits
       for its prefill, and how often the host sees new tokens.
     stop_strings: stop strings a request may have, at most.
@@ -87,6 +93,7 @@ class EngineConfig:
   prefill_rows: int = 4
   prefill_chunk: int = 64
   short_prefill_chunks: Tuple[int, ...] = ()
+  prefill_calls: int = 4
   chunk_steps: int = 16
   stop_strings: int = 8
   stop_string_bytes: int = 32
@@ -94,8 +101,8 @@ class EngineConfig:
   reuse_prefix: bool = False
 
   def __post_init__(self):
-    for name in ("rows", "prefill_rows", "prefill_chunk", "chunk_steps", "stop_strings",
-                 "stop_string_bytes"):
+    for name in ("rows", "prefill_rows", "prefill_chunk", "prefill_calls", "chunk_steps",
+                 "stop_strings", "stop_string_bytes"):
       if getattr(self, name) < 1:
         raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
     if self.top_logprobs < 0:
@@ -109,10 +116,13 @@ class EngineConfig:
     """Every chunk size, smallest first."""
     return tuple(sorted(set(self.short_prefill_chunks) | {self.prefill_chunk}))
 
-  def chunk_for(self, tokens: int) -> int:
-    """The chunk a prompt of `tokens` tokens to feed is fed in."""
-    return next((c for c in self.prefill_chunks if tokens <= self.prefill_rows * c),
-                self.prefill_chunk)
+  def chunk_at(self, tokens: int, fed: int) -> int:
+    """The size of the next chunk of a prompt of `tokens` tokens to feed, `fed` of them
+    fed (`short_prefill_chunks`)."""
+    tail = tokens % self.ring_room
+    if tokens - fed > tail:
+      return self.prefill_chunk
+    return next(c for c in self.prefill_chunks if tail <= self.prefill_rows * c)
 
   @property
   def ring_room(self) -> int:
@@ -196,7 +206,6 @@ class _Sample:
     self.feed: List[int] = []  # tokens still to prefill
     self.fed = 0  # of them, fed so far
     self.start = 0  # the position the feed starts at
-    self.chunk = 0  # the chunk size it is fed in
     self.prompt_fed = 0
     self.live = False  # decoding
     self.finished = False
@@ -324,15 +333,21 @@ class Engine:
     return bool(self._inbox or self._waiting or any(s is not None for s in self._held))
 
   def step(self) -> bool:
-    """One round: takes new requests and cancellations, feeds one prefill call, decodes
-    one chunk, and tells each request what it got. Returns whether work remains."""
+    """One round: takes new requests and cancellations, feeds the waiting prompts (up
+    to `prefill_calls` calls while rows decode), decodes one chunk, and tells each
+    request what it got. Returns whether work remains."""
     self._read_inbox()
     self._admit()
-    if self._prefilling:
+    calls, cap = 0, self.settings.prefill_calls if self._decoding() else None
+    while self._prefilling and (cap is None or calls < cap):
       self._prefill_call()
-    if any(s is not None and s.live for s in self._held):
+      calls += 1
+    if self._decoding():
       self._decode_call()
     return self.busy()
+
+  def _decoding(self) -> bool:
+    return any(s is not None and s.live for s in self._held)
 
   def warm_up(self) -> None:
     """Compiles the engine's programs (with nothing to feed and every row done)."""
@@ -394,7 +409,6 @@ class Engine:
         prompt = prompt[-self.length:]  # conditioned on the context's last tokens
       reused = self._reusable(row, prompt)
       first.feed, first.start, first.fed = list(prompt[reused:]), reused, 0
-      first.chunk = self.settings.chunk_for(len(first.feed))
       first.prompt_fed = len(prompt) - reused
       self._cached[row] = prompt[:reused]
       self._prefilling.append(first)
@@ -445,14 +459,15 @@ class Engine:
     """Feeds up to `prefill_rows` chunks of the prompts being fed, oldest first (those
     fed in the oldest one's chunk size)."""
     p, n = self.settings.prefill_rows, self.settings.rows
-    c = self._prefilling[0].chunk
+    chunk_of = lambda s: self.settings.chunk_at(len(s.feed), s.fed)
+    c = chunk_of(self._prefilling[0])
     tokens = np.zeros((p, c), np.int32)
     row_of, starts = np.full(p, n, np.int32), np.zeros(p, np.int32)
     counts, finishing = np.zeros(p, np.int32), np.zeros(p, bool)
     count_after = np.zeros(p, np.int32)
     call, done = 0, []
-    for sample in [s for s in self._prefilling if s.chunk == c]:
-      while call < p and sample.fed < len(sample.feed):
+    for sample in self._prefilling:
+      while call < p and sample.fed < len(sample.feed) and chunk_of(sample) == c:
         ids = sample.feed[sample.fed:sample.fed + c]
         tokens[call, :len(ids)] = ids
         row_of[call], starts[call] = sample.row, sample.start + sample.fed
@@ -570,7 +585,6 @@ class Engine:
     context = list(sample.request.prompt) + sample.tokens
     keep = max(self.length // 2, 1)
     sample.feed, sample.start, sample.fed, sample.live = context[-keep:], 0, 0, False
-    sample.chunk = self.settings.chunk_for(keep)
     self._cached[sample.row] = ()
     self._settings["active"][sample.row] = False
     self._prefilling.append(sample)
@@ -656,6 +670,7 @@ def generate(
     rows: int = 16,
     prefill_rows: int = 4,
     prefill_chunk: int = 64,
+    short_prefill_chunks: Optional[Sequence[int]] = None,
     forms: Optional[kernels.Forms] = None,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> List[List[decode.Completion]]:
@@ -685,7 +700,8 @@ def generate(
     slide: past the context, go on from its last half (nanoGPT's sampling; a
       longer prompt is cut to the context's last tokens); else prompt and
       `max_new_tokens` must fit it.
-    rows, prefill_rows, prefill_chunk: the engine's shapes (`EngineConfig`).
+    rows, prefill_rows, prefill_chunk, short_prefill_chunks: the engine's shapes
+      (`EngineConfig`); short chunks None: 32 and 48, those below `prefill_chunk`.
     forms: execution forms; None: those of the platform `params` live on.
     progress: optional `progress(prompts_done, prompts)`, called as each prompt's
       last completion ends.
@@ -711,7 +727,11 @@ def generate(
   length = (config.block_size if slide else
             cache_length([len(p) for p in prompts], max_new_tokens, prefill_chunk, config))
   settings = EngineConfig(rows=rows, length=length, prefill_rows=prefill_rows,
-                          prefill_chunk=prefill_chunk, stop_strings=max(1, len(stop_strings)),
+                          prefill_chunk=prefill_chunk,
+                          short_prefill_chunks=tuple(
+                              short_prefill_chunks if short_prefill_chunks is not None
+                              else (c for c in (32, 48) if c < prefill_chunk)),
+                          stop_strings=max(1, len(stop_strings)),
                           stop_string_bytes=max([1] + [len(s.encode()) for s in stop_strings]),
                           top_logprobs=top_logprobs)
   eng = Engine(params, config, settings, forms=forms, valid_vocab=valid_vocab,

@@ -50,9 +50,9 @@ class Recorder:
     return None
 
 
-def alone(params, req):
-  """`req` through an engine of the same shapes with nothing else in it."""
-  eng = engine.Engine(params, CONFIG, SETTINGS)
+def alone(params, req, settings=SETTINGS):
+  """`req` through an engine of these shapes with nothing else in it."""
+  eng = engine.Engine(params, CONFIG, settings)
   log = Recorder()
   eng.submit(req, log("alone"))
   while eng.step():
@@ -167,18 +167,21 @@ def test_requests_the_engine_cannot_run_are_refused_before_they_queue(params):
   assert eng.load() == {"waiting": 0, "rows_in_use": 0}
 
 
-def test_a_prompt_short_enough_is_fed_in_the_short_chunks_each_as_alone(params):
+def test_a_prompts_tail_is_fed_in_the_short_chunks_each_as_alone(params):
   settings = engine.EngineConfig(rows=3, prefill_rows=2, prefill_chunk=8,
                                  short_prefill_chunks=(4,), chunk_steps=2)
-  assert [settings.chunk_for(n) for n in (1, 8, 9, 16)] == [4, 4, 8, 8]
+  # Whole calls (2 rows of 8) first, then the rest in the smallest chunk that holds it.
+  assert [settings.chunk_at(n, 0) for n in (1, 8, 9, 16, 20)] == [4, 4, 8, 8, 8]
+  assert [settings.chunk_at(20, fed) for fed in (8, 16, 17)] == [8, 4, 4]
   eng = engine.Engine(params, CONFIG, settings)
   log = Recorder()
-  prompts = {"short": [5, 9, 2, 7, 7], "long": [3] * 13}  # 2 chunks of 4; 2 chunks of 8
+  # 2 chunks of 4; 2 chunks of 8; 2 chunks of 8 and 1 of 4.
+  prompts = {"short": [5, 9, 2, 7, 7], "long": [3] * 13, "longer": [6] * 20}
   for name, prompt in prompts.items():
     eng.submit(engine.Request(prompt, 6, logprobs=True), log(name))
   while eng.step():
     pass
-  assert eng.counters["prefill_calls"] == 2  # one call of each size
+  assert eng.counters["prefill_calls"] == 4  # a call of chunks of one size each
   for name, prompt in prompts.items():
     one = engine.Engine(params, CONFIG, settings)
     alone_log = Recorder()
@@ -186,3 +189,30 @@ def test_a_prompt_short_enough_is_fed_in_the_short_chunks_each_as_alone(params):
     while one.step():
       pass
     assert log.completion(name) == alone_log.completion("alone")
+
+
+def test_prompts_are_fed_before_decoding_and_at_most_prefill_calls_a_round_beside_it(params):
+  # One prompt a call (chunks of 8 in one call row), so calls count prompts.
+  settings = engine.EngineConfig(rows=6, prefill_rows=1, prefill_chunk=8, prefill_calls=2,
+                                 chunk_steps=2)
+  eng = engine.Engine(params, CONFIG, settings)
+  log = Recorder()
+  for name in "abc":
+    eng.submit(request([3, 1, 4], n=20), log(name))
+  eng.step()
+  # Nothing was decoding: all three prompts were fed before the first decoding chunk, so
+  # every row's first chunk is full.
+  assert eng.counters["prefill_calls"] == 3
+  assert eng.counters["decode_calls"] == 1
+  assert eng.counters["tokens"] == 3 + 3 * 2
+  for name in "def":
+    eng.submit(request([2, 7, 1], n=4), log(name))
+  eng.step()
+  # Rows decode now: at most `prefill_calls` calls in this round, the third prompt next.
+  assert eng.counters["prefill_calls"] == 5
+  eng.step()
+  assert eng.counters["prefill_calls"] == 6
+  while eng.step():
+    pass
+  for name in "abc":
+    assert log.completion(name) == alone(params, request([3, 1, 4], n=20), settings)
