@@ -54,9 +54,13 @@ def define_flags(args: flags.FlagValues) -> None:
                        lower_bound=1, flag_values=args)
   flags.DEFINE_integer("prefill_chunk", 64, "Tokens per prompt chunk.", lower_bound=2,
                        flag_values=args)
-  flags.DEFINE_list("short_prefill_chunks", ["32", "48"], "Smaller chunk sizes: a prompt "
-                    "that fits in --prefill_rows chunks of one is fed in the smallest such "
-                    "(a program each; 'none': only --prefill_chunk).", flag_values=args)
+  flags.DEFINE_list("short_prefill_chunks", ["16", "32", "48"], "Smaller chunk sizes for a "
+                    "prompt's last call: what is left after whole calls is fed in the "
+                    "smallest that holds it in --prefill_rows chunks (a program each; "
+                    "'none': only --prefill_chunk).", flag_values=args)
+  flags.DEFINE_integer("prefill_calls", 2, "Prefill calls at most between decoding chunks "
+                       "while rows decode: more feeds new prompts sooner, fewer keeps the "
+                       "answers already streaming steadier.", lower_bound=1, flag_values=args)
   flags.DEFINE_integer("chunk_steps", 4, "Decoding steps between the engine's looks at new "
                        "requests and cancellations.", lower_bound=1, flag_values=args)
   flags.DEFINE_integer("max_queue", 64, "Requests waiting for a row at most; more get 429.",
@@ -100,6 +104,7 @@ def build(args):
       rows=args.rows, length=length, prefill_rows=args.prefill_rows,
       prefill_chunk=args.prefill_chunk,
       short_prefill_chunks=short_chunks(args.short_prefill_chunks),
+      prefill_calls=args.prefill_calls,
       chunk_steps=args.chunk_steps,
       stop_strings=4,
       stop_string_bytes=32, top_logprobs=20)
