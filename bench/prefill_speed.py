@@ -13,7 +13,13 @@ alternated round by round, compiles excluded (each arm runs once before its time
 * `one_at_a_time`: the same engine with one chunk row per call;
 * `ref`: the engine of the git revision `--ref` (checked out into a temporary worktree),
   which fed each prompt alone into a one-row cache in chunks of 256, 128, 64 and 32
-  tokens, then copied it into its row (`engine.prefill`, `engine.place` there).
+  tokens, then copied it into its row (`engine.prefill`, `engine.place` there);
+* `floor`: the model's arithmetic alone: every prompt token packed without padding into
+  `[4, 64]` blocks through the plain forward's blocks (`gpt.run_blocks`, no cache; the
+  head on each row's last position, as a prefill), what this CPU's XLA takes for the
+  tokens whatever the engine does;
+* `transformers` (with `--hf_python`): each prompt's forward alone in transformers
+  (float32, its cache kept, the last position's logits), as `generate` starts one.
 
 Reports milliseconds per prompt token (medians over rounds) and the ratios.
 """
@@ -39,6 +45,8 @@ flags.DEFINE_integer("prefill_chunk", 64, "Tokens per chunk.")
 flags.DEFINE_list("short_prefill_chunks", [], "The batched arm's smaller chunk sizes "
                   "(EngineConfig.short_prefill_chunks).")
 flags.DEFINE_string("ref", None, "A git revision whose engine is the `ref` arm.")
+flags.DEFINE_string("hf_python", None, "A Python with torch and transformers: the "
+                    "`transformers` arm (none: no such arm).")
 flags.DEFINE_string("out", None, "Write the results as JSON here.")
 flags.DEFINE_string("arm", None, "(internal) run one arm in this process and print its times.")
 FLAGS = flags.FLAGS
@@ -63,7 +71,28 @@ def run_arm(arm: str) -> None:
   prompts = [ids[i * 500:i * 500 + int(n)] for i, n in enumerate(FLAGS.lengths)]
   forms = kernels.select("cpu")
   n = len(prompts)
-  if arm == "ref":  # the revision's own functions: each prompt fed alone, then placed in a row
+  if arm == "transformers":
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+      json.dump([[int(t) for t in p] for p in prompts], f)
+    done = subprocess.run([FLAGS.hf_python, str(ROOT / "bench" / "prefill_speed_transformers.py"),
+                           str(smollm2_folder_path()), f.name, str(FLAGS.repeats)],
+                          capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    print(done.stdout.strip().splitlines()[-1])
+    return
+  if arm == "floor":
+    from purejax import gpt  # pylint: disable=import-outside-toplevel
+    flat = [t for p in prompts for t in p]
+    blocks = -(-len(flat) // 256)
+    packed = jnp.asarray(flat + [0] * (blocks * 256 - len(flat)), jnp.int32).reshape(blocks, 4, 64)
+    def blocks_then_head(p, tokens):
+      x = gpt.run_blocks(p, gpt.input_states(p, tokens, config), config, forms=forms,
+                         key=None, deterministic=True, tokens=tokens)
+      return gpt.logits_of(p, gpt.final_norm(p, x[:, -1], config), config, forms)
+    forward = jax.jit(blocks_then_head)
+    def go():
+      jax.block_until_ready([forward(params, block) for block in packed])
+  elif arm == "ref":  # the revision's own functions: each prompt fed alone, then placed in a row
     layers = jax.tree.map(jnp.asarray, kv_cache.layers_of(params, config))
     rest = kv_cache.with_head_matrix({k: v for k, v in params.items() if k != "blocks"})
     length = engine.cache_length([len(p) for p in prompts], 1, config)
@@ -107,7 +136,9 @@ def main(argv):
   if FLAGS.arm:
     run_arm(FLAGS.arm)
     return
-  arms = {"batched": str(ROOT), "one_at_a_time": str(ROOT)}
+  arms = {"batched": str(ROOT), "one_at_a_time": str(ROOT), "floor": str(ROOT)}
+  if FLAGS.hf_python:
+    arms["transformers"] = str(ROOT)
   worktree = None
   if FLAGS.ref:
     worktree = tempfile.mkdtemp(prefix="purejax-ref-")
@@ -124,7 +155,8 @@ def main(argv):
                   f"--prefill_rows={FLAGS.prefill_rows}",
                   f"--prefill_chunk={FLAGS.prefill_chunk}",
                   f"--short_prefill_chunks={','.join(FLAGS.short_prefill_chunks)}",
-                  f"--arm={name}"]
+                  f"--arm={name}", *([f"--hf_python={FLAGS.hf_python}"] if FLAGS.hf_python
+                                      else [])]
         done = subprocess.run([sys.executable, str(ROOT / "bench" / "prefill_speed.py"), *flags_],
                               cwd=arms[name], capture_output=True, text=True, check=True)
         seconds = statistics.median(json.loads(done.stdout.strip().splitlines()[-1]))
