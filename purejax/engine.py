@@ -119,7 +119,7 @@ class EngineConfig:
   def chunk_at(self, tokens: int, fed: int) -> int:
     """The size of the next chunk of a prompt of `tokens` tokens to feed, `fed` of them
     fed (`short_prefill_chunks`)."""
-    tail = tokens % self.ring_room
+    tail = tokens % (self.prefill_rows * self.prefill_chunk)  # past whole calls
     if tokens - fed > tail:
       return self.prefill_chunk
     return next(c for c in self.prefill_chunks if tail <= self.prefill_rows * c)

@@ -54,10 +54,11 @@ def define_flags(args: flags.FlagValues) -> None:
                        lower_bound=1, flag_values=args)
   flags.DEFINE_integer("prefill_chunk", 64, "Tokens per prompt chunk.", lower_bound=2,
                        flag_values=args)
-  flags.DEFINE_list("short_prefill_chunks", ["8", "16", "24", "32", "40", "48", "56"], "Smaller chunk sizes for a "
-                    "prompt's last call: what is left after whole calls is fed in the "
-                    "smallest that holds it in --prefill_rows chunks (a program each; "
-                    "'none': only --prefill_chunk).", flag_values=args)
+  flags.DEFINE_list("short_prefill_chunks", ["8", "16", "24", "32", "40", "48", "56"],
+                    "Smaller chunk sizes for a prompt's last call: what is left after "
+                    "whole calls is fed in the smallest that holds it in --prefill_rows "
+                    "chunks (a program each; 'none': only --prefill_chunk).",
+                    flag_values=args)
   flags.DEFINE_integer("prefill_calls", 2, "Prefill calls at most between decoding chunks "
                        "while rows decode: more feeds new prompts sooner, fewer keeps the "
                        "answers already streaming steadier.", lower_bound=1, flag_values=args)
