@@ -9,7 +9,8 @@ the train step of bench cases a and b (`bench/run.py`: nanoGPT's CPU recipe
 4L/128 T=64 batch 12, and 6L/384 T=256 batch 16) in float32 and bfloat16,
 and of the engine's decoding program (case c: `cache_rows.decode_chunk` as sampling
 1000 tokens from a one-token prompt runs it), and
-the same three for the Llama block at case a's size; and at case a's size
+the same three for the Llama block at case a's size; the train step and decoding of
+Gemma 3's and nanochat's blocks at that size (their layers differ); and at case a's size
 the step with LoRA adapters, on conversation rows (`DeviceRows`), on the
 host's windows (`HostWindows`), and a sweep's step (two runs vmapped), each
 normalised: instruction and computation names stripped, metadata dropped,
@@ -141,6 +142,12 @@ def programs():
     out[f"train_llama_{name}"] = train_hlo(dataclasses.replace(llama, compute_dtype=dtype),
                                            *_CASES["a"][1:])
   out["generate_llama"] = generate_hlo(llama)
+  # Layers that differ (Gemma 3's windows and RoPE bases) and nanochat's value embeddings,
+  # at case a's size: the blocks' per-layer constants.
+  for arch, more in (("gemma3", dict(window=16, n_layer=6)), ("nanochat", {})):
+    other = dataclasses.replace(_CASES["a"][0], **{**gpt.ARCHITECTURES[arch], **more})
+    out[f"train_{arch}_fp32"] = train_hlo(other, *_CASES["a"][1:])
+    out[f"generate_{arch}"] = generate_hlo(other)
   config, batch_size, num_steps = _CASES["a"]
   out["train_a_lora"] = train_hlo(config, batch_size, num_steps,
                                   lora_config=lora.LoraConfig(rank=4))

@@ -278,15 +278,17 @@ def forward(model: Model, tokens: chex.Array, cache: KVCache, starts: chex.Array
   starts = jnp.asarray(starts, jnp.int32)
   counts = jnp.asarray(counts, jnp.int32)
   x = gpt.input_states(model.rest, tokens, config, starts)
+  value_embeds = (model.rest["value_embeds"], tokens) if config.value_embeds else None
   ks, vs = [], []
   for i, (layer, k_buf, v_buf) in enumerate(zip(model.layers, cache.k, cache.v)):
-    kind = config.layer_kinds[i]
-    attend = _attend_through(k_buf, v_buf, starts, counts, rows, own, bool(kind), config, forms)
+    attend = _attend_through(k_buf, v_buf, starts, counts, rows, own,
+                             bool(config.layer_kinds[i]), config, forms)
+    # Unrolled, a layer without a value embedding skips its (zero) rows.
+    ctx = gpt.Context(config, forms, starts=starts, attend=attend,
+                      value_embeds=value_embeds if config.has_value_embed(i) else None)
     # Decoding does little work per layer, so a plain Python loop over the
     # layers (unrolled in the compiled program) beats a scan's overhead.
-    x, (k_buf, v_buf) = gpt.block(layer, x, config, forms=forms, attend=attend, start=starts,
-                                  value_embed=gpt.value_embedding(model.rest, tokens, config, i),
-                                  kind=kind)
+    x, (k_buf, v_buf) = gpt.block(x, layer, gpt.one_layer_consts(config, i), ctx)
     ks.append(k_buf)
     vs.append(v_buf)
   last = jnp.clip(counts - 1, 0, tokens.shape[1] - 1)

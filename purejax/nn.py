@@ -15,7 +15,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from purejax import rng
 from purejax.ops import kernels
 from purejax.ops.loss import cross_entropy
 from purejax.ops.matmul import matmul
@@ -41,8 +40,7 @@ def init_dense(
   Args:
     in_dim: input features.
     out_dim: output features.
-    key: PRNG key for the weights (last, as in every init function; the old
-      key-first call works for one release, with a `DeprecationWarning`).
+    key: PRNG key for the weights (last, as in every init function).
     scale: standard deviation of the weights.
     bias: whether to create a bias.
     dtype: dtype of the params.
@@ -50,7 +48,6 @@ def init_dense(
   Returns:
     `{"w": [in_dim, out_dim]}` plus `{"b": [out_dim]}` when `bias`.
   """
-  in_dim, out_dim, key = rng.key_last("init_dense", (in_dim, out_dim, key))
   params = {"w": scale * jax.random.normal(key, (in_dim, out_dim), dtype)}
   if bias:
     params["b"] = jnp.zeros((out_dim,), dtype)
@@ -174,7 +171,6 @@ def init_embedding(
     dtype=jnp.float32,
 ) -> Params:
   """Initialises an embedding table `{"embedding": [num_embeddings, dim]}`, N(0, scale^2)."""
-  num_embeddings, dim, key = rng.key_last("init_embedding", (num_embeddings, dim, key))
   return {"embedding": scale * jax.random.normal(key, (num_embeddings, dim), dtype)}
 
 

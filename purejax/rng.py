@@ -16,12 +16,10 @@ JAX's MNIST example does (`init_network_params(sizes, key)`,
 `lora.init(params, rank, targets, key)`.
 """
 
-from typing import Any, Dict, Sequence, Tuple
-import warnings
+from typing import Dict, Sequence
 
 import chex
 import jax
-import numpy as np
 
 
 def split_named(key: chex.PRNGKey, names: Sequence[str]) -> Dict[str, chex.PRNGKey]:
@@ -89,33 +87,3 @@ def layer_keys(key: chex.PRNGKey, n_layer: int) -> chex.Array:
   if n_layer < 1:
     raise ValueError(f"layer_keys: n_layer must be >= 1, got {n_layer}.")
   return jax.random.split(key, n_layer)
-
-
-def is_key(value: Any) -> bool:
-  """Whether `value` is a PRNG key: a typed key array or a raw `uint32[2]` key."""
-  if isinstance(value, (jax.Array, np.ndarray)):
-    return (jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
-            or (value.dtype == np.uint32 and value.shape[-1:] == (2,)))
-  return False
-
-
-def key_last(function: str, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
-  """`args` of an init call in the key-last order, accepting the old key-first order.
-
-  `nn.init_dense`, `nn.init_embedding` and `gpt.init_block` took their key
-  first until 0.1; such a call still works for one release, with a
-  `DeprecationWarning`.
-
-  Args:
-    function: the init function's name, for the warning.
-    args: its positional arguments as given, key last (or, deprecated, first).
-
-  Returns:
-    The arguments with the key last.
-  """
-  if len(args) > 1 and is_key(args[0]) and not is_key(args[-1]):
-    warnings.warn(f"{function}(key, ...) is deprecated: pass the key last, "
-                  f"{function}(..., key), as every init function of purejax takes it.",
-                  DeprecationWarning, stacklevel=3)
-    return (*args[1:], args[0])
-  return args

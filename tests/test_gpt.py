@@ -100,9 +100,10 @@ class GPTTest(chex.TestCase, parameterized.TestCase):
     params = sharpened_params(TINY)
     tokens = random_tokens(jax.random.PRNGKey(1), (2, 8))
     x = params["wte"]["embedding"][tokens] + params["wpe"]["embedding"][:8]
+    ctx = gpt.Context(TINY, kernels.Forms())  # the pass: no dropout, positions from 0
     for i in range(TINY.n_layer):
       layer = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-      x, _ = gpt.block(layer, x, TINY, forms=kernels.Forms())
+      x, _ = gpt.block(x, layer, {}, ctx)  # GPT-2's layers differ only in their params
     x = nn.layer_norm(params["ln_f"], x)
     unrolled = x @ params["wte"]["embedding"].T
     chex.assert_trees_all_close(gpt.forward(params, tokens, TINY), unrolled,

@@ -22,7 +22,7 @@ from purejax import gpt
 from purejax.gpt import config as gpt_config
 from purejax.ops import attention
 from purejax.ops import kernels
-from purejax.ops.loss import tied_head_cross_entropy
+from purejax.ops.loss import head_cross_entropy
 from purejax.ops.matmul import row_major_transpose
 from purejax.ops.matmul import matmul
 from helpers.models import dot_operand_dtypes
@@ -309,7 +309,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     weights = jax.random.uniform(jax.random.PRNGKey(3), (3, 8)) if weighted else None
 
     def value_and_grads(chunk):
-      f = lambda x, table: tied_head_cross_entropy(
+      f = lambda x, table: head_cross_entropy(
           x, table, labels, chunk_rows=chunk, softcap=softcap, weights=weights)
       return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
 
@@ -326,7 +326,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
 
     def value_and_grads(chunk_rows, compute_dtype):
-      f = lambda x, table: tied_head_cross_entropy(
+      f = lambda x, table: head_cross_entropy(
           x, table, labels, compute_dtype=compute_dtype, chunk_rows=chunk_rows)
       return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, table)
 
@@ -351,7 +351,7 @@ class TiedHeadLossTest(parameterized.TestCase):
 
     def value_and_grads(loss_logits, chunk_rows):
       forms = kernels.Forms(loss_logits=loss_logits)
-      return jax.value_and_grad(lambda x, table: tied_head_cross_entropy(
+      return jax.value_and_grad(lambda x, table: head_cross_entropy(
           x, table, labels, compute_dtype=jnp.bfloat16, chunk_rows=chunk_rows, forms=forms),
                                 argnums=(0, 1))
 
@@ -382,7 +382,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     x = jnp.ones((rows, 8))
     table = jnp.ones((1000, 8))
     labels = jnp.zeros((rows,), jnp.int32)
-    grad = jax.grad(lambda x, table: tied_head_cross_entropy(x, table, labels,
+    grad = jax.grad(lambda x, table: head_cross_entropy(x, table, labels,
                                                                      chunk_rows=chunk),
                     argnums=(0, 1))
     heads = [eqn for eqn in all_eqns(jax.make_jaxpr(grad)(x, table).jaxpr)
@@ -393,7 +393,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     x = jnp.ones((64, 8))
     table = jnp.ones((1000, 8))
     labels = jnp.zeros((64,), jnp.int32)
-    grad = jax.grad(lambda x: tied_head_cross_entropy(x, table, labels,
+    grad = jax.grad(lambda x: head_cross_entropy(x, table, labels,
                                                               chunk_rows=16))
     shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
               for v in eqn.outvars]
@@ -403,7 +403,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     x = jnp.ones((70, 8))  # 4 chunks of 16 and 6 rows left over
     table = jnp.ones((1000, 8))
     labels = jnp.zeros((70,), jnp.int32)
-    grad = jax.grad(lambda x: tied_head_cross_entropy(x, table, labels,
+    grad = jax.grad(lambda x: head_cross_entropy(x, table, labels,
                                                               chunk_rows=16))
     shapes = [v.aval.shape for eqn in all_eqns(jax.make_jaxpr(grad)(x).jaxpr)
               for v in eqn.outvars]
@@ -415,7 +415,7 @@ class TiedHeadLossTest(parameterized.TestCase):
     labels = jnp.array([[0, 1, 2], [3, 4, 0]])
     logp = jax.nn.log_softmax(np.asarray(x) @ np.asarray(table).T)
     expected = -np.mean(np.take_along_axis(np.asarray(logp), labels[..., None], -1))
-    np.testing.assert_allclose(tied_head_cross_entropy(x, table, labels), expected,
+    np.testing.assert_allclose(head_cross_entropy(x, table, labels), expected,
                                rtol=1e-5)
 
 

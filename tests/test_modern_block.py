@@ -166,7 +166,8 @@ def test_qk_norm_is_unit_rms_heads_and_commutes_with_rope():
                          position="rope", qk_norm=True, norm_eps=1e-6)
   params = {"qkv": {"w": jnp.asarray(random((16, 48)))}}
   x = jnp.asarray(random((2, 8, 16), seed=1))
-  q, k, v = gpt.qkv_heads(params, x, config, kernels.Forms())
+  consts = gpt.shared_consts(config)  # the one RoPE table every layer shares
+  q, k, v = gpt.qkv_heads(params, x, consts, gpt.Context(config, kernels.Forms()))
   plain = np.asarray(x) @ np.asarray(params["qkv"]["w"])
   heads = plain.reshape(2, 8, 3, 2, 8)
   # Normalising before the rotation equals after it: a rotation keeps a head's norm.

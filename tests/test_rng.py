@@ -47,22 +47,3 @@ def test_every_init_function_takes_its_key_last():
     positional = [p.name for p in inspect.signature(function).parameters.values()
                   if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty]
     assert positional[-1] == "key", function.__name__
-
-
-def test_the_old_key_first_calls_warn_and_give_the_same_params():
-  import warnings
-  import chex
-  from purejax import gpt, nn
-  key = jax.random.PRNGKey(3)
-  with warnings.catch_warnings():
-    warnings.simplefilter("error")  # the key-last calls do not warn
-    dense, table = nn.init_dense(3, 5, key), nn.init_embedding(7, 4, key)
-    block = gpt.init_block(gpt.GPTConfig(vocab_size=11, n_layer=1, n_head=2, n_embd=8), key)
-  config = gpt.GPTConfig(vocab_size=11, n_layer=1, n_head=2, n_embd=8)
-  with pytest.deprecated_call(match="pass the key last"):
-    chex.assert_trees_all_equal(nn.init_dense(key, 3, 5), dense)
-  with pytest.deprecated_call(match="pass the key last"):
-    chex.assert_trees_all_equal(nn.init_embedding(key, 7, 4), table)
-  with pytest.deprecated_call(match="pass the key last"):
-    chex.assert_trees_all_equal(gpt.init_block(key, config), block)
-  assert rng.is_key(jax.random.key(0)) and rng.is_key(key) and not rng.is_key(3)

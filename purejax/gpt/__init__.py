@@ -16,6 +16,8 @@ from purejax.gpt.config import GPTConfig
 from purejax.gpt.config import depth_lr_scale
 from purejax.gpt.config import depth_shape
 from purejax.gpt.model import Attend
+from purejax.gpt.model import Consts
+from purejax.gpt.model import Context
 from purejax.gpt.model import Params
 from purejax.gpt.model import block
 from purejax.gpt.model import causal_attend
@@ -29,13 +31,17 @@ from purejax.gpt.model import init_block
 from purejax.gpt.model import init_norm
 from purejax.gpt.model import init_params
 from purejax.gpt.model import input_states
+from purejax.gpt.model import layer_at
+from purejax.gpt.model import layer_consts
 from purejax.gpt.model import logits_of
 from purejax.gpt.model import loss
 from purejax.gpt.model import merge_heads
 from purejax.gpt.model import mlp
 from purejax.gpt.model import norm
 from purejax.gpt.model import num_params
+from purejax.gpt.model import one_layer_consts
 from purejax.gpt.model import qkv_heads
 from purejax.gpt.model import run_blocks
 from purejax.gpt.model import self_attention
+from purejax.gpt.model import shared_consts
 from purejax.gpt.model import value_embedding

@@ -19,7 +19,11 @@ by its `init_*` beside the function that applies them.
 The `n_layer` blocks share one structure, so their params are stacked on a
 leading `[n_layer]` axis and the blocks run as one `jax.lax.scan`: XLA
 compiles one block, not `n_layer` copies, so compile time barely grows with
-depth. Dropout keys are threaded explicitly, one per layer.
+depth. What differs between layers is data too (`layer_consts`: each layer's
+dropout key, Gemma 3's sliding windows and their RoPE bases, nanochat's value
+embeddings), scanned beside the params: `block(x, layer, consts, ctx)` reads a
+layer's params, its constants and the pass's `Context` (config, forms,
+dropout, positions, the attention).
 
 The config is the math alone. How it runs (attention form, remat, scan or
 unrolled layers, the mixed-precision matmul's backward, loss chunking) is a
@@ -32,7 +36,7 @@ same `block`) is in `purejax/decode.py`, training steps in
 
 import functools
 import math
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -45,7 +49,7 @@ from purejax.gpt.config import GPTConfig
 from purejax.ops import attention
 from purejax.ops import dropout as dropouts
 from purejax.ops import kernels
-from purejax.ops.loss import tied_head_cross_entropy
+from purejax.ops.loss import head_cross_entropy
 from purejax.ops.matmul import LowRankWeight
 
 Params = Dict[str, Any]
@@ -82,40 +86,119 @@ def norm(params: Optional[Params], x: chex.Array, config: GPTConfig) -> chex.Arr
   return nn.layer_norm(params, x, eps=config.norm_eps)
 
 
+# ----------------------------------------------------------------------------
+# What a layer is: its params, the constants that set it apart, and the pass
+
+
+class Context(NamedTuple):
+  """What every layer of one pass over the model shares (`block`'s `ctx`).
+
+  Attributes:
+    config: the model.
+    forms: how it runs.
+    deterministic: no dropout (evaluation, sampling).
+    dropout: the drop rate of attention and residuals: a float, or a scalar
+      array (a traced rate: one per run of a vmapped sweep).
+    starts: `[batch]` position of each row's `x[:, 0]` (decoding: each row at
+      its own place in the cache); None: every row starts at 0.
+    attend: the attention proper, `attend(q, k, v) -> (y, carry)` (decoding's,
+      through the KV cache); None: causal self-attention over the block's
+      own positions (`causal_attend`).
+    value_embeds: nanochat's value embeddings, `(params["value_embeds"], tokens
+      [batch, time])`; None without them.
+  """
+  config: GPTConfig
+  forms: kernels.Forms
+  deterministic: bool = True
+  dropout: chex.Numeric = 0.0
+  starts: Optional[chex.Array] = None
+  attend: Optional[Attend] = None
+  value_embeds: Optional[Tuple[Params, chex.Array]] = None
+
+
+# A layer's constants (`shared_consts`, `layer_consts`), by name:
+#   "key":     its dropout key (only where the pass drops);
+#   "sliding": True where it attends within `config.window` (mixed layers only);
+#   "rope":    its RoPE frequencies `[head_dim // 2]` (RoPE models only);
+#   "layer":   its index (value embeddings only: its table and whether it has one).
+Consts = Dict[str, chex.Array]
+
+
+def shared_consts(config: GPTConfig) -> Consts:
+  """What every layer holds alike: the RoPE frequencies where all layers share one base."""
+  if config.position != "rope" or config.mixed_layers:
+    return {}
+  return {"rope": _rope_table(config, config.layer_kinds[0])}
+
+
+def _rope_table(config: GPTConfig, kind: int) -> chex.Array:
+  return nn.rope_frequencies(config.head_dim, *config.kind_rope(kind))
+
+
+def layer_consts(config: GPTConfig, key: Optional[chex.PRNGKey] = None) -> Consts:
+  """What differs between the layers, as data stacked on a leading `[n_layer]` axis.
+
+  The layer scan reads it beside the stacked params; layer `i` sees
+  `{**shared_consts(config), **layer_at(consts, i)}`.
+
+  Args:
+    config: the model.
+    key: the blocks' dropout key (one per layer is drawn from it); None: no
+      dropout.
+  """
+  stacked = {}
+  if key is not None:
+    stacked["key"] = rng.layer_keys(key, config.n_layer)
+  if config.mixed_layers:
+    stacked["sliding"] = jnp.asarray(config.layer_kinds, bool)
+    if config.position == "rope":
+      tables = [_rope_table(config, kind) for kind in (0, 1)]
+      stacked["rope"] = jnp.stack([tables[kind] for kind in config.layer_kinds])
+  if config.value_embeds:
+    stacked["layer"] = jnp.arange(config.n_layer, dtype=jnp.int32)
+  return stacked
+
+
+def layer_at(stacked: Consts, index: int) -> Consts:
+  """Layer `index`'s row of each of `stacked`'s values (`layer_consts`)."""
+  return {name: value[index] for name, value in stacked.items()}
+
+
+def one_layer_consts(config: GPTConfig, index: int) -> Consts:
+  """Layer `index`'s constants without dropout, built for it alone: where the layers run one
+  by one (decoding's unrolled loop), each layer's program holds only its own."""
+  consts = shared_consts(config)
+  kind = config.layer_kinds[index]
+  if config.mixed_layers:
+    consts["sliding"] = jnp.asarray(kind == 1)
+    if config.position == "rope":
+      consts["rope"] = _rope_table(config, kind)
+  if config.value_embeds:
+    consts["layer"] = index  # a Python int: the layer's table is sliced where it compiles
+  return consts
+
+
 # A layer's value embedding (`value_embedding`): its rows for the tokens
 # `[batch, time, kv_heads * head_dim]` and its gate `[12, kv_heads]`.
 ValueEmbed = Tuple[chex.Array, chex.Array]
 
 
-def rope_frequencies(config: GPTConfig, kind: chex.Numeric = 0) -> chex.Array:
-  """RoPE's `[head_dim // 2]` frequencies in a layer of kind `kind` (`GPTConfig.layer_kinds`).
-
-  A traced `kind` (the layer scan over layers that differ) selects between
-  the two kinds' tables.
-  """
-  tables = [nn.rope_frequencies(config.head_dim, *config.kind_rope(k)) for k in (0, 1)]
-  if isinstance(kind, int):
-    return tables[kind]
-  return jnp.where(kind == 1, tables[1], tables[0])
-
-
-def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
-              start: chex.Numeric = 0, value_embed: Optional[ValueEmbed] = None,
-              kind: chex.Numeric = 0) -> Tuple[chex.Array, chex.Array, chex.Array]:
+def qkv_heads(params: Params, x: chex.Array, consts: Consts, ctx: Context
+              ) -> Tuple[chex.Array, chex.Array, chex.Array]:
   """Queries `[batch, time, n_head, head_dim]`, keys and values `[batch, time, kv_heads, head_dim]`.
 
   With `position="rope"`, queries and keys are rotated by their positions
-  `start, start + 1, ...` (`start` may be traced), at the RoPE base of the
-  layer's `kind`; with `qk_norm`, each head's queries and keys are then
-  RMS-normalised (with `qk_norm_scale`, before RoPE, each with its learned
-  scale, as Gemma 3). With `value_embed`, the values get its rows, gated per
-  key/value head by `3 * sigmoid(x[..., :12] @ gate)` (nanochat's value
-  embeddings).
+  (`ctx.starts`, or 0, onwards) with the layer's frequencies; with `qk_norm`,
+  each head's queries and keys are then RMS-normalised (with `qk_norm_scale`,
+  before RoPE, each with its learned scale, as Gemma 3). With value
+  embeddings, the values get the layer's rows, gated per key/value head by
+  `3 * sigmoid(x[..., :12] @ gate)` (nanochat's).
   """
+  config, forms = ctx.config, ctx.forms
   b, t, _ = x.shape
   h, kv, d = config.n_head, config.kv_heads, config.head_dim
   qkv = nn.dense(params["qkv"], x, compute_dtype=config.matmul_dtype, forms=forms)
-  if kv == h:  # sliced as [b, t, 3, h, d]: XLA compiles GPT-2 as it always has
+  if kv == h:  # [b, t, 3, h, d]: GPT-2's fused queries, keys and values
     qkv = qkv.reshape(b, t, 3, h, d)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
   else:
@@ -125,15 +208,14 @@ def qkv_heads(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.F
     q = nn.rms_norm(params["q_norm"], q, eps=config.norm_eps, offset=config.norm_offset)
     k = nn.rms_norm(params["k_norm"], k, eps=config.norm_eps, offset=config.norm_offset)
   if config.position == "rope":
-    # `[time]`, or `[batch, time]` where each row has its own start (decoding a batch
-    # of prompts of different lengths)
-    positions = (start[:, None] if jnp.ndim(start) == 1 else start) + jnp.arange(t)
-    frequencies = rope_frequencies(config, kind)
-    q, k = nn.rope(q, positions, frequencies), nn.rope(k, positions, frequencies)
+    positions = jnp.arange(t)  # [time], or [batch, time] where each row has its own start
+    if ctx.starts is not None:
+      positions = ctx.starts[:, None] + positions
+    q, k = nn.rope(q, positions, consts["rope"]), nn.rope(k, positions, consts["rope"])
   if config.qk_norm and not config.qk_norm_scale:
     q, k = (nn.rms_normalize(a, eps=config.norm_eps) for a in (q, k))
-  if value_embed is not None:
-    rows, gate = value_embed
+  if ctx.value_embeds is not None:
+    rows, gate = value_embedding(*ctx.value_embeds, config, consts["layer"])
     logits = nn.dense({"w": gate}, x[..., :gate.shape[0]], compute_dtype=config.matmul_dtype,
                       forms=forms)  # [b, t, kv]
     scale = gpt_config.VALUE_GATE_RANGE * jax.nn.sigmoid(logits.astype(jnp.float32))
@@ -149,57 +231,50 @@ def merge_heads(params: Params, y: chex.Array, config: GPTConfig, forms: kernels
                   compute_dtype=config.matmul_dtype, forms=forms)
 
 
-def causal_attend(config: GPTConfig, forms: kernels.Forms, *, key: Optional[chex.PRNGKey],
-                  deterministic: bool, dropout: Optional[chex.Numeric] = None,
-                  kind: chex.Numeric = 0) -> Attend:
-  """Causal self-attention over the block's own positions, in `forms.attention`.
+def causal_attend(consts: Consts, ctx: Context, key: Optional[chex.PRNGKey]) -> Attend:
+  """Causal self-attention over the block's own positions, in `ctx.forms.attention`.
 
-  A layer of kind 1 (`GPTConfig.layer_kinds`) attends within `config.window`.
-  A traced `kind` (the layer scan over layers that differ) runs the layer's
-  form through `lax.cond`, so each form keeps its static window (the
-  blocked form still skips the keys outside it) and the scan compiles both
-  once.
+  Where layers differ (`GPTConfig.mixed_layers`), a sliding layer attends within
+  `config.window`: its `consts["sliding"]` picks the form through `lax.cond`, so
+  each form keeps its window static (the blocked form still skips the keys
+  outside it) and the layer scan compiles both once.
   """
+  config, forms = ctx.config, ctx.forms
+
   def attend_within(window, q, k, v):
     return attention.causal_attention(
-        q, k, v, form=forms.attention, block=forms.attn_block,
-        dropout=_rate(config, dropout),
-        key=key, deterministic=deterministic, compute_dtype=config.matmul_dtype, forms=forms,
-        window=window, softcap=config.attn_softcap,
+        q, k, v, form=forms.attention, block=forms.attn_block, dropout=ctx.dropout,
+        key=key, deterministic=ctx.deterministic, compute_dtype=config.matmul_dtype,
+        forms=forms, window=window, softcap=config.attn_softcap,
         scale=None if config.attn_scalar is None else config.attn_scale)
 
   def attend(q, k, v):
-    if isinstance(kind, int):
-      return attend_within(config.kind_window(kind), q, k, v), None
-    y = jax.lax.cond(kind == 1, functools.partial(attend_within, config.window),
+    if not config.mixed_layers:
+      return attend_within(config.kind_window(config.layer_kinds[0]), q, k, v), None
+    y = jax.lax.cond(consts["sliding"], functools.partial(attend_within, config.window),
                      functools.partial(attend_within, None), q, k, v)
     return y, None
   return attend
 
 
-def self_attention(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms,
-                   attend: Attend, start: chex.Numeric = 0,
-                   value_embed: Optional[ValueEmbed] = None,
-                   kind: chex.Numeric = 0) -> Tuple[chex.Array, Any]:
+def self_attention(params: Params, x: chex.Array, consts: Consts, ctx: Context,
+                   attend: Attend) -> Tuple[chex.Array, Any]:
   """Multi-head self-attention of `x` `[batch, time, embd]` through `attend`.
 
   Args:
-    params: `{"qkv", "proj"}` dense params.
+    params: `{"qkv", "proj"}` dense params (and `q_norm`, `k_norm`).
     x: `[batch, time, embd]`.
-    config: model config.
-    forms: execution forms (the dense layers' matmul).
+    consts: the layer's (`layer_consts`).
+    ctx: the pass's.
     attend: the attention proper (`causal_attend`, or decoding's through a
       KV cache).
-    start: position of `x[:, 0]` (RoPE's; may be traced).
-    value_embed: this layer's value embedding (`value_embedding`), or None.
-    kind: the layer's kind (`GPTConfig.layer_kinds`: its RoPE base).
 
   Returns:
     `([batch, time, embd], what attend carries out)`.
   """
-  q, k, v = qkv_heads(params, x, config, forms, start, value_embed, kind)
+  q, k, v = qkv_heads(params, x, consts, ctx)
   y, carry = attend(q, k, v)
-  return merge_heads(params, y, config, forms), carry
+  return merge_heads(params, y, ctx.config, ctx.forms), carry
 
 
 def mlp(params: Params, x: chex.Array, config: GPTConfig, forms: kernels.Forms) -> chex.Array:
@@ -220,11 +295,8 @@ def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
   residual variance does not grow with depth (with `zero_init_proj`, zero).
   With `norm_scale=False` there are no `ln_1`, `ln_2`; with `sandwich_norm`
   there are also `ln_attn_out`, `ln_mlp_out`; with `qk_norm_scale`,
-  `attn.q_norm` and `attn.k_norm` (`[head_dim]` scales). The key comes last, as
-  in every init function (`init_block(key, config)` works for one release,
-  deprecated).
+  `attn.q_norm` and `attn.k_norm` (`[head_dim]` scales).
   """
-  config, key = rng.key_last("init_block", (config, key))
   c, dtype = config.n_embd, _DTYPES[config.param_dtype]
   keys = rng.split_named(key, ("qkv", "attn_proj", "fc", "mlp_proj"))
   resid_scale = 0.0 if config.zero_init_proj else 0.02 / math.sqrt(2 * config.n_layer)
@@ -256,58 +328,36 @@ def init_block(config: GPTConfig, key: chex.PRNGKey) -> Params:
   return params
 
 
-def block(
-    params: Params,
-    x: chex.Array,
-    config: GPTConfig,
-    *,
-    forms: kernels.Forms,
-    key: Optional[chex.PRNGKey] = None,
-    deterministic: bool = True,
-    attend: Optional[Attend] = None,
-    start: chex.Numeric = 0,
-    dropout: Optional[chex.Numeric] = None,
-    value_embed: Optional[ValueEmbed] = None,
-    kind: chex.Numeric = 0,
-) -> Tuple[chex.Array, Any]:
+def block(x: chex.Array, layer: Params, consts: Consts, ctx: Context
+          ) -> Tuple[chex.Array, Any]:
   """One pre-norm transformer block: `[batch, time, embd]` -> same.
 
   With `sandwich_norm`, each sublayer's output is normed again before its
   residual add (Gemma 2 and 3).
 
   Args:
-    params: one layer's params (`init_block`).
     x: `[batch, time, embd]`.
-    config: model config.
-    forms: execution forms.
-    key: dropout key (unused when deterministic).
-    deterministic: disables dropout.
-    attend: the attention (default: `causal_attend`, causal over `x`'s own
-      positions); decoding passes one that reads and writes a KV cache.
-    start: position of `x[:, 0]`, for RoPE (decoding's cache position).
-    dropout: the drop rate, a float or a scalar array (`forward`); None:
-      `config.dropout`.
-    value_embed: this layer's value embedding (`value_embedding`), or None.
-    kind: the layer's kind (`GPTConfig.layer_kinds`: window and RoPE base); a
-      Python int, or traced in the layer scan over layers that differ.
+    layer: the layer's params (`init_block`).
+    consts: what sets the layer apart (`layer_consts`: its dropout key,
+      window, RoPE frequencies, value embedding).
+    ctx: what every layer of the pass shares (`Context`).
 
   Returns:
-    `(block output [batch, time, embd], what attend carries out)`.
+    `(block output [batch, time, embd], what the attention carries out)`.
   """
-  keys = (None, None, None) if deterministic else jax.random.split(key, 3)
-  if attend is None:
-    attend = causal_attend(config, forms, key=keys[0], deterministic=deterministic,
-                           dropout=dropout, kind=kind)
-  attn_out, carry = self_attention(params["attn"], norm(params.get("ln_1"), x, config), config,
-                                   forms, attend, start, value_embed, kind)
+  config = ctx.config
+  keys = (None, None, None) if ctx.deterministic else jax.random.split(consts["key"], 3)
+  attend = ctx.attend or causal_attend(consts, ctx, keys[0])
+  attn_out, carry = self_attention(layer["attn"], norm(layer.get("ln_1"), x, config), consts,
+                                   ctx, attend)
   if config.sandwich_norm:
-    attn_out = norm(params["ln_attn_out"], attn_out, config)
-  rate = _rate(config, dropout)
-  x = x + dropouts.dropout(keys[1], attn_out, rate, deterministic=deterministic)
-  mlp_out = mlp(params["mlp"], norm(params.get("ln_2"), x, config), config, forms)
+    attn_out = norm(layer["ln_attn_out"], attn_out, config)
+  x = x + dropouts.dropout(keys[1], attn_out, ctx.dropout, deterministic=ctx.deterministic)
+  mlp_out = mlp(layer["mlp"], norm(layer.get("ln_2"), x, config), config, ctx.forms)
   if config.sandwich_norm:
-    mlp_out = norm(params["ln_mlp_out"], mlp_out, config)
-  return x + dropouts.dropout(keys[2], mlp_out, rate, deterministic=deterministic), carry
+    mlp_out = norm(layer["ln_mlp_out"], mlp_out, config)
+  return x + dropouts.dropout(keys[2], mlp_out, ctx.dropout,
+                              deterministic=ctx.deterministic), carry
 
 
 def _rate(config: GPTConfig, dropout: Optional[chex.Numeric]) -> chex.Numeric:
@@ -415,35 +465,39 @@ def check_tokens(tokens: chex.Array, config: GPTConfig) -> None:
                      f"{config.block_size} tokens.")
 
 
-def embed(params: Params, tokens: chex.Array, start: chex.Numeric = 0) -> chex.Array:
-  """Token plus position embeddings of `tokens` `[batch, time]` at positions `start, ...`.
+def embed(params: Params, tokens: chex.Array, starts: Optional[chex.Array] = None
+          ) -> chex.Array:
+  """Token plus position embeddings of `tokens` `[batch, time]`.
 
   A RoPE model has no position table (`"wpe"`): its positions enter in the
   attention (`qkv_heads`).
 
+  Args:
+    params: the model's.
+    tokens: `[batch, time]` ids.
+    starts: `[batch]` position of each row's first token (a batch of prompts
+      of different lengths, left-padded: a pad's negative position reads row
+      0, and no real token attends to it); None: every row starts at 0.
+
   Returns:
-    `[batch, time, embd]`; `start` may be traced (decoding), or `[batch]`: each
-    row's own (a batch of prompts of different lengths, left-padded: a pad's
-    negative position reads row 0, and no real token attends to it).
+    `[batch, time, embd]`.
   """
   if "wpe" not in params:
     return nn.embed(params["wte"], tokens)
   t = tokens.shape[1]
-  if isinstance(start, int):
-    positions = params["wpe"]["embedding"][start:start + t]
-  elif jnp.ndim(start) == 1:
-    rows = jnp.maximum(start[:, None] + jnp.arange(t), 0)  # [batch, time]
-    positions = params["wpe"]["embedding"][rows]
+  if starts is None:
+    positions = params["wpe"]["embedding"][:t]
   else:
-    positions = jax.lax.dynamic_slice_in_dim(params["wpe"]["embedding"], start, t)
+    rows = jnp.maximum(starts[:, None] + jnp.arange(t), 0)  # [batch, time]
+    positions = params["wpe"]["embedding"][rows]
   return nn.embed(params["wte"], tokens) + positions
 
 
 def input_states(params: Params, tokens: chex.Array, config: GPTConfig,
-                 start: chex.Numeric = 0) -> chex.Array:
+                 starts: Optional[chex.Array] = None) -> chex.Array:
   """What the first block reads: `embed` (times `sqrt(n_embd)` with `embed_scale`), then the
   norm with `embed_norm`: `[batch, time, embd]`."""
-  x = embed(params, tokens, start)
+  x = embed(params, tokens, starts)
   if config.embed_scale:  # rounded to the table's dtype, as Gemma's reference does
     x = x * jnp.asarray(math.sqrt(config.n_embd), params["wte"]["embedding"].dtype)
   if config.embed_norm:
@@ -456,20 +510,14 @@ def final_norm(params: Params, x: chex.Array, config: GPTConfig) -> chex.Array:
   return norm(params.get("ln_f"), x, config)
 
 
-def value_embedding(params: Params, tokens: chex.Array, config: GPTConfig,
-                    layer: chex.Numeric) -> Optional[ValueEmbed]:
-  """Layer `layer`'s value embedding of `tokens` `[batch, time]` (table `layer // 2`), or None.
-
-  A traced `layer` (the layer scan) gets rows on every layer, zero where
-  `config.has_value_embed` says it has none.
-  """
-  if not config.value_embeds or (isinstance(layer, int) and not config.has_value_embed(layer)):
-    return None
+def value_embedding(tables: Params, tokens: chex.Array, config: GPTConfig,
+                    layer: chex.Numeric) -> ValueEmbed:
+  """Layer `layer`'s value embedding of `tokens` `[batch, time]`: table `layer // 2`'s rows,
+  zero where `config.has_value_embed` says the layer has none (every layer reads one, so
+  the layers stay one scan), and its gate."""
   chex.assert_rank(tokens, 2)
-  tables = params["value_embeds"]
   rows = tables["embedding"][layer // 2, tokens]  # a gather of the rows, not a table copy
-  if not isinstance(layer, int):
-    rows = rows * (layer % 2 == (config.n_layer - 1) % 2).astype(rows.dtype)
+  rows = rows * jnp.asarray(layer % 2 == (config.n_layer - 1) % 2, rows.dtype)
   return rows, tables["gate"][layer // 2]
 
 
@@ -501,38 +549,33 @@ def run_blocks(params: Params, x: chex.Array, config: GPTConfig, *, forms: kerne
                tokens: Optional[chex.Array] = None) -> chex.Array:
   """Every block over `x`: one `lax.scan` over the stacked layers, or an unrolled loop.
 
-  `tokens` `[batch, time]` are read only with `value_embeds`. Layers that
-  differ (`GPTConfig.mixed_layers`: sliding-window and global layers) stay
-  one scan: each layer's kind is a scanned array, so the program holds one
-  block whatever the depth.
+  What differs between layers (`layer_consts`: dropout keys, sliding windows,
+  RoPE bases, value embeddings) is scanned beside their params, so the
+  program holds one block whatever the depth and the layers' kinds. `tokens`
+  `[batch, time]` are read only with `value_embeds`.
   """
-  layer_keys = None if deterministic else rng.layer_keys(key, config.n_layer)
-  same_kind = config.layer_kinds[0]
+  stacked = layer_consts(config, None if deterministic else key)
+  value_embeds = (params["value_embeds"], tokens) if config.value_embeds else None
+  if value_embeds is not None and forms.remat == "full_compute_dtype":
+    raise ValueError("remat='full_compute_dtype' does not take value_embeds (they read "
+                     "params outside the layer's); use remat='full'.")
 
-  def layer(layer_params, h, layer_key, rate, index=None, kind=None):  # rate: see remat
-    value_embed = None if index is None else value_embedding(params, tokens, config, index)
-    return block(layer_params, h, config, forms=forms, key=layer_key,
-                 deterministic=deterministic, dropout=rate, value_embed=value_embed,
-                 kind=same_kind if kind is None else kind)[0]
+  # The rate is an argument, not read from a closure: remat's "full_compute_dtype"
+  # differentiates the layer at saved inputs and may not close over traced values.
+  def layer(layer_params, h, consts, rate):
+    ctx = Context(config, forms, deterministic, _rate(config, rate),
+                  value_embeds=value_embeds)
+    # The shared constants are built inside the layer, where XLA folds them into its body.
+    return block(h, layer_params, {**shared_consts(config), **consts}, ctx)[0]
 
-  if config.value_embeds and forms.remat == "full_compute_dtype":  # they read params in a closure
-    raise ValueError("remat='full_compute_dtype' does not take value_embeds; use remat='full'.")
-  layer = kernels.remat(layer, forms, config.matmul_dtype,
-                        static_argnums=() if forms.scan_layers else (4, 5))
+  layer = kernels.remat(layer, forms, config.matmul_dtype)
   if forms.scan_layers:
-    if not (config.value_embeds or config.mixed_layers):  # GPT-2's and Llama's scan
-      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
-                          (params["blocks"], layer_keys))
-    else:
-      indices = jnp.arange(config.n_layer) if config.value_embeds else None
-      kinds = jnp.asarray(config.layer_kinds, jnp.int32) if config.mixed_layers else None
-      x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout, xs[2], xs[3]), None),
-                          x, (params["blocks"], layer_keys, indices, kinds))
+    x, _ = jax.lax.scan(lambda h, xs: (layer(xs[0], h, xs[1], dropout), None), x,
+                        (params["blocks"], stacked))
     return x
   for i in range(config.n_layer):
-    layer_params = jax.tree.map(lambda p, i=i: p[i], params["blocks"])
-    x = layer(layer_params, x, None if layer_keys is None else layer_keys[i], dropout,
-              i if config.value_embeds else None, config.layer_kinds[i])
+    x = layer(jax.tree.map(lambda p, i=i: p[i], params["blocks"]), x, layer_at(stacked, i),
+              dropout)
   return x
 
 
@@ -603,7 +646,7 @@ def loss(
   """Mean next-token cross-entropy: tokens and targets `[batch, time]`.
 
   Equals `cross_entropy(forward(...), targets)`; a large vocabulary's head and
-  loss may run in chunks of rows (`tied_head_cross_entropy`). `forms`
+  loss may run in chunks of rows (`head_cross_entropy`). `forms`
   and `dropout` as in `forward`. `weights` `[batch, time]`: the loss is
   `mean(weights * losses)`; 0 takes a target out of loss and gradient (user
   turns, padding); weights of mean 1 (`batches.normalized_weights`) average
@@ -612,7 +655,7 @@ def loss(
   chex.assert_equal_shape((tokens, targets))
   forms = forms or kernels.select(kernels.platform_of(params))
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
-  return tied_head_cross_entropy(
+  return head_cross_entropy(
       x, head_table(params), targets, compute_dtype=config.matmul_dtype,
       chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms,
       softcap=config.logit_softcap, weights=weights)

@@ -2,7 +2,7 @@
 
     forms = select("cpu", remat="full")           # the CPU's forms, one overridden
     y = matmul.matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)  # bf16 products
-    loss = loss.tied_head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
+    loss = loss.head_cross_entropy(x, table, labels, chunk_rows=forms.loss_chunk_rows)
 
 Model files call these and read as the math; which form runs is decided by
 `select(platform, **overrides)` alone, from measurements cited next to

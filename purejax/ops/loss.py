@@ -1,8 +1,8 @@
-"""The losses over a model's logits: cross-entropy, and the tied head's loss in chunks.
+"""The losses over a model's logits: cross-entropy, and the output head's loss in chunks.
 
     loss = cross_entropy(logits, labels)
-    loss = tied_head_cross_entropy(x, table, labels, compute_dtype=jnp.bfloat16,
-                                   chunk_rows=forms.loss_chunk(rows, vocab), forms=forms)
+    loss = head_cross_entropy(x, table, labels, compute_dtype=jnp.bfloat16,
+                              chunk_rows=forms.loss_chunk(rows, vocab), forms=forms)
 
 The models import them from here; the `kernels.Forms` they take choose whether the
 head runs in chunks. Like `matmul.py`, this
@@ -46,7 +46,7 @@ def cross_entropy(logits: chex.Array, labels: chex.Array,
   return -jnp.mean(picked)
 
 
-def tied_head_cross_entropy(
+def head_cross_entropy(
     x: chex.Array,
     table: chex.Array,
     labels: chex.Array,
@@ -57,7 +57,7 @@ def tied_head_cross_entropy(
     softcap: Optional[float] = None,
     weights: Optional[chex.Array] = None,
 ) -> chex.Array:
-  """Mean cross-entropy of `labels` under the logits `x @ table.T`.
+  """Mean cross-entropy of `labels` under the logits `x @ table.T` of the output head `table`.
 
   The plain form builds the whole `[rows, vocab]` float32 logits, which at
   GPT-2's vocabulary are gigabytes per step and are read and written
@@ -71,7 +71,8 @@ def tied_head_cross_entropy(
 
   Args:
     x: `[..., dim]` final hidden states.
-    table: `[vocab, dim]` embedding table (the tied head).
+    table: the output head as a `[vocab, dim]` table: the token embedding where the
+      head is tied, else the untied head transposed (`gpt.head_table`).
     labels: integers `x.shape[:-1]`.
     compute_dtype: as in `matmul`.
     chunk_rows: rows per chunk, or None for the plain form. Chunks run when
