@@ -20,9 +20,6 @@ from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import models
 
-load_model = models.load_model  # where it has always been
-
-
 def define_flags(args: flags.FlagValues) -> None:
   flags.DEFINE_string("out_dir", "out-gpt", "Run directory of a trained model.",
                       flag_values=args)
@@ -68,7 +65,7 @@ def sample(args: flags.FlagValues) -> int:
       raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
     forms_flags.check_platform(args)  # before loading weights
     wanted = parse_stop_ids(args.stop_ids)
-    params, config, tokenizer = load_model(args.out_dir, args.init_from, best=args.best,
+    params, config, tokenizer = models.load_model(args.out_dir, args.init_from, best=args.best,
                                            tokenizer_file=args.tokenizer_file)
     start = args.start
     if start.startswith("FILE:"):

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from purejax import nn
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# Execution options that older configs held; now in `kernels.Forms`, and
-# ignored where a saved config still names them.
+# How a model runs, which belongs to `kernels.Forms`, not to its config: a saved
+# config that names these fields loads with them left out.
 EXECUTION_FIELDS = ("remat", "attn_block", "attention", "scan_layers")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")

@@ -158,55 +158,12 @@ def select(platform: Optional[str] = None, **overrides) -> Forms:
       platform's choice (so command-line defaults can say "auto");
       `loss_chunk_rows=0` turns chunking off.
 
-  CPU (XLA's CPU backend, measured on nanoGPT's CPU recipe; docs/performance.md):
-  * attention in query blocks with a written-out softmax: blocks skip most of
-    the masked keys (case b: 0.64x -> 0.70x of torch eager), and
-    `jax.nn.softmax` over -inf entries ran ~3x slower than the finite mask.
-  * bf16 gradient products need row-major operands, or XLA CPU silently runs
-    them in float32 (3-4x slower with AMX-BF16); the barrier keeps a later
-    transpose from being folded back into them.
-  * Gumbel noise drawn ahead: JAX's CPU threefry is a rolled loop, and one
-    draw per token was a third of the sampling time.
-  * remat "dots": storing every activation in the scan's stacked buffers took
-    55 ms/iter against 26 ms/iter for recomputing the elementwise work.
-
-  GPU/TPU (GPT-2 124M, T=1024, batch 12, bf16, one H100, then one H200 for
-  `bench.gpu` h.forms; docs/performance.md):
-  * attention "cudnn": cuDNN's flash attention, asked for explicitly
-    (`jax.nn.dot_product_attention(..., implementation="cudnn")`); shapes,
-    dtypes or dropout it does not take run the "xla" form instead, with a
-    warning. With cuDNN the whole step took 45.6 ms/iter, against 92 with the
-    CPU forms and 96 with XLA's own attention.
-  * plain transposes, no barrier: the CPU-only copies cost 43.5 vs 39.2 ms
-    forward+backward with remat "full".
-  * remat "full" when scanned (39.2 ms against 43.5 with "dots"; on the
-    H200 38.0 against 40.6 with "dots" and 49.1 with "none"), "none" when
-    unrolled (37.1 ms forward+backward; 33.0 ms/iter on the H200).
-  * GPU only: matmul outputs in the compute dtype, as autocast: 36.2 against
-    37.7 ms/iter scanned, 31.5 against 33.0 unrolled, on the H200.
-  * GPU only: layers unrolled, remat "none". On the H200 the unrolled step took
-    31.5 ms/iter against 36.2 scanned (both with bf16 matmul outputs), and
-    compiled for an H100 the unrolled step launches 540 kernels against the
-    scanned one's 905 (`bench.gpu_kernels`), as the scan's per-layer slices,
-    weight casts and gradient stacking go. It costs compile time (GPT-2
-    124M, deviceless: 38 s against 10) and memory (planned peak at batch
-    12: 6.1 GiB against 2.5); `scan_layers=True` brings the scan back.
-  * GPU only, scanned: remat "full_compute_dtype", each block's saved input
-    in bf16 (38.1 against 38.0 ms/iter for "full" on the H200): GPT-2 124M's
-    planned temporaries at batch 12 on an H100 are 1.15 GiB against 1.36.
-  * the head and loss in chunks of 2048 rows when the logits are large: the
-    float32 `[batch, time, 50304]` logits are 2.5 GB per step otherwise.
-  * noise drawn per token: no rolled-loop penalty there, and drawing ahead
-    would hold `[tokens, batch, vocab]` noise in memory.
-  * GPU only, remat "none": the MLP's activation recomputed in the backward
-    pass. Compiled for an H200 (`bench.gpu_kernels`), GPT-2 124M's unrolled
-    step moves 49.46 GiB against 51.14 (GELU's forward wrote its `tanh`
-    beside its output, and the backward read it back: 144 MiB a layer), with
-    the same 517 kernels; no GPU has timed it yet. A remat that recomputes
-    the block recomputes the activation already (scanned, for an H100: 894
-    kernels and 58.30 GiB with it, 882 and 57.46 without), as does the CPU's
-    "dots".
-  The TPU takes the GPU's forms except attention, "xla" (cuDNN is NVIDIA's).
+  CPU: attention in query blocks, row-major gradient products, noise drawn
+  ahead, remat "dots". GPU: cuDNN's attention, matmul outputs in the compute
+  dtype, layers unrolled without remat (scanned: "full_compute_dtype"), the
+  head and loss in chunks of 2048 rows, the MLP's activation recomputed. The
+  TPU takes the GPU's forms except attention, "xla" (cuDNN is NVIDIA's). Each
+  choice and its measurement: docs/performance.md, "Why each platform's forms".
   """
   name = platform or jax.default_backend()
   if name not in _PLATFORMS:
