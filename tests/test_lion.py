@@ -75,6 +75,17 @@ def test_lion_flags_name_their_optimizer_and_are_refused_without_it(capsys):
       "error: --weight_decay has no effect on --optimizer=lion; add --optimizer=adamw")
 
 
+def test_a_setting_the_optimizer_lacks_is_accepted_at_a_value_that_changes_nothing(capsys):
+  # JAX's MNIST recipe passes `--optimizer=sgd --weight_decay=0`: SGD has no decay, and a
+  # decay of 0 asks for none. The run goes on to its next check (the layer sizes).
+  assert refusal(capsys, train, "--model=mlp", "--optimizer=sgd", "--weight_decay=0",
+                 "--layer_sizes=784,x,10") == "error: --layer_sizes must be integers, got " \
+      "['784', 'x', '10']."
+  assert refusal(capsys, train, "--model=mlp", "--optimizer=sgd", "--weight_decay=0.1") == (
+      "error: --weight_decay has no effect on --optimizer=sgd; add --optimizer=adamw or "
+      "drop --weight_decay.")
+
+
 @pytest.mark.slow  # a command line that trains
 def test_python_m_train_with_lion_lowers_the_loss(tmp_path):
   text = tmp_path / "plays.txt"

@@ -80,6 +80,27 @@ def test_an_optimizer_saved_before_a_field_existed_resumes_as_it_trained(tmp_pat
   assert step == 5 and optim.from_saved(saved["optimizer"]) == optim.from_saved(asked)
 
 
+def test_a_record_holds_its_own_optimizer_and_an_older_one_with_every_optimizer_resumes(
+    tmp_path):
+  # Earlier versions recorded every registered optimizer's settings (the others at their
+  # defaults); a checkpoint now records its own optimizer's, and either resumes.
+  config = optim.OptimizerConfig(name="lion", learning_rate=0.01)
+  asked = optim.to_saved(config)
+  assert set(asked) == set(optim.SHARED_FIELDS) | set(optim.settings_names("lion"))
+  older = {**optim.all_settings(), **asked}
+  assert "muon_ns_steps" in older and "beta2" in older
+  template = TrainState({"w": jnp.zeros((2,))}, (), {"train": jnp.zeros((2,), jnp.uint32)})
+  runs.save_checkpoint(runs.RunConfig(out_dir=str(tmp_path)), 3, template, {"optimizer": older})
+  resume = runs.RunConfig(out_dir=str(tmp_path), resume=True)
+  _, step, saved = runs.start_or_resume(resume, template, {"optimizer": asked})
+  assert step == 3 and optim.from_saved(saved["optimizer"]) == config
+  # A setting of its own that differs is still refused.
+  changed = optim.to_saved(optim.replace(config, lion_beta2=0.9))
+  with pytest.raises(checkpoint.CheckpointError, match="optimizer.lion_beta2=0.99, this run "
+                     "has optimizer.lion_beta2=0.9"):
+    runs.start_or_resume(resume, template, {"optimizer": changed})
+
+
 def test_a_signal_is_noted_until_the_loop_asks_and_handlers_are_restored():
   before = signal.getsignal(signal.SIGTERM)
   with signals.StopSignals() as stop_signals:

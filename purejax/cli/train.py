@@ -189,7 +189,7 @@ def refuse_what_has_no_effect(args: Args) -> None:
                      f"--lr_schedule=warmdown or drop --warmdown_frac.")
   own = optim.settings_names(args.optimizer)
   for name in optim.all_settings():
-    if given(name) and name not in own:
+    if given(name) and name not in own and not optim.changes_nothing(name, args[name].value):
       readers = optim.readers_of(name)
       raise ValueError(f"--{name} has no effect on --optimizer={args.optimizer}; add "
                        f"--optimizer={readers[0]} or drop --{name}.")

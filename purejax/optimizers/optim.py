@@ -128,6 +128,14 @@ def readers_of(setting: str) -> Tuple[str, ...]:
   return tuple(n for n in registry.OPTIMIZERS if setting in settings_names(n))
 
 
+def changes_nothing(setting: str, value: Any) -> bool:
+  """Whether the flat setting `setting` at `value` would leave every optimizer that has it
+  as without it: a weight decay of 0. Such a value, given to an optimizer that lacks the
+  setting (`--optimizer=sgd --weight_decay=0`, as recipes written for several optimizers
+  pass it), asks for nothing the run does not do."""
+  return setting.endswith("weight_decay") and value == 0
+
+
 def value(config: OptimizerConfig, name: str) -> Any:
   """`config`'s value of `name`: a shared field, or a flat name of its optimizer's settings.
 
@@ -181,12 +189,10 @@ def from_flat(**values) -> OptimizerConfig:
 
 
 def to_saved(config: OptimizerConfig) -> Dict[str, Any]:
-  """What a checkpoint records of `config`: its shared fields and every registered
-  optimizer's flat settings (its own optimizer's values, the others' defaults), the
-  record every version has written (`from_saved` reads any of them)."""
+  """What a checkpoint records of `config`: its shared fields and its own optimizer's flat
+  settings (`from_saved` reads it, and the records of every earlier version)."""
   out = {name: getattr(config, name) for name in SHARED_FIELDS}
   out["name"] = str(config.name)
-  out.update(all_settings())
   out.update(settings_lib.to_flat(config.settings))
   return out
 
@@ -207,19 +213,13 @@ def decay_mask(params) -> chex.ArrayTree:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-class _Numbers:
-  """`config`'s fields, with those in `values` replaced (without validation: they may be traced)."""
-
-  def __init__(self, config: OptimizerConfig, values: Mapping[str, chex.Numeric]):
-    self._config, self._values = config, dict(values)
-
-  def __getattr__(self, name):
-    return self._values[name] if name in self._values else getattr(self._config, name)
-
-
-def make_schedule(config: OptimizerConfig) -> optax.Schedule:
-  """`config`'s learning-rate schedule (`schedules.SCHEDULES[config.schedule]`)."""
-  return schedules.SCHEDULES[config.schedule](config)
+def make_schedule(config: OptimizerConfig, *, learning_rate: Optional[chex.Numeric] = None,
+                  min_lr: Optional[chex.Numeric] = None) -> optax.Schedule:
+  """`config`'s learning-rate schedule (`schedules.SCHEDULES[config.schedule]`), with
+  `learning_rate` and `min_lr` in place of `config`'s where given (a sweep's run's)."""
+  return schedules.SCHEDULES[config.schedule](
+      config, config.learning_rate if learning_rate is None else learning_rate,
+      config.min_lr if min_lr is None else min_lr)
 
 
 def with_schedule_end(config: OptimizerConfig, last_step: int,
@@ -286,9 +286,10 @@ def make_optimizer(
     if unknown:
       raise ValueError(f"{unknown} cannot vary between runs; choose among {HYPERPARAMS}.")
     settings = settings_lib.from_flat(type(settings), hyperparams, settings)
-    config = _Numbers(config, {k: v for k, v in hyperparams.items() if k in SHARED_FIELDS})
+  rates = {k: v for k, v in (hyperparams or {}).items() if k in ("learning_rate", "min_lr")}
   opt = registry.OPTIMIZERS[config.name].build(
-      make_schedule(config), settings, peak_learning_rate=config.learning_rate,
+      make_schedule(config, **rates), settings,
+      peak_learning_rate=rates.get("learning_rate", config.learning_rate),
       decay_mask_fn=decay_mask_fn)
   if config.grad_clip > 0:
     opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
@@ -345,6 +346,13 @@ def from_saved(saved: Mapping[str, Any]) -> OptimizerConfig:
   settings = settings_lib.from_flat(registry.OPTIMIZERS[name].settings, record)
   return OptimizerConfig(**{k: record[k] for k in SHARED_FIELDS if k != "name"},
                          settings=settings)
+
+
+def saved_record(saved: Mapping[str, Any]) -> Dict[str, Any]:
+  """The record `to_saved` writes for the run a checkpoint's `saved` record describes, of any
+  version (older ones also held every other optimizer's defaults): what a resumed run's
+  record is compared with."""
+  return to_saved(from_saved(saved))
 
 
 def describe(config: OptimizerConfig) -> str:

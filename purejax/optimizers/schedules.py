@@ -1,11 +1,12 @@
 """Learning-rate schedules, each a pure function of the step, found by name in `SCHEDULES`.
 
-    schedule = SCHEDULES["cosine"](config)       # config: an optim.OptimizerConfig
-    schedule(step)                               # the rate at `step`
+    schedule = SCHEDULES["cosine"](config, 1e-3, 1e-4)   # config: an optim.OptimizerConfig
+    schedule(step)                                       # the rate at `step`
 
-A schedule reads the config's shared fields (`learning_rate`, `warmup_iters`,
-`decay_iters`, `min_lr`, `warmdown_frac`); a sweep passes them as traced
-arrays, so a schedule computes with them and never branches on them.
+A schedule reads the config's step counts (`warmup_iters`, `decay_iters`,
+`warmdown_frac`) and takes the peak rate and its floor as arguments: a sweep
+passes them as traced arrays, so a schedule computes with them and never
+branches on them.
 """
 
 from typing import Callable, Dict
@@ -62,24 +63,26 @@ def _needs_end(config) -> None:
                      f"ends.")
 
 
-def cosine(config) -> optax.Schedule:
+def cosine(config, learning_rate: chex.Numeric, min_lr: chex.Numeric) -> optax.Schedule:
   """nanoGPT's: linear warmup, then a cosine to `min_lr` at `decay_iters`."""
   _needs_end(config)
-  return warmup_cosine_schedule(config.learning_rate, config.warmup_iters,
-                                config.decay_iters, config.min_lr)
+  return warmup_cosine_schedule(learning_rate, config.warmup_iters, config.decay_iters, min_lr)
 
 
-def warmdown(config) -> optax.Schedule:
+def warmdown(config, learning_rate: chex.Numeric, min_lr: chex.Numeric) -> optax.Schedule:
   """nanochat's: linear warmup, the peak held, a linear decay over the last `warmdown_frac`."""
   _needs_end(config)
-  return warmup_warmdown_schedule(config.learning_rate, config.warmup_iters,
-                                  config.decay_iters, config.min_lr, config.warmdown_frac)
+  return warmup_warmdown_schedule(learning_rate, config.warmup_iters, config.decay_iters,
+                                  min_lr, config.warmdown_frac)
 
 
-def constant(config) -> optax.Schedule:
+def constant(config, learning_rate: chex.Numeric, min_lr: chex.Numeric) -> optax.Schedule:
   """The peak rate at every step."""
-  return optax.constant_schedule(config.learning_rate)
+  del config, min_lr
+  return optax.constant_schedule(learning_rate)
 
 
+# name -> schedule(config, learning_rate, min_lr): the rates are arguments, not read from
+# `config`, so a sweep passes each run's (traced) rate and floor.
 SCHEDULES: Dict[str, Callable[..., optax.Schedule]] = {
     "cosine": cosine, "warmdown": warmdown, "constant": constant}

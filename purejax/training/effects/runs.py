@@ -122,10 +122,11 @@ def start_or_resume(
     meta: this run's metadata, saved with every checkpoint.
     identity: keys of `meta` that must equal the checkpoint's for it to
       continue the same computation; a difference names the key.
-    saved_defaults: `{meta key: {field: default}}` (or a function of the saved
-      dict giving them) filled into a saved dict before comparing, so a
-      checkpoint saved before a field existed counts as trained with that
-      field's default (the optimizer's: `optim.saved_defaults`).
+    saved_defaults: `{meta key: {field: default}}` filled into a saved dict
+      before comparing, so a checkpoint saved before a field existed counts as
+      trained with that field's default; or a function of the saved dict giving
+      the whole record this version would write for it (the optimizer's:
+      `optim.saved_record`).
     ignored: `{meta key: [field, ...]}` left out of the comparison (settings
       a resumed run may change, e.g. where the schedule ends).
     digest_extra: further settings that must agree across processes.
@@ -141,7 +142,7 @@ def start_or_resume(
   parallel.check_same_on_all_processes(
       digest, "the processes were started with different settings; pass the same "
       "settings to every process (only `process_id` differs).")
-  saved_defaults = {"optimizer": optim.saved_defaults, **(saved_defaults or {})}
+  saved_defaults = {"optimizer": optim.saved_record, **(saved_defaults or {})}
   state, step, saved = _start_or_resume(run, template, meta, identity,
                                         saved_defaults, ignored or {}, log, at_most)
   parallel.check_same_on_all_processes(
@@ -179,7 +180,7 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
       value = saved.get(name)
       if isinstance(value, dict) and name in saved_defaults:
         defaults = saved_defaults[name]
-        value = {**(defaults(value) if callable(defaults) else defaults), **value}
+        value = defaults(value) if callable(defaults) else {**defaults, **value}
       # as JSON holds them (a tuple reads back as a list)
       saved_value = without_ignored(name, value)
       asked = json.loads(json.dumps(without_ignored(name, meta.get(name)), default=str))
