@@ -55,7 +55,7 @@ def test_lion_steps_as_its_paper_writes_decaying_only_matrices_and_embeddings():
 
 
 def test_lion_is_a_name_a_flat_record_and_a_sweepable_setting():
-  assert optim.OptimizerConfig(name="lion").settings == lion.Lion()
+  assert optim.named("lion").settings == lion.Lion()
   record = optim.to_saved(LION)
   assert (record["lion_beta1"], record["lion_beta2"], record["lion_weight_decay"]) == (
       0.8, 0.95, 0.5)

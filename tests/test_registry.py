@@ -13,6 +13,7 @@ import pytest
 from purejax.cli import command
 from purejax.cli import train_flags
 from purejax.optimizers import adam
+from purejax.optimizers import lion
 from purejax.optimizers import muon
 from purejax.optimizers import optim
 from purejax.optimizers import registry
@@ -52,10 +53,14 @@ def test_muons_adamw_group_flattens_to_adamws_own_names():
 def test_a_config_names_its_optimizer_once():
   assert optim.OptimizerConfig(settings=muon.Muon()).name == "muon"
   assert optim.OptimizerConfig().settings == adam.AdamW()
-  with pytest.raises(ValueError, match="the optimizer is 'adam' but its settings are muon's"):
-    optim.OptimizerConfig(name="adam", settings=muon.Muon())
+  assert optim.named("lion", learning_rate=0.1) == optim.OptimizerConfig(
+      learning_rate=0.1, settings=lion.Lion())
+  # The name is its settings' type: replacing the settings renames it.
+  assert dataclasses.replace(optim.named("lion"), settings=muon.Muon()).name == "muon"
   with pytest.raises(ValueError, match="unknown optimizer 'adafactor'"):
-    optim.OptimizerConfig(name="adafactor")
+    optim.named("adafactor")
+  with pytest.raises(ValueError, match="str is not a registered optimizer's settings"):
+    optim.OptimizerConfig(settings="adam")
   with pytest.raises(ValueError, match="`muon_ns_steps` must be an integer >= 1"):
     optim.OptimizerConfig(settings=muon.Muon(ns_steps=0))
 

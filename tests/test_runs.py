@@ -65,7 +65,7 @@ def test_an_optimizer_saved_before_a_field_existed_resumes_as_it_trained(tmp_pat
   # Muon runs saved before `muon_split_qkv` orthogonalised qkv as one matrix, which
   # is no longer the default: they resume only as that; AdamW's never read it.
   template = TrainState({"w": jnp.zeros((2,))}, (), {"train": jnp.zeros((2,), jnp.uint32)})
-  asked = optim.to_saved(optim.OptimizerConfig(name=name))
+  asked = optim.to_saved(optim.named(name))
   # the record of that version: no muon_split_qkv, muon_ns_coeffs, nor Lion's settings
   old = {k: v for k, v in asked.items()
          if k not in ("muon_split_qkv", "muon_ns_coeffs") and not k.startswith("lion_")}
@@ -84,7 +84,7 @@ def test_a_record_holds_its_own_optimizer_and_an_older_one_with_every_optimizer_
     tmp_path):
   # Earlier versions recorded every registered optimizer's settings (the others at their
   # defaults); a checkpoint now records its own optimizer's, and either resumes.
-  config = optim.OptimizerConfig(name="lion", learning_rate=0.01)
+  config = optim.named("lion", learning_rate=0.01)
   asked = optim.to_saved(config)
   assert set(asked) == set(optim.SHARED_FIELDS) | set(optim.settings_names("lion"))
   older = {**optim.all_settings(), **asked}

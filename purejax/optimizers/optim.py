@@ -35,9 +35,10 @@ SHARED_FIELDS = ("name", "learning_rate", "schedule", "warmup_iters", "decay_ite
 class OptimizerConfig:
   """What `make_optimizer` builds.
 
+  The optimizer is its settings' type (`name`: its name in `OPTIMIZERS`);
+  `named("muon", ...)` builds one by name, with its default settings.
+
   Attributes:
-    name: the optimizer, one of `OPTIMIZERS` (an init argument: `config.name` is
-      always its settings'); None: `settings`' (without settings: "adamw").
     learning_rate: peak learning rate (> 0).
     schedule: "cosine" (linear warmup, then cosine decay to `min_lr`),
       "warmdown" (linear warmup, the peak held, then a linear decay to
@@ -52,9 +53,8 @@ class OptimizerConfig:
       decay takes, in (0, 1] (nanochat's 0.2).
     grad_clip: clip the global gradient norm to this (0 disables).
     settings: the optimizer's own settings (`adam.AdamW(beta2=0.99)`,
-      `muon.Muon(ns_steps=3)`, ...); None: the named optimizer's defaults.
+      `muon.Muon(ns_steps=3)`, ...); by default AdamW's.
   """
-  name: dataclasses.InitVar[Optional[str]] = None
   learning_rate: float = 1e-3
   schedule: str = "cosine"
   warmup_iters: int = 0
@@ -62,20 +62,11 @@ class OptimizerConfig:
   min_lr: float = 0.0
   warmdown_frac: float = 0.2
   grad_clip: float = 0.0
-  settings: Any = None
+  settings: Any = dataclasses.field(default_factory=lambda: registry.OPTIMIZERS["adamw"]
+                                    .settings())
 
-  def __post_init__(self, name: Optional[str]):
-    if isinstance(name, _ReadName):  # `dataclasses.replace` passing `config.name` back
-      name = None if self.settings is not None else str(name)
-    if self.settings is None:
-      name = "adamw" if name is None else name
-      if name not in registry.OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
-      object.__setattr__(self, "settings", registry.OPTIMIZERS[name].settings())
-    named = registry.name_of(self.settings)
-    if name is not None and name != named:
-      raise ValueError(f"the optimizer is {name!r} but its settings are {named}'s "
-                       f"({type(self.settings).__name__}); give one of them.")
+  def __post_init__(self):
+    registry.name_of(self.settings)  # a registered optimizer's settings, or a clear error
     if self.schedule not in SCHEDULES:
       raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}.")
     if not 0 < self.warmdown_frac <= 1:
@@ -92,20 +83,23 @@ class OptimizerConfig:
       raise ValueError("`grad_clip` must be >= 0.")
     self.settings.check()
 
+  @property
+  def name(self) -> str:
+    """The optimizer's name in `registry.OPTIMIZERS`: its settings'."""
+    return registry.name_of(self.settings)
+
   def setting(self, name: str) -> Any:
     """A setting by its flat name (`value`), shared field or the optimizer's own."""
     return value(self, name)
 
 
-class _ReadName(str):
-  """`config.name` as read: its settings' name. `dataclasses.replace` passes it back as the
-  init argument, where it must not outvote new settings (`replace(config, settings=...)`)."""
+def named(name: str, **fields) -> OptimizerConfig:
+  """An `OptimizerConfig` of optimizer `name` (one of `OPTIMIZERS`) with its default settings
+  and `fields` (the shared ones: `learning_rate`, `schedule`, ...)."""
+  if name not in registry.OPTIMIZERS:
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
+  return OptimizerConfig(settings=registry.OPTIMIZERS[name].settings(), **fields)
 
-
-# The optimizer's name is its settings' (an init argument, not a field: replacing the
-# settings changes it).
-OptimizerConfig.name = property(lambda self: _ReadName(registry.name_of(self.settings)),
-                                doc="The optimizer's name in `registry.OPTIMIZERS`.")
 
 
 def settings_names(name: str) -> Tuple[str, ...]:
@@ -184,8 +178,8 @@ def replace(config: OptimizerConfig, **changes) -> OptimizerConfig:
 def from_flat(**values) -> OptimizerConfig:
   """An `OptimizerConfig` from flat names, as flags and sweeps write it:
   `from_flat(name="muon", learning_rate=1e-2, beta2=0.99, muon_ns_steps=3)`."""
-  name = values.pop("name", None)
-  return replace(OptimizerConfig(name=name), **values)
+  name = values.pop("name", "adamw")
+  return replace(named(name), **values)
 
 
 def to_saved(config: OptimizerConfig) -> Dict[str, Any]:
