@@ -71,7 +71,7 @@ def step_collectives(config, batch_size, plan, grad_accum_steps):
   opt_state = jax.eval_shape(optimizer.init, params)
   state = TrainState(params, opt_state, {"train": jax.ShapeDtypeStruct((2,), np.uint32)})
   step = parallel.jit_train_step(
-      steps.train_steps, plan, state_lib.shardings(state, plan), config=config,
+      steps.train_steps_fn, plan, state_lib.shardings(state, plan), config=config,
       optimizer=optimizer, batch_size=batch_size, num_steps=1,
       grad_accum_steps=grad_accum_steps, forms=kernels.select(kernels.platform_of(plan)))
   data = batches.DeviceTokens(jax.ShapeDtypeStruct((100_000,), np.int32))

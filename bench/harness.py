@@ -374,7 +374,7 @@ def purejax_train_arm(config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
   else:
     plan = parallel.ShardingPlan(parallel.make_mesh(num_devices))
     state["train"], shardings = state_lib.shard(state["train"], plan)
-    train_steps, kwargs = parallel.jit_train_step(steps_lib.train_steps, plan, shardings,
+    train_steps, kwargs = parallel.jit_train_step(steps_lib.train_steps_fn, plan, shardings,
                                                   **static), {}
     if data is not None:
       data = parallel.put(data, plan.replicated)

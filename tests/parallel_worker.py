@@ -41,17 +41,17 @@ def main(options):
     config = gpt.GPTConfig(**GPT_CONFIG, dropout=options.get("dropout", 0.0))
     params = gpt.init_params(config, key)
     data = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (4096,), 0, 65))
-    step_fn, static = steps.train_steps, dict(config=config, num_steps=num_steps,
-                                              forms=kernels.select("cpu"))
+    step_fn, static = steps.train_steps_fn, dict(config=config, num_steps=num_steps,
+                                                 forms=kernels.select("cpu"))
     keys = {"train": jax.random.PRNGKey(2)}
     data_args = (batches.DeviceTokens(data), 0)
   else:
     params = mlp.init_network_params([32, 64, 64, 10], key, scale=0.1)
     images = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (batch_size * num_steps, 32)))
     labels = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (batch_size * num_steps,), 0, 10))
-    # steps.train_epoch returns the epoch's mean loss; one step per call gives
+    # steps.train_epoch_fn returns the epoch's mean loss; one step per call gives
     # every step's loss.
-    step_fn, static = steps.train_epoch, {}
+    step_fn, static = steps.train_epoch_fn, {}
     keys = {"data": jax.random.PRNGKey(3)}
 
   state, shardings = state_lib.shard(

@@ -38,7 +38,6 @@ from purejax.data import datasets as data_lib
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.optimizers import optim
-from purejax.training.effects import folder_lock
 from purejax.training.effects import nonfinite
 from purejax.training.effects import runs
 from purejax.training.effects import signals
@@ -303,21 +302,13 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   # overrides: the run chooses its forms for the platform its plan is on.
   forms = {name: args[name].value for name in forms_flags.FORMS if args[name].value is not None}
   forms_flags.check_platform(args)  # before loading any data
-  sweep_batch = args.sweep_batch
   grid = sweep_grid(args)
   adapters = lora_config(args)
   if not args.init_from:
     gpt_config(args, vocab_size=1)  # fail on bad model flags before loading data
   runs.check_out_dir(run.out_dir)
-  if args.eval_only:  # a reader: takes no lock
+  if args.eval_only:
     return eval_gpt(args, run, train, devices, forms)
-  # One writer per run folder, refused before loading any data (the loops hold it again).
-  with folder_lock.hold(run.out_dir, log=runs.print_line):
-    return _train_gpt(args, run, devices, train, forms, sweep_batch, grid, adapters)
-
-
-def _train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig,
-               train: gpt_loop.GPTTrainConfig, forms, sweep_batch, grid, adapters) -> dict:
   init_params, init_from = None, args.init_from
   benchmarks = [evaluation.load_task(path) for path in args.eval_tasks or ()]  # fail early
   if init_from:
@@ -330,11 +321,12 @@ def _train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig
   metrics = [evaluation.task_metric(benchmarks, text.tokenizer, limit=args.eval_tasks_limit,
                                     batch_size=args.batch_size)] if benchmarks else []
   sinks = lambda run_name, meta: wandb_sinks(args, run_name, meta)
+  # The loops take the run folder's lock as the run starts (one writer per folder).
   if grid is not None or args.sweep_seeds > 1:
     return {"runs": sweep_loop.train_gpt_sweep(
         config, text, train, optimizer_config(args), run, grid or {}, args.sweep_seeds,
         devices, init_params=init_params, init_from=init_from, forms=forms,
-        sweep_batch=sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks,
+        sweep_batch=args.sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks,
         metrics=metrics)}
   return gpt_loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
                             init_params=init_params, init_from=init_from, forms=forms,
@@ -379,12 +371,6 @@ def train_mlp(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
                                   batch_size=args.batch_size, epochs=args.epochs,
                                   checkpoint_every=args.checkpoint_every, seed=args.seed)
   runs.check_out_dir(run.out_dir)
-  with folder_lock.hold(run.out_dir, log=runs.print_line):
-    return _train_mlp(args, run, devices, train)
-
-
-def _train_mlp(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig,
-               train: mlp_loop.MLPTrainConfig) -> dict:
   mnist = parallel.main_process_first(
       lambda: data_lib.load_mnist(args.tfds_data_dir, args.tfds_manual_dir,
                                   pixels=args.mnist_pixels),

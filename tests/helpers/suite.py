@@ -44,21 +44,12 @@ SHARED_DIR = "PUREJAX_TESTSSHARED_DIR"
 OLDER_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 
-# The suite also leaves dots to XLA's own kernels rather than YNNPACK's fusions, which
-# jaxlib 0.10.2 turns on by default. Those fusions have known crashes in that release
-# (jax-ml/jax#39257, #40412: segfaults and hangs inside `slinky`, some on the Eigen
-# threads, so the Python traceback lands in whatever the main thread was compiling),
-# and the suite's xdist workers died inside XLA's compile one or two times a run, in
-# different programs each time. Users' programs keep XLA's defaults.
-NO_YNN_FUSIONS = "--xla_cpu_experimental_ynn_fusion_type="
-
-
-SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", OLDER_EMITTERS, NO_YNN_FUSIONS)
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", OLDER_EMITTERS)
 
 
 def optional_flag(flag: str) -> bool:
   """Whether `flag` is one the suite may go without where this jaxlib's XLA lacks it."""
-  return flag in (OLDER_EMITTERS, NO_YNN_FUSIONS)
+  return flag == OLDER_EMITTERS
 
 
 def suite_codegen() -> bool:

@@ -11,9 +11,9 @@ holder removes the file as it lets go; after a kill the file stays, unlocked
 and of no meaning, until the next writer takes it. Readers (sampling,
 chat, conversion, replay, plots, TensorBoard) never take it and never wait.
 
-Within one process the lock is re-entrant: the command line takes it before
-loading data, the training loop again around the run, and only the last
-release unlocks. With several processes only process 0 writes, so only it
+The training loops take it as their run starts. Within one process the lock
+is re-entrant (a caller may hold a folder around a loop that takes it too):
+only the last release unlocks. With several processes only process 0 writes, so only it
 locks (`parallel.is_main_process`).
 
 On network filesystems `flock` is as strong as the filesystem makes it: NFSv4

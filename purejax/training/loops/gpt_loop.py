@@ -5,14 +5,14 @@
 
 `python -m purejax.train` only turns its flags into these configs and calls
 `train_gpt` (or `mlp_loop.train_mlp`); a Python user can call them the same
-way. It reads top to bottom: the run starts (`gpt_run.start_runs`: data,
-model, optimizer, resumed state), the one training loop every run shares
-(`skeleton.train_loop`) trains it with its evaluation metrics
-(`gpt_metrics`) and this module's `RunReport`, then the run ends with its
-plot and a sample.
+way. `train_gpt` reads as nanoGPT's loop: the run starts (`gpt_run.start_run`:
+data, model, optimizer, resumed state), its step is compiled once, then one
+loop trains, evaluates, logs and saves on schedule, and the run ends with its
+plot and a sample. A sweep has its own loop (`sweep_loop`).
 """
 
 import contextlib
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import jax
@@ -32,7 +32,6 @@ from purejax.training.effects.runs import RunConfig
 from purejax.training.effects.session import Recorded, Session
 from purejax.training.loops import gpt_metrics
 from purejax.training.loops import gpt_run
-from purejax.training.loops import skeleton
 from purejax.training.loops.gpt_run import GPTTrainConfig  # (a name of this module's API)
 from purejax.training.pure import flops
 from purejax.training.pure import parallel
@@ -41,9 +40,9 @@ from purejax.training.pure.parallel import ParallelConfig
 from purejax.training.pure.state import TrainState
 
 class RunReport:
-  """What a run alone shows of its calls and evaluations (`skeleton.Report`): the
-  progress bar (loss, tokens/s), a log line and a metrics record at the log interval
-  (loss, rate, gradient norm, ms/iter, tokens/s, MFU), and each evaluation's line."""
+  """What a run shows of its calls and evaluations: the progress bar (loss, tokens/s), a log
+  line and a metrics record at the log interval (loss, rate, gradient norm, ms/iter,
+  tokens/s, MFU), and each evaluation's line."""
 
   def __init__(self, config: gpt.GPTConfig, train: GPTTrainConfig, schedule, n_params: int,
                num_devices: int):
@@ -55,33 +54,32 @@ class RunReport:
     self._peak = peak * num_devices if peak else None
     self._since_log: List[float] = []
 
-  def trained(self, session: Session, call: skeleton.Call, log_due: bool) -> None:
-    self._since_log.append(call.seconds_per_step)
-    loss, step = float(call.losses[0, -1]), call.step
-    session.progress.update_to(step, loss=loss,
-                               tok_s=self._tokens_per_step / call.seconds_per_step)
+  def trained(self, session: Session, step: int, seconds_per_step: float, loss: float,
+              grad_norm: float, log_due: bool) -> None:
+    """After every call of the step: `loss` and `grad_norm` of its last step, `step` after it."""
+    self._since_log.append(seconds_per_step)
+    session.progress.update_to(step, loss=loss, tok_s=self._tokens_per_step / seconds_per_step)
     if not log_due:
       return
     ms = 1000 * float(np.median(self._since_log))
     self._since_log = []
     tokens_per_s = self._tokens_per_step / ms * 1000
     record = session.record.monitor.log_train(
-        step, loss=loss, lr=float(self._schedule(step - 1)),
-        grad_norm=float(call.grad_norms[0, -1]), ms_per_iter=ms, tokens_per_s=tokens_per_s,
+        step, loss=loss, lr=float(self._schedule(step - 1)), grad_norm=grad_norm,
+        ms_per_iter=ms, tokens_per_s=tokens_per_s,
         mfu=flops.mfu(self._flops_per_token, tokens_per_s, self._peak))
     mfu = f" | MFU {100 * record['mfu']:.1f}%" if record.get("mfu") else ""
     session.log(f"step {step:5d} | loss {loss:.4f} | lr {record['lr']:.2e} | "
                 f"grad norm {record['grad_norm']:.3f} | {ms:6.2f} ms/iter | "
                 f"{tokens_per_s:8.0f} tokens/s{mfu}")
 
-  def evaluated(self, session: Session, step: int, values: skeleton.Values,
-                call: Optional[skeleton.Call], run_state) -> None:
-    del call
-    losses = gpt_metrics.one_run(values)
-    bpb = f" | val bpb {losses['val_bpb']:.4f}" if "val_bpb" in losses else ""
-    session.log(f"step {step:5d} | train loss {losses['train_loss']:.4f} | "
-                f"val loss {losses['val_loss']:.4f}{bpb}")
-    session.record.add_eval(step, run_state(0), {"step": step, **losses}, **losses)
+  def evaluated(self, session: Session, step: int, values: Dict[str, float],
+                state: TrainState) -> None:
+    """After every evaluation: its line, and its record (a best checkpoint of `state`)."""
+    bpb = f" | val bpb {values['val_bpb']:.4f}" if "val_bpb" in values else ""
+    session.log(f"step {step:5d} | train loss {values['train_loss']:.4f} | "
+                f"val loss {values['val_loss']:.4f}{bpb}")
+    session.record.add_eval(step, state, {"step": step, **values}, **values)
 
 
 def train_gpt(
@@ -98,7 +96,7 @@ def train_gpt(
     lora_config: Optional[lora.LoraConfig] = None,
     data: Optional[str] = None,
     sinks: Sequence[Any] = (),
-    metrics: Sequence[skeleton.Metric] = (),
+    metrics: Sequence[gpt_metrics.Metric] = (),
 ) -> Dict[str, Any]:
   """Trains a GPT on a token corpus; returns the final evaluation and timing.
 
@@ -129,38 +127,61 @@ def train_gpt(
       weights (`weights.from_purejax`) merges them.
     data: the `--dataset` the corpus came from, recorded for `purejax.replay`.
     sinks: further metric sinks (`monitor.Monitor`'s), e.g. W&B's.
-    metrics: further evaluation metrics (`skeleton.Metric`s), after the losses
-      and bits per byte, logged with them: e.g. benchmarks
-      (`purejax.evaluation.task_metric`). Each may call the driven runs'
-      `model(index)` for a run's `(params, config, forms)`.
+    metrics: further evaluation metrics, logged after the losses and bits per
+      byte: plain functions of the run's model (`gpt_metrics.Metric`), e.g.
+      benchmarks (`purejax.evaluation.task_metric`).
 
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
   """
   with folder_lock.hold(run.out_dir, log=runs.print_line):  # one writer per run folder
-    started = gpt_run.start_runs(
-        config, text, train, devices, [gpt_run.Member(run, train.seed, config, opt_config)],
-        run=run, init_params=init_params, init_from=init_from, forms=forms,
-        lora_config=lora_config, data=data)
-    (one,) = started.runs
-    context = started.context
-    runs.print_line(f"optimizer: {optim.describe(one.opt_config)}")
-    for warning in optim.schedule_warnings(one.opt_config, train.max_iters):
+    context, started = gpt_run.start_run(
+        config, text, train, devices, run, opt_config, init_params=init_params,
+        init_from=init_from, forms=forms, lora_config=lora_config, data=data)
+    runs.print_line(f"optimizer: {optim.describe(started.opt_config)}")
+    for warning in optim.schedule_warnings(started.opt_config, train.max_iters):
       runs.print_line(f"warning: {warning}")
-    driven = gpt_run.RunsOneByOne(started)
-    report = RunReport(config, train, optim.make_schedule(one.opt_config), one.n_params,
-                       context.plan.num_devices)
+    # One jit with the state's shardings; each call length compiles once.
+    state, train_step = gpt_run.run_program(started.state, started.opt_config, config, context)
+    byte_lengths = gpt_metrics.device_byte_lengths(text, context.plan)
+    report = RunReport(config, train, optim.make_schedule(started.opt_config),
+                       started.n_params, context.plan.num_devices)
+    profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
+
+    def evaluate(step: int, state: TrainState) -> None:
+      values = gpt_metrics.evaluate_run(state.params, state.keys["eval"], config, context,
+                                        byte_lengths, metrics)
+      report.evaluated(session, step, values, state)
+
     with contextlib.closing(context.feed), Session(
-        [Recorded(run, one.meta, one.saved, sinks)],
-        total=train.max_iters, start=started.step, bar=train.progress,
+        [Recorded(run, started.meta, started.saved, sinks)], total=train.max_iters,
+        start=started.step, bar=train.progress,
         keep_best=not train.always_save_checkpoint) as session:
-      step, times = skeleton.train_loop(
-          driven, session, gpt_run.cadence(context),
-          metrics=[*gpt_metrics.evaluation_metrics(text, context), *metrics],
-          report=report, start=started.step,
-          profiler=progress_lib.Profiler(train.profile_steps, run.out_dir))
-    return _finish(session.record.history, step, times, driven.run_state(0), text, one.keys,
-                   context)
+      step, times = started.step, []
+      while step < train.max_iters:
+        # The untrained model, and a resumed run's first evaluation unless it has it.
+        if step % train.eval_interval == 0 and not session.record.evaluated_at(step):
+          evaluate(step, state)
+        num_steps = context.call_length(step)  # never across an eval, log or save
+        profiler.before(step)
+        began = time.perf_counter()
+        state, step_metrics = train_step(state, context.feed.train(step, num_steps), step,
+                                         num_steps=num_steps)
+        losses = np.asarray(step_metrics.loss)  # [num_steps]; waits for the steps to end
+        seconds = (time.perf_counter() - began) / num_steps
+        profiler.after(step + num_steps, session.log)
+        session.record.check_finite(losses, step)  # a NaN stops here; the checkpoint stays
+        step += num_steps
+        times.append(seconds)
+        report.trained(session, step, seconds, float(losses[-1]),
+                       float(np.asarray(step_metrics.grad_norm)[-1]),
+                       log_due=runs.every(train.log_interval, step, train.max_iters))
+        if runs.every(train.eval_interval, step, train.max_iters):
+          evaluate(step, state)
+        # Also on SIGINT/SIGTERM, which then stop the run (`signals.Interrupted`).
+        session.save_if(runs.every(train.checkpoint_interval, step, train.max_iters), step,
+                        state)
+    return _finish(session.record.history, step, times, state, text, started.keys, context)
 
 
 def _finish(history, step: int, times, state: TrainState, text, keys,
@@ -188,10 +209,8 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                  train: GPTTrainConfig, devices: ParallelConfig = ParallelConfig(),
                  *, forms: Union[kernels.Forms, Mapping[str, Any], None] = None
                  ) -> Dict[str, float]:
-  """Train and val loss of `params` on `train.eval_iters` batches of each split (no training).
-
-  `forms` as in `train_gpt`.
-  """
+  """Train and val loss (and val bits per byte) of `params` on `train.eval_iters` batches of
+  each split, as a run's evaluation measures them (no training). `forms` as in `train_gpt`."""
   gpt_run.check_fits(config, text, train.batch_size)
   gpt.check_params(params, config)
   keys = state_lib.run_keys(train.seed)
@@ -200,13 +219,10 @@ def evaluate_gpt(params, config: gpt.GPTConfig, text: corpus_lib.Corpus,
                            steps_per_call=lambda _: 1, end_step=0)
   context = gpt_run.RunContext(config, train, None, plan, gpt_run.forms_of(plan, forms), None,
                                None, devices.grad_accum_steps, feed, None)
-  try:
-    values = skeleton.evaluate(
-        gpt_metrics.FixedParams(parallel.put(params, plan.replicated), keys["eval"], context),
-        gpt_metrics.evaluation_metrics(text, context))
-    return gpt_metrics.one_run(values)
-  finally:
-    feed.close()
+  with contextlib.closing(feed):
+    return gpt_metrics.evaluate_run(parallel.put(params, plan.replicated), keys["eval"],
+                                    config, context,
+                                    gpt_metrics.device_byte_lengths(text, plan))
 
 
 def sample_text(params, tokenizer, config: gpt.GPTConfig, key, num_tokens: int,

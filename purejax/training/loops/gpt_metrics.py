@@ -1,23 +1,26 @@
-"""What an evaluation of a GPT run measures: each split's mean loss, val bits per byte.
+"""What an evaluation of a GPT run measures: each split's mean loss, val bits per byte,
+then any further metrics of the model.
 
-    values = skeleton.evaluate(driven, evaluation_metrics(text, context))
-    values["val_loss"], values["val_bpb"]          # [runs] each
+    values = evaluate_run(params, eval_key, config, context, byte_lengths, metrics)
+    values["val_loss"], values["val_bpb"]          # floats
 
-Each metric is a `skeleton.Metric`: `(driven, values so far) -> {name: [runs]
-values}`, called in order by the training loop at every evaluation (and by
-`gpt_loop.evaluate_gpt`). A run draws its evaluation batches with its own eval
-key, the same at every evaluation, so its numbers compare step to step. A new
-metric is one function here, added to `evaluation_metrics`' list.
+A run draws its evaluation batches with its own eval key, the same at every
+evaluation, so its numbers compare step to step. A further metric is a plain
+function of the run's model, `metric(params, config, forms) -> {name: float}`
+(`evaluation.task_metric`'s benchmark scores). A sweep evaluates its runs
+together (`evaluation_metrics`, the training loop's `skeleton.Metric`s over its
+driven runs), each further metric once per run (`per_run`).
 """
 
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from purejax.training.loops import gpt_run
-from purejax.training.loops.skeleton import Metric, Values
+from purejax.training.loops import skeleton
+from purejax.training.loops.skeleton import Values
 from purejax.training.pure import parallel
 from purejax.training.pure import steps
 
@@ -38,7 +41,8 @@ def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) ->
   return loss * num_tokens / (np.log(2) * num_bytes) if num_bytes else float("nan")
 
 
-def val_bits_per_byte(byte_lengths: jax.Array, context: gpt_run.RunContext) -> Metric:
+def val_bits_per_byte(byte_lengths: jax.Array, context: gpt_run.RunContext
+                      ) -> skeleton.Metric:
   """`val_bpb`: `val_loss` in bits per UTF-8 byte (it compares across tokenizers), each
   run's over the bytes of its own val batches."""
 
@@ -58,7 +62,7 @@ def device_byte_lengths(text, plan: parallel.ShardingPlan) -> Optional[jax.Array
   return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
 
 
-def evaluation_metrics(text, context: gpt_run.RunContext) -> List[Metric]:
+def evaluation_metrics(text, context: gpt_run.RunContext) -> List[skeleton.Metric]:
   """What every evaluation of a GPT run on `text` computes, in order."""
   metrics = [split_losses]
   byte_lengths = device_byte_lengths(text, context.plan)
@@ -67,23 +71,33 @@ def evaluation_metrics(text, context: gpt_run.RunContext) -> List[Metric]:
   return metrics
 
 
-class FixedParams:
-  """Params to evaluate, no run: the `split_losses` and `eval_key` the metrics ask for."""
+# metric(params, config, forms) -> {name: value}: what a further evaluation scores of a
+# run's model (its params whole on one local device, LoRA's adapters merged).
+Metric = Callable[[Any, Any, Any], Dict[str, float]]
 
-  def __init__(self, params, eval_key, context: gpt_run.RunContext):
-    self._params, self._key, self._context = params, eval_key, context
 
-  def split_losses(self) -> Dict[str, np.ndarray]:
-    losses = gpt_run.evaluate_splits(self._params, self._key, self._context)
-    return {name: np.asarray([loss]) for name, loss in losses.items()}
+def evaluate_run(params, eval_key, config, context: gpt_run.RunContext,
+                 byte_lengths: Optional[jax.Array], metrics: Sequence[Metric] = ()
+                 ) -> Dict[str, float]:
+  """One run's evaluation: `train_loss` and `val_loss` (`gpt_run.evaluate_splits`), `val_bpb`
+  where the data has byte lengths (`device_byte_lengths`), then each of `metrics`."""
+  values = gpt_run.evaluate_splits(params, eval_key, context, config)
+  if byte_lengths is not None:
+    values["val_bpb"] = bits_per_byte(values["val_loss"], context.feed.eval["val_loss"],
+                                      eval_key, byte_lengths, config, context.train)
+  for metric in metrics:
+    values.update(metric(*gpt_run.model_of(params, config, context)))
+  return values
 
-  def eval_key(self, index: int):
-    del index
-    return self._key
 
-  def model(self, index: int):
-    del index
-    return gpt_run.model_of(self._params, self._context.config, self._context)
+def per_run(metric: Metric) -> skeleton.Metric:
+  """`metric` as a sweep's training loop evaluates it: on each of its driven runs' models."""
+
+  def each(driven, values: Values) -> Values:
+    found = [metric(*driven.model(i)) for i in range(len(values["val_loss"]))]
+    return {name: np.asarray([f[name] for f in found]) for name in found[0]}
+
+  return each
 
 
 def one_run(values: Values, index: int = 0) -> Dict[str, float]:

@@ -1,14 +1,13 @@
 """What a GPT run is, how it starts and what trains it, for a run alone and a sweep's runs.
 
-    started = start_runs(config, text, train, devices, [Member(run, seed, config, opt)])
-    driven = RunsOneByOne(started)          # or RunsTogether(started, ...): a sweep vmapped
-    skeleton.train_loop(driven, ...)
+    context, started = start_run(config, text, train, devices, run, opt_config)
+    state, train_step = run_program(started.state, started.opt_config, config, context)
 
-`gpt_loop.train_gpt` starts one run here and `sweep_loop.train_gpt_sweep` its N
-(each in its own folder, resumed from their newest common step): the same
-checks, checkpoint metadata, seeded or resumed state, schedule, devices,
-forms and batches, so a run of a sweep is the run trained alone. What the
-runs share is one `RunContext`; what trains them is a `skeleton.Driven`.
+`gpt_loop.train_gpt` starts one run here (`start_run`) and `sweep_loop.train_gpt_sweep`
+its N (`start_runs`: each in its own folder, resumed from their newest common step):
+the same checks, checkpoint metadata, seeded or resumed state, schedule, devices,
+forms and batches, so a run of a sweep is the run trained alone. What the runs
+share is one `RunContext`; what trains a sweep's runs is a `skeleton.Driven`.
 """
 
 import dataclasses
@@ -211,8 +210,8 @@ def run_program(state: TrainState, opt_config: optim.OptimizerConfig, config: gp
   """`(state on the plan's devices, its jitted `steps.train_steps`)`: one run's program,
   the same for a run alone and a run of a sweep taken one at a time (so they agree bitwise)."""
   state, shardings = state_lib.shard(state, context.plan)
-  return state, parallel.sharded_step(
-      steps.train_steps, context.plan, shardings, config=config,
+  return state, parallel.jit_train_step(
+      steps.train_steps_fn, context.plan, shardings, config=config,
       optimizer=run_optimizer(opt_config, context.run, context.lora_config)(),
       batch_size=context.train.batch_size, grad_accum_steps=context.grad_accum_steps,
       forms=context.forms, params_view=context.view)
@@ -284,67 +283,46 @@ class Started(NamedTuple):
   context: RunContext
 
 
-def _start(member: Member, text, train: GPTTrainConfig, devices: ParallelConfig, init_params,
-           init_from, lora_config, data, at_most) -> StartedRun:
-  """The member's start: a fresh state, or its newest checkpoint of step `at_most` or older."""
-  keys = state_lib.run_keys(member.seed)
-  params = (gpt.init_params(member.config, keys["params"]) if init_params is None
-            else init_params)
-  gpt.check_params(params, member.config)
-  fresh = optim.with_schedule_end(member.opt_config, train.max_iters)
-  meta = gpt_meta(member.config, text, fresh, train.batch_size, member.seed, init_from,
+def _start(run: RunConfig, seed: int, config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
+           text, train: GPTTrainConfig, devices: ParallelConfig, init_params, init_from,
+           lora_config, data, at_most) -> StartedRun:
+  """A run's start: a fresh state, or its newest checkpoint of step `at_most` or older."""
+  keys = state_lib.run_keys(seed)
+  params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
+  gpt.check_params(params, config)
+  fresh = optim.with_schedule_end(opt_config, train.max_iters)
+  meta = gpt_meta(config, text, fresh, train.batch_size, seed, init_from,
                   lora_config=lora_config, data=data, grad_accum_steps=devices.grad_accum_steps)
   # The data sampler's whole state is (train key, step): batch s is drawn
   # from fold_in(train key, s), so restoring both resumes the same stream.
   template, view = state_lib.start_state(
-      params, keys, run_optimizer(fresh, member.run, lora_config)(), lora_config)
+      params, keys, run_optimizer(fresh, run, lora_config)(), lora_config)
   start = runs.start_or_resume(
-      member.run, template, meta,
+      run, template, meta,
       saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
       ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
       digest_extra=[devices.fsdp, devices.grad_accum_steps], at_most=at_most)
-  resolved = optim.with_schedule_end(member.opt_config, train.max_iters,
+  resolved = optim.with_schedule_end(opt_config, train.max_iters,
                                      start.saved.get("optimizer", {}).get("decay_iters"))
   meta = {**meta, "optimizer": optim.to_saved(resolved)}
-  return StartedRun(member.run, member.config, resolved, meta, start.state, start.step,
-                    start.saved, keys, view, gpt.num_params(params))
+  return StartedRun(run, config, resolved, meta, start.state, start.step, start.saved, keys,
+                    view, gpt.num_params(params))
 
 
-def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
-               devices: ParallelConfig, members: Sequence[Member], *, run: RunConfig,
-               init_params=None, init_from=None, forms=None, lora_config=None, data=None,
-               at_most: Optional[int] = None, what: str = "run") -> Started:
-  """Everything a GPT loop builds before its first step, for a run alone or a sweep's runs.
-
-  Args:
-    config: the model the runs share (a member's may differ in dropout).
-    text, train, devices, init_params, init_from, forms, lora_config, data:
-      as `train_gpt`.
-    members: the runs (one alone; a sweep's in its order).
-    run: how the runs persist (a sweep's: its folder; each member has its own).
-    at_most: resume every run from its newest checkpoint of this step or
-      older (a sweep's newest common step); None: its newest.
-    what: what the runs are, for the log ("run" or "sweep").
-
-  Returns:
-    The runs, started at one step, and what they share.
-  """
+def _plan_and_forms(config, text, train, devices, forms) -> Tuple[parallel.ShardingPlan,
+                                                                   kernels.Forms]:
+  """The checks before anything loads, then the devices' plan and the forms, each logged."""
   check_fits(config, text, train.batch_size)
   plan = parallel.make_plan(devices, train.batch_size)
   runs.print_line(f"devices: {parallel.describe(plan, train.batch_size, devices.grad_accum_steps)}")
   forms = forms_of(plan, forms)
   runs.print_line(f"forms: {forms.describe()}")
-  started = [_start(m, text, train, devices, init_params, init_from, lora_config, data, at_most)
-             for m in members]
-  first = started[0]
-  assert all(r.step == first.step for r in started), "runs restored at different steps"
-  kept = sorted({r.opt_config.decay_iters for m, r in zip(members, started)
-                 if r.saved and m.opt_config.decay_iters is None
-                 and r.opt_config.decay_iters != train.max_iters})
-  if kept:
-    runs.print_line(f"keeping the {what}'s schedule: it ends at step "
-                    f"{', '.join(map(str, kept))} (set the optimizer's decay_iters to "
-                    f"change that)")
+  return plan, forms
+
+
+def _context(config, text, train, devices, run, plan, forms, first: StartedRun, lora_config
+             ) -> RunContext:
+  """What the runs share once they have started at `first.step`: the batches, logged."""
   call_length = CallLengths(train)
   feed = make_feed(text, config, train, plan, start_step=first.step,
                    steps_per_call=call_length)
@@ -355,8 +333,65 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
                     f"{lora_config}")
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
-  context = RunContext(config, train, run, plan, forms, first.view, lora_config,
-                       devices.grad_accum_steps, feed, call_length)
+  return RunContext(config, train, run, plan, forms, first.view, lora_config,
+                    devices.grad_accum_steps, feed, call_length)
+
+
+def _log_kept_schedule(kept: Sequence[int], what: str) -> None:
+  if kept:
+    runs.print_line(f"keeping the {what}'s schedule: it ends at step "
+                    f"{', '.join(map(str, kept))} (set the optimizer's decay_iters to "
+                    f"change that)")
+
+
+def start_run(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
+              devices: ParallelConfig, run: RunConfig, opt_config: optim.OptimizerConfig, *,
+              init_params=None, init_from=None, forms=None, lora_config=None, data=None
+              ) -> Tuple[RunContext, StartedRun]:
+  """Everything a run alone builds before its first step (`gpt_loop.train_gpt`'s).
+
+  Args: as `gpt_loop.train_gpt`'s.
+
+  Returns:
+    `(what the run's loop reads, the run: its state, fresh or resumed, its step,
+    schedule and checkpoint metadata)`.
+  """
+  plan, forms = _plan_and_forms(config, text, train, devices, forms)
+  started = _start(run, train.seed, config, opt_config, text, train, devices, init_params,
+                   init_from, lora_config, data, at_most=None)
+  ends = started.opt_config.decay_iters
+  _log_kept_schedule([ends] if started.saved and opt_config.decay_iters is None
+                     and ends != train.max_iters else [], "run")
+  return _context(config, text, train, devices, run, plan, forms, started, lora_config), started
+
+
+def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
+               devices: ParallelConfig, members: Sequence[Member], *, run: RunConfig,
+               init_params=None, init_from=None, forms=None, lora_config=None, data=None,
+               at_most: Optional[int] = None) -> Started:
+  """Everything a sweep builds before its first step: `start_run`'s, for each of its runs.
+
+  Args:
+    config: the model the runs share (a member's may differ in dropout).
+    text, train, devices, init_params, init_from, forms, lora_config, data:
+      as `gpt_loop.train_gpt`.
+    members: the sweep's runs, in its order.
+    run: how the sweep persists (its folder; each member has its own).
+    at_most: resume every run from its newest checkpoint of this step or
+      older (the sweep's newest common step); None: its newest.
+
+  Returns:
+    The runs, started at one step, and what they share.
+  """
+  plan, forms = _plan_and_forms(config, text, train, devices, forms)
+  started = [_start(m.run, m.seed, m.config, m.opt_config, text, train, devices, init_params,
+                    init_from, lora_config, data, at_most) for m in members]
+  first = started[0]
+  assert all(r.step == first.step for r in started), "runs restored at different steps"
+  _log_kept_schedule(sorted({r.opt_config.decay_iters for m, r in zip(members, started)
+                             if r.saved and m.opt_config.decay_iters is None
+                             and r.opt_config.decay_iters != train.max_iters}), "sweep")
+  context = _context(config, text, train, devices, run, plan, forms, first, lora_config)
   return Started(started, first.step, context)
 
 

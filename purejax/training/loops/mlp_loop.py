@@ -3,12 +3,13 @@
     history = train_mlp(load_mnist(), MLPTrainConfig(epochs=10), MLP_OPTIMIZER,
                         RunConfig(out_dir="out-mlp"))
 
-One jitted call per epoch (`steps.train_epoch`), in the training loop every
-run shares (`skeleton.train_loop`): the same progress, metrics, checkpoints
-and signals as the GPT's; an evaluation (`accuracies`) after every epoch.
+One jitted call per epoch, in a loop of the GPT's shape (`gpt_loop.train_gpt`):
+the same progress, metrics, checkpoints and signals; an evaluation
+(`accuracies`) after every epoch.
 """
 
 import dataclasses
+import time
 from typing import Any, Dict, Optional, Sequence
 
 import jax
@@ -22,7 +23,6 @@ from purejax.training.effects import folder_lock
 from purejax.training.effects import runs
 from purejax.training.effects.runs import RunConfig
 from purejax.training.effects.session import Recorded, Session
-from purejax.training.loops import skeleton
 from purejax.training.pure import parallel
 from purejax.training.pure import state as state_lib
 from purejax.training.pure import steps
@@ -102,77 +102,41 @@ def train_mlp(
     state, epoch, saved = runs.start_or_resume(
         run, template, meta, digest_extra=[devices.fsdp, devices.grad_accum_steps])
     state, shardings = state_lib.shard(state, plan)
-    train_epoch = parallel.sharded_step(
-        steps.train_epoch, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
+    train_epoch = parallel.jit_train_step(
+        steps.train_epoch_fn, plan, shardings, optimizer=optimizer, batch_size=train.batch_size,
         grad_accum_steps=devices.grad_accum_steps)
     runs.print_line(f"model: mlp {sizes}, {sum(p.size for p in jax.tree.leaves(params)):,} params")
     runs.print_line(f"optimizer: {optim.describe(opt_config)}, {steps_per_epoch} steps/epoch")
-    driven = _Epochs(train_epoch, state, (train_x, train_y, test_x, test_y))
-    report = _EpochReport(schedule, steps_per_epoch, train.batch_size)
+    examples_per_epoch = steps_per_epoch * train.batch_size
     with Session([Recorded(run, meta, saved)], total=train.epochs, start=epoch, unit="epoch",
                  bar=progress_bar) as session:
-      skeleton.train_loop(
-          driven, session,
-          skeleton.Cadence(total=train.epochs, eval_interval=1, log_interval=1,
-                           checkpoint_interval=train.checkpoint_every, evaluate_first=False,
-                           count_from=1),
-          metrics=[accuracies], report=report, start=epoch)
+      while epoch < train.epochs:
+        began = time.perf_counter()
+        state, train_loss = train_epoch(state, train_x, train_y, epoch)
+        train_loss = float(train_loss)  # waits for the epoch to end
+        seconds = time.perf_counter() - began
+        session.record.check_finite(np.array([train_loss]), epoch + 1)  # epochs count from 1
+        epoch += 1
+        session.record.monitor.log_train(epoch, loss=train_loss,
+                                         lr=float(schedule(epoch * steps_per_epoch - 1)),
+                                         examples_per_s=examples_per_epoch / seconds)
+        record = dict(epoch=epoch, seconds=seconds, examples_per_s=examples_per_epoch / seconds,
+                      train_loss=train_loss, **accuracies(state.params, train_x, train_y,
+                                                          test_x, test_y))
+        session.record.add_eval(epoch, state, record, train_acc=record["train_acc"],
+                                test_acc=record["test_acc"])
+        session.progress.update_to(epoch, loss=train_loss, test_acc=record["test_acc"])
+        session.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
+                    "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
+                    "test acc {test_acc:.4f}".format(**record))
+        session.save_if(runs.every(train.checkpoint_every, epoch, train.epochs), epoch, state)
     return session.record.history[-1] if session.record.history else {}
 
 
-class _Epochs:
-  """The MLP's run as the training loop drives it (`skeleton.Driven`): a step is an epoch."""
-
-  def __init__(self, train_epoch, state: TrainState, data):
-    self.state, self._train_epoch = state, train_epoch
-    self.train_x, self.train_y, self.test_x, self.test_y = data
-
-  def train(self, epoch: int, num_epochs: int):
-    assert num_epochs == 1, num_epochs
-    self.state, train_loss = self._train_epoch(self.state, self.train_x, self.train_y, epoch)
-    return np.array([[float(train_loss)]]), None  # float(): waits for the epoch to finish
-
-  def run_state(self, index: int) -> TrainState:
-    del index
-    return self.state
-
-
-def accuracies(driven: _Epochs, values: skeleton.Values) -> skeleton.Values:
+def accuracies(params: mlp.Params, train_x, train_y, test_x, test_y) -> Dict[str, float]:
   """`train_acc` and `test_acc`: the fraction of each set the MLP classifies right."""
-  del values
-  params = driven.state.params
-  return {"train_acc": np.asarray([float(mlp.evaluate_accuracy(params, driven.train_x,
-                                                              driven.train_y))]),
-          "test_acc": np.asarray([float(mlp.evaluate_accuracy(params, driven.test_x,
-                                                             driven.test_y))])}
-
-
-class _EpochReport:
-  """What the MLP's loop shows (`skeleton.Report`): per epoch, its time, loss and
-  accuracies in one line and one history record."""
-
-  def __init__(self, schedule, steps_per_epoch: int, batch_size: int):
-    self._schedule, self._steps, self._batch = schedule, steps_per_epoch, batch_size
-
-  def trained(self, session: Session, call: skeleton.Call, log_due: bool) -> None:
-    del log_due  # every epoch
-    epoch, seconds = call.step, call.seconds_per_step
-    session.record.monitor.log_train(epoch, loss=float(call.losses[0, -1]),
-                                     lr=float(self._schedule(epoch * self._steps - 1)),
-                                     examples_per_s=self._steps * self._batch / seconds)
-
-  def evaluated(self, session: Session, epoch: int, values: skeleton.Values,
-                call: skeleton.Call, run_state) -> None:
-    seconds, train_loss = call.seconds_per_step, float(call.losses[0, -1])
-    record = dict(epoch=epoch, seconds=seconds,
-                  examples_per_s=self._steps * self._batch / seconds, train_loss=train_loss,
-                  train_acc=float(values["train_acc"][0]), test_acc=float(values["test_acc"][0]))
-    session.record.add_eval(epoch, run_state(0), record, train_acc=record["train_acc"],
-                            test_acc=record["test_acc"])
-    session.progress.update_to(epoch, loss=train_loss, test_acc=record["test_acc"])
-    session.log("epoch {epoch:3d} | {seconds:6.3f} s | {examples_per_s:9.0f} ex/s | "
-                "loss {train_loss:.4f} | train acc {train_acc:.4f} | "
-                "test acc {test_acc:.4f}".format(**record))
+  return {"train_acc": float(mlp.evaluate_accuracy(params, train_x, train_y)),
+          "test_acc": float(mlp.evaluate_accuracy(params, test_x, test_y))}
 
 
 def _check_mlp_fits(params: mlp.Params, sizes: Sequence[int], mnist: data_lib.MnistData

@@ -1,20 +1,21 @@
-"""The training loop, written once: what every run does between its first step and its last.
+"""A sweep's training loop: what its runs do between their first step and their last.
 
     step, times = train_loop(driven, session, Cadence(total=2000, eval_interval=250,
                                                       log_interval=50, checkpoint_interval=250),
                              metrics=[split_losses, bits_per_byte], report=report, start=0)
 
-The loop keeps the cadence: it evaluates at the interval (and where a run
-starts on one, unless it already did before a resume), times each call of the
-jitted steps, stops at a NaN/Inf loss, hands each call and evaluation to the
-`report` (the log lines, progress and metrics files), and saves the
+The loop keeps the cadence: it evaluates at the interval (and where the runs
+start on one, unless they already did before a resume), times each call of
+the jitted steps, stops at a NaN/Inf loss, hands each call and evaluation to
+the `report` (the log lines, progress and metrics files), and saves the
 checkpoints at their interval or on SIGINT/SIGTERM (`session.Session`).
 
-What it drives (`Driven`) is one run, a sweep's runs one at a time or
-vmapped together, or the MLP: each trains a call of steps and gives its
-runs' states. What it evaluates is a list of `Metric`s, called in order, each
-seeing the values those before it gave: a new metric is one function added
-to that list. An MLP "step" is an epoch.
+What it drives (`Driven`) is a sweep's runs, trained one at a time, each in
+its own program, or vmapped together in one (`gpt_run.RunsOneByOne`,
+`gpt_run.RunsTogether`): the loop is the same for both. A run alone has its
+loop written out in `gpt_loop.train_gpt` (and the MLP's in `mlp_loop`). What it
+evaluates is a list of `Metric`s, called in order, each seeing the values
+those before it gave.
 """
 
 import dataclasses
@@ -31,18 +32,26 @@ Values = Dict[str, np.ndarray]  # {metric name: [runs] values}
 
 
 class Driven(Protocol):
-  """What the loop trains: one or more runs that step together."""
+  """What the loop trains: a sweep's runs, stepping together."""
 
   def train(self, step: int, num_steps: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Runs steps `step .. step + num_steps - 1` of every run, to the end (waits for them).
 
     Returns:
-      `(losses, grad_norms)`, `[runs, num_steps]` numpy arrays each (grad norms
-      may be None where the driven runs do not measure them).
+      `(losses, grad_norms)`, `[runs, num_steps]` numpy arrays each.
     """
 
   def run_state(self, index: int) -> TrainState:
     """Run `index`'s state (what its checkpoint saves)."""
+
+  def split_losses(self) -> Dict[str, np.ndarray]:
+    """`{split: [runs] mean losses}` of every run's evaluation batches."""
+
+  def eval_key(self, index: int) -> Any:
+    """Run `index`'s evaluation key (its batches are the same at every evaluation)."""
+
+  def model(self, index: int) -> Tuple[Any, Any, Any]:
+    """Run `index`'s `(params, config, forms)`, whole on one local device."""
 
 
 # metric(driven, values so far) -> more values, `[runs]` each.

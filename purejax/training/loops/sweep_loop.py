@@ -191,7 +191,7 @@ def train_gpt_sweep(
     sweep_batch: Optional[int] = None,
     data: Optional[str] = None,
     sinks: Callable[[str, Dict[str, Any]], Sequence[Any]] = lambda name, meta: (),
-    metrics: Sequence[skeleton.Metric] = (),
+    metrics: Sequence[gpt_metrics.Metric] = (),
 ) -> List[Dict[str, Any]]:
   """Trains every run of a sweep in one program; returns each run's final evaluation.
 
@@ -240,8 +240,7 @@ def train_gpt_sweep(
         [gpt_run.Member(folder, spec.seed, spec.model_config(config), spec.opt_config)
          for spec, folder in zip(specs, folders)],
         run=run, init_params=init_params, init_from=init_from, forms=forms,
-        lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line),
-        what="sweep")
+        lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line))
     context = started.context
     record_runs(run, names)
     sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(context.plan), sweep_batch)
@@ -259,7 +258,8 @@ def train_gpt_sweep(
         total=train.max_iters, start=started.step, bar=train.progress) as session:
       step, times = skeleton.train_loop(
           driven, session, gpt_run.cadence(context),
-          metrics=[*gpt_metrics.evaluation_metrics(text, context), *metrics],
+          metrics=[*gpt_metrics.evaluation_metrics(text, context),
+                   *map(gpt_metrics.per_run, metrics)],
           report=report, start=started.step)
     if parallel.is_main_process():
       for folder in folders:

@@ -3,7 +3,7 @@
     plan = ShardingPlan(make_mesh(), fsdp=True)   # all devices, axis "data"
     shardings = plan.state(params)                # a NamedSharding per leaf
     params = put(params, shardings)               # global jax.Arrays, split
-    step = jit_train_step(steps.train_steps, plan, state.shardings(train_state, plan),
+    step = jit_train_step(steps.train_steps_fn, plan, state.shardings(train_state, plan),
                           config=config, optimizer=optimizer, ...)
 
 Everything here is `jax.sharding` and `jax.distributed`; the model code stays
@@ -26,7 +26,6 @@ the same pure functions. What is split, and how:
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
 
 import chex
@@ -309,42 +308,34 @@ def main_process_first(load: Callable[[], Any], errors=(ValueError,)) -> Any:
 
 def jit_train_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **static
                    ) -> "StateStep":
-  """`fn(state, *inputs, plan=plan, **static) -> (state, metrics)` under one `jax.jit`
-  with explicit shardings (a jitted `fn` runs as its Python function, not nested).
+  """`fn(state, *inputs, plan=plan, **static, **more) -> (state, metrics)` under one `jax.jit`
+  with explicit shardings; `more` are further static keywords given per call (the GPT's
+  call length `num_steps`), each distinct value compiled once.
 
   The state goes in and comes out with `state_shardings` (and is donated);
-  every other input and the metrics are replicated: `steps.train_steps`
-  (tokens, step), `steps.train_epoch` (images, labels, epoch). Static
-  arguments are bound here: `jax.jit` takes no keywords once `in_shardings` is set.
+  every other input and the metrics are replicated: `steps.train_steps_fn`
+  (tokens, step), `steps.train_epoch_fn` (images, labels, epoch). `fn` is the
+  plain function (not already jitted). Static arguments are bound here:
+  `jax.jit` takes no keywords once `in_shardings` is set, so the per-call ones
+  travel as one static positional argument.
   """
-  fn = getattr(fn, "__wrapped__", fn) if hasattr(fn, "lower") else fn
-  def packed(state, inputs):  # one argument for all inputs, whatever their number
-    return fn(state, *inputs, plan=plan, **static)
+  def packed(state, inputs, more):  # one argument for all inputs, whatever their number
+    return fn(state, *inputs, plan=plan, **static, **dict(more))
 
-  return StateStep(jax.jit(packed, donate_argnums=0,
+  return StateStep(jax.jit(packed, donate_argnums=0, static_argnums=2,
                            in_shardings=(state_shardings, plan.replicated),
                            out_shardings=(state_shardings, plan.replicated)))
 
 
 class StateStep(NamedTuple):
-  """`step(state, *inputs) -> (state, metrics)` from `jit_train_step`; `lower` as jit's."""
+  """`step(state, *inputs, **more) -> (state, metrics)` from `jit_train_step`; `lower` as jit's."""
   jitted: Callable
 
-  def __call__(self, state: Any, *inputs: Any) -> Any:
-    return self.jitted(state, inputs)
+  def __call__(self, state: Any, *inputs: Any, **more: Any) -> Any:
+    return self.jitted(state, inputs, tuple(sorted(more.items())))
 
-  def lower(self, state: Any, *inputs: Any):
-    return self.jitted.lower(state, inputs)
-
-
-def sharded_step(fn: Callable, plan: ShardingPlan, state_shardings: Any, **static
-                 ) -> Callable:
-  """`jit_train_step(fn, ...)`, compiled once per distinct further keywords
-  (such as the GPT's chunk length `num_steps`)."""
-  @functools.lru_cache(maxsize=None)
-  def compiled(**more):
-    return jit_train_step(fn, plan, state_shardings, **static, **more)
-  return lambda state, *inputs, **more: compiled(**more)(state, *inputs)
+  def lower(self, state: Any, *inputs: Any, **more: Any):
+    return self.jitted.lower(state, inputs, tuple(sorted(more.items())))
 
 
 def accumulate_gradients(

@@ -10,9 +10,10 @@
     state, loss = train_epoch(state, images, labels, epoch, optimizer=optimizer,
                               batch_size=128)         # the MNIST MLP
 
-Each runs as one `lax.scan` inside a `jit`; across devices,
-`parallel.jit_train_step` runs the same function under its own one jit,
-with the state's shardings. GPT batches are drawn on the
+Each runs as one `lax.scan` inside a `jit`. `train_steps` and `train_epoch` are
+the plain `train_steps_fn` and `train_epoch_fn` jitted for one device; across
+devices, `parallel.jit_train_step` jits those plain functions with the state's
+shardings instead. GPT batches are drawn on the
 device from `DeviceTokens` (no host round-trip per step) or given as
 `HostWindows` the host read (`purejax.data.batches`).
 """
@@ -69,11 +70,7 @@ def _per_step(tokens: batches.Tokens, num: int, block_size: int, batch_size: int
   return tokens.per_step(num, block_size, batch_size)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("config", "optimizer", "batch_size", "num_steps",
-                              "grad_accum_steps", "plan", "forms", "params_view"),
-    donate_argnums=0)
-def train_steps(
+def train_steps_fn(
     state: TrainState,
     tokens: batches.Tokens,
     step: chex.Numeric,
@@ -115,7 +112,7 @@ def train_steps(
     grad_accum_steps: microbatches per step (`parallel.accumulate_gradients`);
       must divide `batch_size`. Each draws its dropout from its own key.
     plan: how the step is spread over devices (`parallel.ShardingPlan`);
-      None on one device. Under a plan, give this function to
+      None on one device. Under a plan, jit this function with
       `parallel.jit_train_step`, as the training loop does: its one jit keeps
       the state's layout.
     params_view: the model's params as a function of `state.params`, for
@@ -151,6 +148,13 @@ def train_steps(
   (params, opt_state), metrics = jax.lax.scan(
       one_step, (state.params, state.opt_state), (steps, windows))
   return state._replace(params=params, opt_state=opt_state), metrics
+
+
+# `train_steps_fn` jitted for one device (or inputs already placed): what a user calls.
+train_steps = jax.jit(
+    train_steps_fn, static_argnames=("config", "optimizer", "batch_size", "num_steps",
+                                     "grad_accum_steps", "plan", "forms", "params_view"),
+    donate_argnums=0)
 
 
 def _view(params_view, params):
@@ -225,10 +229,7 @@ def target_bytes(
   return counts
 
 
-@functools.partial(
-    jax.jit, static_argnames=("optimizer", "batch_size", "grad_accum_steps", "plan"),
-    donate_argnums=0)
-def train_epoch(
+def train_epoch_fn(
     state: TrainState,
     images: chex.Array,
     labels: chex.Array,
@@ -281,3 +282,9 @@ def train_epoch(
   (params, opt_state), losses = jax.lax.scan(
       body, (state.params, state.opt_state), perm.reshape(num_batches, batch_size))
   return state._replace(params=params, opt_state=opt_state), jnp.mean(losses)
+
+
+# `train_epoch_fn` jitted for one device: what a user calls.
+train_epoch = jax.jit(
+    train_epoch_fn, static_argnames=("optimizer", "batch_size", "grad_accum_steps", "plan"),
+    donate_argnums=0)

@@ -174,7 +174,7 @@ class TrainStepProgram:
   """The training loop's step for some devices, with abstract arguments to lower it with.
 
   Attributes:
-    step: the jitted `steps.train_steps` (`parallel.jit_train_step`).
+    step: `steps.train_steps_fn` jitted by `parallel.jit_train_step`.
     arguments: `(state, tokens, first_step)` as `jax.ShapeDtypeStruct`s with
       their shardings; `step.lower(*arguments)` lowers the program.
     start: `() -> state`, the initial train state (seed 0), unsharded.
@@ -191,7 +191,7 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
                        fsdp: bool = False, grad_accum_steps: int = 1,
                        lora_config: Optional[lora.LoraConfig] = None, num_steps: int = 1,
                        num_tokens: int = 1 << 20) -> TrainStepProgram:
-  """One call of the training loop's program (`steps.train_steps`) for `devices`.
+  """One call of the training loop's program (`steps.train_steps_fn`) for `devices`.
 
   The same program `gpt_loop.train_gpt` jits (`parallel.jit_train_step` over a
   data mesh), with abstract inputs: nothing is allocated.
@@ -223,7 +223,7 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
   state = jax.eval_shape(start)
   view = lora.View(lora_config.scale_alpha) if lora_config is not None else None
   layout = state_lib.shardings(state, plan)
-  step = parallel.jit_train_step(steps.train_steps, plan, layout, config=config,
+  step = parallel.jit_train_step(steps.train_steps_fn, plan, layout, config=config,
                                  optimizer=optimizer, batch_size=batch_size, num_steps=num_steps,
                                  forms=forms, grad_accum_steps=grad_accum_steps,
                                  params_view=view)
