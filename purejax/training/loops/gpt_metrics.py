@@ -12,13 +12,12 @@ together (`evaluation_metrics`, the training loop's `skeleton.Metric`s over its
 driven runs), each further metric once per run (`per_run`).
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.training.loops import gpt_run
 from purejax.training.loops import skeleton
 from purejax.training.loops.skeleton import Values
 from purejax.training.pure import parallel
@@ -31,6 +30,27 @@ def split_losses(driven, values: Values) -> Values:
   return driven.split_losses()
 
 
+def evaluate_splits(params, eval_key, context, config=None) -> Dict[str, float]:
+  """One run's mean loss of `train.eval_iters` batches of each split, drawn with `eval_key`
+  (the same batches at every evaluation): `{"train_loss", "val_loss"}`. `context`: the
+  run's `gpt_run.RunContext`; `config`: the run's model where it differs from the
+  context's (a sweep's run with its own dropout)."""
+  return {name: float(steps.evaluate(params, tokens, eval_key, config=config or context.config,
+                                     batch_size=context.train.batch_size,
+                                     num_batches=context.train.eval_iters, plan=context.plan,
+                                     forms=context.forms, params_view=context.view))
+          for name, tokens in context.feed.eval.items()}
+
+
+def model_of(params, config, context) -> Tuple[Any, Any, Any]:
+  """A run's model as a benchmark scores it: `(params, config, forms)`, the params
+  whole on one local device with LoRA's adapters merged (`context.view`)."""
+  params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
+  if context.view is not None:
+    params = jax.jit(context.view)(params)
+  return params, config, context.forms
+
+
 def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) -> float:
   """`loss`, the mean of `steps.evaluate`'s batches of `tokens` drawn with `eval_key`, in
   bits per UTF-8 byte: the sum of their tokens' losses over the bytes they decode to."""
@@ -41,7 +61,7 @@ def bits_per_byte(loss: float, tokens, eval_key, byte_lengths, config, train) ->
   return loss * num_tokens / (np.log(2) * num_bytes) if num_bytes else float("nan")
 
 
-def val_bits_per_byte(byte_lengths: jax.Array, context: gpt_run.RunContext
+def val_bits_per_byte(byte_lengths: jax.Array, context
                       ) -> skeleton.Metric:
   """`val_bpb`: `val_loss` in bits per UTF-8 byte (it compares across tokenizers), each
   run's over the bytes of its own val batches."""
@@ -62,7 +82,7 @@ def device_byte_lengths(text, plan: parallel.ShardingPlan) -> Optional[jax.Array
   return None if lengths is None else parallel.put(jnp.asarray(lengths), plan.replicated)
 
 
-def evaluation_metrics(text, context: gpt_run.RunContext) -> List[skeleton.Metric]:
+def evaluation_metrics(text, context) -> List[skeleton.Metric]:
   """What every evaluation of a GPT run on `text` computes, in order."""
   metrics = [split_losses]
   byte_lengths = device_byte_lengths(text, context.plan)
@@ -76,17 +96,17 @@ def evaluation_metrics(text, context: gpt_run.RunContext) -> List[skeleton.Metri
 Metric = Callable[[Any, Any, Any], Dict[str, float]]
 
 
-def evaluate_run(params, eval_key, config, context: gpt_run.RunContext,
+def evaluate_run(params, eval_key, config, context,
                  byte_lengths: Optional[jax.Array], metrics: Sequence[Metric] = ()
                  ) -> Dict[str, float]:
-  """One run's evaluation: `train_loss` and `val_loss` (`gpt_run.evaluate_splits`), `val_bpb`
+  """One run's evaluation: `train_loss` and `val_loss` (`evaluate_splits`), `val_bpb`
   where the data has byte lengths (`device_byte_lengths`), then each of `metrics`."""
-  values = gpt_run.evaluate_splits(params, eval_key, context, config)
+  values = evaluate_splits(params, eval_key, context, config)
   if byte_lengths is not None:
     values["val_bpb"] = bits_per_byte(values["val_loss"], context.feed.eval["val_loss"],
                                       eval_key, byte_lengths, config, context.train)
   for metric in metrics:
-    values.update(metric(*gpt_run.model_of(params, config, context)))
+    values.update(metric(*model_of(params, config, context)))
   return values
 
 

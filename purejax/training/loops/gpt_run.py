@@ -14,7 +14,6 @@ import dataclasses
 import functools
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-import jax
 import numpy as np
 
 from purejax import gpt
@@ -25,6 +24,7 @@ from purejax.ops import kernels
 from purejax.optimizers import optim
 from purejax.training.effects import runs
 from purejax.training.effects.runs import RunConfig
+from purejax.training.loops import gpt_metrics
 from purejax.training.loops import skeleton
 from purejax.training.pure import parallel
 from purejax.training.pure import state as state_lib
@@ -217,17 +217,6 @@ def run_program(state: TrainState, opt_config: optim.OptimizerConfig, config: gp
       forms=context.forms, params_view=context.view)
 
 
-def evaluate_splits(params, eval_key, context: RunContext,
-                    config: Optional[gpt.GPTConfig] = None) -> Dict[str, float]:
-  """One run's mean loss of `train.eval_iters` batches of each split, drawn with `eval_key`
-  (the same batches at every evaluation): `{"train_loss", "val_loss"}`."""
-  return {name: float(steps.evaluate(params, tokens, eval_key, config=config or context.config,
-                                     batch_size=context.train.batch_size,
-                                     num_batches=context.train.eval_iters, plan=context.plan,
-                                     forms=context.forms, params_view=context.view))
-          for name, tokens in context.feed.eval.items()}
-
-
 class Member(NamedTuple):
   """One run a GPT loop trains, before it starts (`start_runs`).
 
@@ -398,16 +387,6 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
 # ----------------------------------------------------------------------------
 # What trains the started runs: the training loop's `skeleton.Driven`.
 
-def model_of(params, config: gpt.GPTConfig, context: "RunContext"
-             ) -> Tuple[Any, gpt.GPTConfig, kernels.Forms]:
-  """A run's model as a benchmark scores it: `(params, config, forms)`, the params
-  whole on one local device with LoRA's adapters merged (`context.view`)."""
-  params = jax.device_put(parallel.fetch(params), jax.local_devices()[0])
-  if context.view is not None:
-    params = jax.jit(context.view)(params)
-  return params, config, context.forms
-
-
 class RunsOneByOne:
   """The runs one after another, each in the program it compiles alone (`run_program`):
   a run alone, or a sweep's runs where `sweep_batch` is 1 (the CPU), so a run of the
@@ -435,7 +414,7 @@ class RunsOneByOne:
 
   def split_losses(self) -> Dict[str, np.ndarray]:
     """`{split: [runs] mean losses}` (`evaluate_splits` of each run)."""
-    losses = [evaluate_splits(s.params, s.keys["eval"], self._context, config)
+    losses = [gpt_metrics.evaluate_splits(s.params, s.keys["eval"], self._context, config)
               for s, config in zip(self._states, self._configs)]
     return {name: np.asarray([l[name] for l in losses]) for name in losses[0]}
 
@@ -447,7 +426,7 @@ class RunsOneByOne:
 
   def model(self, index: int):
     """Run `index`'s `(params, config, forms)` (`model_of`)."""
-    return model_of(self._states[index].params, self._configs[index], self._context)
+    return gpt_metrics.model_of(self._states[index].params, self._configs[index], self._context)
 
 
 class RunsTogether:
@@ -490,5 +469,5 @@ class RunsTogether:
 
   def model(self, index: int):
     """Run `index`'s `(params, config, forms)` (`model_of`)."""
-    return model_of(sweep.unstack(self.state.params, index), self._configs[index],
+    return gpt_metrics.model_of(sweep.unstack(self.state.params, index), self._configs[index],
                     self._context)
