@@ -83,8 +83,7 @@ def define_settings_flags(args: flags.FlagValues, defaults: optim.OptimizerConfi
   for entry in registry.OPTIMIZERS.values():
     docs.update({k: v for k, v in settings_lib.field_docs(entry.settings).items()
                  if k not in docs})
-    choices.update({entry.settings.PREFIX + field: values for field, values in
-                    getattr(entry.settings, "CHOICES", {}).items()})
+    choices.update(settings_lib.choices(entry.settings))
   for flat, default in optim.all_settings().items():
     value = own.get(flat, default)
     help_text = f"--optimizer={'/'.join(optim.readers_of(flat))}: {docs.get(flat, flat)}"

@@ -8,7 +8,7 @@ name "muon"): the blocks' hidden matrices (`muon_labels`) take
 import dataclasses
 import functools
 import math
-from typing import ClassVar, List, NamedTuple, Optional, Sequence, Tuple
+from typing import ClassVar, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -300,7 +300,6 @@ class Muon:
   """
   PREFIX: ClassVar[str] = "muon_"
   HYPERPARAMS: ClassVar[Tuple[str, ...]] = ("learning_rate", "momentum", "weight_decay")
-  CHOICES: ClassVar[dict] = {"ns_coeffs": NS_COEFFICIENTS}
   learning_rate: float = 0.02
   momentum: float = 0.95
   weight_decay: float = 0.0
@@ -308,7 +307,7 @@ class Muon:
   momentum_warmup_iters: int = 0
   momentum_start: float = 0.85
   split_qkv: bool = True
-  ns_coeffs: str = "keller"
+  ns_coeffs: Literal[NS_COEFFICIENTS] = "keller"
   adamw: adam_lib.AdamW = adam_lib.AdamW()
 
   def check(self) -> None:

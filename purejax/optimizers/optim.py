@@ -108,12 +108,17 @@ def settings_names(name: str) -> Tuple[str, ...]:
 
 
 def all_settings() -> Dict[str, Any]:
-  """`{flat name: default}` of every registered optimizer's settings (the first that
-  names a setting gives its default: names shared, as AdamW's betas in Muon, agree)."""
-  out = {}
-  for entry in registry.OPTIMIZERS.values():
-    for name, default in settings_lib.to_flat(entry.settings()).items():
-      out.setdefault(name, default)
+  """`{flat name: default}` of every registered optimizer's settings. A flat name is one
+  setting wherever it appears (AdamW's betas in Muon's AdamW group): its default is the
+  same in every optimizer that has it, or this fails naming them."""
+  out, first = {}, {}
+  for name, entry in registry.OPTIMIZERS.items():
+    for setting, default in settings_lib.to_flat(entry.settings()).items():
+      if setting in out and out[setting] != default:
+        raise ValueError(f"`{setting}` defaults to {out[setting]!r} in {first[setting]} and "
+                         f"to {default!r} in {name}: one flat name must mean one setting.")
+      out.setdefault(setting, default)
+      first.setdefault(setting, name)
   return out
 
 

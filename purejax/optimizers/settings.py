@@ -5,7 +5,8 @@ Each optimizer has a small frozen dataclass of its own settings (`adam.AdamW`,
 outside it: `""` for AdamW's `beta2`, `"muon_"` for Muon's `muon_ns_steps`)
 and `HYPERPARAMS` (the numbers a sweep may vary between runs in one program).
 A field that is itself such a dataclass (Muon's AdamW group) flattens under
-its own prefix. Outside the optimizer a setting is its flat name: the command
+its own prefix; a field typed `Literal[...]` takes one of those values (a
+flag's choices). Outside the optimizer a setting is its flat name: the command
 line's flag, a sweep's grid name, a checkpoint's record.
 
 Settings classes do not check their values when built (a sweep builds them
@@ -13,6 +14,7 @@ with traced numbers); `check` does, and `optim.OptimizerConfig` calls it.
 """
 
 import dataclasses
+import typing
 from typing import Any, Dict, Mapping, Tuple
 
 from purejax import _docstrings
@@ -62,6 +64,24 @@ def from_flat(cls, values: Mapping[str, Any], base=None):
     elif cls.PREFIX + field.name in values:
       changes[field.name] = values[cls.PREFIX + field.name]
   return dataclasses.replace(base, **changes)
+
+
+def choices(cls) -> Dict[str, Tuple[Any, ...]]:
+  """`{flat name: its values}` of the settings whose type is a `Literal` of the values
+  (e.g. Muon's `ns_coeffs`), nested groups' included."""
+  out = {}
+  for name, path in flat_fields(cls).items():
+    owner = cls
+    for part in path[:-1]:
+      owner = type(_default(_field(owner, part)))
+    kind = _field(owner, path[-1]).type
+    if typing.get_origin(kind) is typing.Literal:
+      out[name] = typing.get_args(kind)
+  return out
+
+
+def _field(cls, name: str) -> dataclasses.Field:
+  return {f.name: f for f in dataclasses.fields(cls)}[name]
 
 
 def hyperparams(cls) -> Tuple[str, ...]:
