@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers.cli import TINY_FLAGS, final, one_line_error, run_cli
-from helpers.data import REPO_ROOT
+from helpers.data import REPO_ROOT, need
 from purejax import _files
 from purejax import checkpoint
 from purejax.cli import train
@@ -130,3 +130,19 @@ def test_a_sweep_is_refused_while_one_of_its_runs_trains_alone(tmp_path, text_fi
                          f"--out_dir={tmp_path}", "--sweep=learning_rate=1e-3,1e-2"),
                  f"{tmp_path / run_name} is being written by process")
   assert not list(tmp_path.glob("*/ckpt_*")) and not (tmp_path / "sweep.json").exists()
+
+
+@pytest.mark.slow
+def test_a_busy_folder_is_refused_before_a_wandb_run_starts_in_it(tmp_path, text_file, holder,
+                                                                   monkeypatch):
+  # The loop takes the lock as the run starts; the W&B run (which writes into
+  # out_dir/wandb) is made only once the folder is held.
+  need("wandb")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  out = tmp_path / "run"
+  first = holder(out)
+  one_line_error(run_cli(train, *TINY_FLAGS, "--max_iters=5", f"--dataset={text_file}",
+                         f"--out_dir={out}", "--wandb_log"),
+                 f"is being written by process {first.pid}")
+  assert sorted(p.name for p in out.iterdir()) == [folder_lock.RUN_LOCK]

@@ -330,7 +330,8 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
         metrics=metrics)}
   return gpt_loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
                             init_params=init_params, init_from=init_from, forms=forms,
-                            lora_config=adapters, data=args.dataset, sinks=sinks(None, {}),
+                            lora_config=adapters, data=args.dataset,
+                            sinks=lambda meta: sinks(None, meta),
                             metrics=metrics)
 
 

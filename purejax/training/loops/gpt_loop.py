@@ -13,7 +13,7 @@ plot and a sample. A sweep has its own loop (`sweep_loop`).
 
 import contextlib
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -95,7 +95,7 @@ def train_gpt(
     forms: Union[kernels.Forms, Mapping[str, Any], None] = None,
     lora_config: Optional[lora.LoraConfig] = None,
     data: Optional[str] = None,
-    sinks: Sequence[Any] = (),
+    sinks: Union[Sequence[Any], Callable[[Dict[str, Any]], Sequence[Any]]] = (),
     metrics: Sequence[gpt_metrics.Metric] = (),
 ) -> Dict[str, Any]:
   """Trains a GPT on a token corpus; returns the final evaluation and timing.
@@ -126,7 +126,9 @@ def train_gpt(
       params; checkpoints hold base and adapters, and loading them as
       weights (`weights.from_purejax`) merges them.
     data: the `--dataset` the corpus came from, recorded for `purejax.replay`.
-    sinks: further metric sinks (`monitor.Monitor`'s), e.g. W&B's.
+    sinks: further metric sinks (`monitor.Monitor`'s), e.g. W&B's; or a function of the
+      run's checkpoint metadata that makes them, called once the run holds its folder
+      (a W&B run starts only then, with the run's settings as its config).
     metrics: further evaluation metrics, logged after the losses and bits per
       byte: plain functions of the run's model (`gpt_metrics.Metric`), e.g.
       benchmarks (`purejax.evaluation.task_metric`).
@@ -138,6 +140,7 @@ def train_gpt(
     context, started = gpt_run.start_run(
         config, text, train, devices, run, opt_config, init_params=init_params,
         init_from=init_from, forms=forms, lora_config=lora_config, data=data)
+    sinks = sinks(started.meta) if callable(sinks) else sinks
     runs.print_line(f"optimizer: {optim.describe(started.opt_config)}")
     for warning in optim.schedule_warnings(started.opt_config, train.max_iters):
       runs.print_line(f"warning: {warning}")
