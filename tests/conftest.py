@@ -19,7 +19,7 @@ import tempfile
 import jax
 import pytest
 
-from helpers.suite import (COMPILE_CACHE, SHARED_DIR, SUITE_XLA_FLAGS, optional_flag,
+from helpers.suite import (COMPILE_CACHE, OLDER_EMITTERS, SHARED_DIR, SUITE_XLA_FLAGS,
                            suite_codegen, xla_accepts)
 # The shared fixtures live with their topic in helpers/; importing them here makes them
 # every test's (pytest looks for fixtures in conftest.py's namespace).
@@ -33,7 +33,7 @@ def pytest_configure(config):
   if not hasattr(config, "workerinput") and "xla_backend_optimization_level" not in flags:
     # Set by the first process (pytest, or xdist's controller) for all the others,
     # unless the user chose a level: then the suite compiles as the user asked.
-    suite = [f for f in SUITE_XLA_FLAGS if not optional_flag(f) or xla_accepts(f)]
+    suite = [f for f in SUITE_XLA_FLAGS if f != OLDER_EMITTERS or xla_accepts(f)]
     os.environ["XLA_FLAGS"] = " ".join([flags, *suite]).strip()
   if not hasattr(config, "workerinput") and SHARED_DIR not in os.environ:
     # What the run's processes build once and share (`built_once`).

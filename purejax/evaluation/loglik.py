@@ -21,6 +21,7 @@ import numpy as np
 
 from purejax import gpt
 from purejax.ops import kernels
+from purejax.ops import loss
 
 BUCKET = 64
 
@@ -47,10 +48,8 @@ class Scored(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("config", "forms"))
 def _token_logprobs(params, ids, targets, config: gpt.GPTConfig, forms: kernels.Forms):
   """`[batch, time]` log p(target) and whether each target is the argmax."""
-  logits = gpt.forward(params, ids, config, forms=forms).astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  return picked - lse, jnp.argmax(logits, axis=-1) == targets
+  logits = gpt.forward(params, ids, config, forms=forms)
+  return loss.target_log_probs(logits, targets), jnp.argmax(logits, axis=-1) == targets
 
 
 def _window(request: Request, block_size: int) -> List[int]:

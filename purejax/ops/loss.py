@@ -46,6 +46,13 @@ def cross_entropy(logits: chex.Array, labels: chex.Array,
   return -jnp.mean(picked)
 
 
+def target_log_probs(logits: chex.Array, targets: chex.Array) -> chex.Array:
+  """`log p(target)` under `logits` `[..., vocab]` for integer `targets` `[...]`, in float32."""
+  logits = logits.astype(jnp.float32)
+  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
 def head_cross_entropy(
     x: chex.Array,
     table: chex.Array,

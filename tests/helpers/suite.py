@@ -47,11 +47,6 @@ OLDER_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", OLDER_EMITTERS)
 
 
-def optional_flag(flag: str) -> bool:
-  """Whether `flag` is one the suite may go without where this jaxlib's XLA lacks it."""
-  return flag == OLDER_EMITTERS
-
-
 def suite_codegen() -> bool:
   """Whether this run compiles with the suite's fast code generation (`SUITE_XLA_FLAGS`)."""
   return OLDER_EMITTERS in os.environ.get("XLA_FLAGS", "")

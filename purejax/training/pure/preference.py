@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from purejax import gpt
 from purejax.ops import kernels
+from purejax.ops import loss
 
 DPO_LOSSES = ("sigmoid", "ipo")
 
@@ -53,8 +54,7 @@ def completion_logps(params: gpt.Params, tokens: chex.Array, weights: chex.Array
   chex.assert_rank(tokens, 2)
   chex.assert_shape(weights, (tokens.shape[0], tokens.shape[1] - 1))
   logits = gpt.forward(params, tokens[:, :-1], config, forms=forms)  # [b, t, vocab]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [b, t]
+  picked = loss.target_log_probs(logits, tokens[:, 1:])  # [b, t]
   weights = weights.astype(jnp.float32)
   return jnp.sum(picked * weights, axis=-1), jnp.sum(weights, axis=-1)
 
