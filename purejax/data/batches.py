@@ -12,7 +12,8 @@ draws what the first run drew.
 
 What a step is given says which of the two it is: `DeviceTokens` (the ids,
 from which the step draws), `HostWindows` (the windows themselves) or
-`DeviceRows` (whole rows with a weight per target). Each kind draws its own
+`DeviceRows` (whole rows with a weight per target) or `DevicePairs` (preference
+pairs: two rows with weights, and the reference's log-probabilities). Each kind draws its own
 batches: a jitted step asks it what its scan slices per step (`per_step`) and
 for each step's batch (`draw`), and never which kind it has.
 """
@@ -109,7 +110,57 @@ class DeviceRows(NamedTuple):
     return x, y, normalized_weights(weights)
 
 
-Tokens = Union[DeviceTokens, HostWindows, DeviceRows]
+class PairBatch(NamedTuple):
+  """One step's preference pairs (`DevicePairs.draw`), each pair's two answers side by side.
+
+  Attributes:
+    tokens: `[pairs, 2, block_size + 1]` ids, the chosen answer's row then the rejected's.
+    weights: `[pairs, 2, block_size]`, 1 on the answer's targets, 0 on the prompt and
+      padding.
+    reference: `[pairs, 2]` float32, the reference model's summed log-probability of
+      each answer (the weighted targets').
+  """
+  tokens: chex.Array
+  weights: chex.Array
+  reference: chex.Array
+
+
+class DevicePairs(NamedTuple):
+  """Preference pairs on the device, from which each step draws whole pairs.
+
+  The form of preference data (`purejax.data.preferences`): each pair is its prompt
+  with the chosen answer and with the rejected one, padded as conversations are
+  (`DeviceRows`), with the reference model's log-probability of each answer computed
+  once before training (`preference.reference_logps`), so no reference model is held.
+
+  Attributes:
+    rows: `[num_pairs, 2, block_size + 1]` int32 ids.
+    weights: `[num_pairs, 2, block_size]` float32.
+    reference: `[num_pairs, 2]` float32.
+  """
+  rows: chex.Array
+  weights: chex.Array
+  reference: chex.Array
+
+  on_device = True
+
+  def per_step(self, num_steps: int, block_size: int, batch_size: int) -> None:
+    """What a scan over `num_steps` steps slices for each step: nothing (each draws)."""
+    del num_steps, batch_size
+    chex.assert_shape(self.rows, (None, 2, block_size + 1))
+    chex.assert_shape(self.weights, (self.rows.shape[0], 2, block_size))
+    chex.assert_shape(self.reference, (self.rows.shape[0], 2))
+    return None
+
+  def draw(self, key: chex.PRNGKey, sliced: None, block_size: int, batch_size: int
+           ) -> PairBatch:
+    """`batch_size` random pairs (with replacement, as `sample_rows`)."""
+    del sliced, block_size
+    picked = jax.random.randint(key, (batch_size,), 0, self.rows.shape[0])
+    return PairBatch(self.rows[picked], self.weights[picked], self.reference[picked])
+
+
+Tokens = Union[DeviceTokens, HostWindows, DeviceRows, DevicePairs]
 
 
 def sample_batch(
@@ -285,6 +336,13 @@ def device_feed(train_ids: np.ndarray, val_ids: np.ndarray, put: Callable) -> Fe
   """Both splits on every device (`put`), where each step draws its own batch."""
   train_ids, val_ids = put((np.asarray(train_ids, np.int32), np.asarray(val_ids, np.int32)))
   train, val = DeviceTokens(train_ids), DeviceTokens(val_ids)
+  return Feed(lambda step, num_steps: train, {"train_loss": train, "val_loss": val}, True,
+              lambda: None)
+
+
+def pairs_feed(train: DevicePairs, val: DevicePairs, put: Callable) -> Feed:
+  """Preference pairs (`DevicePairs`) of both splits on every device."""
+  train, val = (DevicePairs(*put(tuple(pairs))) for pairs in (train, val))
   return Feed(lambda step, num_steps: train, {"train_loss": train, "val_loss": val}, True,
               lambda: None)
 

@@ -35,6 +35,7 @@ from purejax.training.loops import gpt_run
 from purejax.training.loops.gpt_run import GPTTrainConfig  # (a name of this module's API)
 from purejax.training.pure import flops
 from purejax.training.pure import parallel
+from purejax.training.pure import preference
 from purejax.training.pure import state as state_lib
 from purejax.training.pure.parallel import ParallelConfig
 from purejax.training.pure.state import TrainState
@@ -77,6 +78,9 @@ class RunReport:
                 state: TrainState) -> None:
     """After every evaluation: its line, and its record (a best checkpoint of `state`)."""
     bpb = f" | val bpb {values['val_bpb']:.4f}" if "val_bpb" in values else ""
+    if "val_accuracy" in values:  # a preference run's
+      bpb += (f" | val accuracy {values['val_accuracy']:.3f} | val margin "
+              f"{values['val_margin']:.3f} | val chosen nll {values['val_chosen_nll']:.4f}")
     session.log(f"step {step:5d} | train loss {values['train_loss']:.4f} | "
                 f"val loss {values['val_loss']:.4f}{bpb}")
     session.record.add_eval(step, state, {"step": step, **values}, **values)
@@ -97,8 +101,10 @@ def train_gpt(
     data: Optional[str] = None,
     sinks: Union[Sequence[Any], Callable[[Dict[str, Any]], Sequence[Any]]] = (),
     metrics: Sequence[gpt_metrics.Metric] = (),
+    dpo: Optional[preference.DPO] = None,
 ) -> Dict[str, Any]:
-  """Trains a GPT on a token corpus; returns the final evaluation and timing.
+  """Trains a GPT on a token corpus, conversations or preference pairs; returns the
+  final evaluation and timing.
 
   What a run writes to `run.out_dir`: checkpoints (`ckpt_<step>.npz`, and
   `ckpt_best.npz` with `always_save_checkpoint=False`), `metrics.jsonl` and
@@ -110,7 +116,9 @@ def train_gpt(
     text: the corpus (`corpus.load_corpus`); small ones are put on every
       device, larger ones are read by the host one call ahead. Or
       conversations (`conversations.load_conversations`): whole padded rows
-      on every device, the loss over the assistant's tokens only.
+      on every device, the loss over the assistant's tokens only. Or
+      preference pairs (`preferences.load_preferences`): DPO from `init_params`,
+      which are also the reference (with LoRA, the base).
     train: steps, evaluation, logging, checkpoints.
     opt_config: the optimizer; `decay_iters=None` ends the schedule at
       `max_iters` in a new run and keeps the saved run's end on resume.
@@ -132,6 +140,9 @@ def train_gpt(
     metrics: further evaluation metrics, logged after the losses and bits per
       byte: plain functions of the run's model (`gpt_metrics.Metric`), e.g.
       benchmarks (`purejax.evaluation.task_metric`).
+    dpo: the DPO settings of a run on preference pairs (None: `preference.DPO()`'s);
+      each evaluation also logs their rewards, margin, accuracy and the chosen answers'
+      NLL on train and held-out pairs (`preference.pair_metrics`).
 
   Returns:
     `{"step", "train_loss", "val_loss", "ms_per_iter"}` of the last evaluation.
@@ -139,7 +150,8 @@ def train_gpt(
   with folder_lock.hold(run.out_dir, log=runs.print_line):  # one writer per run folder
     context, started = gpt_run.start_run(
         config, text, train, devices, run, opt_config, init_params=init_params,
-        init_from=init_from, forms=forms, lora_config=lora_config, data=data)
+        init_from=init_from, forms=forms, lora_config=lora_config, data=data, dpo=dpo)
+    metrics = gpt_metrics.objective_metrics(context) + list(metrics)
     sinks = sinks(started.meta) if callable(sinks) else sinks
     runs.print_line(f"optimizer: {optim.describe(started.opt_config)}")
     for warning in optim.schedule_warnings(started.opt_config, train.max_iters):

@@ -21,6 +21,7 @@ import numpy as np
 from purejax.training.loops import skeleton
 from purejax.training.loops.skeleton import Values
 from purejax.training.pure import parallel
+from purejax.training.pure import preference
 from purejax.training.pure import steps
 
 
@@ -38,7 +39,8 @@ def evaluate_splits(params, eval_key, context, config=None) -> Dict[str, float]:
   return {name: float(steps.evaluate(params, tokens, eval_key, config=config or context.config,
                                      batch_size=context.train.batch_size,
                                      num_batches=context.train.eval_iters, plan=context.plan,
-                                     forms=context.forms, params_view=context.view))
+                                     forms=context.forms, params_view=context.view,
+                                     objective=context.objective))
           for name, tokens in context.feed.eval.items()}
 
 
@@ -94,6 +96,18 @@ def evaluation_metrics(text, context) -> List[skeleton.Metric]:
 # metric(params, config, forms) -> {name: value}: what a further evaluation scores of a
 # run's model (its params whole on one local device, LoRA's adapters merged).
 Metric = Callable[[Any, Any, Any], Dict[str, float]]
+
+
+def objective_metrics(context) -> List[Metric]:
+  """What a run's objective measures besides its loss: a preference run's rewards,
+  margin, accuracy and chosen NLL on the pairs of each split it evaluates on
+  (`preference.pair_metrics`, up to `eval_iters * batch_size` pairs each); none for
+  the language model's."""
+  if not isinstance(context.objective, preference.DPO):
+    return []
+  splits = {"train": context.feed.eval["train_loss"], "val": context.feed.eval["val_loss"]}
+  return [preference.pair_metrics(context.objective, splits, context.train.batch_size,
+                                  context.train.eval_iters * context.train.batch_size)]
 
 
 def evaluate_run(params, eval_key, config, context,

@@ -12,6 +12,7 @@ share is one `RunContext`; what trains a sweep's runs is a `skeleton.Driven`.
 
 import dataclasses
 import functools
+import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -20,6 +21,7 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import batches
 from purejax.data import corpus as corpus_lib
+from purejax.data import preferences
 from purejax.ops import kernels
 from purejax.optimizers import optim
 from purejax.training.effects import runs
@@ -27,6 +29,7 @@ from purejax.training.effects.runs import RunConfig
 from purejax.training.loops import gpt_metrics
 from purejax.training.loops import skeleton
 from purejax.training.pure import parallel
+from purejax.training.pure import preference
 from purejax.training.pure import state as state_lib
 from purejax.training.pure import steps
 from purejax.training.pure import sweep
@@ -156,10 +159,10 @@ def _describe_model(config: gpt.GPTConfig, n_params: int) -> str:
 
 
 def gpt_meta(config, text, opt_config, batch_size, seed, init_from, *, lora_config=None,
-             data=None, grad_accum_steps=1) -> Dict[str, Any]:
+             data=None, grad_accum_steps=1, objective=steps.lm_loss) -> Dict[str, Any]:
   """What a GPT checkpoint records: the run's identity, its tokenizer and origin,
   what `purejax.replay` needs to load its data again (`data`: the `--dataset`
-  given), and its LoRA adapters' settings."""
+  given), its LoRA adapters' settings, and a preference run's DPO settings."""
   meta = {"model": "gpt", "config": dataclasses.asdict(config),
           "tokenizer": text.tokenizer.spec().to_dict(),
           "optimizer": optim.to_saved(opt_config), "batch_size": batch_size,
@@ -167,7 +170,39 @@ def gpt_meta(config, text, opt_config, batch_size, seed, init_from, *, lora_conf
           "data": data, "grad_accum_steps": grad_accum_steps}
   if lora_config is not None:
     meta["lora"] = dataclasses.asdict(lora_config)
+  if isinstance(objective, preference.DPO):
+    meta["dpo"] = dataclasses.asdict(objective)
   return meta
+
+
+def objective_of(text, dpo: Optional[preference.DPO]):
+  """The run's objective: DPO (`dpo`, else its defaults) on preference pairs, the
+  language-model loss on anything else."""
+  if isinstance(text, preferences.Preferences):
+    return dpo or preference.DPO()
+  if dpo is not None:
+    raise ValueError("DPO trains on preference pairs; load them with "
+                     "preferences.load_preferences (a .jsonl of prompt, chosen and rejected).")
+  return steps.lm_loss
+
+
+def with_reference(text, objective, init_params, config: gpt.GPTConfig, forms: kernels.Forms,
+                   batch_size: int):
+  """A preference run's pairs with the reference's log-probabilities: `init_params`'
+  (the starting model; with LoRA, the base the adapters are added to), computed once
+  before training, so no reference model is held. Other data as it is."""
+  if not isinstance(objective, preference.DPO):
+    return text
+  if init_params is None:
+    raise ValueError("DPO starts from a trained model, which is also its reference; pass "
+                     "its params (init_params; on the command line --init_from=MODEL).")
+  began = time.perf_counter()
+  ref = [preference.pair_logps(init_params, rows, weights, config, forms=forms,
+                               batch_size=batch_size)[0] for rows, weights in (text.train,
+                                                                             text.val)]
+  runs.print_line(f"reference: the starting model's log-probabilities of "
+                  f"{2 * sum(len(r) for r in ref)} answers ({time.perf_counter() - began:.1f} s)")
+  return text.with_reference(*ref)
 
 
 def run_optimizer(opt_config: optim.OptimizerConfig, run: RunConfig, lora_config=None
@@ -192,6 +227,8 @@ class RunContext(NamedTuple):
     grad_accum_steps: microbatches per step.
     feed: the batches of every run (each draws its own from its keys).
     call_length: steps per call from a step (`CallLengths`).
+    objective: the loss of a batch: `steps.lm_loss`, or a preference run's
+      `preference.DPO` (`objective_of`).
   """
   config: gpt.GPTConfig
   train: GPTTrainConfig
@@ -203,6 +240,7 @@ class RunContext(NamedTuple):
   grad_accum_steps: int
   feed: batches.Feed
   call_length: Optional["CallLengths"]
+  objective: Any = steps.lm_loss
 
 
 def run_program(state: TrainState, opt_config: optim.OptimizerConfig, config: gpt.GPTConfig,
@@ -214,7 +252,7 @@ def run_program(state: TrainState, opt_config: optim.OptimizerConfig, config: gp
       steps.train_steps_fn, context.plan, shardings, config=config,
       optimizer=run_optimizer(opt_config, context.run, context.lora_config)(),
       batch_size=context.train.batch_size, grad_accum_steps=context.grad_accum_steps,
-      forms=context.forms, params_view=context.view)
+      forms=context.forms, params_view=context.view, objective=context.objective)
 
 
 class Member(NamedTuple):
@@ -272,22 +310,27 @@ class Started(NamedTuple):
   context: RunContext
 
 
+# What a checkpoint's metadata must agree on to continue the run (`runs.start_or_resume`).
+IDENTITY = ("model", "config", "optimizer", "batch_size", "seed", "lora", "dpo")
+
+
 def _start(run: RunConfig, seed: int, config: gpt.GPTConfig, opt_config: optim.OptimizerConfig,
            text, train: GPTTrainConfig, devices: ParallelConfig, init_params, init_from,
-           lora_config, data, at_most) -> StartedRun:
+           lora_config, data, at_most, objective=steps.lm_loss) -> StartedRun:
   """A run's start: a fresh state, or its newest checkpoint of step `at_most` or older."""
   keys = state_lib.run_keys(seed)
   params = gpt.init_params(config, keys["params"]) if init_params is None else init_params
   gpt.check_params(params, config)
   fresh = optim.with_schedule_end(opt_config, train.max_iters)
   meta = gpt_meta(config, text, fresh, train.batch_size, seed, init_from,
-                  lora_config=lora_config, data=data, grad_accum_steps=devices.grad_accum_steps)
+                  lora_config=lora_config, data=data, grad_accum_steps=devices.grad_accum_steps,
+                  objective=objective)
   # The data sampler's whole state is (train key, step): batch s is drawn
   # from fold_in(train key, s), so restoring both resumes the same stream.
   template, view = state_lib.start_state(
       params, keys, run_optimizer(fresh, run, lora_config)(), lora_config)
   start = runs.start_or_resume(
-      run, template, meta,
+      run, template, meta, identity=IDENTITY,
       saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
       ignored={"optimizer": ("decay_iters",), "config": gpt.EXECUTION_FIELDS},
       digest_extra=[devices.fsdp, devices.grad_accum_steps], at_most=at_most)
@@ -309,8 +352,8 @@ def _plan_and_forms(config, text, train, devices, forms) -> Tuple[parallel.Shard
   return plan, forms
 
 
-def _context(config, text, train, devices, run, plan, forms, first: StartedRun, lora_config
-             ) -> RunContext:
+def _context(config, text, train, devices, run, plan, forms, first: StartedRun, lora_config,
+             objective) -> RunContext:
   """What the runs share once they have started at `first.step`: the batches, logged."""
   call_length = CallLengths(train)
   feed = make_feed(text, config, train, plan, start_step=first.step,
@@ -322,8 +365,10 @@ def _context(config, text, train, devices, run, plan, forms, first: StartedRun, 
                     f"{lora_config}")
   runs.print_line(f"data: {text.source}; batches drawn "
                   f"{'on the device' if feed.on_device else 'by the host, one call ahead'}")
+  if isinstance(objective, preference.DPO):
+    runs.print_line(f"objective: {objective}")
   return RunContext(config, train, run, plan, forms, first.view, lora_config,
-                    devices.grad_accum_steps, feed, call_length)
+                    devices.grad_accum_steps, feed, call_length, objective)
 
 
 def _log_kept_schedule(kept: Sequence[int], what: str) -> None:
@@ -335,8 +380,8 @@ def _log_kept_schedule(kept: Sequence[int], what: str) -> None:
 
 def start_run(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
               devices: ParallelConfig, run: RunConfig, opt_config: optim.OptimizerConfig, *,
-              init_params=None, init_from=None, forms=None, lora_config=None, data=None
-              ) -> Tuple[RunContext, StartedRun]:
+              init_params=None, init_from=None, forms=None, lora_config=None, data=None,
+              dpo=None) -> Tuple[RunContext, StartedRun]:
   """Everything a run alone builds before its first step (`gpt_loop.train_gpt`'s).
 
   Args: as `gpt_loop.train_gpt`'s.
@@ -345,19 +390,22 @@ def start_run(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCon
     `(what the run's loop reads, the run: its state, fresh or resumed, its step,
     schedule and checkpoint metadata)`.
   """
+  objective = objective_of(text, dpo)
   plan, forms = _plan_and_forms(config, text, train, devices, forms)
   started = _start(run, train.seed, config, opt_config, text, train, devices, init_params,
-                   init_from, lora_config, data, at_most=None)
+                   init_from, lora_config, data, at_most=None, objective=objective)
   ends = started.opt_config.decay_iters
   _log_kept_schedule([ends] if started.saved and opt_config.decay_iters is None
                      and ends != train.max_iters else [], "run")
-  return _context(config, text, train, devices, run, plan, forms, started, lora_config), started
+  text = with_reference(text, objective, init_params, config, forms, train.batch_size)
+  return _context(config, text, train, devices, run, plan, forms, started, lora_config,
+                  objective), started
 
 
 def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainConfig,
                devices: ParallelConfig, members: Sequence[Member], *, run: RunConfig,
                init_params=None, init_from=None, forms=None, lora_config=None, data=None,
-               at_most: Optional[int] = None) -> Started:
+               at_most: Optional[int] = None, dpo=None) -> Started:
   """Everything a sweep builds before its first step: `start_run`'s, for each of its runs.
 
   Args:
@@ -368,19 +416,23 @@ def start_runs(config: gpt.GPTConfig, text: corpus_lib.Corpus, train: GPTTrainCo
     run: how the sweep persists (its folder; each member has its own).
     at_most: resume every run from its newest checkpoint of this step or
       older (the sweep's newest common step); None: its newest.
+    dpo: as `gpt_loop.train_gpt`'s.
 
   Returns:
     The runs, started at one step, and what they share.
   """
+  objective = objective_of(text, dpo)
   plan, forms = _plan_and_forms(config, text, train, devices, forms)
   started = [_start(m.run, m.seed, m.config, m.opt_config, text, train, devices, init_params,
-                    init_from, lora_config, data, at_most) for m in members]
+                    init_from, lora_config, data, at_most, objective) for m in members]
   first = started[0]
   assert all(r.step == first.step for r in started), "runs restored at different steps"
   _log_kept_schedule(sorted({r.opt_config.decay_iters for m, r in zip(members, started)
                              if r.saved and m.opt_config.decay_iters is None
                              and r.opt_config.decay_iters != train.max_iters}), "sweep")
-  context = _context(config, text, train, devices, run, plan, forms, first, lora_config)
+  text = with_reference(text, objective, init_params, config, forms, train.batch_size)
+  context = _context(config, text, train, devices, run, plan, forms, first, lora_config,
+                     objective)
   return Started(started, first.step, context)
 
 
@@ -446,11 +498,12 @@ class RunsTogether:
         sweep.train_steps, config=context.config,
         make_optimizer=run_optimizer(shared, context.run, context.lora_config),
         batch_size=context.train.batch_size, grad_accum_steps=context.grad_accum_steps,
-        params_view=context.view, forms=context.forms, sweep_batch=sweep_batch)
+        params_view=context.view, forms=context.forms, sweep_batch=sweep_batch,
+        objective=context.objective)
     self._evaluate = functools.partial(
         sweep.evaluate, config=context.config, batch_size=context.train.batch_size,
         num_batches=context.train.eval_iters, params_view=context.view, forms=context.forms,
-        sweep_batch=sweep_batch)
+        sweep_batch=sweep_batch, objective=context.objective)
 
   def train(self, step: int, num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
     self.state, metrics = self._steps(self.state, self._feed.train(step, num_steps), step,

@@ -58,6 +58,7 @@ from purejax.training.loops import gpt_metrics
 from purejax.training.loops import gpt_run
 from purejax.training.loops import skeleton
 from purejax.training.pure import parallel
+from purejax.training.pure import preference
 from purejax.training.pure import sweep
 from purejax.training.pure.parallel import ParallelConfig
 
@@ -192,6 +193,7 @@ def train_gpt_sweep(
     data: Optional[str] = None,
     sinks: Callable[[str, Dict[str, Any]], Sequence[Any]] = lambda name, meta: (),
     metrics: Sequence[gpt_metrics.Metric] = (),
+    dpo: Optional[preference.DPO] = None,
 ) -> List[Dict[str, Any]]:
   """Trains every run of a sweep in one program; returns each run's final evaluation.
 
@@ -211,6 +213,7 @@ def train_gpt_sweep(
     sinks: `sinks(run name, meta)` -> further metric sinks of that run
       (e.g. a `wandb_sink.WandbSink`).
     metrics: further evaluation metrics, as `gpt_loop.train_gpt`'s, of every run.
+    dpo: a preference run's DPO settings, as `gpt_loop.train_gpt`'s.
 
   Returns:
     `[{"run", "step", "train_loss", "val_loss"}]`, one per run, in sweep order.
@@ -240,7 +243,8 @@ def train_gpt_sweep(
         [gpt_run.Member(folder, spec.seed, spec.model_config(config), spec.opt_config)
          for spec, folder in zip(specs, folders)],
         run=run, init_params=init_params, init_from=init_from, forms=forms,
-        lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line))
+        lora_config=lora_config, data=data, at_most=common_step(run, folders, runs.print_line),
+        dpo=dpo)
     context = started.context
     record_runs(run, names)
     sweep_batch = sweep.choose_sweep_batch(kernels.platform_of(context.plan), sweep_batch)
@@ -259,7 +263,8 @@ def train_gpt_sweep(
       step, times = skeleton.train_loop(
           driven, session, gpt_run.cadence(context),
           metrics=[*gpt_metrics.evaluation_metrics(text, context),
-                   *map(gpt_metrics.per_run, metrics)],
+                   *map(gpt_metrics.per_run,
+                        [*gpt_metrics.objective_metrics(context), *metrics])],
           report=report, start=started.step)
     if parallel.is_main_process():
       for folder in folders:

@@ -22,13 +22,17 @@ The conventions are TRL's (`DPOTrainer`'s `sigmoid`, `ipo` and label smoothing;
 each loss as math beside the code.
 """
 
+import dataclasses
+import functools
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from purejax import gpt
+from purejax.data import batches
 from purejax.ops import kernels
 from purejax.ops import loss
 
@@ -36,8 +40,8 @@ DPO_LOSSES = ("sigmoid", "ipo")
 
 
 def completion_logps(params: gpt.Params, tokens: chex.Array, weights: chex.Array,
-                     config: gpt.GPTConfig, *, forms: Optional[kernels.Forms] = None
-                     ) -> Tuple[chex.Array, chex.Array]:
+                     config: gpt.GPTConfig, *, forms: Optional[kernels.Forms] = None,
+                     **model_kwargs) -> Tuple[chex.Array, chex.Array]:
   """Each row's summed log-probability of its weighted targets, and their count.
 
   Args:
@@ -46,6 +50,7 @@ def completion_logps(params: gpt.Params, tokens: chex.Array, weights: chex.Array
     weights: `[batch, time]`, 1 on the targets that count (a completion's tokens), 0 on
       the prompt and padding.
     config, forms: the model and how it runs.
+    **model_kwargs: `gpt.forward`'s dropout arguments (`key`, `deterministic`, `dropout`).
 
   Returns:
     `(logps [batch], counts [batch])`: `sum_t weights * log p(target_t | tokens <= t)`,
@@ -53,7 +58,8 @@ def completion_logps(params: gpt.Params, tokens: chex.Array, weights: chex.Array
   """
   chex.assert_rank(tokens, 2)
   chex.assert_shape(weights, (tokens.shape[0], tokens.shape[1] - 1))
-  logits = gpt.forward(params, tokens[:, :-1], config, forms=forms)  # [b, t, vocab]
+  logits = gpt.forward(params, tokens[:, :-1], config, forms=forms,
+                       **model_kwargs)  # [b, t, vocab]
   picked = loss.target_log_probs(logits, tokens[:, 1:])  # [b, t]
   weights = weights.astype(jnp.float32)
   return jnp.sum(picked * weights, axis=-1), jnp.sum(weights, axis=-1)
@@ -88,12 +94,7 @@ def dpo_loss(chosen: chex.Array, rejected: chex.Array, ref_chosen: chex.Array,
   Returns:
     `(loss, PreferenceStats)`; the stats carry no gradient.
   """
-  if loss_type not in DPO_LOSSES:
-    raise ValueError(f"unknown DPO loss {loss_type!r}; choose one of {DPO_LOSSES}.")
-  if not beta > 0:
-    raise ValueError(f"beta must be > 0, got {beta}.")
-  if not 0 <= label_smoothing < 0.5:
-    raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}.")
+  _check_dpo(beta, label_smoothing, loss_type)
   chex.assert_equal_shape((chosen, rejected, ref_chosen, ref_rejected))
   h = (chosen - ref_chosen) - (rejected - ref_rejected)
   if loss_type == "sigmoid":
@@ -107,6 +108,148 @@ def dpo_loss(chosen: chex.Array, rejected: chex.Array, ref_chosen: chex.Array,
                           jnp.mean(chosen_reward - rejected_reward),
                           jnp.mean((chosen_reward > rejected_reward).astype(jnp.float32)))
   return jnp.mean(losses), stats
+
+
+def _check_dpo(beta, label_smoothing, loss_type) -> None:
+  if loss_type not in DPO_LOSSES:
+    raise ValueError(f"unknown DPO loss {loss_type!r}; choose one of {DPO_LOSSES}.")
+  if not beta > 0:
+    raise ValueError(f"the DPO beta must be > 0, got {beta}.")
+  if not 0 <= label_smoothing < 0.5:
+    raise ValueError(f"the DPO label smoothing must be in [0, 0.5), got {label_smoothing}.")
+
+
+def _sides(tokens, weights, params, config, forms, model_kwargs):
+  """Both answers of each pair through the model in one batch: `(logps, counts)`, `[pairs, 2]`."""
+  pairs = tokens.shape[0]
+  logps, counts = completion_logps(params, tokens.reshape(2 * pairs, -1),
+                                   weights.reshape(2 * pairs, -1), config, forms=forms,
+                                   **model_kwargs)
+  return logps.reshape(pairs, 2), counts.reshape(pairs, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPO:
+  """The objective of a preference run: DPO's loss over `batches.PairBatch`es.
+
+  A training step (`steps.train_steps(objective=DPO(...))`) calls it as it calls the
+  language-model loss; the reference's log-probabilities come with the batch.
+
+  Attributes:
+    beta: the implicit reward's scale, `r = beta * (log pi - log pi_ref)`: larger keeps
+      the policy nearer the reference.
+    loss_type: "sigmoid" (DPO) or "ipo" (`dpo_loss`).
+    label_smoothing: the chance a pair's label is wrong (conservative DPO; sigmoid only).
+    sft_weight: adds this times the chosen answers' mean negative log-likelihood per
+      token (TRL's `rpo_alpha`), which holds the chosen answers' likelihood up.
+  """
+  beta: float = 0.1
+  loss_type: str = "sigmoid"
+  label_smoothing: float = 0.0
+  sft_weight: float = 0.0
+
+  def __post_init__(self):
+    _check_dpo(self.beta, self.label_smoothing, self.loss_type)
+    if self.label_smoothing and self.loss_type != "sigmoid":
+      raise ValueError(f"label smoothing applies to the sigmoid loss, not {self.loss_type!r}; "
+                       f"drop it or use the sigmoid loss.")
+    if not self.sft_weight >= 0:
+      raise ValueError(f"the SFT weight must be >= 0, got {self.sft_weight}.")
+
+  def loss_and_stats(self, params: gpt.Params, batch: batches.PairBatch,
+                     config: gpt.GPTConfig, *, forms: Optional[kernels.Forms] = None,
+                     **model_kwargs) -> Tuple[chex.Array, PreferenceStats, chex.Array]:
+    """`(loss, PreferenceStats, the chosen answers' mean NLL per token)` of a batch.
+
+    Each pair's loss is its own (`dpo_loss`, and the SFT term per pair), so the mean over
+    pairs cut into equal microbatches is the batch's mean.
+    """
+    logps, counts = _sides(batch.tokens, batch.weights, params, config, forms, model_kwargs)
+    counts = jnp.maximum(counts, 1.0)
+    chosen_nll = -jnp.mean(logps[:, 0] / counts[:, 0])
+    policy, reference = logps, batch.reference
+    if self.loss_type == "ipo":  # per-token averages, as IPO's loss takes them
+      policy, reference = logps / counts, reference / counts
+    value, stats = dpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1],
+                            beta=self.beta, label_smoothing=self.label_smoothing,
+                            loss_type=self.loss_type)
+    if self.sft_weight:
+      value = value + self.sft_weight * chosen_nll
+    return value, stats, jax.lax.stop_gradient(chosen_nll)
+
+  def __call__(self, params: gpt.Params, batch: batches.PairBatch, config: gpt.GPTConfig,
+               **kwargs) -> chex.Array:
+    """The batch's loss, as `steps.train_steps` and `steps.evaluate` call an objective."""
+    return self.loss_and_stats(params, batch, config, **kwargs)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "forms"))
+def _pairs_logps(params, tokens, weights, config, forms):
+  return _sides(tokens, weights, params, config, forms, {})
+
+
+def pair_logps(params: gpt.Params, rows: np.ndarray, weights: np.ndarray,
+               config: gpt.GPTConfig, *, forms: kernels.Forms, batch_size: int
+               ) -> Tuple[np.ndarray, np.ndarray]:
+  """Each answer's summed log-probability under `params`, and its count of targets.
+
+  What a preference run computes once with its reference (its starting params; with
+  LoRA, the base) before training, and with its policy at each evaluation.
+
+  Args:
+    rows: `[pairs, 2, block_size + 1]` ids; weights: `[pairs, 2, block_size]`.
+    batch_size: pairs per forward pass (the last pass is padded to it: one program).
+
+  Returns:
+    `(logps, counts)`, `[pairs, 2]` float32 each.
+  """
+  pairs = rows.shape[0]
+  logps, counts = np.zeros((pairs, 2), np.float32), np.zeros((pairs, 2), np.float32)
+  for start in range(0, pairs, batch_size):
+    take = np.arange(start, start + batch_size) % pairs  # (wraps: the pad is thrown away)
+    got = _pairs_logps(params, jnp.asarray(rows[take]), jnp.asarray(weights[take]), config,
+                       forms)
+    end = min(start + batch_size, pairs)
+    logps[start:end], counts[start:end] = (np.asarray(g)[:end - start] for g in got)
+  return logps, counts
+
+
+def pair_metrics(dpo: DPO, splits: Dict[str, batches.DevicePairs], batch_size: int,
+                 max_pairs: int):
+  """An evaluation metric (`gpt_metrics.Metric`) of a preference run: on each split's
+  first `max_pairs` pairs (all of them where fewer), the chosen and rejected rewards,
+  their margin, the preference accuracy, and the chosen answers' mean NLL per token
+  (what DPO may lower while it widens the margin).
+
+  Args:
+    splits: `{"train": pairs, "val": pairs}`, reference log-probabilities included.
+    batch_size: pairs per forward pass.
+
+  Returns:
+    `metric(params, config, forms) -> {"<split>_accuracy", "<split>_margin",
+    "<split>_chosen_reward", "<split>_rejected_reward", "<split>_chosen_nll"}`.
+  """
+  splits = {name: batches.DevicePairs(*(np.asarray(a)[:max_pairs] for a in pairs))
+            for name, pairs in splits.items()}
+
+  def metric(params, config, forms) -> Dict[str, float]:
+    values = {}
+    for split, pairs in splits.items():
+      logps, counts = pair_logps(params, pairs.rows, pairs.weights, config, forms=forms,
+                                 batch_size=batch_size)
+      ratio = logps.astype(np.float64) - pairs.reference
+      if dpo.loss_type == "ipo":
+        ratio = ratio / np.maximum(counts, 1.0)
+      rewards = dpo.beta * ratio  # [pairs, 2]
+      values.update({
+          f"{split}_chosen_reward": float(np.mean(rewards[:, 0])),
+          f"{split}_rejected_reward": float(np.mean(rewards[:, 1])),
+          f"{split}_margin": float(np.mean(rewards[:, 0] - rewards[:, 1])),
+          f"{split}_accuracy": float(np.mean(rewards[:, 0] > rewards[:, 1])),
+          f"{split}_chosen_nll": float(np.mean(-logps[:, 0] / np.maximum(counts[:, 0], 1.0)))})
+    return values
+
+  return metric
 
 
 def group_advantages(rewards: chex.Array, group_size: int, *, scale: bool = True,

@@ -54,8 +54,14 @@ def _update(params, opt_state, loss_fn, batch, *, optimizer, grad_accum_steps, p
   return optax.apply_updates(params, updates), opt_state, value, grads
 
 
-def _loss(params, batch, config, **kwargs):
-  """`gpt.loss` of a batch `(inputs, targets)` or `(inputs, targets, weights)`."""
+def lm_loss(params, batch, config, **kwargs):
+  """The language model's objective: `gpt.loss` of a batch `(inputs, targets)` or
+  `(inputs, targets, weights)`.
+
+  An objective is `objective(params, batch, config, *, forms, key=, deterministic=,
+  dropout=) -> scalar mean loss` of the batches its data draws; a preference run's is
+  `preference.DPO`.
+  """
   if len(batch) == 3:
     kwargs["weights"] = batch[2]
   return gpt.loss(params, batch[0], batch[1], config, **kwargs)
@@ -84,6 +90,7 @@ def train_steps_fn(
     plan: Optional[parallel.ShardingPlan] = None,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
     dropout: Optional[chex.Numeric] = None,
+    objective: Callable[..., chex.Array] = lm_loss,
 ) -> Tuple[TrainState, StepMetrics]:
   """Runs `num_steps` optimisation steps of the GPT in one jitted `lax.scan`.
 
@@ -101,7 +108,8 @@ def train_steps_fn(
       (`batches.sample_windows`) for corpora too large for the device; or
       `DeviceRows`, fixed rows (conversations) with per-target weights, from
       which each step draws whole rows (`batches.sample_rows`) and averages
-      the loss over the weighted targets of the whole batch.
+      the loss over the weighted targets of the whole batch; or `DevicePairs`,
+      preference pairs, with `objective=preference.DPO(...)`.
     step: global index of the first step.
     config: model config.
     optimizer: optax `GradientTransformation`.
@@ -121,6 +129,8 @@ def train_steps_fn(
     dropout: the model's drop rate as a scalar array (`gpt.loss`; a sweep
       passes each run's), traced, so every rate shares one program; None:
       `config.dropout`, fixed in the program.
+    objective: the loss of a batch (`lm_loss`; a preference run's `preference.DPO`),
+      static: hashable, and a new one compiles a new program.
 
   Returns:
     `(state, StepMetrics)` with `[num_steps]` entries.
@@ -135,9 +145,9 @@ def train_steps_fn(
     batch = tokens.draw(batch_key, window, config.block_size, batch_size)
 
     def microbatch_loss(params, xy, index):  # (the weights, if any, are cut with the rows)
-      return _loss(_view(params_view, params), xy, config,
-                   key=jax.random.fold_in(dropout_key, index), deterministic=False,
-                   forms=forms, dropout=dropout)
+      return objective(_view(params_view, params), xy, config,
+                       key=jax.random.fold_in(dropout_key, index), deterministic=False,
+                       forms=forms, dropout=dropout)
 
     params, opt_state, loss, grads = _update(
         params, opt_state, microbatch_loss, batch, optimizer=optimizer,
@@ -153,7 +163,8 @@ def train_steps_fn(
 # `train_steps_fn` jitted for one device (or inputs already placed): what a user calls.
 train_steps = jax.jit(
     train_steps_fn, static_argnames=("config", "optimizer", "batch_size", "num_steps",
-                                     "grad_accum_steps", "plan", "forms", "params_view"),
+                                     "grad_accum_steps", "plan", "forms", "params_view",
+                                     "objective"),
     donate_argnums=0)
 
 
@@ -162,7 +173,7 @@ def _view(params_view, params):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "batch_size", "num_batches", "plan",
-                                              "forms", "params_view"))
+                                              "forms", "params_view", "objective"))
 def evaluate(
     params: gpt.Params,
     tokens: batches.Tokens,
@@ -174,8 +185,9 @@ def evaluate(
     forms: kernels.Forms,
     plan: Optional[parallel.ShardingPlan] = None,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
+    objective: Callable[..., chex.Array] = lm_loss,
 ) -> chex.Array:
-  """Mean loss over `num_batches` batches of `tokens` (no dropout).
+  """Mean loss (`objective`'s) over `num_batches` batches of `tokens` (no dropout).
 
   `tokens` as in `train_steps`: `DeviceTokens`, from which the batches are
   drawn with `key` (pass the same `key` at every evaluation so the batches
@@ -191,7 +203,7 @@ def evaluate(
     batch = tokens.draw(k, window, config.block_size, batch_size)
     if plan is not None:
       batch = parallel.constrain(batch, plan.batch)
-    return total + _loss(_view(params_view, params), batch, config, forms=forms), None
+    return total + objective(_view(params_view, params), batch, config, forms=forms), None
 
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
                           (jax.random.split(key, num_batches), windows))

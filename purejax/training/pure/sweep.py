@@ -271,6 +271,7 @@ def _train_steps(
     grad_accum_steps: int = 1,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
     sweep_batch: Optional[int] = None,
+    objective: Callable[..., chex.Array] = steps.lm_loss,
 ) -> Tuple[TrainState, steps.StepMetrics]:
   """`steps.train_steps` of every run at once, in one jitted program.
 
@@ -287,7 +288,7 @@ def _train_steps(
       `dropout` is ignored (each run drops at its own rate).
     make_optimizer: builds one run's optimizer from its `{name: scalar}`
       numbers (`optim.RunOptimizer`); a static argument.
-    batch_size, num_steps, grad_accum_steps, params_view: as in
+    batch_size, num_steps, grad_accum_steps, params_view, objective: as in
       `steps.train_steps`.
     forms: execution forms (`kernels.select`), as in `steps.train_steps`.
     sweep_batch: runs vmapped together (`choose_sweep_batch`); None or 0: all.
@@ -306,21 +307,23 @@ def _train_steps(
     return steps.train_steps(
         state, tokens, step, config=config, optimizer=make_optimizer(hyper),
         batch_size=batch_size, num_steps=num_steps, grad_accum_steps=grad_accum_steps,
-        params_view=params_view, forms=forms, dropout=rate)
+        params_view=params_view, forms=forms, dropout=rate, objective=objective)
 
   return _over_runs(one_run, state, dict(hyperparams), sweep_batch)
 
 
 train_steps = jax.jit(
     _train_steps, static_argnames=("config", "make_optimizer", "batch_size", "num_steps",
-                                   "forms", "grad_accum_steps", "params_view", "sweep_batch"),
+                                   "forms", "grad_accum_steps", "params_view", "sweep_batch",
+                                   "objective"),
     donate_argnums=0)
 
 
 def _evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
              config: gpt.GPTConfig, batch_size: int, num_batches: int, forms: kernels.Forms,
              params_view: Optional[Callable[[Any], gpt.Params]] = None,
-             sweep_batch: Optional[int] = None) -> chex.Array:
+             sweep_batch: Optional[int] = None,
+             objective: Callable[..., chex.Array] = steps.lm_loss) -> chex.Array:
   """`steps.evaluate` of every run: `[runs]` mean losses of `[runs, ...]` params.
 
   Each run draws its evaluation batches from its own `keys[i]`, as it would alone;
@@ -329,13 +332,14 @@ def _evaluate(params: Any, tokens: batches.DeviceTokens, keys: chex.PRNGKey, *,
   def one_run(_, params_and_key):
     params, key = params_and_key
     return (), steps.evaluate(params, tokens, key, config=config, batch_size=batch_size,
-                              num_batches=num_batches, params_view=params_view, forms=forms)
+                              num_batches=num_batches, params_view=params_view, forms=forms,
+                              objective=objective)
 
   return _over_runs(one_run, (), (params, keys), sweep_batch)[1]
 
 
 evaluate = jax.jit(_evaluate, static_argnames=("config", "batch_size", "num_batches", "forms",
-                                                "params_view", "sweep_batch"))
+                                                "params_view", "sweep_batch", "objective"))
 
 
 def best_run(losses: np.ndarray) -> int:
