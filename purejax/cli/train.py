@@ -35,6 +35,7 @@ from purejax.data import chat
 from purejax.data import conversations
 from purejax.data import corpus as corpus_lib
 from purejax.data import datasets as data_lib
+from purejax.data import preferences
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
 from purejax.optimizers import optim
@@ -46,6 +47,7 @@ from purejax.training.loops import gpt_loop
 from purejax.training.loops import mlp_loop
 from purejax.training.loops import sweep_loop
 from purejax.training.pure import parallel
+from purejax.training.pure import preference
 from purejax.training.pure import sweep
 
 Args = flags.FlagValues
@@ -221,15 +223,34 @@ def refuse_what_has_no_effect(args: Args) -> None:
   if given("eval_tasks_limit") and not args.eval_tasks:
     raise ValueError("--eval_tasks_limit has no effect without --eval_tasks; add "
                      "--eval_tasks=FILES or drop --eval_tasks_limit.")
+  dpo_flags = [f"--{name}" for name in DPO_FLAGS if given(name)]
+  if dpo_flags and not preferences.is_preferences_file(args.dataset):
+    raise ValueError(f"{', '.join(dpo_flags)} set DPO, which trains on preference pairs; "
+                     f"pass --dataset=PAIRS.jsonl (prompt, chosen, rejected) or drop them.")
   for name in ("lora_alpha", "lora_targets"):
     if given(name) and args.lora_rank == 0:
       raise ValueError(f"--{name} has no effect without LoRA; add --lora_rank=R (e.g. 8) "
                        f"or drop --{name}.")
 
 
+DPO_FLAGS = ("dpo_beta", "dpo_loss", "dpo_label_smoothing", "dpo_sft_weight")
+
+
+def dpo_config(args: Args) -> Optional[preference.DPO]:
+  """The DPO flags, where `--dataset` holds preference pairs (None otherwise)."""
+  if not preferences.is_preferences_file(args.dataset):
+    return None
+  return preference.DPO(beta=args.dpo_beta, loss_type=args.dpo_loss,
+                        label_smoothing=args.dpo_label_smoothing,
+                        sft_weight=args.dpo_sft_weight)
+
+
 def load_corpus(args: Args, tokenizer, block_size: Optional[int] = None):
   """`--dataset` through `--tokenizer` (or a model's own tokenizer), process 0 first;
-  a `.jsonl` of conversations through the model's tokenizer and chat template."""
+  a `.jsonl` of conversations through the model's tokenizer and chat template, and one
+  of preference pairs through the model's tokenizer (and template, if conversational)."""
+  if preferences.is_preferences_file(args.dataset):
+    return load_preferences(args, tokenizer, block_size)
   if conversations.is_conversations_file(args.dataset):
     return load_conversations(args, tokenizer, block_size)
   if (tokenizer is None and args.tokenizer_file is not None
@@ -259,6 +280,24 @@ def load_conversations(args: Args, tokenizer, block_size: Optional[int]):
     raise ValueError(f"--dataset={args.dataset} holds conversations, which need a chat "
                      f"template: {e}") from None
   return conversations.load_conversations(args.dataset, tokenizer, fmt, block_size)
+
+
+def load_preferences(args: Args, tokenizer, block_size: Optional[int]):
+  """`--dataset=PAIRS.jsonl`: preference pairs through the tokenizer of the model
+  `--init_from` names, and its chat template where the pairs are conversations."""
+  if not args.init_from:
+    raise ValueError(f"--dataset={args.dataset} holds preference pairs: DPO tunes a trained "
+                     f"model, which is also its reference; pass --init_from=MODEL.")
+  if isinstance(tokenizer, str):  # weights that record only ids: --tokenizer names one
+    if tokenizer == "char":
+      raise ValueError(f"--dataset={args.dataset}: a character tokenizer needs the model's "
+                       f"characters; start from a run or model that records its tokenizer.")
+    tokenizer = tokenizers.get_tokenizer(tokenizer, encoding_file=args.tokenizer_file)
+  try:
+    fmt = models.chat_format(args.init_from, tokenizer)
+  except chat.ChatTemplateError:
+    fmt = None  # standard pairs need none (no EOS then); conversational ones are refused
+  return preferences.load_preferences(args.dataset, tokenizer, fmt, block_size)
 
 
 def pretrained(args: Args, source: str, best: bool = False):
@@ -304,6 +343,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   forms_flags.check_platform(args)  # before loading any data
   grid = sweep_grid(args)
   adapters = lora_config(args)
+  dpo = dpo_config(args)  # (bad DPO numbers fail here, before loading anything)
   if not args.init_from:
     gpt_config(args, vocab_size=1)  # fail on bad model flags before loading data
   runs.check_out_dir(run.out_dir)
@@ -327,12 +367,12 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
         config, text, train, optimizer_config(args), run, grid or {}, args.sweep_seeds,
         devices, init_params=init_params, init_from=init_from, forms=forms,
         sweep_batch=args.sweep_batch, lora_config=adapters, data=args.dataset, sinks=sinks,
-        metrics=metrics)}
+        metrics=metrics, dpo=dpo)}
   return gpt_loop.train_gpt(config, text, train, optimizer_config(args), run, devices,
                             init_params=init_params, init_from=init_from, forms=forms,
                             lora_config=adapters, data=args.dataset,
                             sinks=lambda meta: sinks(None, meta),
-                            metrics=metrics)
+                            metrics=metrics, dpo=dpo)
 
 
 def wandb_sinks(args: Args, run_name: Optional[str], meta: dict) -> list:

@@ -29,6 +29,7 @@ from purejax.optimizers import settings as settings_lib
 from purejax.training.loops import gpt_loop
 from purejax.training.loops import mlp_loop
 from purejax.training.loops import recipes
+from purejax.training.pure import preference
 
 MODELS = ("gpt", "mlp")
 
@@ -231,8 +232,11 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
                      "(default: known GPUs and TPUs; none on CPUs).", flag_values=args)
   # Data and weights.
   flags.DEFINE_string("dataset", "tiny_shakespeare",
-                      "A TFDS name with a text feature, a .txt file or folder of them, or "
-                      "a nanoGPT folder (train.bin/val.bin, optional meta.pkl).", flag_values=args)
+                      "A TFDS name with a text feature, a .txt file or folder of them, "
+                      "a nanoGPT folder (train.bin/val.bin, optional meta.pkl), a .jsonl "
+                      "of conversations ({\"messages\": [...]}, with --init_from), or a "
+                      ".jsonl of preference pairs ({\"prompt\", \"chosen\", "
+                      "\"rejected\"}: DPO, with --init_from).", flag_values=args)
   flags.DEFINE_enum("tokenizer", None, ["char", "gpt2"],
                     "Tokenizer (default: the data's own: characters for text, meta.pkl "
                     "or GPT-2 BPE for .bin folders, the model's with --init_from).",
@@ -248,6 +252,18 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
                       "gpt2-large, gpt2-xl, a Hugging Face folder (GPT-2, Llama, Mistral, "
                       "Qwen2) or Hub id OWNER/MODEL in its cache, a nanoGPT ckpt.pt, or a "
                       "purejax run directory. The model flags then come from it.", flag_values=args)
+  # Preference tuning (DPO), when --dataset holds preference pairs.
+  dpo = preference.DPO()
+  flags.DEFINE_float("dpo_beta", dpo.beta, "DPO's beta: the implicit reward's scale "
+                     "(larger keeps the model nearer the one it starts from).", flag_values=args)
+  flags.DEFINE_enum("dpo_loss", dpo.loss_type, list(preference.DPO_LOSSES),
+                    "DPO's loss: sigmoid (DPO) or ipo.", flag_values=args)
+  flags.DEFINE_float("dpo_label_smoothing", dpo.label_smoothing, "The chance a pair's "
+                     "label is wrong, in [0, 0.5) (conservative DPO; sigmoid only).",
+                     flag_values=args)
+  flags.DEFINE_float("dpo_sft_weight", dpo.sft_weight, "Adds this times the chosen "
+                     "answers' NLL per token to DPO's loss (TRL's rpo_alpha; 0: off).",
+                     flag_values=args)
   # Fine-tuning with LoRA, sweeps, Weights & Biases.
   flags.DEFINE_integer("lora_rank", 0, "Train rank-r LoRA adapters of the weights instead "
                        "of the weights (0: off); usually with --init_from.", flag_values=args)

@@ -46,9 +46,10 @@ class RunReport:
   tokens/s, MFU), and each evaluation's line."""
 
   def __init__(self, config: gpt.GPTConfig, train: GPTTrainConfig, schedule, n_params: int,
-               num_devices: int):
+               num_devices: int, rows_per_example: int = 1):
     self._schedule = schedule
-    self._tokens_per_step = train.batch_size * config.block_size
+    # (a preference pair is two rows through the model)
+    self._tokens_per_step = train.batch_size * config.block_size * rows_per_example
     self._flops_per_token = flops.transformer_flops_per_token(
         n_params, config.n_layer, config.n_head, config.head_dim, config.block_size)
     peak = train.peak_flops or flops.device_peak_flops(jax.devices()[0], config.compute_dtype)
@@ -160,7 +161,8 @@ def train_gpt(
     state, train_step = gpt_run.run_program(started.state, started.opt_config, config, context)
     byte_lengths = gpt_metrics.device_byte_lengths(text, context.plan)
     report = RunReport(config, train, optim.make_schedule(started.opt_config),
-                       started.n_params, context.plan.num_devices)
+                       started.n_params, context.plan.num_devices,
+                       rows_per_example=2 if isinstance(context.objective, preference.DPO) else 1)
     profiler = progress_lib.Profiler(train.profile_steps, run.out_dir)
 
     def evaluate(step: int, state: TrainState) -> None:

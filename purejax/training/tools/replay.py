@@ -350,8 +350,9 @@ def replay_run(out_dir: str, step: int, *, forms: kernels.Forms, dataset: Option
   if dataset is None:
     raise ValueError(f"{out_dir}'s checkpoints do not record their data; pass `dataset`.")
   if conversations.is_conversations_file(dataset):
-    raise ValueError(f"{out_dir} was trained on conversations ({dataset}); replay takes "
-                     f"runs on text only.")
+    what = "preference pairs" if "dpo" in meta else "conversations"
+    raise ValueError(f"{out_dir} was trained on {what} ({dataset}); replay takes runs on "
+                     f"text only.")
   state, optimizer, view = _restore(arrays, path, meta, config, jax.random.PRNGKey(0))
   if not before:
     state, view = _initial_state(out_dir, step, kept[-1][0], meta, config, optimizer)
