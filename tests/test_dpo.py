@@ -177,7 +177,7 @@ def test_microbatches_average_to_the_whole_batch(tmp_path):
     return steps.train_steps(jax.tree.map(jnp.copy, state), pairs, 0, config=CONFIG,
                              optimizer=optimizer, batch_size=4, num_steps=3, forms=FORMS,
                              grad_accum_steps=accum,
-                             objective=preference.DPO(sft_weight=0.5))
+                             objective=preference.DPO(beta=0.5))
 
   (one, m1), (two, m2) = run(1), run(2)
   chex.assert_trees_all_close(m1, m2, rtol=2e-5)

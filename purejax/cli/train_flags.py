@@ -262,7 +262,7 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
                      "label is wrong, in [0, 0.5) (conservative DPO; sigmoid only).",
                      flag_values=args)
   flags.DEFINE_float("dpo_sft_weight", dpo.sft_weight, "Adds this times the chosen "
-                     "answers' NLL per token to DPO's loss (TRL's rpo_alpha; 0: off).",
+                     "answers' NLL per token to DPO's loss (TRL's \"sft\" loss type; 0: off).",
                      flag_values=args)
   # Fine-tuning with LoRA, sweeps, Weights & Biases.
   flags.DEFINE_integer("lora_rank", 0, "Train rank-r LoRA adapters of the weights instead "

@@ -140,8 +140,9 @@ class DPO:
       the policy nearer the reference.
     loss_type: "sigmoid" (DPO) or "ipo" (`dpo_loss`).
     label_smoothing: the chance a pair's label is wrong (conservative DPO; sigmoid only).
-    sft_weight: adds this times the chosen answers' mean negative log-likelihood per
-      token (TRL's `rpo_alpha`), which holds the chosen answers' likelihood up.
+    sft_weight: adds this times the chosen answers' negative log-likelihood per token,
+      over the batch's chosen tokens (TRL's "sft" loss type beside "sigmoid", weighted
+      by `loss_weights`), which holds the chosen answers' likelihood up.
   """
   beta: float = 0.1
   loss_type: str = "sigmoid"
@@ -161,14 +162,16 @@ class DPO:
                      **model_kwargs) -> Tuple[chex.Array, PreferenceStats, chex.Array]:
     """`(loss, PreferenceStats, the chosen answers' mean NLL per token)` of a batch.
 
-    Each pair's loss is its own (`dpo_loss`, and the SFT term per pair), so the mean over
-    pairs cut into equal microbatches is the batch's mean.
+    DPO's loss is each pair's own (`dpo_loss`), so the mean over pairs cut into equal
+    microbatches is the batch's mean; the SFT term is a mean over the chosen tokens, so
+    microbatches average their own means (TRL's accumulation does the same).
     """
     logps, counts = _sides(batch.tokens, batch.weights, params, config, forms, model_kwargs)
-    counts = jnp.maximum(counts, 1.0)
-    chosen_nll = -jnp.mean(logps[:, 0] / counts[:, 0])
+    # The chosen answers' NLL per token over the batch's chosen tokens (TRL's "sft" term).
+    chosen_nll = -jnp.sum(logps[:, 0]) / jnp.maximum(jnp.sum(counts[:, 0]), 1.0)
     policy, reference = logps, batch.reference
     if self.loss_type == "ipo":  # per-token averages, as IPO's loss takes them
+      counts = jnp.maximum(counts, 1.0)
       policy, reference = logps / counts, reference / counts
     value, stats = dpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1],
                             beta=self.beta, label_smoothing=self.label_smoothing,
@@ -246,7 +249,8 @@ def pair_metrics(dpo: DPO, splits: Dict[str, batches.DevicePairs], batch_size: i
           f"{split}_rejected_reward": float(np.mean(rewards[:, 1])),
           f"{split}_margin": float(np.mean(rewards[:, 0] - rewards[:, 1])),
           f"{split}_accuracy": float(np.mean(rewards[:, 0] > rewards[:, 1])),
-          f"{split}_chosen_nll": float(np.mean(-logps[:, 0] / np.maximum(counts[:, 0], 1.0)))})
+          f"{split}_chosen_nll": float(-np.sum(logps[:, 0], dtype=np.float64)
+                                       / max(float(np.sum(counts[:, 0])), 1.0))})
     return values
 
   return metric
