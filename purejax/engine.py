@@ -264,6 +264,20 @@ class Engine:
     self._samples: Dict[int, List[_Sample]] = {}
     self.counters = collections.Counter()  # tokens generated, prefill calls, ...
 
+  def update_params(self, params: Params) -> None:
+    """Decodes from now on with `params` (of the same config): a trainer's new weights,
+    as reinforcement learning samples with each step's policy. No request may be in the
+    engine; what the rows' caches hold came from the old weights, so none is reused.
+
+    Raises:
+      ValueError: requests are still waiting or decoding.
+    """
+    if self.busy():
+      raise ValueError("update_params needs an idle engine; let its requests finish (or "
+                       "cancel them) first.")
+    self.model = kv_cache.prepare(params, self.config)
+    self._cached = [()] * self.settings.rows
+
   # -- what other threads may call --------------------------------------------
 
   def check(self, request: Request) -> None:

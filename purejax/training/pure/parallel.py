@@ -345,6 +345,7 @@ def accumulate_gradients(
     num_microbatches: int,
     *,
     plan: Optional[ShardingPlan] = None,
+    has_aux: bool = False,
 ):
   """Mean loss and gradient over a batch, computed `num_microbatches` rows at a time.
 
@@ -374,16 +375,18 @@ def accumulate_gradients(
     batch: pytree of arrays with a leading `[batch]` axis.
     num_microbatches: how many parts; must divide the batch.
     plan: the step's `ShardingPlan`; None on one device.
+    has_aux: `loss_fn` returns `(loss, aux)`, a pytree of scalars averaged over the
+      microbatches as the loss is.
 
   Returns:
-    `(mean_loss, grads)`.
+    `(mean_loss, grads)`; with `has_aux`, `((mean_loss, mean_aux), grads)`.
   """
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   if batch_size % num_microbatches:
     raise ValueError(f"a batch of {batch_size} does not split into "
                      f"{num_microbatches} equal microbatches (`num_microbatches`).")
   if plan is None:
-    return _scan_microbatches(loss_fn, params, batch, num_microbatches)
+    return _scan_microbatches(loss_fn, params, batch, num_microbatches, has_aux=has_aux)
   batch = constrain(batch, plan.batch)
   if num_microbatches == 1:
     if plan.fsdp:
@@ -393,7 +396,7 @@ def accumulate_gradients(
       # batch-parallel; the gradients are reduced back to shards, and the
       # optimizer updates shards.
       loss_fn = _with_gathered_params(loss_fn, plan)
-    return _scan_microbatches(loss_fn, params, batch, 1)
+    return _scan_microbatches(loss_fn, params, batch, 1, has_aux=has_aux)
 
   def per_device(params, rows):
     # Marked as varying, the params' gradients stay per device: differentiating
@@ -403,7 +406,7 @@ def accumulate_gradients(
     def part_loss(params, part, index):
       return loss_fn(params, part, index * plan.num_devices + offset)
     value, grads = _scan_microbatches(part_loss, params, rows, num_microbatches,
-                                      varying=True)
+                                      varying=True, has_aux=has_aux)
     return jax.lax.pmean((value, grads), DATA_AXIS)
 
   # in_specs P(): FSDP-split params are gathered once, on entry.
@@ -417,8 +420,9 @@ def _with_gathered_params(loss_fn, plan):
   return gathered_loss
 
 
-def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False):
-  grad_fn = jax.value_and_grad(loss_fn)
+def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False,
+                       has_aux=False):
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
   if num_microbatches == 1:
     return grad_fn(params, batch, jnp.int32(0))
   # [batch, ...] -> [k, batch / k, ...]: microbatch j is the j-th block of rows.
@@ -432,10 +436,17 @@ def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False):
     return jax.tree.map(jnp.add, total, (value, grads)), None
 
   zero_loss = jnp.zeros((), jnp.float32)
+  if has_aux:  # (the aux's zeros: its shapes, from tracing one microbatch)
+    aux = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], micro),
+                         jnp.int32(0))[1]
+    zero_loss = (zero_loss, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux))
   if varying:  # inside shard_map: each device's sum differs until the pmean
     zero_loss = jax.lax.pcast(zero_loss, DATA_AXIS, to="varying")
   zeros = (zero_loss, jax.tree.map(jnp.zeros_like, params))
   indices = jnp.arange(num_microbatches, dtype=jnp.int32)
   (total_loss, total_grads), _ = jax.lax.scan(body, zeros, (indices, micro))
   scale = 1.0 / num_microbatches
+  if has_aux:
+    return (jax.tree.map(lambda v: v * scale, total_loss),
+            jax.tree.map(lambda g: g * scale, total_grads))
   return total_loss * scale, jax.tree.map(lambda g: g * scale, total_grads)

@@ -292,39 +292,43 @@ class PolicyStats(NamedTuple):
   clipped: chex.Array
 
 
-def policy_loss(logps: chex.Array, old_logps: chex.Array, advantages: chex.Array,
+def policy_loss(logps: chex.Array, old_logps: Optional[chex.Array], advantages: chex.Array,
                 mask: chex.Array, *, ref_logps: Optional[chex.Array] = None,
-                beta: float = 0.0, clip: float = 0.2, clip_high: Optional[float] = None
-                ) -> Tuple[chex.Array, PolicyStats]:
+                beta: float = 0.0, clip: float = 0.2, clip_high: Optional[float] = None,
+                num_tokens: Optional[chex.Array] = None) -> Tuple[chex.Array, PolicyStats]:
   """GRPO's loss over sampled completions' tokens, normalised by the batch's token count.
 
   Per token, with `ratio = exp(logps - old_logps)` and `A` its completion's advantage:
   `-min(ratio A, clip(ratio, 1 - clip, 1 + clip_high) A) + beta k3`, where
-  `k3 = exp(ref - logps) - (ref - logps) - 1`; the mean over every counted token of the
-  batch (token-level normalisation, so long completions weigh by their tokens, as TRL's
-  "dapo"/"bnpo" and nanochat). One update per batch of samples has `old_logps == logps`
-  (ratio 1: plain REINFORCE with a group baseline).
+  `k3 = exp(ref - logps) - (ref - logps) - 1`; summed over every counted token of the
+  batch and divided by their number (token-level normalisation, so long completions
+  weigh by their tokens: TRL's default "dapo", and nanochat's). One update per batch
+  of samples has `old_logps == logps` (ratio 1: REINFORCE with a group baseline).
 
   Args:
     logps: `[batch, time]` per-token log-probabilities under the policy being trained.
-    old_logps: the same under the policy that sampled them (no gradient).
+    old_logps: the same under the policy that sampled them (no gradient); None: the
+      policy itself (one update per batch).
     advantages: `[batch]` (`group_advantages`).
     mask: `[batch, time]`, 1 on completion tokens.
     ref_logps: `[batch, time]` under the reference; needed where `beta > 0`.
     beta: the KL term's weight (0: none, nanochat's choice).
     clip, clip_high: the ratio's lower and upper margins (`clip_high` None: `clip`).
+    num_tokens: what the sums are divided by; None: `sum(mask)`. A microbatch of a
+      larger batch passes the whole batch's count (over its number of parts).
 
   Returns:
-    `(loss, PolicyStats)`.
+    `(loss, PolicyStats)`, the stats divided by `num_tokens` as the loss is.
   """
-  chex.assert_equal_shape((logps, old_logps, mask))
+  chex.assert_equal_shape((logps, mask))
   chex.assert_shape(advantages, logps.shape[:1])
   if beta > 0 and ref_logps is None:
     raise ValueError("a KL term (beta > 0) needs the reference's log-probabilities "
                      "(ref_logps).")
   mask = mask.astype(jnp.float32)
-  count = jnp.maximum(jnp.sum(mask), 1.0)
-  ratio = jnp.exp(logps - jax.lax.stop_gradient(old_logps))
+  count = jnp.maximum(jnp.sum(mask), 1.0) if num_tokens is None else num_tokens
+  old = jax.lax.stop_gradient(logps if old_logps is None else old_logps)
+  ratio = jnp.exp(logps - old)
   high = clip if clip_high is None else clip_high
   a = advantages[:, None]
   kept = jnp.minimum(ratio * a, jnp.clip(ratio, 1.0 - clip, 1.0 + high) * a)
