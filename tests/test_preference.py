@@ -58,7 +58,7 @@ def test_ipo_loss_is_the_squared_distance_to_half_over_beta():
 @pytest.mark.parametrize("bad, message", [
     (dict(loss_type="hinge"), "unknown DPO loss 'hinge'"),
     (dict(beta=0.0), "beta must be > 0"),
-    (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)")])
+    (dict(label_smoothing=0.5), r"label smoothing must be in \[0, 0.5\)")])
 def test_dpo_refuses_settings_it_does_not_take(bad, message):
   x = jnp.zeros(2)
   with pytest.raises(ValueError, match=message):
