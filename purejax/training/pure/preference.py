@@ -295,7 +295,8 @@ class PolicyStats(NamedTuple):
 def policy_loss(logps: chex.Array, old_logps: Optional[chex.Array], advantages: chex.Array,
                 mask: chex.Array, *, ref_logps: Optional[chex.Array] = None,
                 beta: float = 0.0, clip: float = 0.2, clip_high: Optional[float] = None,
-                num_tokens: Optional[chex.Array] = None) -> Tuple[chex.Array, PolicyStats]:
+                num_tokens: Optional[chex.Array] = None, kl_ratio: bool = False
+                ) -> Tuple[chex.Array, PolicyStats]:
   """GRPO's loss over sampled completions' tokens, normalised by the batch's token count.
 
   Per token, with `ratio = exp(logps - old_logps)` and `A` its completion's advantage:
@@ -316,6 +317,9 @@ def policy_loss(logps: chex.Array, old_logps: Optional[chex.Array], advantages: 
     clip, clip_high: the ratio's lower and upper margins (`clip_high` None: `clip`).
     num_tokens: what the sums are divided by; None: `sum(mask)`. A microbatch of a
       larger batch passes the whole batch's count (over its number of parts).
+    kl_ratio: weigh each token's k3 by its ratio (`ratio * k3`, the gradient through
+      both): the estimate corrected for sampling from the old policy (TRL's
+      `use_bias_correction_kl`, its default). It changes the gradient even at ratio 1.
 
   Returns:
     `(loss, PolicyStats)`, the stats divided by `num_tokens` as the loss is.
@@ -337,6 +341,8 @@ def policy_loss(logps: chex.Array, old_logps: Optional[chex.Array], advantages: 
   if ref_logps is not None:
     diff = jax.lax.stop_gradient(ref_logps) - logps
     k3 = jnp.exp(diff) - diff - 1.0
+    if kl_ratio:
+      k3 = k3 * ratio
     per_token = per_token + beta * k3
     kl = jnp.sum(jax.lax.stop_gradient(k3) * mask) / count
   clipped = jax.lax.stop_gradient(((ratio * a) != kept).astype(jnp.float32))

@@ -59,12 +59,14 @@ class PolicySettings:
       logits over it, the distribution the completions were drawn from (as TRL's).
     off_policy: the batch's `old_logps` are given (more than one update per batch);
       else the ratio is 1 and they are not read.
+    kl_ratio: weigh the KL term by the ratio (`preference.policy_loss`).
   """
   beta: float = 0.0
   clip: float = 0.2
   clip_high: Optional[float] = None
   temperature: float = 1.0
   off_policy: bool = False
+  kl_ratio: bool = False
 
 
 def token_logps(params: gpt.Params, tokens: chex.Array, config: gpt.GPTConfig, *,
@@ -144,7 +146,8 @@ def policy_update_fn(
     value, stats = preference.policy_loss(
         logps, part.old_logps if policy.off_policy else None, part.advantages, part.mask,
         ref_logps=part.ref_logps if policy.beta > 0 else None, beta=policy.beta,
-        clip=policy.clip, clip_high=policy.clip_high, num_tokens=num_tokens)
+        clip=policy.clip, clip_high=policy.clip_high, num_tokens=num_tokens,
+        kl_ratio=policy.kl_ratio)
     return value, stats
 
   (value, stats), grads = parallel.accumulate_gradients(
