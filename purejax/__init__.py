@@ -37,8 +37,8 @@ it; tests/test_architecture.py checks that against this drawing):
                 metrics from the command line, so they sit above it)
     serving/    OpenAI's API over the engine: requests checked, responses shaped, the
                 ASGI application and its chat page
-    cli/, train, sample, chat, serve, plot, convert, replay, tokenizer, plan, eval   the command lines, the only layer
-                that speaks of --flags: `purejax.cli.<cmd>` is `python -m
+    cli/, train, rl, sample, chat, serve, plot, convert, replay, tokenizer, plan, eval
+                the command lines, the only layer that speaks of --flags: `purejax.cli.<cmd>` is `python -m
                 purejax.<cmd>` (the top-level modules only give them those names;
                 `purejax.convert` itself is the function `weights.convert`)
 """

@@ -144,7 +144,7 @@ def test_the_top_level_command_names_only_run_their_cli_module():
            and name != "purejax.cli"]
   assert sorted(names) == ["purejax.chat", "purejax.convert", "purejax.eval", "purejax.plan",
                            "purejax.plot",
-                           "purejax.replay", "purejax.sample", "purejax.serve",
+                           "purejax.replay", "purejax.rl", "purejax.sample", "purejax.serve",
                            "purejax.tokenizer", "purejax.train"]
   for name in names:
     command = name.split(".")[1]
@@ -174,6 +174,7 @@ FORMS_ENTRY_POINTS = {
     "purejax.cli.replay",             # the replay command line
     "purejax.cli.plan",               # the GPU plan's command line (always GPU forms)
     "purejax.training.loops.gpt_run",       # train_gpt, train_gpt_sweep, evaluate_gpt (forms_of)
+    "purejax.training.loops.rl_loop",       # train_rl
     "purejax.gpt.model",              # forward, loss
     "purejax.decode",                 # forward_with_cache
     "purejax.engine",                 # Engine, generate, sample_text

@@ -4,7 +4,6 @@ A character tokenizer and a small ChatML-like template stand in for a real model
 (fast); tests/test_dpo_trl.py holds the loss against TRL's on the same weights.
 """
 
-import dataclasses
 import json
 
 import chex

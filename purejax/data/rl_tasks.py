@@ -24,7 +24,7 @@ import json
 import math
 import pathlib
 import random
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Dict, List, NamedTuple, Sequence, Union
 
 VAL_FRACTION = 0.1
 MIN_FOR_VAL_SPLIT = 10

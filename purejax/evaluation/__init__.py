@@ -14,6 +14,7 @@ and scores them; `suite` runs several and reports them.
 from purejax.evaluation import during_training
 from purejax.evaluation import humaneval
 from purejax.evaluation import loglik
+from purejax.evaluation import rewards
 from purejax.evaluation import sandbox
 from purejax.evaluation import suite
 from purejax.evaluation import tasks

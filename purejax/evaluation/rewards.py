@@ -2,7 +2,7 @@
 
     reward = load_reward("numeric")                     # built in
     reward = load_reward("my_rewards:brevity")          # module:function, importable
-    scores, failed = score(reward, prompts, completions, examples)   # [n] float64
+    reward(prompt, completion, example)                # a float (rl_loop checks it)
 
 `prompt` is the example's prompt (text, or its messages), `completion` the model's text
 (its stop token left out) and `example` the task's whole record (`rl_tasks.Example`).
@@ -16,12 +16,9 @@ Built in:
 """
 
 import importlib
-import math
 import numbers
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence
-
-import numpy as np
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from purejax.evaluation import humaneval
 from purejax.evaluation import sandbox
@@ -32,7 +29,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 class RewardError(ValueError):
-  """A reward that cannot be loaded, or that failed on a completion."""
+  """A reward that cannot be loaded."""
 
 
 def final_number(text: str) -> Optional[float]:
@@ -81,8 +78,8 @@ def load_reward(spec: str, *, allow_code_execution: bool = False) -> Reward:
   if spec == "code":
     if not allow_code_execution:
       raise humaneval.CodeExecutionRefused(
-          "the code reward runs model-written programs; pass --allow_code_execution "
-          "(allow_code_execution=True) to run them, in a sandboxed subprocess each.")
+          "the code reward runs model-written programs; pass `allow_code_execution=True` "
+          "to run them, in a sandboxed subprocess each.")
     return code_reward()
   module_name, sep, function = spec.partition(":")
   if not sep or not module_name or not function:
@@ -97,39 +94,3 @@ def load_reward(spec: str, *, allow_code_execution: bool = False) -> Reward:
   if not callable(reward):
     raise RewardError(f"{module_name} has no function {function!r} to score with.")
   return reward
-
-
-def score(reward: Reward, prompts: Sequence[Any], completions: Sequence[str],
-          examples: Sequence[Dict[str, Any]], *, errors_score_zero: bool = False
-          ) -> np.ndarray:
-  """Each completion's reward, checked: a finite real number.
-
-  Args:
-    prompts, completions, examples: one each per completion.
-    errors_score_zero: a reward that raises or returns something else than a finite
-      number scores that completion 0 (counted by the caller as `failed`); else it
-      stops with a `RewardError`.
-
-  Returns:
-    `(rewards [n] float64, failed: how many scored 0 by an error)`.
-  """
-  out, failed = np.zeros(len(completions), np.float64), 0
-  name = getattr(reward, "__name__", repr(reward))
-  for i, (prompt, completion, example) in enumerate(zip(prompts, completions, examples)):
-    try:
-      value = reward(prompt, completion, example)
-    except Exception as e:  # the user's function: any failure is the completion's or stops
-      if errors_score_zero:
-        failed += 1
-        continue
-      raise RewardError(f"the reward {name} raised {type(e).__name__}: {e} on completion "
-                        f"{completion[:60]!r}; fix it, or score such completions 0 with "
-                        f"--reward_errors=zero.") from None
-    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-      if errors_score_zero:
-        failed += 1
-        continue
-      raise RewardError(f"the reward {name} returned {value!r}, not a finite number, on "
-                        f"completion {completion[:60]!r}; return a float.")
-    out[i] = float(value)
-  return out, failed

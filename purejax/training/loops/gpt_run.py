@@ -195,7 +195,7 @@ def with_reference(text, objective, init_params, config: gpt.GPTConfig, forms: k
     return text
   if init_params is None:
     raise ValueError("DPO starts from a trained model, which is also its reference; pass "
-                     "its params (init_params; on the command line --init_from=MODEL).")
+                     "its params as `init_params`.")
   began = time.perf_counter()
   ref = [preference.pair_logps(init_params, rows, weights, config, forms=forms,
                                batch_size=batch_size)[0] for rows, weights in (text.train,

@@ -26,6 +26,8 @@ else a copy of the starting params, kept only where `beta > 0`.
 
 import dataclasses
 import time
+import math
+import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -38,7 +40,6 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import chat
 from purejax.data import rl_tasks
-from purejax.evaluation import rewards as rewards_lib
 from purejax.ops import kernels
 from purejax.optimizers import optim
 from purejax.training.effects import folder_lock
@@ -48,7 +49,6 @@ from purejax.training.effects.session import Recorded, Session
 from purejax.training.pure import preference
 from purejax.training.pure import rl_steps
 from purejax.training.pure import state as state_lib
-from purejax.training.pure.state import TrainState
 
 REWARD_ERRORS = ("fail", "zero")
 
@@ -140,6 +140,50 @@ EXECUTION_FIELDS = ("eval_interval", "eval_examples", "log_interval", "checkpoin
                     "progress", "max_iters", "reward_errors", "grad_accum_steps")
 
 
+class RewardFailed(ValueError):
+  """A reward that raised, or returned no finite number, on a completion."""
+
+
+# reward(prompt, completion, example) -> float (`rewards.load_reward`'s).
+Reward = Callable[[Any, str, Dict[str, Any]], float]
+
+
+def score(reward: Reward, prompts: Sequence[Any], completions: Sequence[str],
+          examples: Sequence[Dict[str, Any]], *, errors_score_zero: bool = False
+          ) -> Tuple[np.ndarray, int]:
+  """Each completion's reward, checked: a finite real number.
+
+  Args:
+    prompts, completions, examples: one each per completion.
+    errors_score_zero: a reward that raises or returns something else than a finite
+      number scores that completion 0 (counted in `failed`); else it stops with a
+      `RewardFailed`.
+
+  Returns:
+    `(rewards [n] float64, failed: how many scored 0 by an error)`.
+  """
+  out, failed = np.zeros(len(completions), np.float64), 0
+  name = getattr(reward, "__name__", repr(reward))
+  for i, (prompt, completion, example) in enumerate(zip(prompts, completions, examples)):
+    try:
+      value = reward(prompt, completion, example)
+    except Exception as e:  # the user's function: any failure is the completion's or stops
+      if errors_score_zero:
+        failed += 1
+        continue
+      raise RewardFailed(f"the reward {name} raised {type(e).__name__}: {e} on completion "
+                         f"{completion[:60]!r}; fix it, or score such completions 0 "
+                         f"(`reward_errors=zero`).") from None
+    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+      if errors_score_zero:
+        failed += 1
+        continue
+      raise RewardFailed(f"the reward {name} returned {value!r}, not a finite number, on "
+                         f"completion {completion[:60]!r}; return a float.")
+    out[i] = float(value)
+  return out, failed
+
+
 def encode_prompt(example: rl_tasks.Example, tokenizer, fmt: Optional[chat.ChatFormat]
                   ) -> List[int]:
   """A prompt's ids: messages through the chat template, ready for the assistant's
@@ -223,7 +267,7 @@ def evaluate_policy(eng, model_params, prompts, examples, tokenizer, reward,
                               max_new_tokens=rl.max_new_tokens, temperature=0.0,
                               stop_ids=stop_ids)
   texts = [completion_text(tokenizer, c, stop_ids) for c in completions]
-  scores, failed = rewards_lib.score(reward, [e.prompt for e in examples], texts,
+  scores, failed = score(reward, [e.prompt for e in examples], texts,
                                      [e.record for e in examples],
                                      errors_score_zero=rl.reward_errors == "zero")
   return {"val_pass_at_1": float(np.mean(scores >= 1.0)), "val_reward": float(np.mean(scores)),
@@ -236,7 +280,7 @@ def train_rl(
     tokenizer,
     fmt: Optional[chat.ChatFormat],
     task: rl_tasks.Task,
-    reward: rewards_lib.Reward,
+    reward: Reward,
     rl: RLConfig,
     opt_config: optim.OptimizerConfig,
     run: RunConfig,
@@ -273,7 +317,7 @@ def train_rl(
   Raises:
     ValueError: a prompt longer than the context allows, prompts of messages without
       a chat template.
-    rewards.RewardError: a reward that fails (with `reward_errors="fail"`).
+    RewardFailed: a reward that fails (with `reward_errors="fail"`).
   """
   forms = forms or kernels.select(kernels.platform_of(params))
   stop_ids = tuple(fmt.stop_ids) if fmt is not None else ()
@@ -345,7 +389,7 @@ def train_rl(
           top_p=rl.top_p, stop_ids=stop_ids)
       texts = [completion_text(tokenizer, c, stop_ids) for c in completions]
       per = lambda xs: [x for x in xs for _ in range(rl.group_size)]
-      scores, failed = rewards_lib.score(reward, per([e.prompt for e in examples]), texts,
+      scores, failed = score(reward, per([e.prompt for e in examples]), texts,
                                          per([e.record for e in examples]),
                                          errors_score_zero=errors_zero)
       return completions, scores, failed, prompts, time.perf_counter() - began
