@@ -41,8 +41,8 @@ from purejax.training.loops import rl_loop
 
 # RL's optimizer: a constant small rate after a short warmup (a fine-tune's, not a
 # pretraining's schedule); LoRA runs want ~10x more (--learning_rate).
-RL_OPTIMIZER = optim.named("adamw", learning_rate=1e-5, schedule="constant", warmup_iters=2,
-                           weight_decay=0.0, grad_clip=1.0)
+RL_OPTIMIZER = optim.from_flat(name="adamw", learning_rate=1e-5, schedule="constant",
+                               warmup_iters=2, weight_decay=0.0, grad_clip=1.0)
 
 
 def define_flags(args: flags.FlagValues) -> None:
@@ -151,9 +151,6 @@ def train(args) -> int:
       if command.given(args, name) and args.lora_rank == 0:
         raise ValueError(f"--{name} has no effect without LoRA; add --lora_rank=R or drop "
                          f"--{name}.")
-    if command.given(args, "allow_code_execution") and args.reward not in (None, "code"):
-      raise ValueError("--allow_code_execution lets the code reward run programs; add "
-                       "--reward=code or drop it.")
     rl = rl_config(args)  # bad numbers (a group of 1, ...) fail here
     opt_config = optimizer_config(args)
     run = runs.RunConfig(out_dir=args.out_dir, resume=args.resume,
@@ -165,6 +162,9 @@ def train(args) -> int:
       raise ValueError(f"--task={args.task}'s examples have neither an \"answer\" nor "
                        f"HumanEval's \"test\" and \"entry_point\"; give --reward="
                        f"module:function to score them.")
+    if command.given(args, "allow_code_execution") and reward_name != "code":
+      raise ValueError(f"--allow_code_execution lets the code reward run programs, and "
+                       f"the reward is {reward_name}; add --reward=code or drop it.")
     reward = rewards.load_reward(reward_name, allow_code_execution=args.allow_code_execution)
     runs.check_out_dir(run.out_dir)
     params, config, tokenizer = models.load_model(run.out_dir, args.init_from)
