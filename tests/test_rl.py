@@ -206,6 +206,37 @@ def test_microbatches_give_the_whole_batchs_update(policy):
   chex.assert_trees_all_close(one.params, four.params, rtol=1e-4, atol=1e-5)
 
 
+def test_leaving_out_the_silent_groups_changes_no_update():
+  params = gpt.init_params(CONFIG, jax.random.PRNGKey(2))
+  batch = random_rollouts(n=12, seed=2)
+  # Three groups of 4; the middle one's completions all scored alike.
+  advantages = np.asarray(batch.advantages).copy()
+  advantages[4:8] = 0
+  batch = batch._replace(advantages=jnp.asarray(advantages))
+  kept = rl_steps.drop_silent_groups(jax.tree.map(np.asarray, batch), 4, multiple=4)
+  assert kept.tokens.shape[0] == 8
+  np.testing.assert_array_equal(kept.tokens, np.asarray(batch.tokens)[[0, 1, 2, 3, 8, 9, 10, 11]])
+  optimizer = optim.make_optimizer(optim.named("adamw", learning_rate=1e-2, warmup_iters=0,
+                                               schedule="constant"))
+
+  def run(rollouts, num_tokens=None):
+    state = TrainState(jax.tree.map(jnp.copy, params), optimizer.init(params), {})
+    return rl_steps.policy_update(state, jax.tree.map(jnp.asarray, rollouts), config=CONFIG,
+                                  optimizer=optimizer, policy=rl_steps.PolicySettings(),
+                                  forms=FORMS, num_tokens=num_tokens)
+
+  (whole, m1), (part, m2) = run(batch), run(kept, jnp.sum(batch.mask))
+  chex.assert_trees_all_close(m1, m2, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(whole.params, part.params, rtol=1e-5, atol=1e-6)
+  # Padded up to a multiple, the extra rows count for nothing.
+  padded = rl_steps.drop_silent_groups(jax.tree.map(np.asarray, batch), 4, multiple=12)
+  assert padded.tokens.shape[0] == 12 and not padded.mask[8:].any()
+  chex.assert_trees_all_close(run(padded, jnp.sum(batch.mask))[0].params, whole.params,
+                              rtol=1e-5, atol=1e-6)
+  silent = batch._replace(advantages=jnp.zeros(12))
+  assert rl_steps.drop_silent_groups(jax.tree.map(np.asarray, silent), 4, 4) is None
+
+
 def test_the_engine_decodes_with_new_params_and_only_when_idle():
   params = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
   other = gpt.init_params(CONFIG, jax.random.PRNGKey(5))

@@ -13,10 +13,11 @@ tests; needs code execution allowed). Any other fields are kept for a user's
 reward function (`rewards.load_reward`). The last tenth of a file of 10 or more
 examples is held out for evaluation, as the other data files' splits.
 
-The built-in `arithmetic` task works offline: sums and differences of two- and
-three-digit numbers (`arithmetic_problem`), drawn from a seeded stream; a problem is
-held out by a rule on its numbers, so the splits never share a problem whatever
-their sizes.
+The built-in `arithmetic` task works offline: sums and differences of numbers from 1
+to 50 (`arithmetic_problem`; hard enough that a 135M instruct model answers about a
+quarter right, easy enough that it learns from its own samples), drawn from a seeded
+stream; a problem is held out by a rule on its numbers, so the splits never share a
+problem whatever their sizes.
 """
 
 import dataclasses
@@ -74,10 +75,11 @@ ARITHMETIC_INSTRUCTION = "Answer with the number only."
 
 
 def arithmetic_problem(rnd: random.Random) -> Dict[str, Any]:
-  """One problem: `a + b` or `a - b` with `a` of two or three digits and `b` of two."""
-  a, b = rnd.randint(10, 999), rnd.randint(10, 99)
+  """One problem: `a + b`, or `a - b` with `a >= b`, of numbers from 1 to 50."""
+  a, b = rnd.randint(1, 50), rnd.randint(1, 50)
   if rnd.random() < 0.5:
     return {"question": f"What is {a} + {b}?", "answer": str(a + b), "a": a, "b": b, "op": "+"}
+  a, b = max(a, b), min(a, b)
   return {"question": f"What is {a} - {b}?", "answer": str(a - b), "a": a, "b": b, "op": "-"}
 
 

@@ -17,6 +17,9 @@ bottom in `train_rl`:
 4. turns rewards into advantages within each group (`preference.group_advantages`);
 5. updates the policy `updates_per_batch` times on that batch (`rl_steps.policy_update`:
    GRPO's clipped surrogate, token-level normalisation, optional KL to the reference).
+   Without a KL term the groups whose completions all scored alike (advantage 0, so
+   no gradient) are left out of the passes (`rl_steps.drop_silent_groups`): the same
+   update, computed on fewer rows.
 
 Evaluation decodes the held-out prompts greedily and reports pass@1 (a completion
 passes where its reward is at least 1, the built-in rewards' score for a right answer).
@@ -363,9 +366,11 @@ def train_rl(
     if lora_config is not None:
       runs.print_line(f"LoRA: {lora.num_params(state.params['adapters']) / 1e6:.3f}M adapter "
                       f"params train, the base is frozen; {lora_config}")
-    update = lambda s, batch: rl_steps.policy_update(
+    update = lambda s, batch, num_tokens: rl_steps.policy_update(
         s, batch, config=config, optimizer=optimizer, policy=rl.policy, forms=forms,
-        grad_accum_steps=rl.grad_accum_steps, params_view=view)
+        grad_accum_steps=rl.grad_accum_steps, params_view=view, num_tokens=num_tokens)
+    # Rows of a batch without its silent groups: whole groups, in microbatches.
+    multiple = math.lcm(rl.group_size, rl.grad_accum_steps)
     errors_zero = rl.reward_errors == "zero"
 
     def evaluate() -> Dict[str, float]:
@@ -418,21 +423,28 @@ def train_rl(
         pending = None
         began = time.perf_counter()
         tokens, mask = rollout_rows(prompts, completions, rl.group_size, length)
-        advantages = preference.group_advantages(jnp.asarray(scores, jnp.float32),
-                                                 rl.group_size, scale=rl.scale_rewards)
-        tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
-        zeros = jnp.zeros(mask.shape, jnp.float32)
-        old = zeros
-        if rl.updates_per_batch > 1:
-          old = rl_steps.batch_token_logps(merged(state.params), tokens, config, forms,
-                                           rl.temperature)
-        ref = zeros
-        if rl.beta > 0:
-          ref_params = reference if reference is not None else state.params["base"]
-          ref = rl_steps.batch_token_logps(ref_params, tokens, config, forms, rl.temperature)
-        batch = rl_steps.Rollouts(tokens, mask, advantages, old, ref)
-        for _ in range(rl.updates_per_batch):
-          state, metrics = update(state, batch)
+        advantages = np.asarray(preference.group_advantages(
+            jnp.asarray(scores, jnp.float32), rl.group_size, scale=rl.scale_rewards))
+        zeros = np.zeros(mask.shape, np.float32)
+        batch = rl_steps.Rollouts(tokens, mask, advantages, zeros, zeros)
+        num_tokens = jnp.float32(mask.sum())
+        if rl.beta == 0:  # no KL: the groups without signal add nothing; leave them out
+          batch = rl_steps.drop_silent_groups(batch, rl.group_size, multiple)
+        if batch is None:
+          for _ in range(rl.updates_per_batch):
+            state = rl_steps.zero_update(state, optimizer=optimizer)
+          metrics = rl_steps.UpdateMetrics(*(jnp.zeros(()),) * 4)
+        else:
+          batch = jax.tree.map(jnp.asarray, batch)
+          if rl.updates_per_batch > 1:
+            batch = batch._replace(old_logps=rl_steps.batch_token_logps(
+                merged(state.params), batch.tokens, config, forms, rl.temperature))
+          if rl.beta > 0:
+            ref_params = reference if reference is not None else state.params["base"]
+            batch = batch._replace(ref_logps=rl_steps.batch_token_logps(
+                ref_params, batch.tokens, config, forms, rl.temperature))
+          for _ in range(rl.updates_per_batch):
+            state, metrics = update(state, batch, num_tokens)
         loss = float(metrics.loss)
         session.record.check_finite(np.asarray([loss]), step)
         step += 1

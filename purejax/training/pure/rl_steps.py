@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from purejax import gpt
@@ -122,6 +123,7 @@ def policy_update_fn(
     grad_accum_steps: int = 1,
     params_view: Optional[Callable[[Any], gpt.Params]] = None,
     plan: Optional[parallel.ShardingPlan] = None,
+    num_tokens: Optional[chex.Array] = None,
 ) -> Tuple[TrainState, UpdateMetrics]:
   """One optimiser step of the policy loss over a batch of rollouts.
 
@@ -130,13 +132,18 @@ def policy_update_fn(
     rollouts: the batch; its rows are cut into `grad_accum_steps` microbatches.
     policy: the loss's settings.
     params_view: the model's params as a function of `state.params` (LoRA).
+    num_tokens: the completion tokens the loss is a mean over (None: `rollouts.mask`'s):
+      a batch whose rows without signal were left out (`drop_silent_groups`) still
+      divides by the whole batch's count.
 
   Returns:
     `(state, UpdateMetrics)`.
   """
   # Each microbatch divides its sum by the whole batch's token count (times the parts,
   # which `accumulate_gradients` averages): the batch's token mean for any cut.
-  num_tokens = jnp.maximum(jnp.sum(rollouts.mask), 1.0) / grad_accum_steps
+  if num_tokens is None:
+    num_tokens = jnp.sum(rollouts.mask)
+  num_tokens = jnp.maximum(num_tokens, 1.0) / grad_accum_steps
 
   def microbatch_loss(params, part: Rollouts, index):
     del index  # (no dropout in a policy update)
@@ -156,6 +163,41 @@ def policy_update_fn(
   params = optax.apply_updates(state.params, updates)
   metrics = UpdateMetrics(value, optax.tree.norm(grads), stats.kl, stats.clipped)
   return state._replace(params=params, opt_state=opt_state), metrics
+
+
+def drop_silent_groups(rollouts: Rollouts, group_size: int, multiple: int
+                       ) -> Optional[Rollouts]:
+  """The rows of the groups with signal, where the loss has no KL term: a group whose
+  completions scored alike has advantages 0, so its tokens' loss is `-min(r 0, c 0) = 0`
+  with no gradient, whatever the ratio; leaving its rows out changes no gradient (up to
+  float rounding) and saves their forward and backward passes. The rows kept are padded
+  (mask 0, advantage 0) to a multiple of `multiple`, so a batch has one of a few shapes
+  (each compiles once). None: no group has signal.
+
+  Args:
+    rollouts: on the host (NumPy), groups of `group_size` consecutive rows.
+  """
+  advantages = np.asarray(rollouts.advantages).reshape(-1, group_size)
+  kept = np.flatnonzero(np.any(advantages != 0, axis=1))
+  if not len(kept):
+    return None
+  rows = (kept[:, None] * group_size + np.arange(group_size)).reshape(-1)
+  size = -(-len(rows) // multiple) * multiple
+  pad = np.concatenate([rows, np.full(size - len(rows), rows[0])])
+  taken = [np.asarray(a)[pad] for a in rollouts]
+  for a in taken[1:3]:  # mask and advantages: the pad rows count for nothing
+    a[len(rows):] = 0
+  return Rollouts(*taken)
+
+
+@functools.partial(jax.jit, static_argnames=("optimizer",), donate_argnums=0)
+def zero_update(state: TrainState, *, optimizer: optax.GradientTransformation) -> TrainState:
+  """The optimizer's step on a zero gradient: a batch where no group has signal (its
+  gradient is zero; the optimizer's moments still decay and its step counts, as they
+  would through a whole update)."""
+  grads = jax.tree.map(jnp.zeros_like, state.params)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
 
 
 policy_update = jax.jit(
