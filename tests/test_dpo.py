@@ -4,6 +4,7 @@ A character tokenizer and a small ChatML-like template stand in for a real model
 (fast); tests/test_dpo_trl.py holds the loss against TRL's on the same weights.
 """
 
+import dataclasses
 import json
 
 import chex
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers.cli import refusal
 from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
@@ -271,3 +273,49 @@ def test_the_command_line_tunes_a_run_on_pairs(tmp_path):
   assert evals[-1]["val_accuracy"] == 1.0 and evals[-1]["val_loss"] < evals[0]["val_loss"]
   _, meta = checkpoint.latest_meta(str(tuned))
   assert meta["dpo"]["beta"] == 0.5 and meta["init_from"] == str(base)
+
+
+@pytest.fixture
+def base_run(tmp_path_factory):
+  """A tiny purejax run with the test's tokenizer: a model to tune."""
+  folder = tmp_path_factory.mktemp("base")
+  state = TrainState(gpt.init_params(CONFIG, jax.random.PRNGKey(0)), (), {})
+  meta = {"model": "gpt", "config": dataclasses.asdict(CONFIG),
+          "tokenizer": TOKENIZER.spec().to_dict()}
+  runs.save_checkpoint(runs.RunConfig(str(folder)), 1, state, meta, log=lambda _: None)
+  return folder
+
+
+@pytest.mark.parametrize("pair, message", [
+    ({"prompt": "1+1=", "chosen": "2."}, 'has no "rejected"'),
+    ({"prompt": "1+1=", "chosen": "2.", "rejected": ""}, '"rejected" is empty'),
+    ({"prompt": "1+1=" * 8, "chosen": "2.", "rejected": "3."}, "leaves no room for an answer"),
+])
+def test_the_command_line_refuses_bad_pairs_in_one_line(tmp_path, capsys, base_run, pair,
+                                                        message):
+  pairs = write_pairs(tmp_path / "p.jsonl", [{"prompt": "1+1=", "chosen": "2.",
+                                              "rejected": "3."}, pair])
+  out = tmp_path / "out"
+  error = refusal(capsys, train_cli, f"--init_from={base_run}", f"--dataset={pairs}",
+                  f"--out_dir={out}", "--max_iters=1")
+  assert message in error and "p.jsonl:2" in error
+  assert not list(out.glob("*"))  # nothing written (the folder may be made)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep_batch", [1, 0])  # the runs one by one (CPU), vmapped (GPU)
+def test_a_sweep_tunes_each_run_as_alone(tmp_path, sweep_batch):
+  from purejax.training.loops import sweep_loop
+  data = loaded(tmp_path, n=20)
+  params = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
+  found = sweep_loop.train_gpt_sweep(
+      CONFIG, data, train_config(10), OPT, runs.RunConfig(str(tmp_path / "s")),
+      {"learning_rate": (1e-2, 3e-2)}, init_params=params, sweep_batch=sweep_batch,
+      dpo=preference.DPO(beta=0.5))
+  alone = gpt_loop.train_gpt(CONFIG, data, train_config(10),
+                             dataclasses.replace(OPT, learning_rate=3e-2),
+                             runs.RunConfig(str(tmp_path / "a")), init_params=params,
+                             dpo=preference.DPO(beta=0.5))
+  assert len(found) == 2 and all("val_accuracy" in f for f in found)
+  np.testing.assert_allclose(found[1]["train_loss"], alone["train_loss"], rtol=1e-4)
+  np.testing.assert_allclose(found[1]["val_margin"], alone["val_margin"], rtol=1e-3, atol=1e-5)

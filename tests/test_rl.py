@@ -348,6 +348,16 @@ def test_a_failing_reward_stops_the_run_before_anything_is_written(tmp_path, cap
   assert not out.exists() or not list(out.glob("*"))
 
 
+def test_a_prompt_longer_than_the_context_is_refused(tmp_path, capsys, base_run):
+  task = tmp_path / "long.jsonl"
+  task.write_text(json.dumps({"prompt": "1+1=" * 12, "answer": 2}) + "\n")
+  out = tmp_path / "out"
+  assert "exceed the model's context of 64" in refusal(
+      capsys, rl_cli, f"--init_from={base_run}", f"--out_dir={out}", f"--task={task}",
+      "--max_new_tokens=32")
+  assert not out.exists() or not list(out.glob("*"))
+
+
 def raising_reward(prompt, completion, example):
   return 1 / 0
 
