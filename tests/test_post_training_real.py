@@ -21,6 +21,7 @@ QUESTIONS = [("What is 3 + 4?", "7", "3 + 4 = 9"), ("What is 10 - 6?", "4", "10 
              ("What is 5 + 5?", "10", "5 + 5 = 12"), ("What is 9 - 2?", "7", "9 - 2 = 8")]
 
 
+@pytest.mark.budget(30)
 def test_dpo_from_the_gguf_file_with_lora(tmp_path, smollm2_gguf):
   pairs = tmp_path / "pairs.jsonl"
   pairs.write_text("".join(json.dumps({
@@ -39,6 +40,7 @@ def test_dpo_from_the_gguf_file_with_lora(tmp_path, smollm2_gguf):
   assert evals[-1]["train_loss"] < evals[0]["train_loss"]
 
 
+@pytest.mark.budget(30)
 def test_rl_from_the_folder_with_lora(tmp_path, smollm2_folder):
   out = tmp_path / "rl"
   assert rl_cli.run(["rl", f"--init_from={smollm2_folder}", "--task=arithmetic",

@@ -165,6 +165,7 @@ def random_rollouts(n=8, seed=0):
   return rl_steps.Rollouts(tokens, jnp.asarray(mask), advantages, zeros, zeros)
 
 
+@pytest.mark.slow
 def test_an_on_policy_update_follows_the_advantage_weighted_log_likelihood():
   # With the ratio at 1, the loss's gradient is that of -sum(A * log p) / tokens.
   params = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
@@ -237,6 +238,7 @@ def test_leaving_out_the_silent_groups_changes_no_update():
   assert rl_steps.drop_silent_groups(jax.tree.map(np.asarray, silent), 4, 4) is None
 
 
+@pytest.mark.slow
 def test_the_engine_decodes_with_new_params_and_only_when_idle():
   params = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
   other = gpt.init_params(CONFIG, jax.random.PRNGKey(5))

@@ -121,6 +121,7 @@ def test_a_random_llama_has_trls_loss_and_gradients(tmp_path, case):
 
 
 @pytest.mark.slow
+@pytest.mark.budget(25)
 def test_the_real_smollm2_has_trls_loss_and_gradients(tmp_path, smollm2_folder):
   torch = need("torch")
   transformers = need("transformers")
@@ -279,6 +280,7 @@ def test_a_random_llama_has_trls_grpo_loss_and_gradients(tmp_path, case):
 
 
 @pytest.mark.slow
+@pytest.mark.budget(20)
 def test_the_real_smollm2_has_trls_grpo_loss_and_gradients(tmp_path, smollm2_folder):
   transformers = need("transformers")
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_folder))
