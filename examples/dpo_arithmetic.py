@@ -1,6 +1,6 @@
 """Preference-tune an instruct model with DPO on generated arithmetic pairs, as a library.
 
-    python examples/dpo_arithmetic.py path/to/SmolLM2-135M-Instruct out-dpo [steps]
+    python examples/dpo_arithmetic.py path/to/SmolLM2-135M-Instruct out-dpo [steps [beta [sft]]]
 
 Each pair asks one of the built-in `arithmetic` task's problems ("What is 37 + 12?
 Answer with the number only."); the chosen answer is the number, the rejected one the
@@ -15,7 +15,6 @@ import random
 import sys
 
 from purejax import lora
-from purejax import weights
 from purejax.cli import models
 from purejax.data import preferences
 from purejax.data import rl_tasks
@@ -36,7 +35,8 @@ def arithmetic_pairs(examples, rnd):
                          "content": f"{problem['a']} {problem['op']} {problem['b']} = {wrong}"}]}
 
 
-def main(model: str, out_dir: str, steps: int = 40) -> None:
+def main(model: str, out_dir: str, steps: int = 40, beta: float = 0.1,
+         sft_weight: float = 0.0) -> None:
   task, rnd = rl_tasks.load_task("arithmetic"), random.Random(0)
   pairs = pathlib.Path(out_dir + "-pairs.jsonl")
   # 360 training pairs, then 40 held out (the loader holds out the last tenth).
@@ -52,8 +52,9 @@ def main(model: str, out_dir: str, steps: int = 40) -> None:
   opt = optim.from_flat(name="adamw", learning_rate=1e-4, warmup_iters=2, weight_decay=0.0)
   print(gpt_loop.train_gpt(config, data, train, opt, RunConfig(out_dir), init_params=params,
                            init_from=model, lora_config=lora.LoraConfig(rank=16),
-                           dpo=preference.DPO(beta=0.1)))
+                           dpo=preference.DPO(beta=beta, sft_weight=sft_weight)))
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:4]))
+  main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:4]),
+       *(float(a) for a in sys.argv[4:6]))

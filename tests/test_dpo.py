@@ -319,3 +319,24 @@ def test_a_sweep_tunes_each_run_as_alone(tmp_path, sweep_batch):
   assert len(found) == 2 and all("val_accuracy" in f for f in found)
   np.testing.assert_allclose(found[1]["train_loss"], alone["train_loss"], rtol=1e-4)
   np.testing.assert_allclose(found[1]["val_margin"], alone["val_margin"], rtol=1e-3, atol=1e-5)
+
+
+def test_the_examples_arithmetic_pairs_choose_the_answer(tmp_path):
+  import importlib.util
+  import random
+  from helpers.data import REPO_ROOT
+  from purejax.data import rl_tasks
+  spec = importlib.util.spec_from_file_location(
+      "dpo_arithmetic", REPO_ROOT / "examples" / "dpo_arithmetic.py")
+  example = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(example)
+  task = rl_tasks.load_task("arithmetic")
+  pairs = list(example.arithmetic_pairs(task.val[:20], random.Random(0)))
+  for pair, e in zip(pairs, task.val):
+    assert pair["prompt"] == e.prompt
+    assert pair["chosen"][0]["content"] == e.record["answer"]
+    equation, wrong = pair["rejected"][0]["content"].rsplit(" = ", 1)
+    assert equation == f"{e.record['a']} {e.record['op']} {e.record['b']}"
+    assert int(wrong) != int(e.record["answer"])
+  path = write_pairs(tmp_path / "p.jsonl", pairs)
+  assert preferences.is_preferences_file(path)
