@@ -49,6 +49,7 @@ from purejax.gpt.config import GPTConfig
 from purejax.ops import attention
 from purejax.ops import dropout as dropouts
 from purejax.ops import kernels
+from purejax.ops import quant
 from purejax.ops.loss import head_cross_entropy
 from purejax.ops.matmul import LowRankWeight
 
@@ -416,9 +417,10 @@ def num_params(params: Params, *, non_embedding: bool = True) -> int:
 
 
 def _path_shapes(tree, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
-  """{pytree path: shape} of every leaf of `tree` (a `LowRankWeight` is one weight)."""
+  """{pytree path: shape} of every leaf of `tree` (a `LowRankWeight` or a
+  `quant.QuantizedWeight` is one weight)."""
   leaves = jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda x: isinstance(x, LowRankWeight))[0]
+      tree, is_leaf=lambda x: isinstance(x, (LowRankWeight, quant.QuantizedWeight)))[0]
   return {prefix + jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
 
 

@@ -3,6 +3,7 @@
     y = matmul(x, w, compute_dtype=jnp.bfloat16, forms=forms)   # bf16 products, float32
                                                                   # out (bf16: matmul_output)
     y = matmul(x, LowRankWeight(w, a, b, scale))                  # x @ w + scale (x @ a) @ b
+    y = matmul(x, quant.quantize(w, "q4_1"))                      # x @ w's dequantized matrix
 
 The layers import them from here; `kernels.Forms` chooses their backward form; this module holds the products alone, so it takes any
 object with a `matmul_backward` attribute as its forms.
@@ -16,6 +17,8 @@ import chex
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+
+from purejax.ops import quant
 
 # The name a low-rank product's output carries for remat policies.
 LOW_RANK_OUTPUT = "low_rank_product"
@@ -139,6 +142,8 @@ class LowRankWeight:
   def merged(self) -> chex.Array:
     """`base + scale * a @ b` as one array of `base`'s dtype (where a whole matrix is read)."""
     delta = jnp.matmul(self.a.astype(jnp.float32), self.b.astype(jnp.float32))
+    if isinstance(self.base, quant.QuantizedWeight):  # a merged quantized base is float32
+      return quant.dense(self.base) + self.scale * delta
     return (self.base.astype(jnp.float32) + self.scale * delta).astype(self.base.dtype)
 
 
@@ -156,8 +161,10 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
 
   Args:
     x: `[..., in_dim]` float.
-    w: `[in_dim, out_dim]` float, or a `LowRankWeight` of that shape (its
-      rank-wide adapter products run in float32 whatever `compute_dtype`).
+    w: `[in_dim, out_dim]` float, a `quant.QuantizedWeight` of that shape (frozen:
+      dequantized inside the program, no gradient), or a `LowRankWeight` of that
+      shape (its rank-wide adapter products run in float32 whatever
+      `compute_dtype`; its base may be quantized: QLoRA).
     compute_dtype: operand dtype, or None to multiply in the inputs' dtype.
     forms: the backward form (`Forms.matmul_backward`) and the output's
       dtype (`Forms.matmul_output`); None: the plain form, float32 output.
@@ -169,13 +176,23 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
     `[..., out_dim]`: float32 or `compute_dtype` (above) when `compute_dtype`
     is given, else x's dtype.
   """
-  chex.assert_rank(w.base if isinstance(w, LowRankWeight) else w, 2)
+  if isinstance(w, quant.QuantizedWeight) or isinstance(w, LowRankWeight) and isinstance(
+      w.base, quant.QuantizedWeight):
+    if len(w.shape) != 2:
+      raise ValueError(f"matmul takes a [in, out] weight, got shape {w.shape}.")
+  else:
+    chex.assert_rank(w.base if isinstance(w, LowRankWeight) else w, 2)
   chex.assert_axis_dimension(x, -1, w.shape[0])
   # A 2-D [rows, in] @ [in, out] product: its weight gradient then contracts
   # over one axis. Contracting over several (batch and time) sends XLA's CPU
   # backend to a slow generic loop instead of its GEMM kernel.
   x2 = x.reshape(-1, x.shape[-1])
-  if isinstance(w, LowRankWeight):
+  if isinstance(w, quant.QuantizedWeight):
+    # Frozen: its float matrix formed inside the program (XLA may fuse the
+    # dequantization into the product's operand); no gradient reaches the codes.
+    y = _matmul_2d(x2, jax.lax.stop_gradient(w.dequantized()), compute_dtype=compute_dtype,
+                   forms=forms, frozen=True, output=output)
+  elif isinstance(w, LowRankWeight):
     # The adapters' products are rank-wide, a percent or two of the layer's
     # FLOPs: float32, where a low-precision product's row-major transposes
     # of `[rows, in]` activations cost more than the products themselves.
@@ -189,8 +206,9 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
     # rank]), which it recomputes.
     @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
     def low_rank_product(x2, base, a, b):
-      frozen = _matmul_2d(x2, jax.lax.stop_gradient(base), compute_dtype=compute_dtype,
-                          forms=forms, frozen=True, output=output)
+      frozen = _matmul_2d(x2, jax.lax.stop_gradient(quant.dense(base)),
+                          compute_dtype=compute_dtype, forms=forms, frozen=True,
+                          output=output)
       return frozen + (w.scale * product(product(x2, a), b)).astype(frozen.dtype)
 
     y = checkpoint_name(low_rank_product(x2, w.base, w.a, w.b), LOW_RANK_OUTPUT)

@@ -1,0 +1,112 @@
+"""Quantized weights: their formats' arithmetic, GGUF's blocks kept as they are, and the
+product that dequantizes inside the program."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers.data import need
+from purejax.ops import matmul as matmul_lib
+from purejax.ops import quant
+
+
+def random_matrix(shape, seed=0):
+  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("format", quant.FORMATS)
+def test_each_format_rounds_within_half_a_step(format):
+  w = random_matrix((64, 48))
+  q = quant.quantize(w, format)
+  assert q.shape == (64, 48) and q.format == format
+  error = np.abs(np.asarray(q.dequantized()) - w)
+  if format == "int8":
+    step = np.asarray(q.scale)[None, :]
+  else:  # per block of 32 input rows
+    step = np.repeat(np.asarray(q.scale, np.float32), 32, axis=0)
+  # Half a step, and float16's rounding of a block's minimum (q4_1).
+  assert np.all(error <= step / 2 + 2e-3 * np.abs(w).max())
+
+
+def test_the_formats_hold_a_fraction_of_the_float_bytes():
+  w = random_matrix((256, 128))
+  ratio = {f: quant.quantize(w, f).nbytes / w.nbytes for f in quant.FORMATS}
+  assert ratio["int8"] < 0.26 and ratio["q8_0"] < 0.27 and ratio["q4_1"] < 0.16
+
+
+@pytest.mark.parametrize("format", quant.FORMATS)
+def test_the_product_equals_the_product_of_the_dequantized_matrix(format):
+  w, x = random_matrix((96, 40)), jnp.asarray(random_matrix((3, 7, 96), seed=1))
+  q = quant.quantize(w, format)
+  got = jax.jit(matmul_lib.matmul)(x, q)
+  want = np.asarray(x) @ np.asarray(q.dequantized())
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("format, ggml", [("q8_0", "Q8_0"), ("q4_1", "Q4_1")])
+def test_gguf_blocks_are_kept_with_gguf_s_own_arithmetic(format, ggml):
+  gguf = need("gguf")
+  w = random_matrix((64, 96))  # [in, out]; GGUF stores [out, in]
+  kind = getattr(gguf.GGMLQuantizationType, ggml)
+  raw = gguf.quants.quantize(np.ascontiguousarray(w.T), kind)
+  want = gguf.quants.dequantize(raw, kind).reshape(96, 64).T
+  kept = quant.from_gguf_blocks(raw, format, (96, 64))
+  np.testing.assert_array_equal(np.asarray(kept.dequantized()), want)
+  assert kept.nbytes <= raw.nbytes
+
+
+def test_a_stacked_weight_slices_as_its_layers():
+  w = random_matrix((3, 64, 16))  # [layers, in, out]
+  for format in quant.FORMATS:
+    stacked = quant.quantize(w, format)
+    layer = jax.tree.map(lambda a: a[1], stacked)
+    np.testing.assert_array_equal(np.asarray(layer.dequantized()),
+                                  np.asarray(quant.quantize(w[1], format).dequantized()))
+
+
+def test_no_gradient_reaches_the_codes_and_lora_trains_beside_them():
+  w, x = random_matrix((64, 8)), jnp.asarray(random_matrix((5, 64), seed=2))
+  base = quant.quantize(w, "q4_1")
+  a, b = jnp.asarray(random_matrix((64, 2), seed=3)), jnp.asarray(random_matrix((2, 8), seed=4))
+
+  def loss(x, a, b):
+    return jnp.sum(matmul_lib.matmul(x, matmul_lib.LowRankWeight(base, a, b, 0.5)) ** 2)
+
+  dense = np.asarray(base.dequantized()) + 0.5 * np.asarray(a) @ np.asarray(b)
+  np.testing.assert_allclose(np.asarray(matmul_lib.matmul(
+      x, matmul_lib.LowRankWeight(base, a, b, 0.5))), np.asarray(x) @ dense, rtol=1e-5,
+      atol=1e-5)
+  gx, ga, gb = jax.grad(loss, argnums=(0, 1, 2))(x, a, b)
+  want = jax.grad(lambda x, a, b: jnp.sum((x @ (base.dequantized() + 0.5 * a @ b)) ** 2),
+                  argnums=(0, 1, 2))(x, a, b)
+  chex.assert_trees_all_close((gx, ga, gb), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(matmul_lib.LowRankWeight(base, a, b, 0.5).merged()),
+                             dense, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_formats_and_shapes_are_named():
+  with pytest.raises(quant.QuantizeError, match="unknown quantized format 'nf3'"):
+    quant.quantize(random_matrix((32, 4)), "nf3")
+  with pytest.raises(quant.QuantizeError, match="blocks of 32 input rows; this matrix has 40"):
+    quant.quantize(random_matrix((40, 4)), "q4_1")
+  with pytest.raises(quant.QuantizeError, match="not kept quantized"):
+    quant.from_gguf_blocks(np.zeros((1, 18), np.uint8), "q4_0", (1, 32))
+
+
+def test_a_model_runs_on_its_quantized_matrices_as_on_their_dequantized_floats():
+  from purejax import gpt
+  from purejax.ops import kernels
+  config = gpt.GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=64,
+                         dropout=0.0, bias=False)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  quantized = {**params, "blocks": jax.tree.map(
+      lambda w: quant.quantize(w, "q4_1") if w.ndim == 3 else w, params["blocks"])}
+  assert isinstance(quantized["blocks"]["mlp"]["fc"]["w"], quant.QuantizedWeight)
+  floats = jax.tree.map(quant.dense, quantized,
+                        is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))
+  tokens = jnp.arange(16)[None] % 64
+  forms = kernels.select("cpu")
+  np.testing.assert_array_equal(np.asarray(gpt.forward(quantized, tokens, config, forms=forms)),
+                                np.asarray(gpt.forward(floats, tokens, config, forms=forms)))
