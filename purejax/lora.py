@@ -35,7 +35,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from purejax.ops import quant
 from purejax.ops.matmul import LowRankWeight
+
+
+def _weights(params):
+  """`[(path, leaf)]` of `params`, a quantized matrix one leaf (QLoRA's base)."""
+  return jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))[0]
 
 Params = Dict[str, Any]
 Adapters = Dict[str, Dict[str, chex.Array]]
@@ -69,7 +76,7 @@ def target_paths(params: Params, targets: Sequence[str]) -> Tuple[str, ...]:
   if isinstance(targets, str):
     targets = tuple(t for t in targets.split(",") if t)
   matched = []
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+  for path, leaf in _weights(params):
     name = _dotted(path)
     if any(fnmatch.fnmatchcase(name, pattern) for pattern in targets):
       if not name.endswith(".w") or leaf.ndim < 2:
@@ -78,7 +85,7 @@ def target_paths(params: Params, targets: Sequence[str]) -> Tuple[str, ...]:
                          f"narrow the lora targets to dense weights (e.g. *attn.*.w).")
       matched.append(name)
   if not matched:
-    names = [_dotted(p) for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    names = [_dotted(p) for p, leaf in _weights(params)
              if _dotted(p).endswith(".w")]
     raise ValueError(f"LoRA targets {list(targets)} match no weight matrix; the params' "
                      f"matrices are {names[:8]}.")
@@ -121,7 +128,7 @@ def init(params: Params, rank: int, targets: Sequence[str], key: chex.PRNGKey, *
 
 
 def _weights_by_path(params: Params) -> Dict[str, chex.Array]:
-  return {_dotted(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  return {_dotted(path): leaf for path, leaf in _weights(params)}
 
 
 def rank_of(adapters: Adapters) -> int:
@@ -145,7 +152,8 @@ def merge(params: Params, adapters: Adapters, alpha: float) -> Params:
       the rank keeps the learning rate's meaning.
 
   Returns:
-    Params of `params`' structure, shapes and dtypes.
+    Params of `params`' structure, shapes and dtypes (an adapted quantized weight
+    merges into a float32 matrix).
 
   Raises:
     ValueError: an adapter names a weight `params` lacks, or its shape does
@@ -231,7 +239,8 @@ def low_rank(params: Params, adapters: Adapters, alpha: float) -> Params:
     ab = adapters.get(_dotted(path))
     return w if ab is None else LowRankWeight(w, ab["a"], ab["b"], scale)
 
-  return jax.tree_util.tree_map_with_path(adapted, params)
+  return jax.tree_util.tree_map_with_path(
+      adapted, params, is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))
 
 
 def trainable(params: Params, adapters: Adapters) -> Params:

@@ -95,6 +95,7 @@ def test_bad_formats_and_shapes_are_named():
     quant.from_gguf_blocks(np.zeros((1, 18), np.uint8), "q4_0", (1, 32))
 
 
+@pytest.mark.slow
 def test_a_model_runs_on_its_quantized_matrices_as_on_their_dequantized_floats():
   from purejax import gpt
   from purejax.ops import kernels
@@ -110,3 +111,31 @@ def test_a_model_runs_on_its_quantized_matrices_as_on_their_dequantized_floats()
   forms = kernels.select("cpu")
   np.testing.assert_array_equal(np.asarray(gpt.forward(quantized, tokens, config, forms=forms)),
                                 np.asarray(gpt.forward(floats, tokens, config, forms=forms)))
+
+
+@pytest.mark.slow
+def test_lora_adapts_a_quantized_base_without_forming_it_whole():
+  from purejax import gpt
+  from purejax import lora
+  from purejax.ops import kernels
+  config = gpt.GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=64,
+                         dropout=0.0, bias=False)
+  params = gpt.init_params(config, jax.random.PRNGKey(0))
+  base = {**params, "blocks": jax.tree.map(
+      lambda w: quant.quantize(w, "int8") if w.ndim == 3 else w, params["blocks"])}
+  adapters = lora.init(base, 4, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1))
+  assert set(adapters) == {"blocks.attn.qkv.w", "blocks.attn.proj.w", "blocks.mlp.fc.w",
+                           "blocks.mlp.proj.w"}
+  adapters = jax.tree.map(lambda b: b + 0.01, adapters)  # (B starts at 0)
+  tokens, forms = jnp.arange(16)[None] % 64, kernels.select("cpu")
+  view = lora.View(8.0)
+  through_view = gpt.forward(view(lora.trainable(base, adapters)), tokens, config, forms=forms)
+  merged = lora.merge(base, adapters, 8.0)
+  assert merged["blocks"]["mlp"]["fc"]["w"].dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(through_view),
+                             np.asarray(gpt.forward(merged, tokens, config, forms=forms)),
+                             rtol=1e-4, atol=1e-4)
+  # The adapters' gradient through the quantized base (the base has none to take).
+  grads = jax.grad(lambda ad: jnp.sum(gpt.forward(view(lora.trainable(base, ad)), tokens,
+                                                  config, forms=forms) ** 2))(adapters)
+  assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
