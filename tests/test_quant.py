@@ -139,3 +139,39 @@ def test_lora_adapts_a_quantized_base_without_forming_it_whole():
   grads = jax.grad(lambda ad: jnp.sum(gpt.forward(view(lora.trainable(base, ad)), tokens,
                                                   config, forms=forms) ** 2))(adapters)
   assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+
+
+def test_a_model_s_matrices_quantize_and_the_rest_stays_float():
+  params = {"wte": {"embedding": random_matrix((64, 64))}, "ln_f": {"scale": np.ones(64)},
+            "blocks": {"mlp": {"fc": {"w": random_matrix((2, 64, 128))},
+                               "proj": {"w": random_matrix((2, 40, 64))}}}}
+  quantized, left = quant.quantize_matrices(params, "q4_1")
+  assert isinstance(quantized["blocks"]["mlp"]["fc"]["w"], quant.QuantizedWeight)
+  assert left == ["blocks.mlp.proj.w"]  # 40 rows: no whole blocks of 32
+  assert quantized["wte"]["embedding"] is params["wte"]["embedding"]
+  assert isinstance(quant.quantize_matrices(params, "int8")[0]["blocks"]["mlp"]["proj"]["w"],
+                    quant.QuantizedWeight)
+
+
+@pytest.mark.slow
+def test_greedy_sampling_from_quantized_matrices_is_that_of_their_floats():
+  from helpers.models import sharpened_params
+  from purejax import engine
+  from purejax import gpt
+  from purejax.ops import kernels
+  config = gpt.GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=64,
+                         dropout=0.0, bias=False)
+  quantized, _ = quant.quantize_matrices(sharpened_params(config), "q4_1")
+  floats = jax.tree.map(quant.dense, quantized,
+                        is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))
+  forms = kernels.select("cpu")
+  run = lambda p: [c[0].tokens for c in engine.generate(
+      p, [[1, 2, 3], [9, 8]], config, jax.random.PRNGKey(0), 12, forms=forms)]
+  assert run(quantized) == run(floats)
+
+
+def test_the_command_lines_refuse_an_unknown_format(capsys, tmp_path):
+  from purejax.cli import sample
+  code = sample.run(["sample", f"--out_dir={tmp_path}", "--quantize=nf3"])
+  err = capsys.readouterr().err
+  assert code == 1 and "--quantize" in err and "nf3" in err and len(err.strip().splitlines()) == 1

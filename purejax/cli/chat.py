@@ -52,6 +52,7 @@ def define_flags(args: flags.FlagValues) -> None:
                        "the model's).", lower_bound=1, flag_values=args)
   flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Dtype of the matmuls "
                     "(default: the model's).", flag_values=args)
+  models.define_quantize_flag(args)
   flags.DEFINE_bool("stats", False, "After each answer, print to stderr the tokens fed "
                     "and decoded and the time taken.", flag_values=args)
   forms_flags.define_forms_flags(args, sweeps=False)
@@ -152,7 +153,8 @@ def load(args):
     raise ValueError(f"{args.init_from}: no end-of-turn token is known (no "
                      f"generation_config.json eos_token_id, no eos_token); answers would "
                      f"never end.")
-  params, config = models.adjust(params, config, args.block_size, args.dtype)
+  params, config = models.adjust(params, config, args.block_size, args.dtype,
+                                 args.quantize)
   return params, config, tokenizer, fmt, stops, forms_flags.forms_from_flags(args)
 
 

@@ -72,6 +72,7 @@ def define_flags(args: flags.FlagValues) -> None:
                        lower_bound=1, flag_values=args)
   flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Dtype of the matmuls "
                     "(default: the model's).", flag_values=args)
+  models.define_quantize_flag(args)
   forms_flags.define_forms_flags(args, sweeps=False)
 
 
@@ -98,7 +99,8 @@ def run_eval(args: flags.FlagValues) -> int:
     params, config, tokenizer = models.load_model(args.out_dir, args.init_from,
                                                   best=args.best,
                                                   tokenizer_file=args.tokenizer_file)
-    params, config = models.adjust(params, config, args.block_size, args.dtype)
+    params, config = models.adjust(params, config, args.block_size, args.dtype,
+                                   args.quantize)
     forms = forms_flags.forms_from_flags(args)
     results = evaluation.evaluate(params, config, tokenizer, tasks,
                                   batch_size=args.batch_size, limit=args.limit, forms=forms)

@@ -8,8 +8,10 @@
 
 import dataclasses
 import pathlib
+import sys
 from typing import Optional, Tuple
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 
@@ -18,6 +20,7 @@ from purejax import gpt
 from purejax import weights
 from purejax.data import chat
 from purejax.data import tokenizers
+from purejax.ops import quant
 
 GPT2_END = "<|endoftext|>"
 
@@ -39,9 +42,11 @@ def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_fi
 
 
 def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
-           dtype: Optional[str] = None) -> Tuple[dict, gpt.GPTConfig]:
-  """The model with a shorter context (`block_size`, for a smaller cache) and another
-  matmul dtype (`dtype`: "float32" or "bfloat16"); None keeps the model's."""
+           dtype: Optional[str] = None, quantize: Optional[str] = None
+           ) -> Tuple[dict, gpt.GPTConfig]:
+  """The model with a shorter context (`block_size`, for a smaller cache), another
+  matmul dtype (`dtype`: "float32" or "bfloat16") and its dense layers' matrices kept
+  quantized (`quantize`: one of `quant.FORMATS`); None keeps the model's."""
   if block_size is not None:
     if block_size < 1:
       raise ValueError(f"`block_size={block_size}` must be positive.")
@@ -51,7 +56,20 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
     config = dataclasses.replace(config, block_size=block_size)
   if dtype is not None:
     config = dataclasses.replace(config, compute_dtype=dtype)
+  if quantize is not None:
+    params, left = quant.quantize_matrices(params, quantize)
+    if left:
+      print(f"kept in float32 (not a multiple of {quant.BLOCK} rows for {quantize}): "
+            f"{', '.join(left)}", file=sys.stderr)
   return params, config
+
+
+def define_quantize_flag(args) -> None:
+  """`--quantize`, which every command that runs a model shares."""
+  flags.DEFINE_enum("quantize", None, list(quant.FORMATS), "Keep the dense layers' "
+                    "matrices quantized in memory, dequantized inside each product: int8 "
+                    "(a scale per column), q8_0 or q4_1 (GGUF's blocks of 32 rows); "
+                    "embeddings and norms stay float.", flag_values=args)
 
 
 def _folder_of(tokenizer) -> Optional[pathlib.Path]:

@@ -55,6 +55,7 @@ def define_flags(args: flags.FlagValues) -> None:
                        "model's (default: the model's).", lower_bound=1, flag_values=args)
   flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Dtype of the matmuls "
                     "(default: the model's).", flag_values=args)
+  models.define_quantize_flag(args)
   forms_flags.define_forms_flags(args, sweeps=False)
 
 
@@ -73,7 +74,8 @@ def sample(args: flags.FlagValues) -> int:
         start = f.read()
     if not start:
       raise ValueError("--start must not be empty.")
-    params, config = models.adjust(params, config, args.block_size, args.dtype)
+    params, config = models.adjust(params, config, args.block_size, args.dtype,
+                                   args.quantize)
     stops = stop_ids_of(wanted, tokenizer)
     forms = forms_flags.forms_from_flags(args)
     prompt = list(tokenizer.encode(start))

@@ -81,6 +81,7 @@ def define_flags(args: flags.FlagValues) -> None:
                      "finish before they are cancelled.", lower_bound=0.0, flag_values=args)
   flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Dtype of the matmuls "
                     "(default: the model's).", flag_values=args)
+  models.define_quantize_flag(args)
   forms_flags.define_forms_flags(args, sweeps=False)
 
 
@@ -98,7 +99,7 @@ def build(args):
   except (chat.ChatTemplateError, OSError):
     fmt = None  # a base model: /v1/completions only
   stops = tuple(models.stop_ids(tokenizer, fmt))
-  params, config = models.adjust(params, config, None, args.dtype)
+  params, config = models.adjust(params, config, None, args.dtype, args.quantize)
   length = min(args.max_context, config.block_size)
   texts = tokenizers.token_texts(tokenizer)
   settings = engine.EngineConfig(

@@ -179,6 +179,28 @@ def from_gguf_blocks(raw: np.ndarray, format: str, shape: Tuple[int, int]  # pyl
                          jnp.asarray(np.ascontiguousarray(m.T)), "q4_1")
 
 
+def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
+  """`params` with every dense layer's matrix (a leaf named `w` of two or more axes)
+  quantized to `format`; embeddings, norms and biases stay as they are.
+
+  Returns:
+    `(params, left)`: `left` the dotted paths of the matrices the format cannot take
+    (a block format's input axis not a multiple of 32), kept in float.
+  """
+  left = []
+
+  def one(path, leaf):
+    name = ".".join(str(getattr(k, "key", k)) for k in path)
+    if not name.endswith(".w") and name != "w" or np.ndim(leaf) < 2:
+      return leaf
+    if format != "int8" and np.shape(leaf)[-2] % BLOCK:
+      left.append(name)
+      return leaf
+    return quantize(leaf, format)
+
+  return jax.tree_util.tree_map_with_path(one, params), left
+
+
 def dense(w, dtype=None):
   """`w` as a float array: a `QuantizedWeight` dequantized (to `dtype`, else float32),
   anything else as it is."""
