@@ -136,6 +136,7 @@ def with_reference(data, params):
                                for rows, w in (data.train, data.val)))
 
 
+@pytest.mark.slow
 def test_the_objective_is_dpo_of_each_answers_log_probability(tmp_path):
   params = gpt.init_params(CONFIG, jax.random.PRNGKey(0))
   reference = gpt.init_params(CONFIG, jax.random.PRNGKey(1))

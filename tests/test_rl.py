@@ -186,6 +186,7 @@ def test_an_on_policy_update_follows_the_advantage_weighted_log_likelihood():
   assert float(metrics.kl) == 0 and float(metrics.clipped) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [rl_steps.PolicySettings(),
                                     rl_steps.PolicySettings(beta=0.1, off_policy=True)])
 def test_microbatches_give_the_whole_batchs_update(policy):
