@@ -15,6 +15,7 @@ import functools
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+import jax
 import numpy as np
 
 from purejax import gpt
@@ -197,6 +198,9 @@ def with_reference(text, objective, init_params, config: gpt.GPTConfig, forms: k
     raise ValueError("DPO starts from a trained model, which is also its reference; pass "
                      "its params as `init_params`.")
   began = time.perf_counter()
+  # On the device once: host weights (a loader's, transposed views) would be copied in
+  # on every pass.
+  init_params = jax.device_put(init_params)
   ref = [preference.pair_logps(init_params, rows, weights, config, forms=forms,
                                batch_size=batch_size)[0] for rows, weights in (text.train,
                                                                              text.val)]
