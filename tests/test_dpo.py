@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from helpers.cli import refusal
+from helpers.runs import saved_model
 from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
@@ -279,12 +280,7 @@ def test_the_command_line_tunes_a_run_on_pairs(tmp_path):
 @pytest.fixture
 def base_run(tmp_path_factory):
   """A tiny purejax run with the test's tokenizer: a model to tune."""
-  folder = tmp_path_factory.mktemp("base")
-  state = TrainState(gpt.init_params(CONFIG, jax.random.PRNGKey(0)), (), {})
-  meta = {"model": "gpt", "config": dataclasses.asdict(CONFIG),
-          "tokenizer": TOKENIZER.spec().to_dict()}
-  runs.save_checkpoint(runs.RunConfig(str(folder)), 1, state, meta, log=lambda _: None)
-  return folder
+  return saved_model(tmp_path_factory.mktemp("base"), CONFIG, TOKENIZER)
 
 
 @pytest.mark.parametrize("pair, message", [

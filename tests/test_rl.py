@@ -4,7 +4,6 @@ A character tokenizer and a small ChatML-like template stand in for a real model
 (fast); tests/test_trl.py holds the loss against TRL's GRPOTrainer on the same weights.
 """
 
-import dataclasses
 import json
 
 import chex
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.cli import refusal
+from helpers.runs import saved_model
 from purejax import decode
 from purejax import engine
 from purejax import gpt
@@ -313,12 +313,7 @@ def test_lora_with_a_kl_term_and_several_updates_per_batch(tmp_path):
 @pytest.fixture
 def base_run(tmp_path_factory):
   """A tiny purejax run with the test's tokenizer: a model to start from."""
-  folder = tmp_path_factory.mktemp("base")
-  state = TrainState(gpt.init_params(CONFIG, jax.random.PRNGKey(0)), (), {})
-  meta = {"model": "gpt", "config": dataclasses.asdict(CONFIG),
-          "tokenizer": TOKENIZER.spec().to_dict()}
-  runs.save_checkpoint(runs.RunConfig(str(folder)), 1, state, meta, log=lambda _: None)
-  return folder
+  return saved_model(tmp_path_factory.mktemp("base"), CONFIG, TOKENIZER)
 
 
 @pytest.mark.parametrize("flags, message", [

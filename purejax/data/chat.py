@@ -84,6 +84,13 @@ class ChatFormat:
     return names
 
 
+def is_messages(value: Any) -> bool:
+  """Whether `value` is a non-empty list of `{"role": str, "content": str}` messages."""
+  return isinstance(value, list) and bool(value) and all(
+      isinstance(m, dict) and isinstance(m.get("role"), str)
+      and isinstance(m.get("content"), str) for m in value)
+
+
 def _token_text(value: Any) -> Optional[str]:
   """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
   if isinstance(value, dict):

@@ -34,7 +34,6 @@ reported).
 """
 
 import dataclasses
-import json
 import math
 import pathlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -43,6 +42,7 @@ import numpy as np
 
 from purejax.data import batches
 from purejax.data import chat
+from purejax.data import jsonl
 from purejax.data.errors import TokenizerError
 
 VAL_FRACTION = 0.1
@@ -151,26 +151,11 @@ def assistant_tokens(tokenizer, fmt: chat.ChatFormat, messages: Sequence[chat.Me
 
 def _read_lines(path: pathlib.Path) -> List[List[dict]]:
   """The conversations of a `.jsonl` file, each line checked."""
-  try:
-    lines = path.read_text(encoding="utf-8").splitlines()
-  except FileNotFoundError:
-    raise ConversationError(f"{path} does not exist; pass a .jsonl file of conversations, "
-                            f'one {{"messages": [...]}} per line.') from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise ConversationError(f"{path} does not read as UTF-8 text ({e}).") from e
   conversations = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except ValueError as e:
-      raise ConversationError(f"{path}:{number} is not JSON ({e}); each line holds one "
-                              f'{{"messages": [...]}}.') from e
+  for number, record in jsonl.read_records(path, ConversationError,
+                                           'one {"messages": [...]}'):
     messages = record.get("messages") if isinstance(record, dict) else None
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str)
-        and isinstance(m.get("content"), str) for m in messages) or not messages:
+    if not chat.is_messages(messages):
       raise ConversationError(
           f'{path}:{number} needs {{"messages": [{{"role": ..., "content": ...}}, ...]}}, '
           f"a non-empty list of messages with string roles and contents.")

@@ -36,6 +36,7 @@ import numpy as np
 from purejax.data import batches
 from purejax.data import chat
 from purejax.data import conversations
+from purejax.data import jsonl
 from purejax.data.errors import TokenizerError
 
 SIDES = ("chosen", "rejected")
@@ -133,32 +134,12 @@ def is_preferences_file(dataset: str) -> bool:
   return False
 
 
-def _is_messages(value) -> bool:
-  return (isinstance(value, list) and bool(value) and all(
-      isinstance(m, dict) and isinstance(m.get("role"), str)
-      and isinstance(m.get("content"), str) for m in value))
-
-
 def _read_pairs(path: pathlib.Path) -> Tuple[List[Tuple[int, dict]], bool]:
   """The pairs of a `.jsonl` file with their line numbers, each checked, and whether
   they are conversational."""
-  try:
-    lines = path.read_text(encoding="utf-8").splitlines()
-  except FileNotFoundError:
-    raise PreferenceError(f"{path} does not exist; pass a .jsonl file of preference pairs, "
-                          f'one {{"prompt": ..., "chosen": ..., "rejected": ...}} per '
-                          f"line.") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise PreferenceError(f"{path} does not read as UTF-8 text ({e}).") from e
   pairs, kind = [], None
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except ValueError as e:
-      raise PreferenceError(f"{path}:{number} is not JSON ({e}); each line holds one "
-                            f'{{"prompt": ..., "chosen": ..., "rejected": ...}}.') from e
+  for number, record in jsonl.read_records(
+      path, PreferenceError, 'one {"prompt": ..., "chosen": ..., "rejected": ...}'):
     if not isinstance(record, dict):
       raise PreferenceError(f"{path}:{number} is not a JSON object.")
     for field in ("prompt", *SIDES):
@@ -167,7 +148,7 @@ def _read_pairs(path: pathlib.Path) -> Tuple[List[Tuple[int, dict]], bool]:
             if field == "prompt" else ""
         raise PreferenceError(f'{path}:{number} has no "{field}"{implicit}; each pair needs '
                               f'"prompt", "chosen" and "rejected".')
-    conversational = _is_messages(record["prompt"])
+    conversational = chat.is_messages(record["prompt"])
     if not conversational and not isinstance(record["prompt"], str):
       raise PreferenceError(f'{path}:{number}: "prompt" must be a string (standard format) or '
                             f'a non-empty list of {{"role", "content"}} messages '
@@ -175,7 +156,7 @@ def _read_pairs(path: pathlib.Path) -> Tuple[List[Tuple[int, dict]], bool]:
     for side in SIDES:
       value = record[side]
       if conversational:
-        if not _is_messages(value) or value[-1].get("role") != "assistant" or not any(
+        if not chat.is_messages(value) or value[-1].get("role") != "assistant" or not any(
             m["content"].strip() for m in value):
           raise PreferenceError(
               f'{path}:{number}: "{side}" must be a non-empty list of messages ending with '

@@ -21,11 +21,13 @@ problem whatever their sizes.
 """
 
 import dataclasses
-import json
 import math
 import pathlib
 import random
 from typing import Any, Dict, List, NamedTuple, Sequence, Union
+
+from purejax.data import chat
+from purejax.data import jsonl
 
 VAL_FRACTION = 0.1
 MIN_FOR_VAL_SPLIT = 10
@@ -91,7 +93,7 @@ def _held_out(problem: Dict[str, Any]) -> bool:
 def arithmetic_task(seed: int = 0, num_train: int = 2000, num_val: int = 200) -> Task:
   """The `arithmetic` task: `num_train` and `num_val` distinct problems from `seed`'s
   stream, each a user's message asking for the number alone; scored by "numeric"."""
-  rnd = random.Random(seed)
+  rnd = random.Random(seed)  # the task's own seeded stream (host data, no global state)
   seen, train, val = set(), [], []
   while len(train) < num_train or len(val) < num_val:
     problem = arithmetic_problem(rnd)
@@ -113,32 +115,13 @@ BUILT_IN = {"arithmetic": arithmetic_task}
 # From a file.
 
 
-def _is_messages(value: Any) -> bool:
-  return isinstance(value, list) and bool(value) and all(
-      isinstance(m, dict) and isinstance(m.get("role"), str)
-      and isinstance(m.get("content"), str) for m in value)
-
-
 def _read_examples(path: pathlib.Path) -> List[Example]:
-  try:
-    lines = path.read_text(encoding="utf-8").splitlines()
-  except FileNotFoundError:
-    raise TaskError(f"{path} does not exist; pass a built-in task ({', '.join(BUILT_IN)}) or "
-                    f'a .jsonl of {{"prompt": ..., "answer": ...}} lines.') from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise TaskError(f"{path} does not read as UTF-8 text ({e}).") from e
   examples = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except ValueError as e:
-      raise TaskError(f"{path}:{number} is not JSON ({e}).") from e
+  for number, record in jsonl.read_records(path, TaskError, 'one {"prompt": ..., "answer": ...}'):
     if not isinstance(record, dict) or "prompt" not in record:
       raise TaskError(f'{path}:{number} needs a "prompt" (a string or a list of messages).')
     prompt = record["prompt"]
-    if not (isinstance(prompt, str) and prompt.strip()) and not _is_messages(prompt):
+    if not (isinstance(prompt, str) and prompt.strip()) and not chat.is_messages(prompt):
       raise TaskError(f'{path}:{number}: "prompt" must be a non-empty string or a list of '
                       f'{{"role", "content"}} messages.')
     examples.append(Example(prompt, record))

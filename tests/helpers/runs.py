@@ -86,3 +86,18 @@ def assert_same_run(out_dir, reference_dir):
   for name, value in ref_arrays.items():
     if "['params']" in name:
       np.testing.assert_allclose(arrays[name], value, rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+def saved_model(folder, config, tokenizer, seed=0):
+  """`folder` holding one checkpoint of fresh params of `config` with `tokenizer`'s spec:
+  a run directory a command line can start from (`--init_from`), made in-process."""
+  import dataclasses
+  import jax
+  from purejax import gpt
+  from purejax.training.effects import runs
+  from purejax.training.pure.state import TrainState
+  state = TrainState(gpt.init_params(config, jax.random.PRNGKey(seed)), (), {})
+  meta = {"model": "gpt", "config": dataclasses.asdict(config),
+          "tokenizer": tokenizer.spec().to_dict()}
+  runs.save_checkpoint(runs.RunConfig(str(folder)), 1, state, meta, log=lambda _: None)
+  return folder
