@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from purejax.ops import kernels
+from purejax.ops import quant
 from purejax.ops.loss import cross_entropy
 from purejax.ops.matmul import matmul
 
@@ -177,7 +178,10 @@ def init_embedding(
 def embed(params: Params, ids: chex.Array) -> chex.Array:
   """Looks up integer `ids` (any shape) -> `[*ids.shape, dim]`."""
   chex.assert_type(ids, int)
-  return jnp.take(params["embedding"], ids, axis=0)
+  table = params["embedding"]
+  if isinstance(table, quant.QuantizedWeight):  # only the rows looked up are dequantized
+    return quant.take_rows(table, ids)
+  return jnp.take(table, ids, axis=0)
 
 
 def embedding_logits(params: Params, x: chex.Array, *, compute_dtype=None,

@@ -23,6 +23,7 @@ import pytest
 from helpers.data import need
 from purejax import gpt
 from purejax import nn
+from purejax.data import gguf_reader
 from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
 from purejax.weights import gguf_files
@@ -130,15 +131,15 @@ def test_the_model_is_one_llama_cpp_can_hold(gemma):
 
 def test_the_file_has_llama_cpps_names_metadata_and_norms_plus_one(gemma, f32_file):
   _, params, config, _, _ = gemma
-  reader = gguf.GGUFReader(str(f32_file))
-  meta = gguf_tokenizer.metadata(reader)
+  header = gguf_reader.read(str(f32_file))
+  meta = header.meta
   assert meta["general.architecture"] == "gemma3"
   assert (meta["gemma3.attention.key_length"], meta["gemma3.attention.value_length"],
           meta["gemma3.attention.sliding_window"], meta["gemma3.rope.freq_base"],
           meta["gemma3.block_count"]) == (256, 256, WINDOW, 50000.0, N_LAYER)
   assert meta["tokenizer.ggml.model"] == "llama"
   assert meta["tokenizer.ggml.add_space_prefix"] is False
-  tensors = {t.name: t for t in reader.tensors}
+  tensors = {t.name: t for t in gguf_reader.tensors(str(f32_file), header)}
   assert "output.weight" not in tensors  # tied
   assert {n.split(".", 2)[2] for n in tensors if n.startswith("blk.0.")} == {
       f"{part}.weight" for part in (
@@ -149,7 +150,7 @@ def test_the_file_has_llama_cpps_names_metadata_and_norms_plus_one(gemma, f32_fi
   np.testing.assert_array_equal(stored, params["blocks"]["ln_mlp_out"]["scale"][0] + 1)
   np.testing.assert_array_equal(np.asarray(tensors["blk.0.attn_q_norm.weight"].data),
                                 params["blocks"]["attn"]["q_norm"]["scale"][0] + 1)
-  assert all(t.tensor_type == Q.F32 for t in reader.tensors)
+  assert all(t.tensor_type == Q.F32 for t in tensors.values())
 
 
 def test_transformers_loads_the_export_with_the_original_logits(gemma, f32_file):
@@ -240,7 +241,7 @@ def test_what_llama_cpp_fixes_is_read_as_llama_cpp_reads_it(gemma, f32_file):
   # Keys newer llama.cpp reads if present: the period (or per-layer flags) of the
   # sliding layers, and their RoPE base.
   _, _, config, _, _ = gemma
-  meta = gguf_tokenizer.metadata(gguf.GGUFReader(str(f32_file)))
+  meta = gguf_reader.read(str(f32_file)).meta
   assert reread_config(meta) == config
   assert reread_config(meta, **{"attention.sliding_window_pattern": 3}).layer_kinds == (
       1, 1, 0, 1, 1, 0)

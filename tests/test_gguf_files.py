@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 
+import chex
 import jax
 import ml_dtypes
 import numpy as np
@@ -22,6 +23,7 @@ from helpers.data import REPO_ROOT, need
 from purejax import gpt
 from purejax import weights
 from purejax.cli import convert as cli_convert
+from purejax.data import gguf_reader
 from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
@@ -149,6 +151,36 @@ def test_every_read_type_dequantizes_with_the_gguf_package(tmp_path):
       assert np.abs(got[name] - state[name]).max() <= bits * scale, kind.name
 
 
+def test_kept_blocks_run_as_the_dequantized_file_and_other_types_are_named(tmp_path, caplog):
+  from purejax.ops import kernels
+  from purejax.ops import quant
+  state = hf_state(random_params())
+  # Each layer's projections in the kept types, mixed across layers and within the
+  # fused q/k/v and gate/up weights; the head in a type not kept.
+  kept = ["Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
+  matrices = [name for name in state if state[name].ndim == 2 and "layers" in name]
+  types = {name: Q[kept[i % len(kept)]] for i, name in enumerate(matrices)}
+  types.update({"model.embed_tokens.weight": Q.Q8_0, "lm_head.weight": Q.Q5_1})
+  write_gguf(tmp_path / "m.gguf", state, types)
+  floats, config, _ = gguf_files.from_gguf(str(tmp_path / "m.gguf"))
+  with caplog.at_level("WARNING"):
+    params, _, _ = gguf_files.from_gguf(str(tmp_path / "m.gguf"), keep_quantized=True)
+  warned = [r.getMessage() for r in caplog.records if "kept as float32" in r.getMessage()]
+  assert len(warned) == 1 and "1 Q5_1 tensor" in warned[0]
+  is_kept = lambda x: isinstance(x, quant.QuantizedWeight)
+  for path in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"):
+    sub, dense = path.split(".")
+    assert is_kept(params["blocks"][sub][dense]["w"]), path
+  assert is_kept(params["wte"]["embedding"]) and params["wte"]["embedding"].shape == (256, 256)
+  assert not is_kept(params["lm_head"]["w"])
+  as_floats = jax.tree.map(quant.dense, params, is_leaf=is_kept)
+  chex.assert_trees_all_equal(as_floats, jax.tree.map(np.asarray, floats))
+  tokens = np.arange(12)[None] % 256
+  forms = kernels.select("cpu")
+  np.testing.assert_array_equal(np.asarray(gpt.forward(params, tokens, config, forms=forms)),
+                                np.asarray(gpt.forward(floats, tokens, config, forms=forms)))
+
+
 def test_another_type_is_a_one_line_error_naming_it(tmp_path):
   state = hf_state(random_params())
   write_gguf(tmp_path / "m.gguf", state, {"model.layers.0.mlp.up_proj.weight": Q.IQ4_NL})
@@ -159,15 +191,30 @@ def test_another_type_is_a_one_line_error_naming_it(tmp_path):
 def test_a_file_is_parsed_once_and_read_again_when_it_is_rewritten(tmp_path):
   path = tmp_path / "m.gguf"
   write_gguf(path, hf_state(random_params()))
-  reader = gguf_tokenizer.open_reader(str(path))
-  assert gguf_tokenizer.open_reader(str(tmp_path / "." / "m.gguf")) is reader  # kept
+  header = gguf_tokenizer.read_header(str(path))
+  assert gguf_tokenizer.read_header(str(tmp_path / "." / "m.gguf")) is header  # kept
   write_gguf(path, hf_state(random_params()), tokens=TOKENS[:-1])  # a new file, same path
-  again = gguf_tokenizer.open_reader(str(path))
-  assert again is not reader
+  again = gguf_tokenizer.read_header(str(path))
+  assert again is not header
   assert len(gguf_tokenizer.read_fields(str(path))["tokens"]) == len(TOKENS) - 1
   path.write_bytes(b"not a gguf")
   with pytest.raises(tokenizers.TokenizerError, match="is not a GGUF file"):
-    gguf_tokenizer.open_reader(str(path))
+    gguf_tokenizer.read_header(str(path))
+
+
+def test_the_header_reader_reads_what_the_gguf_package_reads(tmp_path):
+  gguf = need("gguf")
+  path = tmp_path / "m.gguf"
+  write_gguf(path, hf_state(random_params()), {"model.layers.0.mlp.up_proj.weight": Q.Q4_K})
+  theirs = gguf.GGUFReader(str(path))
+  ours = gguf_reader.read(str(path))
+  assert ours.meta == {key: field.contents() for key, field in theirs.fields.items()
+                       if not key.startswith("GGUF.")}
+  tensors = list(gguf_reader.tensors(str(path), ours))
+  assert [t.name for t in tensors] == [t.name for t in theirs.tensors]
+  for mine, their in zip(tensors, theirs.tensors):
+    assert mine.tensor_type == their.tensor_type and list(mine.shape) == list(their.shape)
+    np.testing.assert_array_equal(mine.data, their.data, err_msg=mine.name)
 
 
 def rope_scores(q, k, pairs):
@@ -269,8 +316,7 @@ def test_written_files_read_back_as_the_rounded_weights(tmp_path, gguf_type):
   got = llama.state_from_params(back, config)
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-  reader = gguf.GGUFReader(str(out))
-  meta = gguf_tokenizer.metadata(reader)
+  meta = gguf_reader.read(str(out)).meta
   assert meta["general.architecture"] == "llama"
   assert meta["llama.context_length"] == CONFIG.block_size
   assert meta["llama.attention.head_count_kv"] == CONFIG.kv_heads
@@ -287,7 +333,7 @@ def test_a_fine_tune_states_the_base_models_context_not_its_blocks(tmp_path, blo
   params, config, spec = weights.from_gguf(str(tmp_path / "src.gguf"))
   tuned = dataclasses.replace(config, block_size=block_size)
   out = weights.to_gguf(params, tuned, str(tmp_path / "out.gguf"), spec)
-  meta = gguf_tokenizer.metadata(gguf.GGUFReader(str(out)))
+  meta = gguf_reader.read(str(out)).meta
   assert meta["llama.context_length"] == written
 
 
@@ -340,7 +386,7 @@ def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
   assert cli_convert.run(["convert", f"--from=hf:{folder}", f"--to=gguf:{again}"]) == 0
   assert (gguf_tokenizer.load(str(again)).encode(text).tolist()
           == gguf_tokenizer.load(str(src)).encode(text).tolist())
-  meta = gguf_tokenizer.metadata(gguf.GGUFReader(str(again)))
+  meta = gguf_reader.read(str(again)).meta
   assert meta["tokenizer.chat_template"] == "{{ x }}"  # the folder's template, carried back
   assert meta["tokenizer.ggml.eos_token_id"] == 1 and meta["tokenizer.ggml.add_bos_token"]
   gpt2_like = gpt.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32)

@@ -20,12 +20,10 @@ def random_matrix(shape, seed=0):
 def test_each_format_rounds_within_half_a_step(format):
   w = random_matrix((64, 48))
   q = quant.quantize(w, format)
-  assert q.shape == (64, 48) and q.format == format
+  assert q.shape == (64, 48) and q.bits == (4 if format == "q4_1" else 8)
+  assert q.block == (64 if format == "int8" else 32)
   error = np.abs(np.asarray(q.dequantized()) - w)
-  if format == "int8":
-    step = np.asarray(q.scale)[None, :]
-  else:  # per block of 32 input rows
-    step = np.repeat(np.asarray(q.scale, np.float32), 32, axis=0)
+  step = np.repeat(np.asarray(q.scale, np.float32), q.block, axis=0)
   # Half a step, and float16's rounding of a block's minimum (q4_1).
   assert np.all(error <= step / 2 + 2e-3 * np.abs(w).max())
 
@@ -45,16 +43,74 @@ def test_the_product_equals_the_product_of_the_dequantized_matrix(format):
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("format, ggml", [("q8_0", "Q8_0"), ("q4_1", "Q4_1")])
-def test_gguf_blocks_are_kept_with_gguf_s_own_arithmetic(format, ggml):
+@pytest.mark.parametrize("ggml", quant.GGUF_KEPT)
+def test_gguf_blocks_are_kept_with_gguf_s_own_arithmetic(ggml):
   gguf = need("gguf")
-  w = random_matrix((64, 96))  # [in, out]; GGUF stores [out, in]
+  w = random_matrix((256, 96))  # [in, out]; GGUF stores [out, in]
   kind = getattr(gguf.GGMLQuantizationType, ggml)
-  raw = gguf.quants.quantize(np.ascontiguousarray(w.T), kind)
-  want = gguf.quants.dequantize(raw, kind).reshape(96, 64).T
-  kept = quant.from_gguf_blocks(raw, format, (96, 64))
+  raw = _gguf_blocks(gguf, w, kind)
+  want = gguf.quants.dequantize(raw, kind).reshape(96, 256).T
+  kept = quant.from_gguf_blocks(raw, ggml, (96, 256))
+  assert kept.shape == (256, 96) and kept.T.shape == (96, 256)
   np.testing.assert_array_equal(np.asarray(kept.dequantized()), want)
-  assert kept.nbytes <= raw.nbytes
+  np.testing.assert_array_equal(np.asarray(kept.T.dequantized()), want.T)
+
+
+def _gguf_blocks(gguf, w, kind):
+  """GGUF blocks of `w.T`: gguf's own quantizer, or for the K types (gguf's Python
+  package does not quantize them) random bytes, with finite float16 scales."""
+  try:
+    return gguf.quants.quantize(np.ascontiguousarray(w.T), kind)
+  except NotImplementedError:
+    values, nbytes = quant.GGUF_BLOCKS[kind.name]
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (w.shape[1], w.shape[0] // values, nbytes), dtype=np.uint8)
+    small = lambda n: np.frombuffer(rng.uniform(-0.1, 0.1, n).astype(np.float16).tobytes(),
+                                    np.uint8).reshape(-1, 2)
+    spots = {"Q4_K": (0, 2), "Q6_K": (208,)}[kind.name]
+    for at in spots:
+      raw[:, :, at:at + 2] = small(raw.shape[0] * raw.shape[1]).reshape(*raw.shape[:2], 2)
+    return raw.reshape(w.shape[1], -1)
+
+
+def test_layers_of_different_gguf_types_share_a_lossless_container():
+  gguf = need("gguf")
+  layers = [random_matrix((256, 64), seed=i) for i in range(2)]
+  kinds = [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K]
+  kept = [quant.from_gguf_blocks(_gguf_blocks(gguf, w, k), k.name, (64, 256))
+          for w, k in zip(layers, kinds)]
+  assert (kept[0].bits, kept[0].block, kept[1].bits, kept[1].block) == (4, 32, 8, 16)
+  stacked = quant.stack(kept)
+  assert stacked.bits == 8 and stacked.block == 16 and stacked.has_offset
+  for i, w in enumerate(kept):
+    np.testing.assert_array_equal(np.asarray(jax.tree.map(lambda a: a[i], stacked)
+                                             .dequantized()), np.asarray(w.dequantized()))
+  side = quant.concatenate(kept)
+  np.testing.assert_array_equal(np.asarray(side.dequantized()), np.concatenate(
+      [np.asarray(w.dequantized()) for w in kept], axis=-1))
+
+
+def test_a_transposed_table_looks_up_rows_and_is_its_own_head():
+  table = random_matrix((64, 32))  # [embd, vocab] stored, blocks along embd
+  w = quant.quantize(table, "q4_1").T  # the [vocab, embd] table
+  ids = jnp.asarray([[3, 0], [31, 3]])
+  rows = jax.jit(quant.take_rows)(w, ids)
+  np.testing.assert_array_equal(np.asarray(rows),
+                                np.asarray(w.dequantized())[np.asarray(ids)])
+  x = jnp.asarray(random_matrix((2, 64), seed=1))
+  np.testing.assert_allclose(np.asarray(matmul_lib.matmul(x, w.T)),
+                             np.asarray(x) @ np.asarray(w.T.dequantized()), rtol=1e-6,
+                             atol=1e-5)
+
+
+def test_a_wide_product_forms_its_matrix_a_slice_at_a_time(monkeypatch):
+  w, x = quant.quantize(random_matrix((64, 256)), "q8_0"), jnp.asarray(random_matrix((3, 64)))
+  whole = np.asarray(matmul_lib.matmul(x, w))
+  monkeypatch.setattr(quant, "CHUNK_BYTES", 64 * 64 * 4)  # 64 columns a slice: 4 slices
+  text = jax.jit(matmul_lib.matmul).lower(x, w).as_text()
+  assert "while" in text  # the slices are a loop, not one program-wide matrix
+  np.testing.assert_allclose(np.asarray(jax.jit(matmul_lib.matmul)(x, w)), whole, rtol=1e-6,
+                             atol=1e-6)
 
 
 def test_a_stacked_weight_slices_as_its_layers():
@@ -92,7 +148,7 @@ def test_bad_formats_and_shapes_are_named():
   with pytest.raises(quant.QuantizeError, match="blocks of 32 input rows; this matrix has 40"):
     quant.quantize(random_matrix((40, 4)), "q4_1")
   with pytest.raises(quant.QuantizeError, match="not kept quantized"):
-    quant.from_gguf_blocks(np.zeros((1, 18), np.uint8), "q4_0", (1, 32))
+    quant.from_gguf_blocks(np.zeros((1, 18), np.uint8), "Q4_0", (1, 32))
 
 
 @pytest.mark.slow

@@ -167,8 +167,7 @@ def test_a_lora_fine_tune_of_the_gguf_exports_to_q8_0_that_transformers_reads(
   tuned, config, _ = weights.from_pretrained(str(out_dir))  # LoRA merged
   back, back_config, spec = weights.from_gguf(str(exported))  # the gguf package's reader
   # The file states the base model's context, not the fine-tune's 48-token blocks.
-  base_context = gguf_tokenizer.metadata(gguf_tokenizer.open_reader(str(smollm2_gguf)))[
-      "llama.context_length"]
+  base_context = gguf_tokenizer.read_header(str(smollm2_gguf)).meta["llama.context_length"]
   assert base_context == 8192 and config.block_size == BLOCK_SIZE
   assert back_config == dataclasses.replace(config, block_size=base_context)
   assert spec.chat_template and spec.eos_token == "<|im_end|>"

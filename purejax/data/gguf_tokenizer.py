@@ -23,13 +23,15 @@ and a fingerprint of its tokenizer metadata; the chat template, the BOS and
 EOS tokens and whether to prepend BOS travel in the spec too.
 """
 
+import collections
 import dataclasses
 import functools
 import hashlib
 import json
 import pathlib
-from typing import Any, ClassVar, Dict, List, Optional, Sequence
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
+from purejax.data import gguf_reader
 from purejax.data import tokenizer_json
 from purejax.data.errors import TokenizerError
 from purejax.data.tokenizer_spec import TokenizerSpec
@@ -59,38 +61,30 @@ def import_gguf():
   return gguf
 
 
-def open_reader(path: str):
-  """A `gguf.GGUFReader` of `path` (memory-mapped, read-only), or a one-line error.
+_HEADERS: "collections.OrderedDict[Tuple[str, int, int], gguf_reader.Header]" = (
+    collections.OrderedDict())
+_KEPT_HEADERS = 2
 
-  The reader parses every metadata value when it opens a file (a 49152-token
-  vocabulary is ~2M small reads: seconds), and importing, training on and
-  exporting one model reads its file several times, so the last two files'
-  readers are kept, each for as long as its size and modification time stay
-  the same.
+
+def read_header(path: str) -> gguf_reader.Header:
+  """`path`'s header (`gguf_reader.read`: metadata, tensor table). Importing, training on
+  and exporting one model read its file several times, so the last two files' headers
+  are kept, each for as long as its size and modification time stay the same.
+
+  Raises:
+    TokenizerError: a missing file or not a GGUF file (one line).
   """
   file = pathlib.Path(path).expanduser()
   if not file.is_file():
     raise TokenizerError(f"{file} is missing; pass the path of a .gguf file.")
   stat = file.stat()
-  return _reader(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=2)
-def _reader(path: str, size: int, mtime_ns: int):
-  del size, mtime_ns  # the cache's key: a rewritten file is read again
-  gguf = import_gguf()
-  try:
-    return gguf.GGUFReader(path)
-  except Exception as e:  # pylint: disable=broad-except  # the reader raises plain errors
-    raise TokenizerError(f"{path} is not a GGUF file the gguf package reads "
-                         f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
-                         f"download it again.") from e
-
-
-def metadata(reader, prefix: str = "") -> Dict[str, Any]:
-  """`{key: value}` of the file's metadata whose keys start with `prefix` (arrays as lists)."""
-  return {key: field.contents() for key, field in reader.fields.items()
-          if key.startswith(prefix) and not key.startswith("GGUF.")}
+  key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+  if key not in _HEADERS:
+    _HEADERS[key] = gguf_reader.read(str(file))
+    while len(_HEADERS) > _KEPT_HEADERS:
+      _HEADERS.popitem(last=False)
+  _HEADERS.move_to_end(key)
+  return _HEADERS[key]
 
 
 def fields_of(meta: Dict[str, Any]) -> Dict[str, Any]:
@@ -104,7 +98,8 @@ def fields_of(meta: Dict[str, Any]) -> Dict[str, Any]:
 
 def read_fields(path: str) -> Dict[str, Any]:
   """The tokenizer metadata of the GGUF file `path` (`fields_of`)."""
-  return fields_of(metadata(open_reader(path), "tokenizer."))
+  return fields_of({key: value for key, value in read_header(path).meta.items()
+                    if key.startswith("tokenizer.")})
 
 
 def fingerprint(fields: Dict[str, Any]) -> str:

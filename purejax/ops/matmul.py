@@ -188,10 +188,11 @@ def matmul(x: chex.Array, w, *, compute_dtype=None,
   # backend to a slow generic loop instead of its GEMM kernel.
   x2 = x.reshape(-1, x.shape[-1])
   if isinstance(w, quant.QuantizedWeight):
-    # Frozen: its float matrix formed inside the program (XLA may fuse the
-    # dequantization into the product's operand); no gradient reaches the codes.
-    y = _matmul_2d(x2, jax.lax.stop_gradient(w.dequantized()), compute_dtype=compute_dtype,
-                   forms=forms, frozen=True, output=output)
+    # Frozen: its float matrix formed inside the program (a wide one a slice of
+    # columns at a time); no gradient reaches the codes.
+    y = quant.map_columns(
+        lambda m: _matmul_2d(x2, jax.lax.stop_gradient(m), compute_dtype=compute_dtype,
+                             forms=forms, frozen=True, output=output), w)
   elif isinstance(w, LowRankWeight):
     # The adapters' products are rank-wide, a percent or two of the layer's
     # FLOPs: float32, where a low-precision product's row-major transposes

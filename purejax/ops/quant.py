@@ -1,31 +1,54 @@
-"""Weights kept quantized: a matrix as packed integers and scales, dequantized inside
+"""Weights kept quantized: a matrix as integer codes and scales, dequantized inside
 the product.
 
     w8 = quantize(w, "int8")                 # [in, out] float -> int8 and a scale per column
     w4 = quantize(w, "q4_1")                 # 4-bit codes, a scale and a minimum per 32 rows
     y = matmul(x, w4)                        # x @ dequantize(w4), dequantized in the program
 
-A `QuantizedWeight` is a pytree (its arrays the leaves, its format static), so it sits
-in a params dict where a float matrix would, slices along stacked layers like one, and
-`ops.matmul` takes it as its weight: the product reads the integers and scales and
-forms the float matrix inside the compiled program, where XLA may fuse the
-dequantization into the product's operand. It is frozen: no gradient flows to it (a
-LoRA run trains adapters beside it, `LowRankWeight`'s base may be one).
+A `QuantizedWeight` is a pytree (its arrays the leaves; its code width and orientation
+static), so it sits in a params dict where a float matrix would, slices along stacked
+layers like one, and `ops.matmul` takes it as its weight: the product reads the
+integers and scales and forms the float matrix inside the compiled program (a wide
+one a slice of columns at a time, `map_columns`). It is frozen: no gradient flows to
+it (a LoRA run trains adapters beside it; `LowRankWeight`'s base may be one).
 
-Formats (both along the matrix's input axis, the one the product contracts):
+One arithmetic covers every format: the stored matrix `[..., rows, cols]` is cut into
+blocks of `block` consecutive rows per column, and
 
-- "int8": symmetric per output column, `w = scale[j] * q[i, j]`, `q` in [-127, 127],
-  `scale = max |w[:, j]| / 127` (0.5 bytes of error per 127 levels: |error| <= scale / 2);
-- "q8_0": GGUF's Q8_0 arithmetic, blocks of 32 input rows per output column,
-  `w = d * q`, `q` in [-127, 127], `d` float16 per block (`d = max |w| / 127`);
-- "q4_1": GGUF's Q4_1 arithmetic, blocks of 32 input rows per output column,
-  `w = d * q + m` with `q` in [0, 15] and `d`, `m` float16 per block (`d = (max - min)
-  / 15`, `m = min`); two codes a byte (low nibble: the even input row).
+    w[i, j] = scale[i // block, j] * q[i, j] + offset[i // block, j]
+
+(`offset` absent: 0), computed in float32. What differs is how many bits a code has
+(8: int8; 4: two codes a byte, the even row in the low nibble), the block (`rows`
+for one scale per column) and the scales' dtype (float16 as GGUF stores them, or
+float32 where a scale is a product of two stored numbers).
+
+Made by `quantize` (`FORMATS`):
+
+- "int8": symmetric per output column, `q` in [-127, 127], `scale = max |w[:, j]| / 127`;
+- "q8_0": GGUF's Q8_0, blocks of 32 rows, `q` in [-127, 127], float16 `scale = max |w| / 127`;
+- "q4_1": GGUF's Q4_1, blocks of 32 rows, 4-bit `q` in [0, 15], float16 `scale = (max -
+  min) / 15` and `offset = min`.
+
+Kept from GGUF files as they are (`from_gguf_blocks`, `GGUF_KEPT`), the same numbers in
+this arithmetic, so the dequantized matrix equals the `gguf` package's reference bit
+for bit: Q8_0, Q4_1; Q5_0 (5-bit codes held as int8 `q - 16`, float16 scale per 32);
+Q4_K (4-bit codes; its 6-bit sub-scales and minimums times the super-block's float16
+`d` and `dmin`: a float32 scale and offset per 32 rows); Q6_K (6-bit codes held as
+int8 `q - 32`; a float32 scale per 16 rows). Layers of one stacked weight stored in
+different types (llama.cpp's K-quant mixes give some layers more bits) share the
+widest container (`common`): more bits, the smaller block, a zero offset, float32
+scales: a lossless re-expression of each layer's numbers.
+
+An embedding table `[vocab, embd]` whose blocks run along `embd` (a GGUF token
+embedding) is the transpose of a `[embd, vocab]` matrix in this layout: `transposed`
+says so. Its rows are looked up without forming the table (`take_rows`), and its `.T`
+is the tied output head's `[embd, vocab]` weight, the same arrays.
 """
 
 import dataclasses
 import functools
-from typing import Tuple
+import math
+from typing import Callable, Sequence, Tuple
 
 import chex
 import jax
@@ -33,7 +56,11 @@ import jax.numpy as jnp
 import numpy as np
 
 FORMATS = ("int8", "q8_0", "q4_1")
-BLOCK = 32  # the block formats' input rows per scale (GGUF's QK8_0, QK4_1)
+GGUF_KEPT = ("Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
+BLOCK = 32  # the block formats' rows per scale (GGUF's QK8_0, QK4_1)
+# A product whose dequantized weight would pass this many bytes forms it a slice of
+# columns at a time (a 262144-token tied head is 671 MB of float32 in one piece).
+CHUNK_BYTES = 64 << 20
 
 
 class QuantizeError(ValueError):
@@ -41,32 +68,59 @@ class QuantizeError(ValueError):
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=("codes", "scale", "offset"),
-                   meta_fields=("format",))
+                   meta_fields=("bits", "transposed"))
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
-  """A `[..., in_dim, out_dim]` matrix as integer codes and their scales (see the module).
+  """A matrix as integer codes and their scales (see the module for the arithmetic).
 
   Attributes:
-    codes: int8 `[..., in, out]` ("int8", "q8_0"), or uint8 `[..., in / 2, out]`
-      holding two 4-bit codes each ("q4_1").
-    scale: float32 `[..., out]` ("int8"), or float16 `[..., in / 32, out]`.
-    offset: float16 `[..., in / 32, out]`, each block's minimum ("q4_1"); else an
-      empty `[..., 0]` (a leaf that slices along stacked layers as the others do).
-    format: one of `FORMATS`.
+    codes: int8 `[..., rows, cols]` (`bits=8`), or uint8 `[..., rows / 2, cols]` holding
+      two 4-bit codes each (`bits=4`).
+    scale: float16 or float32 `[..., rows / block, cols]`.
+    offset: as `scale` (added after the scale), or an empty `[..., 0]` for none (a leaf
+      that slices along stacked layers as the others do).
+    bits: 8 or 4.
+    transposed: the weight is the stored matrix's transpose (`shape` swaps its last two
+      axes): an embedding table whose blocks run along a row.
   """
   codes: chex.Array
   scale: chex.Array
   offset: chex.Array
-  format: str
+  bits: int
+  transposed: bool = False
+
+  @property
+  def stored_shape(self) -> Tuple[int, ...]:
+    lead, (rows, cols) = self.codes.shape[:-2], self.codes.shape[-2:]
+    return (*lead, rows * (2 if self.bits == 4 else 1), cols)
 
   @property
   def shape(self) -> Tuple[int, ...]:
-    lead, (rows, cols) = self.codes.shape[:-2], self.codes.shape[-2:]
-    return (*lead, rows * (2 if self.format == "q4_1" else 1), cols)
+    *lead, rows, cols = self.stored_shape
+    return (*lead, cols, rows) if self.transposed else (*lead, rows, cols)
 
   @property
   def ndim(self) -> int:
     return self.codes.ndim
+
+  @property
+  def dtype(self):
+    """The dtype it dequantizes to (float32)."""
+    return jnp.dtype(jnp.float32)
+
+  @property
+  def block(self) -> int:
+    """Stored rows per scale."""
+    return self.stored_shape[-2] // self.scale.shape[-2]
+
+  @property
+  def has_offset(self) -> bool:
+    return self.offset.shape[-1] != 0
+
+  @property
+  def T(self) -> "QuantizedWeight":  # pylint: disable=invalid-name
+    """The transpose (of the last two axes): the same arrays, `transposed` flipped."""
+    return dataclasses.replace(self, transposed=not self.transposed)
 
   @property
   def nbytes(self) -> int:
@@ -75,27 +129,33 @@ class QuantizedWeight:
                for a in (self.codes, self.scale, self.offset))
 
   def dequantized(self, dtype=jnp.float32) -> chex.Array:
-    """The float matrix, `[..., in, out]` of `dtype` (computed in float32, then cast)."""
-    if self.format == "int8":
-      w = self.codes.astype(jnp.float32) * self.scale.astype(jnp.float32)[..., None, :]
-      return w.astype(dtype)
-    if self.format == "q8_0":
-      *lead, rows, cols = self.codes.shape
-      blocks = self.codes.astype(jnp.float32).reshape(*lead, rows // BLOCK, BLOCK, cols)
-      return (blocks * self.scale.astype(jnp.float32)[..., None, :]).reshape(
-          *lead, rows, cols).astype(dtype)
-    low = (self.codes & 0xF).astype(jnp.float32)
-    high = (self.codes >> 4).astype(jnp.float32)
-    *lead, half, cols = self.codes.shape
-    q = jnp.stack([low, high], axis=-2).reshape(*lead, 2 * half, cols)  # rows interleaved
-    blocks = q.reshape(*lead, 2 * half // BLOCK, BLOCK, cols)
-    w = (blocks * self.scale.astype(jnp.float32)[..., None, :]
-         + self.offset.astype(jnp.float32)[..., None, :])
-    return w.reshape(*lead, 2 * half, cols).astype(dtype)
+    """The float matrix, `shape` of `dtype` (computed in float32, then cast)."""
+    w = _dequantize(self.codes, self.scale, self.offset if self.has_offset else None,
+                    self.bits).astype(dtype)
+    return jnp.swapaxes(w, -1, -2) if self.transposed else w
 
 
-def _no_offset(lead) -> chex.Array:
-  return jnp.zeros((*lead, 0), jnp.float16)
+def _codes_as_float(codes, bits: int) -> chex.Array:
+  """`[..., rows, cols]` float32 codes (4-bit ones unpacked, even rows from the low nibble)."""
+  if bits == 8:
+    return codes.astype(jnp.float32)
+  *lead, half, cols = codes.shape
+  low, high = (codes & 0xF).astype(jnp.float32), (codes >> 4).astype(jnp.float32)
+  return jnp.stack([low, high], axis=-2).reshape(*lead, 2 * half, cols)
+
+
+def _dequantize(codes, scale, offset, bits: int) -> chex.Array:
+  q = _codes_as_float(codes, bits)
+  *lead, rows, cols = q.shape
+  blocks = scale.shape[-2]
+  w = q.reshape(*lead, blocks, rows // blocks, cols) * scale.astype(jnp.float32)[..., None, :]
+  if offset is not None:
+    w = w + offset.astype(jnp.float32)[..., None, :]
+  return w.reshape(*lead, rows, cols)
+
+
+def _no_offset(lead) -> np.ndarray:
+  return np.zeros((*lead, 0), np.float16)
 
 
 def quantize(w, format: str) -> QuantizedWeight:  # pylint: disable=redefined-builtin
@@ -110,13 +170,12 @@ def quantize(w, format: str) -> QuantizedWeight:  # pylint: disable=redefined-bu
   w = np.asarray(w, np.float32)
   if w.ndim < 2:
     raise QuantizeError(f"only matrices are quantized, got shape {w.shape}.")
-  if format == "int8":
-    scale = np.max(np.abs(w), axis=-2) / 127.0
-    safe = np.where(scale > 0, scale, 1.0)
-    codes = np.clip(np.rint(w / safe[..., None, :]), -127, 127).astype(np.int8)
-    return QuantizedWeight(jnp.asarray(codes), jnp.asarray(scale, jnp.float32),
-                           _no_offset(w.shape[:-2]), "int8")
   *lead, rows, cols = w.shape
+  if format == "int8":
+    scale = np.max(np.abs(w), axis=-2, keepdims=True) / 127.0  # [..., 1, out]
+    safe = np.where(scale > 0, scale, 1.0)
+    codes = np.clip(np.rint(w / safe), -127, 127).astype(np.int8)
+    return to_device(QuantizedWeight(codes, scale.astype(np.float32), _no_offset(lead), 8))
   if rows % BLOCK:
     raise QuantizeError(f"{format} quantizes blocks of {BLOCK} input rows; this matrix has "
                         f"{rows}. Keep it in float, or use int8.")
@@ -125,8 +184,7 @@ def quantize(w, format: str) -> QuantizedWeight:  # pylint: disable=redefined-bu
     d = (np.max(np.abs(blocks), axis=-2) / 127.0).astype(np.float16)
     safe = np.where(d.astype(np.float32) > 0, d.astype(np.float32), 1.0)
     codes = np.clip(np.rint(blocks / safe[..., None, :]), -127, 127).astype(np.int8)
-    return QuantizedWeight(jnp.asarray(codes.reshape(*lead, rows, cols)), jnp.asarray(d),
-                           _no_offset(lead), "q8_0")
+    return to_device(QuantizedWeight(codes.reshape(*lead, rows, cols), d, _no_offset(lead), 8))
   low, high = blocks.min(axis=-2), blocks.max(axis=-2)
   # The stored (float16) scale and minimum are what the codes are chosen against.
   d = ((high - low) / 15.0).astype(np.float16)
@@ -135,48 +193,248 @@ def quantize(w, format: str) -> QuantizedWeight:  # pylint: disable=redefined-bu
   safe = np.where(d32 > 0, d32, 1.0)
   q = np.clip(np.rint((blocks - m.astype(np.float32)[..., None, :]) / safe[..., None, :]),
               0, 15).astype(np.uint8).reshape(*lead, rows, cols)
-  codes = q[..., 0::2, :] | (q[..., 1::2, :] << 4)
-  return QuantizedWeight(jnp.asarray(codes), jnp.asarray(d), jnp.asarray(m), "q4_1")
+  return to_device(QuantizedWeight(_pack4(q), d, m, 4))
 
 
-# GGUF's block layouts (ggml-common.h), per row of a `[out, in]` tensor, 32 values a
-# block: Q8_0 = float16 d, int8 q[32]; Q4_1 = float16 d, float16 m, uint8 qs[16] with
-# values 0..15 in the low nibbles and 16..31 in the high ones.
-GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_1": 20}
+def _pack4(q: np.ndarray) -> np.ndarray:
+  """4-bit codes `[..., rows, cols]` (values 0..15) two a byte: `[..., rows / 2, cols]`."""
+  return (q[..., 0::2, :] | (q[..., 1::2, :] << 4)).astype(np.uint8)
 
 
-def from_gguf_blocks(raw: np.ndarray, format: str, shape: Tuple[int, int]  # pylint: disable=redefined-builtin
+def _unpack4(codes: np.ndarray) -> np.ndarray:
+  *lead, half, cols = codes.shape
+  return np.stack([codes & 0xF, codes >> 4], axis=-2).reshape(*lead, 2 * half, cols)
+
+
+def to_device(w: QuantizedWeight) -> QuantizedWeight:
+  """`w` with its arrays on the default device."""
+  return jax.tree.map(jnp.asarray, w)
+
+
+# ----------------------------------------------------------------------------
+# GGUF's blocks (ggml-common.h's layouts, per row of a `[out, in]` tensor)
+
+# (values a block holds, bytes a block takes)
+GGUF_BLOCKS = {"Q8_0": (32, 34), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q4_K": (256, 144),
+               "Q6_K": (256, 210)}
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+  """Little-endian float16s from the last axis' byte pairs, as float16 `[...]`."""
+  return np.ascontiguousarray(raw).view(np.float16)[..., 0]
+
+
+def _q8_0(b):  # d f16, q int8[32]
+  return b[..., 2:].copy().view(np.int8), _f16(b[..., 0:2])[..., None], None
+
+
+def _q4_1(b):  # d f16, m f16, qs[16]: values 0..15 low nibbles, 16..31 high
+  qs = b[..., 4:]
+  q = np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+  return q, _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+
+
+def _q5_0(b):  # d f16, qh u32 (the 5th bits), qs[16] as Q4_1's; q - 16
+  qh = np.ascontiguousarray(b[..., 2:6]).view("<u4")  # [..., 1]
+  high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [..., 32]
+  qs = b[..., 6:]
+  low = np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+  q = (low | (high << 4)).astype(np.int16) - 16
+  return q.astype(np.int8), _f16(b[..., 0:2])[..., None], None
+
+
+def _q4_k_scales(s: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """Q4_K's 12 bytes -> eight 6-bit sub-block scales and minimums: bytes 0-3 hold
+  scales 0-3 (low 6 bits), 4-7 minimums 0-3; scales/minimums 4-7 are bytes 8-11's
+  low/high nibbles, topped by the 2 high bits of bytes 0-3 / 4-7."""
+  first, second, third = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+  scales = np.concatenate([first & 63, (third & 0xF) | ((first >> 6) << 4)], axis=-1)
+  mins = np.concatenate([second & 63, (third >> 4) | ((second >> 6) << 4)], axis=-1)
+  return scales, mins
+
+
+def _q4_k(b):  # d f16, dmin f16, scales[12], qs[128]: 32-byte chunks, low then high nibbles
+  scales, mins = _q4_k_scales(b[..., 4:16])
+  d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
+  chunks = b[..., 16:].reshape(*b.shape[:-1], 4, 32)
+  q = np.stack([chunks & 0xF, chunks >> 4], axis=-2).reshape(*b.shape[:-1], 256)
+  scale = d[..., None] * scales.astype(np.float32)   # [..., 8], as gguf: f32(d) * sc
+  offset = -(dmin[..., None] * mins.astype(np.float32))  # w = scale * q - dmin * m
+  return q, scale, offset
+
+
+def _q6_k(b):  # ql[128], qh[64], scales int8[16], d f16; per half of 128 values
+  ql, qh = b[..., 0:128], b[..., 128:192]
+  halves = []
+  for h in range(2):
+    low, high = ql[..., 64 * h:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+    first, second = low[..., :32], low[..., 32:]
+    parts = [(first & 0xF) | ((high & 3) << 4), (second & 0xF) | (((high >> 2) & 3) << 4),
+             (first >> 4) | (((high >> 4) & 3) << 4), (second >> 4) | (((high >> 6) & 3) << 4)]
+    halves.extend(parts)
+  q = (np.concatenate(halves, axis=-1).astype(np.int16) - 32).astype(np.int8)
+  d = _f16(b[..., 208:210]).astype(np.float32)
+  scale = d[..., None] * b[..., 192:208].copy().view(np.int8).astype(np.float32)  # [..., 16]
+  return q, scale, None
+
+
+_DECODERS = {"Q8_0": (_q8_0, 8), "Q4_1": (_q4_1, 4), "Q5_0": (_q5_0, 8), "Q4_K": (_q4_k, 4),
+             "Q6_K": (_q6_k, 8)}
+
+
+def from_gguf_blocks(raw: np.ndarray, ggml_type: str, shape: Tuple[int, int]
                      ) -> QuantizedWeight:
-  """A GGUF tensor's blocks kept as they are: the same codes, scales and minimums,
-  laid out as a `[in, out]` `QuantizedWeight` (GGUF stores the `[out, in]` matrix).
+  """A GGUF tensor's blocks kept as they are, as a host (numpy) `[in, out]` weight (GGUF
+  stores the `[out, in]` matrix; `.T` gives that orientation, the same arrays).
 
   Args:
-    raw: the tensor's bytes, `[out, in / 32 * block bytes]` uint8 (gguf's reader's
-      `tensor.data`).
-    format: "q8_0" or "q4_1".
+    raw: the tensor's bytes, `[out, in / values * bytes]` uint8 (gguf's reader's
+      `tensor.data`, any shape holding them in order).
+    ggml_type: its type's name, one of `GGUF_KEPT`.
     shape: `(out, in)`, the GGUF tensor's shape.
 
   Returns:
     A weight whose `dequantized()` equals `gguf.quants.dequantize(raw, ...)`'s
-    transpose (float32 rounding of `d * q + m` aside).
+    transpose bit for bit.
+
+  Raises:
+    QuantizeError: a type outside `GGUF_KEPT`, or a row that is not whole blocks.
   """
-  if format not in GGUF_BLOCK_BYTES:
-    raise QuantizeError(f"GGUF {format!r} blocks are not kept quantized; only "
-                        f"{tuple(GGUF_BLOCK_BYTES)}.")
+  if ggml_type not in GGUF_BLOCKS:
+    raise QuantizeError(f"GGUF {ggml_type} blocks are not kept quantized; only "
+                        f"{', '.join(GGUF_KEPT)}.")
+  values, nbytes = GGUF_BLOCKS[ggml_type]
   out, rows = shape
-  blocks = np.asarray(raw, np.uint8).reshape(out, rows // BLOCK, GGUF_BLOCK_BYTES[format])
-  d = blocks[..., 0:2].copy().view(np.float16)[..., 0]  # [out, in / 32]
-  if format == "q8_0":
-    q = blocks[..., 2:].copy().view(np.int8).reshape(out, rows)
-    return QuantizedWeight(jnp.asarray(np.ascontiguousarray(q.T)),
-                           jnp.asarray(np.ascontiguousarray(d.T)), _no_offset(()), "q8_0")
-  m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-  qs = blocks[..., 4:]  # [out, in / 32, 16]
-  q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(out, rows)  # values in order
-  codes = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)  # two rows a byte, as ours
-  return QuantizedWeight(jnp.asarray(np.ascontiguousarray(codes.T)),
-                         jnp.asarray(np.ascontiguousarray(d.T)),
-                         jnp.asarray(np.ascontiguousarray(m.T)), "q4_1")
+  if rows % values:
+    raise QuantizeError(f"a {ggml_type} row holds blocks of {values} values; {rows} is not "
+                        f"a multiple.")
+  blocks = np.asarray(raw, np.uint8).reshape(out, rows // values, nbytes)
+  decode, bits = _DECODERS[ggml_type]
+  q, scale, offset = decode(blocks)  # [out, blocks, values], [out, blocks, per block]
+  q = q.reshape(out, rows).T  # [in, out]
+  codes = _pack4(q) if bits == 4 else q
+  scale = scale.reshape(out, -1).T
+  offset = offset.reshape(out, -1).T if offset is not None else _no_offset(())
+  return QuantizedWeight(np.ascontiguousarray(codes), np.ascontiguousarray(scale),
+                         np.ascontiguousarray(offset), bits)
+
+
+# ----------------------------------------------------------------------------
+# Containers: layers of one stacked weight, and projections side by side
+
+
+def widen(w: QuantizedWeight, bits: int, block: int, offset: bool, scale_dtype
+          ) -> QuantizedWeight:
+  """`w` re-expressed, losslessly, with `bits`-bit codes (>= its own), scales every
+  `block` rows (dividing its own block), an offset if `offset`, `scale_dtype` scales."""
+  codes = w.codes
+  if bits != w.bits:
+    codes = _unpack4(np.asarray(codes)).astype(np.int8)  # 0..15 fit int8
+  repeat = w.block // block
+  if repeat * block != w.block:
+    raise QuantizeError(f"a block of {block} rows does not divide {w.block}.")
+  scale = np.repeat(np.asarray(w.scale), repeat, axis=-2).astype(scale_dtype)
+  if w.has_offset:
+    off = np.repeat(np.asarray(w.offset), repeat, axis=-2).astype(scale_dtype)
+  elif offset:
+    off = np.zeros_like(scale)
+  else:
+    off = _no_offset(scale.shape[:-2])
+  return QuantizedWeight(codes, scale, off, bits, w.transposed)
+
+
+def common(ws: Sequence[QuantizedWeight]) -> Tuple[QuantizedWeight, ...]:
+  """`ws` in one container: the most bits, the smallest block, an offset if any has one,
+  float32 scales unless all are float16 (`widen`)."""
+  bits = max(w.bits for w in ws)
+  block = math.gcd(*(w.block for w in ws))
+  offset = any(w.has_offset for w in ws)
+  dtypes = {jnp.dtype(w.scale.dtype) for w in ws}
+  scale_dtype = np.float16 if dtypes == {jnp.dtype(np.float16)} else np.float32
+  if all(w.bits == bits and w.block == block and w.has_offset == offset
+         and jnp.dtype(w.scale.dtype) == scale_dtype for w in ws):
+    return tuple(ws)
+  return tuple(widen(w, bits, block, offset, scale_dtype) for w in ws)
+
+
+def _join(ws, combine) -> QuantizedWeight:
+  ws = common(ws)
+  if len({w.transposed for w in ws}) != 1:
+    raise QuantizeError("cannot join a transposed weight with an upright one.")
+  arrays = [combine([np.asarray(getattr(w, f)) for w in ws]) for f in ("codes", "scale",
+                                                                        "offset")]
+  return QuantizedWeight(*arrays, ws[0].bits, ws[0].transposed)
+
+
+def stack(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:
+  """Layers' weights of one shape as one `[layers, ...]` weight (host arrays)."""
+  return _join(ws, lambda a: np.stack(a))
+
+
+def concatenate(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:
+  """Upright weights of one row count side by side: `[..., rows, sum of cols]`."""
+  if any(w.transposed for w in ws):
+    raise QuantizeError("only upright weights are joined along their columns.")
+  return _join(ws, lambda a: np.concatenate(a, axis=-1))
+
+
+# ----------------------------------------------------------------------------
+# Reading them inside a program
+
+
+def take_rows(table: QuantizedWeight, ids: chex.Array) -> chex.Array:
+  """Rows `ids` (any shape) of a transposed `[vocab, embd]` table: `[*ids.shape, embd]`
+  float32, dequantizing only those rows (columns of the stored matrix)."""
+  if not table.transposed or table.ndim != 2:
+    raise QuantizeError("take_rows reads a transposed [vocab, embd] table.")
+  flat = ids.reshape(-1)
+  codes = jnp.take(table.codes, flat, axis=-1)
+  scale = jnp.take(table.scale, flat, axis=-1)
+  offset = jnp.take(table.offset, flat, axis=-1) if table.has_offset else None
+  rows = _dequantize(codes, scale, offset, table.bits)  # [embd, n]
+  return rows.T.reshape(*ids.shape, -1)
+
+
+def map_columns(fn: Callable[[chex.Array], chex.Array], w: QuantizedWeight) -> chex.Array:
+  """`fn(w.dequantized())` for an upright `[rows, cols]` `w` and an `fn` whose result's
+  last axis is the matrix's columns (a product `x @ m`), formed a slice of columns at
+  a time when the float matrix would pass `CHUNK_BYTES`, so it is never whole."""
+  if w.transposed:
+    raise QuantizeError(f"a transposed quantized weight of shape {w.shape} is read by row "
+                        f"lookups (`take_rows`) or as its `.T`, not by columns.")
+  rows, cols = w.shape
+  pieces = 1
+  while rows * (cols // pieces) * 4 > CHUNK_BYTES and cols % (2 * pieces) == 0:
+    pieces *= 2
+  if pieces == 1:
+    return fn(w.dequantized())
+  width = cols // pieces
+
+  def piece(i):
+    part = lambda a: jax.lax.dynamic_slice_in_dim(a, i * width, width, axis=-1)
+    offset = part(w.offset) if w.has_offset else None
+    return fn(_dequantize(part(w.codes), part(w.scale), offset, w.bits))
+
+  out = jax.lax.map(piece, jnp.arange(pieces))  # [pieces, ..., width]
+  return jnp.moveaxis(out, 0, -2).reshape(*out.shape[1:-1], cols)
+
+
+def tied_to(tree, x: chex.Array):
+  """`tree` with each `QuantizedWeight`'s codes and scales made to depend on `x` (`+ 0 *
+  x[0]`, the same values): its dequantization cannot run before `x` exists. An
+  unrolled stack of layers uses it so that each layer's float matrices are formed as
+  the layer runs, not all ahead of the first (where XLA's scheduler may put them), nor
+  hoisted out of a decoding loop (loop-invariant code motion moves the codes'
+  conversion to float out of a loop whose weights do not change)."""
+  tie = 0.0 * x.reshape(-1)[0]
+
+  def one(w):
+    if not isinstance(w, QuantizedWeight):
+      return w
+    return dataclasses.replace(w, codes=w.codes + tie.astype(w.codes.dtype),
+                               scale=w.scale + tie.astype(w.scale.dtype))
+
+  return jax.tree.map(one, tree, is_leaf=lambda w: isinstance(w, QuantizedWeight))
 
 
 def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
@@ -191,6 +449,8 @@ def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
 
   def one(path, leaf):
     name = ".".join(str(getattr(k, "key", k)) for k in path)
+    if isinstance(leaf, QuantizedWeight):  # already quantized (a GGUF file's blocks)
+      return leaf
     if not name.endswith(".w") and name != "w" or np.ndim(leaf) < 2:
       return leaf
     if format != "int8" and np.shape(leaf)[-2] % BLOCK:
@@ -198,7 +458,8 @@ def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
       return leaf
     return quantize(leaf, format)
 
-  return jax.tree_util.tree_map_with_path(one, params), left
+  return jax.tree_util.tree_map_with_path(
+      one, params, is_leaf=lambda x: isinstance(x, QuantizedWeight)), left
 
 
 def dense(w, dtype=None):

@@ -53,19 +53,25 @@ The tokenizer, with its chat template, is the file's metadata
 (`purejax.data.gguf_tokenizer`).
 """
 
+import ctypes
+import dataclasses
 import logging
 import os
 import pathlib
 import re
 from typing import Any, Dict, Tuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from purejax import _files
 from purejax import gpt
+from purejax.data import gguf_reader
 from purejax.data import gguf_tokenizer
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.ops import quant
 from purejax.weights import gemma
 from purejax.weights import gpt2
 from purejax.weights import hf_talk
@@ -272,14 +278,49 @@ def _dequantize(tensor, source: str) -> np.ndarray:
   return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
 
 
-def from_gguf(path: str) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
-  """Imports a Llama-family or Gemma 3 GGUF file (`ARCHITECTURES`), dequantized to float32.
+def _kept(tensor, source: str):
+  """A GGUF matrix's blocks kept quantized, as a `quant.QuantizedWeight` in Hugging
+  Face's `[out, in]` orientation (`.T` of the `[in, out]` weight the model reads)."""
+  shape = tuple(int(n) for n in reversed(tensor.shape))
+  try:
+    return quant.from_gguf_blocks(tensor.data, tensor.tensor_type.name, shape).T
+  except quant.QuantizeError as e:
+    raise ConversionError(f"{source}: tensor {tensor.name}: {e}") from None
+
+
+def _unpermute_kept(w: "quant.QuantizedWeight", heads: int) -> "quant.QuantizedWeight":
+  """`_unpermute` of a kept `[out, in]` weight's rows: its stored arrays' columns."""
+  return dataclasses.replace(w, **{f: np.ascontiguousarray(_unpermute(
+      np.asarray(getattr(w, f)).T, heads).T) for f in ("codes", "scale")},
+      offset=(np.ascontiguousarray(_unpermute(np.asarray(w.offset).T, heads).T)
+              if w.has_offset else w.offset))
+
+
+def _release_freed_memory() -> None:
+  """Hands the heap the decoding freed back to the system: glibc keeps freed blocks of
+  a large allocation pattern (hundreds of MB of blocks decoded and dropped) for reuse,
+  and they would count in the process's resident memory. No-op off glibc."""
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+
+
+def from_gguf(path: str, *, keep_quantized: bool = False
+              ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
+  """Imports a Llama-family or Gemma 3 GGUF file (`ARCHITECTURES`).
 
   Args:
     path: the `.gguf` file (one file; split `-00001-of-0000N` files are not read).
+    keep_quantized: keep the matrices (and the token embedding) whose type is in
+      `quant.GGUF_KEPT` as they are, `quant.QuantizedWeight`s on the device: a
+      layer's weight whose layers mix kept types shares the widest container
+      (`quant.common`, lossless); other types are dequantized to float32 and
+      named in one warning. False: every tensor dequantized to float32.
 
   Returns:
-    `(params, config, tokenizer_spec)`: float32 numpy params, their config,
+    `(params, config, tokenizer_spec)`: float32 numpy params (with
+    `keep_quantized`, device arrays), their config,
     and the file's tokenizer (kind "gguf", with its chat template, BOS/EOS
     tokens and whether to prepend BOS), or an "ids" spec if it has none.
 
@@ -290,25 +331,38 @@ def from_gguf(path: str) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   """
   source = str(pathlib.Path(path).expanduser())
   try:
-    reader = gguf_tokenizer.open_reader(path)
+    header = gguf_tokenizer.read_header(path)
   except tokenizers.TokenizerError as e:
     raise ConversionError(str(e)) from None
-  meta = gguf_tokenizer.metadata(reader)
-  by_name = {t.name: t for t in reader.tensors}
-  config = llama.config_from_hf(_hf_config(meta, set(by_name), source), source)
+  meta = header.meta
+  config = llama.config_from_hf(_hf_config(meta, set(header.tensor_names), source), source)
   arch = meta["general.architecture"]
-  state = {}
-  for name, tensor in by_name.items():
-    value = _dequantize(tensor, source)
+  state, widened, tensor = {}, {}, None
+  for tensor in gguf_reader.tensors(path, header):
+    name, kind = tensor.name, tensor.tensor_type.name
+    keep = keep_quantized and kind in quant.GGUF_KEPT and len(tensor.shape) == 2
+    if keep_quantized and not keep and kind not in ("F32", "F16", "BF16"):
+      widened.setdefault(kind, []).append(name)
+    value = _kept(tensor, source) if keep else _dequantize(tensor, source)
     if config.position == "rope" and arch in _PERMUTED:
+      unpermute = _unpermute_kept if keep else _unpermute
       if re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
-        value = _unpermute(value, config.n_head)
+        value = unpermute(value, config.n_head)
       elif re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
-        value = _unpermute(value, config.kv_heads)
+        value = unpermute(value, config.kv_heads)
     if arch == "gemma3" and _is_gemma_norm(name):
       value = value - np.float32(1.0)  # stored as 1 + w, as transformers' loader reads it
     state[_hf_name(name, arch)] = value
+  del tensor  # the file's mapping is let go with its last view
+  if widened:
+    logging.getLogger(__name__).warning(
+        "%s: %s kept as float32: %s are not kept quantized (only %s).", source,
+        ", ".join(f"{len(v)} {k} tensor{'s' * (len(v) > 1)}" for k, v in widened.items()),
+        "/".join(widened), ", ".join(quant.GGUF_KEPT))
   params = llama.params_from_state(state, config, source=source)
+  del state
+  if keep_quantized:
+    params = jax.tree.map(jnp.asarray, params)
   if meta.get("tokenizer.ggml.tokens"):
     try:
       spec = gguf_tokenizer.from_fields(gguf_tokenizer.fields_of(meta), source).spec()
@@ -316,6 +370,8 @@ def from_gguf(path: str) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
       raise ConversionError(str(e)) from None
   else:
     spec = tokenizers.ids_spec(config.vocab_size)
+  if keep_quantized:
+    _release_freed_memory()
   return params, config, spec
 
 
@@ -463,9 +519,8 @@ def base_context(spec: TokenizerSpec, config: gpt.GPTConfig) -> int:
   context = None
   if spec.kind == "gguf" and spec.encoding_file and pathlib.Path(spec.encoding_file).is_file():
     try:
-      reader = gguf_tokenizer.open_reader(str(spec.encoding_file))
-      meta = gguf_tokenizer.metadata(reader)
-      source = _hf_config(meta, {t.name for t in reader.tensors}, str(spec.encoding_file))
+      header = gguf_tokenizer.read_header(str(spec.encoding_file))
+      source = _hf_config(header.meta, set(header.tensor_names), str(spec.encoding_file))
     except (tokenizers.TokenizerError, ConversionError):
       source = {}
     same_shape = (source.get("hidden_size"), source.get("num_hidden_layers"),

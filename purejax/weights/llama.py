@@ -35,6 +35,7 @@ import numpy as np
 
 from purejax import gpt
 from purejax.gpt import config as gpt_config
+from purejax.ops import quant
 from purejax.weights import gemma
 from purejax.weights import hf_config as hf_config_lib
 from purejax.weights import tensors
@@ -257,7 +258,10 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
   """float32 numpy params in `gpt.init_params`' layout from a Hugging Face state dict.
 
   Args:
-    state: `{name: array}` with Hugging Face's names (any float dtype).
+    state: `{name: array}` with Hugging Face's names (any float dtype); a matrix may be
+      a `quant.QuantizedWeight` in Hugging Face's `[out, in]` orientation (a GGUF file's
+      blocks): a layer's matrices all kept so stay quantized (`quant.stack`), else
+      they are dequantized.
     config: from `config_from_hf`.
     source: the files, for error messages.
 
@@ -281,11 +285,21 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
                                    partner="config.json")
 
   def layers(name):  # [n_layer, ...] in purejax's [in, out] layout
-    stacked = np.stack([arrays[f"model.layers.{i}.{name}"] for i in range(config.n_layer)])
+    values = [arrays.pop(f"model.layers.{i}.{name}") for i in range(config.n_layer)]
+    kept = [isinstance(v, quant.QuantizedWeight) for v in values]
+    if all(kept):  # a GGUF file's blocks, `[out, in]` views of `[in, out]` weights
+      return quant.stack([v.T for v in values])
+    values = [quant.dense(v) for v in values]
+    stacked = np.stack(values)
     return np.swapaxes(stacked, 1, 2) if stacked.ndim == 3 else stacked
 
+  def side_by_side(ws):
+    if all(isinstance(w, quant.QuantizedWeight) for w in ws):
+      return quant.concatenate(ws)
+    return np.concatenate([np.asarray(quant.dense(w)) for w in ws], axis=-1)
+
   def dense(*names, bias=True):
-    out = {"w": np.concatenate([layers(f"{n}.weight") for n in names], axis=-1)}
+    out = {"w": side_by_side([layers(f"{n}.weight") for n in names])}
     if bias:
       out["b"] = np.concatenate([layers(f"{n}.bias") for n in names], axis=-1)
     return out
@@ -309,7 +323,9 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
       "ln_f": {"scale": arrays["model.norm.weight"]},
   }
   if not config.tie_embeddings:
-    params["lm_head"] = {"w": np.ascontiguousarray(arrays["lm_head.weight"].T)}
+    head = arrays["lm_head.weight"]
+    params["lm_head"] = {"w": head.T if isinstance(head, quant.QuantizedWeight)
+                         else np.ascontiguousarray(head.T)}
   gpt.check_params(params, config)
   return params
 

@@ -1,4 +1,5 @@
-"""The tensor check every weight format runs: each expected tensor, as float32, of its shape.
+"""The tensor check every weight format runs: each expected tensor, as float32 (or kept
+quantized, a `quant.QuantizedWeight`), of its shape.
 
     arrays = float32_tensors(state, {"wte.weight": (50257, 768)}, source="model.safetensors",
                              needs="GPT-2 124M", partner="the config")
@@ -8,6 +9,7 @@ from typing import Callable, Dict, Mapping, Tuple
 
 import numpy as np
 
+from purejax.ops import quant
 from purejax.weights.errors import ConversionError
 
 
@@ -35,7 +37,9 @@ def float32_tensors(
   """
   arrays = {}
   for name, want in expected.items():
-    value = np.asarray(state[name], dtype=np.float32)
+    value = state[name]
+    if not isinstance(value, quant.QuantizedWeight):  # kept as it is (a GGUF file's blocks)
+      value = np.asarray(value, dtype=np.float32)
     if transpose(name):
       value = value.T
     if value.shape != want:
