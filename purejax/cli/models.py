@@ -23,12 +23,20 @@ from purejax.data import tokenizers
 from purejax.ops import quant
 
 GPT2_END = "<|endoftext|>"
+KEEP_GGUF = "gguf"  # --quantize's value that keeps a GGUF file's blocks as they are
 
 
-def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None):
-  """`(params, config, tokenizer)` of `init_from` if given, else of the run in `out_dir`."""
+def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None,
+               quantize: Optional[str] = None):
+  """`(params, config, tokenizer)` of `init_from` if given, else of the run in `out_dir`;
+  `quantize="gguf"` keeps a GGUF file's quantized blocks (refused for other models)."""
+  if quantize == KEEP_GGUF and not init_from:
+    raise weights.ConversionError(
+        f"--quantize={KEEP_GGUF} keeps a GGUF file's own blocks, and a run's checkpoints are "
+        f"float; pass the .gguf file as --init_from, or --quantize=int8, q8_0 or q4_1.")
   if init_from:
-    params, config, spec = weights.from_pretrained(init_from)
+    params, config, spec = weights.from_pretrained(init_from,
+                                                   keep_quantized=quantize == KEEP_GGUF)
   elif best:
     params, config, spec = weights.from_purejax(out_dir, best=True)
   elif checkpoint.list_checkpoints(out_dir):
@@ -46,7 +54,8 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
            ) -> Tuple[dict, gpt.GPTConfig]:
   """The model with a shorter context (`block_size`, for a smaller cache), another
   matmul dtype (`dtype`: "float32" or "bfloat16") and its dense layers' matrices kept
-  quantized (`quantize`: one of `quant.FORMATS`); None keeps the model's."""
+  quantized (`quantize`: one of `quant.FORMATS`); None (or "gguf", which `load_model`
+  applies) keeps the model's."""
   if block_size is not None:
     if block_size < 1:
       raise ValueError(f"`block_size={block_size}` must be positive.")
@@ -56,7 +65,7 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
     config = dataclasses.replace(config, block_size=block_size)
   if dtype is not None:
     config = dataclasses.replace(config, compute_dtype=dtype)
-  if quantize is not None:
+  if quantize is not None and quantize != KEEP_GGUF:
     params, left = quant.quantize_matrices(params, quantize)
     if left:
       print(f"kept in float32 (not a multiple of {quant.BLOCK} rows for {quantize}): "
@@ -66,10 +75,12 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
 
 def define_quantize_flag(args) -> None:
   """`--quantize`, which every command that runs a model shares."""
-  flags.DEFINE_enum("quantize", None, list(quant.FORMATS), "Keep the dense layers' "
-                    "matrices quantized in memory, dequantized inside each product: int8 "
-                    "(a scale per column), q8_0 or q4_1 (GGUF's blocks of 32 rows); "
-                    "embeddings and norms stay float.", flag_values=args)
+  flags.DEFINE_enum("quantize", None, [*quant.FORMATS, KEEP_GGUF], "Keep the dense "
+                    "layers' matrices quantized in memory, dequantized inside each product: "
+                    "int8 (a scale per column), q8_0 or q4_1 (GGUF's blocks of 32 rows); "
+                    "embeddings and norms stay float. gguf: keep a .gguf file's own blocks "
+                    "(Q8_0, Q4_1, Q5_0, Q4_K, Q6_K; its token embedding too) as they are.",
+                    flag_values=args)
 
 
 def _folder_of(tokenizer) -> Optional[pathlib.Path]:

@@ -67,7 +67,8 @@ def sample(args: flags.FlagValues) -> int:
     forms_flags.check_platform(args)  # before loading weights
     wanted = parse_stop_ids(args.stop_ids)
     params, config, tokenizer = models.load_model(args.out_dir, args.init_from, best=args.best,
-                                           tokenizer_file=args.tokenizer_file)
+                                           tokenizer_file=args.tokenizer_file,
+                                           quantize=args.quantize)
     start = args.start
     if start.startswith("FILE:"):
       with open(start[5:], encoding="utf-8") as f:

@@ -93,7 +93,8 @@ def build(args):
                      "purejax run directory.")
   forms_flags.check_platform(args)  # before loading weights
   params, config, tokenizer = models.load_model("", args.init_from,
-                                                tokenizer_file=args.tokenizer_file)
+                                                tokenizer_file=args.tokenizer_file,
+                                                quantize=args.quantize)
   try:
     fmt = models.chat_format(args.init_from, tokenizer)
   except (chat.ChatTemplateError, OSError):

@@ -91,7 +91,7 @@ def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
   return gpt2.to_numpy(params), config, spec, meta
 
 
-def from_pretrained(source: str, *, trust_pickle: bool = False
+def from_pretrained(source: str, *, trust_pickle: bool = False, keep_quantized: bool = False
                     ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   """Params, config and tokenizer spec of a pretrained GPT, whatever its format.
 
@@ -100,9 +100,12 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
       `OWNER/MODEL` of a Llama-family model (Hugging Face's cache); `KIND:PATH`
       with KIND hf, gguf, nanogpt or purejax; or a path: a folder with
       `config.json` (Hugging Face: GPT-2, Llama, Mistral, Qwen2), a `.gguf`
-      file (llama.cpp's: llama, mistral, qwen2, dequantized to float32), a
-      folder of purejax checkpoints, or a nanoGPT `.pt` file.
+      file (llama.cpp's: llama, mistral, qwen2, gemma3; dequantized to float32
+      unless `keep_quantized`), a folder of purejax checkpoints, or a nanoGPT
+      `.pt` file.
     trust_pickle: load `.pt` files with arbitrary pickled objects.
+    keep_quantized: a GGUF file's quantized blocks kept as they are
+      (`gguf_files.from_gguf`); refused for any other source.
 
   Raises:
     ConversionError: the source is none of these, or does not load.
@@ -129,10 +132,15 @@ def from_pretrained(source: str, *, trust_pickle: bool = False
           f"`source={source}`: not {', '.join(huggingface.GPT2_NAMES)}, nor a Hub id "
           f"OWNER/MODEL, a Hugging Face folder (config.json), a .gguf file, a purejax run "
           f"directory (ckpt_*.npz) or a nanoGPT .pt file.")
+  if keep_quantized and kind != "gguf":
+    named = {"hf": "Hugging Face", "nanogpt": "nanoGPT", "purejax": "purejax run's"}[kind]
+    raise ConversionError(f"`{source}` is a {named} model, not a .gguf file: only a GGUF file "
+                          f"has quantized blocks to keep; quantize it at load instead "
+                          f"(--quantize=int8, q8_0 or q4_1).")
   if kind == "hf":
     return huggingface.from_huggingface(path)
   if kind == "gguf":
-    return gguf_files.from_gguf(path)
+    return gguf_files.from_gguf(path, keep_quantized=keep_quantized)
   if kind == "nanogpt":
     return nanogpt.from_nanogpt(path, allow_pickle=trust_pickle)
   return from_purejax(path)
