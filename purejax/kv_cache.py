@@ -10,6 +10,8 @@ batch at its own positions, so a prompt's chunks and a decoding step are the
 same call. Everything here is a pure function of a cache in and a cache out.
 """
 
+import dataclasses
+import functools
 import math
 from typing import NamedTuple, Optional, Tuple
 
@@ -125,11 +127,35 @@ def layers_of(params: Params, config: gpt.GPTConfig) -> Tuple[Params, ...]:
   low = compute_dtype is not None and jnp.dtype(compute_dtype) != jnp.float32
 
   def layer_leaf(path, p, i):
+    if isinstance(p, quant.QuantizedWeight):
+      return LayerOf(p, i)
     name = getattr(path[-1], "key", None)
     return p[i].astype(compute_dtype) if low and name == "w" else p[i]
 
-  return tuple(jax.tree_util.tree_map_with_path(lambda path, p, i=i: layer_leaf(path, p, i),
-                                                params["blocks"]) for i in range(config.n_layer))
+  return tuple(jax.tree_util.tree_map_with_path(
+      lambda path, p, i=i: layer_leaf(path, p, i), params["blocks"],
+      is_leaf=lambda x: isinstance(x, quant.QuantizedWeight)) for i in range(config.n_layer))
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("stacked",),
+                   meta_fields=("index",))
+@dataclasses.dataclass(frozen=True)
+class LayerOf:
+  """Layer `index` of a stacked `quant.QuantizedWeight`, sliced inside the program
+  (`layer_params`). Its slice is read by the dequantization, one fused pass over the
+  stacked codes, so it costs no copy, where slicing before the programs (as float
+  weights are) would hold every layer's codes twice."""
+  stacked: quant.QuantizedWeight
+  index: int
+
+
+def layer_params(layer: Params, x: chex.Array) -> Params:
+  """A layer's params as `gpt.block` takes them: `LayerOf` leaves sliced, and each
+  quantized weight tied to `x` (`quant.tied_to`)."""
+  sliced = jax.tree.map(
+      lambda p: jax.tree.map(lambda a: a[p.index], p.stacked) if isinstance(p, LayerOf) else p,
+      layer, is_leaf=lambda p: isinstance(p, LayerOf))
+  return quant.tied_to(sliced, x)
 
 
 def with_head_matrix(params: Params) -> Params:
@@ -294,7 +320,7 @@ def forward(model: Model, tokens: chex.Array, cache: KVCache, starts: chex.Array
     # (Gemma 3 270M: 0.43 GB of temporaries, the float32 model again; an
     # `optimization_barrier` is dropped before scheduling). Tied to `x`, each is
     # formed when its layer runs.
-    layer = quant.tied_to(layer, x)
+    layer = layer_params(layer, x)
     x, (k_buf, v_buf) = gpt.block(x, layer, gpt.one_layer_consts(config, i), ctx)
     ks.append(k_buf)
     vs.append(v_buf)

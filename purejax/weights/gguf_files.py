@@ -53,7 +53,6 @@ The tokenizer, with its chat template, is the file's metadata
 (`purejax.data.gguf_tokenizer`).
 """
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -66,6 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from purejax import _files
+from purejax import host_memory
 from purejax import gpt
 from purejax.data import gguf_reader
 from purejax.data import gguf_tokenizer
@@ -296,16 +296,6 @@ def _unpermute_kept(w: "quant.QuantizedWeight", heads: int) -> "quant.QuantizedW
               if w.has_offset else w.offset))
 
 
-def _release_freed_memory() -> None:
-  """Hands the heap the decoding freed back to the system: glibc keeps freed blocks of
-  a large allocation pattern (hundreds of MB of blocks decoded and dropped) for reuse,
-  and they would count in the process's resident memory. No-op off glibc."""
-  try:
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-  except (OSError, AttributeError):
-    pass
-
-
 def from_gguf(path: str, *, keep_quantized: bool = False
               ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   """Imports a Llama-family or Gemma 3 GGUF file (`ARCHITECTURES`).
@@ -371,7 +361,7 @@ def from_gguf(path: str, *, keep_quantized: bool = False
   else:
     spec = tokenizers.ids_spec(config.vocab_size)
   if keep_quantized:
-    _release_freed_memory()
+    host_memory.release_freed()  # the blocks decoded and dropped
   return params, config, spec
 
 
