@@ -31,6 +31,7 @@ import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from purejax import _files
@@ -67,9 +68,12 @@ def _digest(arrays: Dict[str, np.ndarray]) -> str:
 def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> None:
   """Writes one checkpoint file atomically (see `atomic_write`)."""
   arrays = _flatten(jax.device_get(state))
+  # npz has no bfloat16 (it would read back as raw 2-byte voids): such arrays are
+  # stored as their uint16 bits, named in the manifest, and viewed back on reading.
+  bf16 = sorted(name for name, a in arrays.items() if a.dtype == jnp.bfloat16)
   manifest = {"format": FORMAT_VERSION, "step": int(step), "meta": meta,
-              "sha256": _digest(arrays)}
-  payload = dict(arrays)
+              "sha256": _digest(arrays), **({"bfloat16": bf16} if bf16 else {})}
+  payload = {name: a.view(np.uint16) if name in bf16 else a for name, a in arrays.items()}
   payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,6 +163,9 @@ def read(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     manifest = json.loads(arrays.pop(_MANIFEST).tobytes().decode())
   except ValueError as e:
     raise CheckpointError(f"checkpoint {path} has a damaged manifest.") from e
+  for name in manifest.get("bfloat16", ()):
+    if name in arrays:
+      arrays[name] = arrays[name].view(jnp.bfloat16)
   if _digest(arrays) != manifest.get("sha256"):
     raise CheckpointError(f"checkpoint {path} fails its checksum (corrupted on disk).")
   return arrays, manifest

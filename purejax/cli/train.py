@@ -38,6 +38,7 @@ from purejax.data import datasets as data_lib
 from purejax.data import preferences
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
+from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.effects import nonfinite
 from purejax.training.effects import runs
@@ -308,7 +309,13 @@ def pretrained(args: Args, source: str, best: bool = False):
     raise ValueError(f"--{given[0]} has no effect on weights from {source}: the "
                      f"architecture comes from the weights; drop --{given[0]}.")
   params, config, spec = (weights.from_purejax(source, best=best) if best else
-                          weights.from_pretrained(source))
+                          weights.from_pretrained(source,
+                                                  keep_quantized=args.quantize == "gguf"))
+  if args.quantize not in (None, "gguf"):
+    params, left = quant.hold_matrices(params, args.quantize)
+    if left:
+      print(f"base matrices kept in float32 (not a multiple of {quant.BLOCK} rows for "
+            f"{args.quantize}): {', '.join(left)}", file=sys.stderr)
   if args["block_size"].present:  # a shorter context: RoPE models have no position table
     if config.position != "rope" or args.block_size > config.block_size:
       raise ValueError(f"--block_size={args.block_size}: {source} takes contexts up to "
@@ -343,6 +350,10 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   forms_flags.check_platform(args)  # before loading any data
   grid = sweep_grid(args)
   adapters = lora_config(args)
+  if args.quantize is not None and (adapters is None or not args.init_from):
+    raise ValueError(f"--quantize={args.quantize} holds a pretrained model's frozen base "
+                     f"for LoRA: pass --init_from=MODEL and --lora_rank=R (e.g. 16), or drop "
+                     f"--quantize.")
   dpo = dpo_config(args)  # (bad DPO numbers fail here, before loading anything)
   if not args.init_from:
     gpt_config(args, vocab_size=1)  # fail on bad model flags before loading data

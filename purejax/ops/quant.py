@@ -462,6 +462,26 @@ def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
       one, params, is_leaf=lambda x: isinstance(x, QuantizedWeight)), left
 
 
+def hold_matrices(params, format: str):  # pylint: disable=redefined-builtin
+  """A frozen base's dense matrices held in `format`: one of `FORMATS` (`quantize_matrices`),
+  or "bfloat16" (the matrices cast: what a bfloat16 product reads of them anyway; the
+  rest stays as it is).
+
+  Returns:
+    `(params, left)` as `quantize_matrices`.
+  """
+  if format != "bfloat16":
+    return quantize_matrices(params, format)
+
+  def one(path, leaf):
+    name = ".".join(str(getattr(k, "key", k)) for k in path)
+    matrix = (name.endswith(".w") or name == "w") and np.ndim(leaf) >= 2
+    return jnp.asarray(leaf, jnp.bfloat16) if matrix else leaf
+
+  return jax.tree_util.tree_map_with_path(
+      one, params, is_leaf=lambda x: isinstance(x, QuantizedWeight)), []
+
+
 def dense(w, dtype=None):
   """`w` as a float array: a `QuantizedWeight` dequantized (to `dtype`, else float32),
   anything else as it is."""

@@ -19,11 +19,14 @@ import dataclasses
 import pathlib
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
+
 from purejax import checkpoint
 from purejax import gpt
 from purejax import lora
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
+from purejax.ops import quant
 from purejax.weights import gguf_files
 from purejax.weights import gpt2
 from purejax.weights import huggingface
@@ -47,6 +50,27 @@ def from_purejax(out_dir: str, *, best: bool = False
   With `best`, of the run's best checkpoint (`checkpoint.best_path`) instead.
   """
   return _read_purejax(out_dir, best)[:3]
+
+
+def _held_base(template: Params, arrays) -> Params:
+  """A LoRA run's base template as its checkpoint holds it: a matrix saved quantized
+  (`--quantize`: `w.codes`, `w.scale`, `w.offset` arrays) as a `quant.QuantizedWeight`
+  (4-bit codes are uint8; an embedding table is the transposed form), one saved in
+  bfloat16 as bfloat16."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def one(path, leaf):
+    name = "['params']['base']" + jax.tree_util.keystr(path)
+    if name + ".codes" in arrays:
+      parts = [jax.ShapeDtypeStruct(arrays[f"{name}.{f}"].shape, arrays[f"{name}.{f}"].dtype)
+               for f in ("codes", "scale", "offset")]
+      bits = 4 if arrays[name + ".codes"].dtype == np.uint8 else 8
+      return quant.QuantizedWeight(*parts, bits, name.endswith("['embedding']"))
+    if name in arrays and arrays[name].dtype != leaf.dtype:
+      return jax.ShapeDtypeStruct(leaf.shape, arrays[name].dtype)
+    return leaf
+
+  return jax.tree_util.tree_map_with_path(one, template)
 
 
 def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
@@ -75,7 +99,7 @@ def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
   if adapted:  # a LoRA fine-tune: base and adapters, merged here for every use
     adapters = jax.eval_shape(lambda p: lora.init(p, adapted["rank"], tuple(adapted["targets"]),
                                                   jax.random.PRNGKey(0)), template["params"])
-    template = {"params": lora.trainable(template["params"], adapters)}
+    template = {"params": lora.trainable(_held_base(template["params"], arrays), adapters)}
   params = checkpoint.extract(arrays, template, out_dir)["params"]
   if "tokenizer" in meta:
     spec = TokenizerSpec.from_dict(meta["tokenizer"])
@@ -88,6 +112,9 @@ def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
   if adapted:
     alpha = lora.LoraConfig(adapted["rank"], adapted["alpha"]).scale_alpha
     params = lora.merge(params["base"], params["adapters"], alpha)
+    # A base held quantized or in bfloat16 (`--quantize`): every weight float32 again.
+    params = jax.tree.map(lambda w: np.asarray(quant.dense(w), np.float32), params,
+                          is_leaf=lambda w: isinstance(w, quant.QuantizedWeight))
   return gpt2.to_numpy(params), config, spec, meta
 
 

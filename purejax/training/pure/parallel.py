@@ -420,9 +420,31 @@ def _with_gathered_params(loss_fn, plan):
   return gathered_loss
 
 
+def _is_float(x) -> bool:
+  return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def value_and_grad_of_floats(loss_fn, has_aux: bool = False):
+  """`jax.value_and_grad(loss_fn)` over its first argument's float leaves; its integer
+  leaves (a quantized base's codes, which QLoRA never trains) are held as they are
+  and get a zero gradient of their own dtype, so the gradient has the params' tree."""
+  def grad_fn(params, *args):
+    leaves, tree = jax.tree.flatten(params)
+    floats = [x if _is_float(x) else None for x in leaves]
+
+    def of_floats(floats, *args):
+      return loss_fn(jax.tree.unflatten(tree, [f if f is not None else x
+                                               for f, x in zip(floats, leaves)]), *args)
+
+    value, grads = jax.value_and_grad(of_floats, has_aux=has_aux)(floats, *args)
+    return value, jax.tree.unflatten(tree, [g if g is not None else jnp.zeros_like(x)
+                                            for g, x in zip(grads, leaves)])
+  return grad_fn
+
+
 def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False,
                        has_aux=False):
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
+  grad_fn = value_and_grad_of_floats(loss_fn, has_aux=has_aux)
   if num_microbatches == 1:
     return grad_fn(params, batch, jnp.int32(0))
   # [batch, ...] -> [k, batch / k, ...]: microbatch j is the j-th block of rows.
@@ -446,7 +468,7 @@ def _scan_microbatches(loss_fn, params, batch, num_microbatches, varying=False,
   indices = jnp.arange(num_microbatches, dtype=jnp.int32)
   (total_loss, total_grads), _ = jax.lax.scan(body, zeros, (indices, micro))
   scale = 1.0 / num_microbatches
+  mean = lambda g: g * scale if _is_float(g) else g  # (an integer leaf's is 0)
   if has_aux:
-    return (jax.tree.map(lambda v: v * scale, total_loss),
-            jax.tree.map(lambda g: g * scale, total_grads))
-  return total_loss * scale, jax.tree.map(lambda g: g * scale, total_grads)
+    return (jax.tree.map(lambda v: v * scale, total_loss), jax.tree.map(mean, total_grads))
+  return total_loss * scale, jax.tree.map(mean, total_grads)

@@ -1,0 +1,94 @@
+"""LoRA on a frozen base held quantized or in bfloat16 (`purejax.train --quantize`): the
+base's codes never change and get no optimizer state, the adapters train, a run
+resumes exactly, and its folder reads back (merged into float32) for every use."""
+
+import numpy as np
+import pytest
+
+from helpers.cli import final, refusal, run_cli
+from helpers.runs import saved_model
+from purejax import checkpoint
+from purejax import gpt
+from purejax import lora
+from purejax import weights
+from purejax.cli import train as train_cli
+from purejax.data import tokenizers
+from purejax.ops import quant
+
+TEXT = "the quick brown fox jumps over the lazy dog.\n" * 40
+TOKENIZER = tokenizers.CharTokenizer("".join(sorted(set(TEXT))))
+# n_embd 64: whole blocks of 32 rows for q8_0/q4_1 in every matrix.
+CONFIG = gpt.GPTConfig(vocab_size=TOKENIZER.vocab_size, block_size=32, n_layer=2, n_head=2,
+                       n_embd=64, dropout=0.0, bias=False)
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+  return saved_model(tmp_path_factory.mktemp("base"), CONFIG, TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  path = tmp_path_factory.mktemp("text") / "fox.txt"
+  path.write_text(TEXT)
+  return path
+
+
+def train(base_run, corpus, out, *flags):
+  return final(run_cli(train_cli, f"--init_from={base_run}", f"--dataset={corpus}",
+                       f"--out_dir={out}", "--lora_rank=4", "--batch_size=4",
+                       "--eval_interval=4", "--eval_iters=1", "--learning_rate=1e-2",
+                       "--warmup_iters=0", "--lr_decay_iters=8", *flags))
+
+
+def base_and_adapters(out):
+  params, _, _ = weights.pretrained._read_purejax(str(out), merged=False)[:3]  # pylint: disable=protected-access
+  return params["base"], params["adapters"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("held", ["int8", "q4_1", "bfloat16"])
+def test_a_held_base_trains_its_adapters_and_never_changes(tmp_path, base_run, corpus, held):
+  first = train(base_run, corpus, tmp_path / "a", "--max_iters=4", f"--quantize={held}")
+  base, adapters = base_and_adapters(tmp_path / "a")
+  w = base["blocks"]["mlp"]["fc"]["w"]
+  if held == "bfloat16":
+    assert w.dtype == np.dtype("bfloat16") and base["wte"]["embedding"].dtype == np.float32
+  else:
+    assert isinstance(w, quant.QuantizedWeight) and w.bits == (4 if held == "q4_1" else 8)
+  original, _, _ = weights.from_purejax(str(base_run))
+  want, _ = quant.hold_matrices(original, held)
+  import jax
+  for got, expected in zip(jax.tree.leaves(base), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))  # frozen, bitwise
+  assert all(np.abs(np.asarray(b)).max() > 0 for b in jax.tree.leaves(
+      {k: v["b"] for k, v in adapters.items()}))  # B starts at 0: the adapters moved
+  # The optimizer holds state for the adapters only (no moments of the base).
+  arrays, _ = checkpoint.latest_meta(str(tmp_path / "a"))
+  assert not [k for k in arrays if "opt_state" in k and "base" in k]
+  # Resumed, 4 + 4 steps equal 8 in one go.
+  again = train(base_run, corpus, tmp_path / "a", "--max_iters=8", f"--quantize={held}",
+                "--resume")
+  whole = train(base_run, corpus, tmp_path / "b", "--max_iters=8", f"--quantize={held}")
+  assert again["train_loss"] == whole["train_loss"] and first["step"] == 4
+  # The folder reads back merged into float32: the held base plus the adapters.
+  merged, config, _ = weights.from_purejax(str(tmp_path / "b"))
+  base, adapters = base_and_adapters(tmp_path / "b")
+  floats = jax.tree.map(quant.dense, base, is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))
+  expect = lora.merge(floats, adapters, 4.0)
+  np.testing.assert_allclose(merged["blocks"]["mlp"]["fc"]["w"],
+                             np.asarray(expect["blocks"]["mlp"]["fc"]["w"], np.float32),
+                             rtol=1e-6, atol=1e-6)
+  assert merged["blocks"]["mlp"]["fc"]["w"].dtype == np.float32 and config == CONFIG
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--quantize=int8"], "--quantize=int8 holds a pretrained model's frozen base for LoRA"),
+    (["--quantize=gguf", "--lora_rank=4"], "not a .gguf file"),
+])
+def test_bad_quantize_requests_are_one_line(tmp_path, capsys, base_run, corpus, flags,
+                                            message):
+  error = refusal(capsys, train_cli, f"--init_from={base_run}", f"--dataset={corpus}",
+                  f"--out_dir={tmp_path / 'out'}", "--max_iters=1", *flags)
+  assert message in error
+  assert not list((tmp_path / "out").glob("*"))
