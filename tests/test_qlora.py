@@ -53,7 +53,8 @@ def test_a_held_base_trains_its_adapters_and_never_changes(tmp_path, base_run, c
   base, adapters = base_and_adapters(tmp_path / "a")
   w = base["blocks"]["mlp"]["fc"]["w"]
   if held == "bfloat16":
-    assert w.dtype == np.dtype("bfloat16") and base["wte"]["embedding"].dtype == np.float32
+    assert w.dtype == np.dtype("bfloat16") and base["wte"]["embedding"].dtype == w.dtype
+    assert base["ln_f"]["scale"].dtype == np.float32
   else:
     assert isinstance(w, quant.QuantizedWeight) and w.bits == (4 if held == "q4_1" else 8)
   original, _, _ = weights.from_purejax(str(base_run))

@@ -197,14 +197,18 @@ def test_lora_adapts_a_quantized_base_without_forming_it_whole():
   assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
 
 
-def test_a_model_s_matrices_quantize_and_the_rest_stays_float():
+def test_a_model_s_matrices_and_token_table_quantize_and_the_rest_stays_float():
   params = {"wte": {"embedding": random_matrix((64, 64))}, "ln_f": {"scale": np.ones(64)},
+            "wpe": {"embedding": random_matrix((16, 64))},
             "blocks": {"mlp": {"fc": {"w": random_matrix((2, 64, 128))},
                                "proj": {"w": random_matrix((2, 40, 64))}}}}
   quantized, left = quant.quantize_matrices(params, "q4_1")
   assert isinstance(quantized["blocks"]["mlp"]["fc"]["w"], quant.QuantizedWeight)
   assert left == ["blocks.mlp.proj.w"]  # 40 rows: no whole blocks of 32
-  assert quantized["wte"]["embedding"] is params["wte"]["embedding"]
+  table = quantized["wte"]["embedding"]  # blocks along a row: the transposed form
+  assert isinstance(table, quant.QuantizedWeight) and table.transposed
+  assert table.shape == (64, 64) and quantized["wpe"]["embedding"] is params["wpe"]["embedding"]
+  assert quantized["ln_f"]["scale"] is params["ln_f"]["scale"]
   assert isinstance(quant.quantize_matrices(params, "int8")[0]["blocks"]["mlp"]["proj"]["w"],
                     quant.QuantizedWeight)
 

@@ -500,6 +500,7 @@ def input_states(params: Params, tokens: chex.Array, config: GPTConfig,
   """What the first block reads: `embed` (times `sqrt(n_embd)` with `embed_scale`), then the
   norm with `embed_norm`: `[batch, time, embd]`."""
   x = embed(params, tokens, starts)
+  x = x.astype(_DTYPES[config.param_dtype])  # rows of a table held otherwise (quantized, bf16)
   if config.embed_scale:  # rounded to the table's dtype, as Gemma's reference does
     x = x * jnp.asarray(math.sqrt(config.n_embd), params["wte"]["embedding"].dtype)
   if config.embed_norm:

@@ -437,9 +437,13 @@ def tied_to(tree, x: chex.Array):
   return jax.tree.map(one, tree, is_leaf=lambda w: isinstance(w, QuantizedWeight))
 
 
+TOKEN_TABLE = "wte.embedding"  # the token embedding's dotted path (`gpt.init_params`)
+
+
 def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
   """`params` with every dense layer's matrix (a leaf named `w` of two or more axes)
-  quantized to `format`; embeddings, norms and biases stay as they are.
+  and the token embedding (transposed: blocks along a row, `take_rows`) quantized to
+  `format`; position embeddings, norms and biases stay as they are.
 
   Returns:
     `(params, left)`: `left` the dotted paths of the matrices the format cannot take
@@ -451,21 +455,23 @@ def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
     name = ".".join(str(getattr(k, "key", k)) for k in path)
     if isinstance(leaf, QuantizedWeight):  # already quantized (a GGUF file's blocks)
       return leaf
-    if not name.endswith(".w") and name != "w" or np.ndim(leaf) < 2:
+    table = name == TOKEN_TABLE and np.ndim(leaf) == 2
+    if not (table or (name.endswith(".w") or name == "w") and np.ndim(leaf) >= 2):
       return leaf
-    if format != "int8" and np.shape(leaf)[-2] % BLOCK:
+    rows = np.shape(leaf)[-1] if table else np.shape(leaf)[-2]
+    if format != "int8" and rows % BLOCK:
       left.append(name)
       return leaf
-    return quantize(leaf, format)
+    return quantize(np.asarray(leaf).T, format).T if table else quantize(leaf, format)
 
   return jax.tree_util.tree_map_with_path(
       one, params, is_leaf=lambda x: isinstance(x, QuantizedWeight)), left
 
 
 def hold_matrices(params, format: str):  # pylint: disable=redefined-builtin
-  """A frozen base's dense matrices held in `format`: one of `FORMATS` (`quantize_matrices`),
-  or "bfloat16" (the matrices cast: what a bfloat16 product reads of them anyway; the
-  rest stays as it is).
+  """A frozen base's dense matrices and token embedding held in `format`: one of
+  `FORMATS` (`quantize_matrices`), or "bfloat16" (cast; the rows looked up are float32
+  again in a float32 model, `gpt.input_states`); the rest stays as it is.
 
   Returns:
     `(params, left)` as `quantize_matrices`.
@@ -475,7 +481,7 @@ def hold_matrices(params, format: str):  # pylint: disable=redefined-builtin
 
   def one(path, leaf):
     name = ".".join(str(getattr(k, "key", k)) for k in path)
-    matrix = (name.endswith(".w") or name == "w") and np.ndim(leaf) >= 2
+    matrix = (name.endswith(".w") or name == "w" or name == TOKEN_TABLE) and np.ndim(leaf) >= 2
     return jnp.asarray(leaf, jnp.bfloat16) if matrix else leaf
 
   return jax.tree_util.tree_map_with_path(
