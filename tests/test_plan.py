@@ -9,10 +9,12 @@ import dataclasses
 import os
 import re
 
+import jax
 import numpy as np
 import pytest
 
 from helpers.cli import refusal
+from helpers.data import REPO_ROOT
 from purejax import gpt
 from purejax.cli import plan
 from purejax.ops import kernels
@@ -211,3 +213,43 @@ def test_eight_gpus_with_fsdp_plan_their_collectives_and_a_share_of_the_params(p
   whole = 4 * (2 * 12 * 256 * 256 + 8192 * 256 + 256 * 256) / (1 << 30)
   params = float(re.search(r"params ([\d.]+) GiB", out).group(1))
   assert params == pytest.approx(whole / 8, abs=0.006), out
+
+
+CONFIGS = REPO_ROOT / "tests" / "data" / "hf_configs"
+
+
+@pytest.mark.budget(120)
+@pytest.mark.slow
+def test_a_hugging_face_config_plans_qlora_on_24_gb_and_full_tuning_over_fsdp(plugin, capsys):
+  llama_8b = ["--hf_config=" + str(CONFIGS / "llama-3.1-8b.json"), "--block_size=2048",
+              "--dtype=bfloat16", "--batch_size=1", "--max_batch=false"]
+  out = planned(capsys, "--gpu=l4", "--lora_rank=16", "--quantize=q4_1", *llama_8b)
+  assert "8030.3M params" in out and "LoRA rank 16, base held q4_1" in out, out
+  found = re.search(r"per device: params ([\d.]+) GiB", out)
+  assert found and 4.0 < float(found.group(1)) < 5.0, out  # 5 bits a weight, embeddings too
+  assert re.search(r"planned peak per device: [\d.]+ GiB of [\d.]+ GiB: fits", out), out
+  assert re.search(r"planned in [\d.]+ s \(\d+ compiles of the step from shapes alone", out)
+  out = planned(capsys, "--gpu=a100-80g", "--max_devices=8", *llama_8b)
+  assert re.search(r"planned peak per device: [\d.]+ GiB of [\d.]+ GiB: does NOT fit", out), out
+  assert re.search(r"needs [248] x a100-80g with FSDP", out), out
+
+
+def test_every_shipped_config_is_a_purejax_model():
+  from purejax.weights import huggingface
+  sizes = {}
+  for path in sorted(CONFIGS.glob("*.json")):
+    config = huggingface.config_from_file(str(path))
+    params = jax.eval_shape(lambda c=config: gpt.init_params(c, jax.random.PRNGKey(0)))
+    sizes[path.stem] = round(gpt.num_params(params) / 1e9, 2)
+  assert sizes == {"gemma-3-1b": 1.0, "llama-3.1-8b": 8.03, "llama-3.2-1b": 1.24,
+                   "qwen2.5-7b": 7.62}
+
+
+def test_qlora_plans_refuse_what_they_cannot_hold(capsys):
+  error = refusal(capsys, plan, "--gpu=l4", "--quantize=q4_1")
+  assert "--quantize=q4_1 holds LoRA's frozen base; add --lora_rank" in error
+  error = refusal(capsys, plan, "--gpu=l4", "--quantize=gguf", "--lora_rank=4")
+  assert "plan with q4_1" in error
+  error = refusal(capsys, plan, "--gpu=l4", "--hf_config=" + str(CONFIGS / "qwen2.5-7b.json"),
+                  "--n_layer=2")
+  assert "--n_layer has no effect with --hf_config" in error

@@ -3,16 +3,24 @@ r"""Plans a training run on a GPU you do not have: memory, the largest batch, a 
     python -m purejax.plan --gpu=h100 --n_layer=12 --n_head=12 --n_embd=768 \
         --block_size=1024 --vocab_size=50304 --bias=false --dtype=bfloat16 --batch_size=12
     python -m purejax.plan --gpu=h100 --num_devices=8 --fsdp --batch_size=96 ...
+    python -m purejax.plan --gpu=rtx4090 --hf_config=Llama-3.1-8B/config.json \
+        --block_size=2048 --dtype=bfloat16 --batch_size=1 --lora_rank=16 --quantize=q4_1
 
-It takes `purejax.train`'s model, batch, forms and device flags, compiles the
+It takes `purejax.train`'s model, batch, forms and device flags (or a Hugging Face
+`config.json`, `--hf_config`: a model's shape without its weights; with
+`--lora_rank`, `--quantize` plans LoRA on a base held quantized: QLoRA), compiles the
 training step for the card with XLA's GPU compiler on this machine (no GPU
 needed; JAX's CUDA plugin must be installed), and prints, per device: the
 bytes of params, optimizer state and temporaries XLA planned, the peak against
 the card's memory, the largest batch that fits, the step's FLOPs and the step
-time and MFU they allow at the card's peak. docs/performance.md says what the
+time and MFU they allow at the card's peak; where the step does not fit, the
+fewest devices (a power of two up to `--max_devices`) that hold it with FSDP.
+Only shapes are compiled: no weight is made. docs/performance.md says what the
 numbers are and are not.
 """
 
+import dataclasses
+import time
 from typing import Sequence
 
 from absl import flags
@@ -25,10 +33,12 @@ from purejax.cli import forms_flags
 from purejax.cli import train
 from purejax.cli import train_flags
 from purejax.ops import kernels
+from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.effects import runs
 from purejax.training.pure import flops
 from purejax.training.tools import gpu_plan
+from purejax.weights import huggingface
 
 Args = flags.FlagValues
 GIB = 1 << 30
@@ -46,6 +56,11 @@ def define_flags(args: Args) -> None:
   flags.DEFINE_bool("confirm_max_batch", False, "Also compile the batch one step above the "
                     "largest batch found, to show it does not fit (else the line through the "
                     "last two compiles may say so: one compile fewer).", flag_values=args)
+  flags.DEFINE_string("hf_config", None, "A Hugging Face config.json (Llama family, Qwen2, "
+                      "Mistral, Gemma 3, GPT-2): the model to plan, instead of the model "
+                      "flags (its context is --block_size).", flag_values=args)
+  flags.DEFINE_integer("max_devices", 64, "Where the step does not fit, the most devices "
+                       "the FSDP search tries.", lower_bound=2, flag_values=args)
   flags.DEFINE_float("memory_fraction", gpu_plan.JAX_MEMORY_FRACTION,
                      "Fraction of the card's memory a program may plan: JAX's default "
                      "preallocation (XLA_PYTHON_CLIENT_MEM_FRACTION).", lower_bound=0.01,
@@ -60,25 +75,54 @@ def _bytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
+def _model_config(args: Args) -> gpt.GPTConfig:
+  """The flags' model, or `--hf_config`'s at `--block_size` with the flags' dtype."""
+  if args.hf_config is None:
+    if args.quantize is not None and args.quantize not in ("bfloat16", *quant.FORMATS):
+      raise ValueError(f"--quantize={args.quantize} is not planned: a plan holds the base "
+                       f"as int8, q8_0, q4_1 or bfloat16.")
+    return train.gpt_config(args, vocab_size=args.vocab_size)
+  given = [name for name in train.ARCHITECTURE_FLAGS
+           if args[name].present and name != "block_size"] + (
+               ["vocab_size"] if args["vocab_size"].present else [])
+  if given:
+    raise ValueError(f"--{given[0]} has no effect with --hf_config: the architecture comes "
+                     f"from {args.hf_config}; drop --{given[0]}.")
+  base = huggingface.config_from_file(args.hf_config)
+  base = dataclasses.replace(base, block_size=args.block_size)
+  return train.gpt_config(args, base.vocab_size, base=base)
+
+
 def plan(args: Args) -> int:
   """Compiles the flags' training step for `--gpu` and prints the plan; the exit code."""
+  started = time.perf_counter()
   try:
     card = gpu_plan.card(args.gpu)
     # The numbers `train` would refuse are refused here too, with its words.
     train.refuse_what_has_no_effect(args)
     train.gpt_train_config(args)  # batch size, steps, intervals
     runs.require_positive(block_size=args.block_size)
-    config = train.gpt_config(args, vocab_size=args.vocab_size)
+    if args.quantize is not None and not args.lora_rank:
+      raise ValueError(f"--quantize={args.quantize} holds LoRA's frozen base; add "
+                       f"--lora_rank=R (e.g. 16), or drop --quantize.")
+    if args.quantize == "gguf":
+      raise ValueError("--quantize=gguf keeps a file's own blocks, which a plan from shapes "
+                       "does not have; plan with q4_1 (4-bit), q8_0 or int8.")
+    config = _model_config(args)
     forms = kernels.select("gpu", **forms_flags.forms_overrides(args))
     opt_config = optim.with_schedule_end(train.optimizer_config(args), args.max_iters)
     num_devices = args.num_devices or 1
     devices = gpu_plan.target_devices(args.gpu, num_devices)
     adapters = train.lora_config(args)
 
-    def compile_at(batch_size: int) -> gpu_plan.ProgramPlan:
+    compiles = [0]
+
+    def compile_at(batch_size: int, on=None, fsdp=None) -> gpu_plan.ProgramPlan:
+      compiles[0] += 1
       return gpu_plan.read_program(gpu_plan.compile_train_step(
-          config, devices, batch_size=batch_size, forms=forms, opt_config=opt_config,
-          fsdp=args.fsdp, grad_accum_steps=args.grad_accum_steps, lora_config=adapters))
+          config, devices if on is None else on, batch_size=batch_size, forms=forms,
+          opt_config=opt_config, fsdp=args.fsdp if fsdp is None else fsdp,
+          grad_accum_steps=args.grad_accum_steps, lora_config=adapters, held=args.quantize))
 
     program = compile_at(args.batch_size)
   except gpu_plan.PluginMissing as e:
@@ -88,13 +132,16 @@ def plan(args: Args) -> int:
   capacity = int(args.memory_fraction * card.memory_bytes)
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   n_params = gpt.num_params(params)
+  if args.quantize is not None:
+    params = quant.held_shapes(params, args.quantize)
   print(f"target: {num_devices} x {args.gpu} ({card.description}, {_gib(card.memory_bytes)}; "
         f"a program may plan {args.memory_fraction:g} of it: {_gib(capacity)})")
   print(f"model: {n_params / 1e6:.1f}M params, {config.n_layer} layers, {config.n_embd} wide, "
         f"T={config.block_size}, {config.compute_dtype} matmuls; batch {args.batch_size} "
         f"({num_devices} device(s) x {args.grad_accum_steps} microbatch(es)), "
         f"{'FSDP' if args.fsdp else 'replicated'} state"
-        + (f", LoRA rank {adapters.rank}" if adapters else ""))
+        + (f", LoRA rank {adapters.rank}" if adapters else "")
+        + (f", base held {args.quantize}" if args.quantize else ""))
   print(f"forms: {forms.describe()}")
   # The step's arguments are the params, the optimizer state, the corpus's stand-in
   # (`compile_train_step`'s num_tokens int32 ids) and the keys.
@@ -157,7 +204,32 @@ def plan(args: Args) -> int:
         f"write and read the temporaries once at {card.bandwidth / 1e12:.2f} TB/s)"
         + (f"; MFU ceiling {floor['compute_s'] / floor['floor_s']:.0%}"
            if floor["compute_s"] else ""))
+  if not fits:
+    _fsdp_devices(args, compile_at, capacity)
+  print(f"planned in {time.perf_counter() - started:.1f} s ({compiles[0]} compiles of the "
+        f"step from shapes alone: no weight was made)")
   return 0
+
+
+def _fsdp_devices(args: Args, compile_at, capacity: int) -> None:
+  """Prints the fewest devices (powers of two) whose FSDP-split step fits, each at
+  `--batch_size` sequences per device."""
+  n = max(2, (args.num_devices or 1) * 2)
+  while n <= args.max_devices:
+    try:
+      devices = gpu_plan.target_devices(args.gpu, n)
+      program = compile_at(args.batch_size * n, on=devices, fsdp=True)
+    except ValueError as e:
+      errors.fail(e, args)
+    fits = program.peak_bytes <= capacity
+    print(f"with FSDP over {n} x {args.gpu} (batch {args.batch_size} per device): planned "
+          f"peak per device {_gib(program.peak_bytes)}: {'fits' if fits else 'does NOT fit'}")
+    if fits:
+      print(f"needs {n} x {args.gpu} with FSDP (the fewest power of two that fits)")
+      return
+    n *= 2
+  print(f"does not fit on up to {args.max_devices} x {args.gpu} with FSDP at batch "
+        f"{args.batch_size} per device")
 
 
 def run(argv: Sequence[str]) -> int:

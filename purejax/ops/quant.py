@@ -488,6 +488,44 @@ def hold_matrices(params, format: str):  # pylint: disable=redefined-builtin
       one, params, is_leaf=lambda x: isinstance(x, QuantizedWeight)), []
 
 
+def _abstract(shape, format: str, transposed: bool = False) -> QuantizedWeight:  # pylint: disable=redefined-builtin
+  """The shapes and dtypes `quantize` gives a `[..., in, out]` matrix (`shape`), as
+  `jax.ShapeDtypeStruct`s."""
+  *lead, rows, cols = shape
+  s = jax.ShapeDtypeStruct
+  if format == "int8":
+    return QuantizedWeight(s(shape, jnp.int8), s((*lead, 1, cols), jnp.float32),
+                           s((*lead, 0), jnp.float16), 8, transposed)
+  blocks = (*lead, rows // BLOCK, cols)
+  if format == "q8_0":
+    return QuantizedWeight(s(shape, jnp.int8), s(blocks, jnp.float16), s((*lead, 0), jnp.float16),
+                           8, transposed)
+  return QuantizedWeight(s((*lead, rows // 2, cols), jnp.uint8), s(blocks, jnp.float16),
+                         s(blocks, jnp.float16), 4, transposed)
+
+
+def held_shapes(params, format: str):  # pylint: disable=redefined-builtin
+  """`hold_matrices(params, format)`'s shapes and dtypes, from `params`' shapes alone
+  (`jax.eval_shape`'s structs: nothing is computed), for planning memory."""
+  if format not in (*FORMATS, "bfloat16"):
+    raise QuantizeError(f"unknown held format {format!r}; choose one of "
+                        f"{(*FORMATS, 'bfloat16')}.")
+
+  def one(path, leaf):
+    name = ".".join(str(getattr(k, "key", k)) for k in path)
+    table = name == TOKEN_TABLE and len(leaf.shape) == 2
+    if not (table or (name.endswith(".w") or name == "w") and len(leaf.shape) >= 2):
+      return leaf
+    if format == "bfloat16":
+      return jax.ShapeDtypeStruct(leaf.shape, jnp.bfloat16)
+    shape = tuple(leaf.shape[::-1]) if table else tuple(leaf.shape)
+    if format != "int8" and shape[-2] % BLOCK:
+      return leaf
+    return _abstract(shape, format, transposed=table)
+
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
 def dense(w, dtype=None):
   """`w` as a float array: a `QuantizedWeight` dequantized (to `dtype`, else float32),
   anything else as it is."""

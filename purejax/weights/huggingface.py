@@ -163,6 +163,23 @@ def _from_llama_family(folder: pathlib.Path, hf_config: Dict[str, Any]
   return params, config, spec
 
 
+def config_from_file(path: str) -> gpt.GPTConfig:
+  """The model a Hugging Face `config.json` describes (no weights read): the Llama
+  family, Gemma 3, or GPT-2 (its vocabulary padded as `from_huggingface` pads it).
+
+  Raises:
+    ConversionError: a missing or unreadable file, another architecture, options
+      purejax does not have.
+  """
+  file = pathlib.Path(path).expanduser()
+  if not file.is_file():
+    raise ConversionError(f"{file} is missing; pass a model's config.json.")
+  hf_config = _read_json(file)
+  if hf_config.get("model_type") in (*llama.MODEL_TYPES, "gemma3"):
+    return llama.config_from_hf(hf_config, str(file))
+  return gpt2.config_from_hf(hf_config, str(file), gpt2.VOCAB_MULTIPLE)[0]
+
+
 def from_huggingface(
     path_or_name: str, *, pad_vocab_multiple: int = gpt2.VOCAB_MULTIPLE,
 ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:

@@ -32,6 +32,7 @@ from purejax import gpt
 from purejax import lora
 from purejax.data import batches
 from purejax.ops import kernels
+from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.pure import parallel
 from purejax.training.pure import state as state_lib
@@ -48,6 +49,7 @@ TARGETS: Dict[str, str] = {
     "h200": "h200_sxm.txtpb",
     "a100-80g": "a100_sxm_80.txtpb",
     "a100-40g": "a100_sxm_40.txtpb",
+    "l4": "l4.txtpb",  # 24 GB
 }
 # JAX preallocates this fraction of a GPU's memory for its allocator by default
 # (XLA_PYTHON_CLIENT_MEM_FRACTION); a program must fit in it.
@@ -190,7 +192,8 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
                        forms: kernels.Forms, opt_config: optim.OptimizerConfig,
                        fsdp: bool = False, grad_accum_steps: int = 1,
                        lora_config: Optional[lora.LoraConfig] = None, num_steps: int = 1,
-                       num_tokens: int = 1 << 20) -> TrainStepProgram:
+                       num_tokens: int = 1 << 20, held: Optional[str] = None
+                       ) -> TrainStepProgram:
   """One call of the training loop's program (`steps.train_steps_fn`) for `devices`.
 
   The same program `gpt_loop.train_gpt` jits (`parallel.jit_train_step` over a
@@ -206,6 +209,8 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
     fsdp: split params and optimizer state across the devices.
     grad_accum_steps: microbatches per step.
     lora_config: train LoRA adapters instead of the weights.
+    held: with `lora_config`, how the frozen base is held (`quant.hold_matrices`'
+      formats: "int8", "q8_0", "q4_1" for QLoRA, "bfloat16"); None: as trained.
     num_steps: steps in the call's `lax.scan`.
     num_tokens: length of the corpus on the device, which the batches are drawn from.
 
@@ -221,6 +226,9 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
     return state_lib.start_state(params, state_lib.run_keys(0), optimizer, lora_config)[0]
 
   state = jax.eval_shape(start)
+  if held is not None:  # the base as it is held: its shapes only (`quant.held_shapes`)
+    params = {**state.params, "base": quant.held_shapes(state.params["base"], held)}
+    state = state._replace(params=params)
   view = lora.View(lora_config.scale_alpha) if lora_config is not None else None
   layout = state_lib.shardings(state, plan)
   step = parallel.jit_train_step(steps.train_steps_fn, plan, layout, config=config,
