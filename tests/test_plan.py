@@ -221,15 +221,20 @@ CONFIGS = REPO_ROOT / "tests" / "data" / "hf_configs"
 @pytest.mark.budget(120)
 @pytest.mark.slow
 def test_a_hugging_face_config_plans_qlora_on_24_gb_and_full_tuning_over_fsdp(plugin, capsys):
+  # As QLoRA runs are: activations recomputed in the backward (a scan of the layers).
   llama_8b = ["--hf_config=" + str(CONFIGS / "llama-3.1-8b.json"), "--block_size=2048",
-              "--dtype=bfloat16", "--batch_size=1", "--max_batch=false"]
+              "--dtype=bfloat16", "--batch_size=1", "--max_batch=false", "--remat=full",
+              "--scan_layers=true"]
   out = planned(capsys, "--gpu=l4", "--lora_rank=16", "--quantize=q4_1", *llama_8b)
   assert "8030.3M params" in out and "LoRA rank 16, base held q4_1" in out, out
   found = re.search(r"per device: params ([\d.]+) GiB", out)
   assert found and 4.0 < float(found.group(1)) < 5.0, out  # 5 bits a weight, embeddings too
   assert re.search(r"planned peak per device: [\d.]+ GiB of [\d.]+ GiB: fits", out), out
   assert re.search(r"planned in [\d.]+ s \(\d+ compiles of the step from shapes alone", out)
-  out = planned(capsys, "--gpu=a100-80g", "--max_devices=8", *llama_8b)
+  # A pure bfloat16 full fine-tune with AdamW (params and moments in bfloat16).
+  out = planned(capsys, "--gpu=a100-80g", "--max_devices=8", "--param_dtype=bfloat16",
+                *llama_8b)
+  assert "bfloat16 params" in out
   assert re.search(r"planned peak per device: [\d.]+ GiB of [\d.]+ GiB: does NOT fit", out), out
   assert re.search(r"needs [248] x a100-80g with FSDP", out), out
 

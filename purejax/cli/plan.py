@@ -76,14 +76,23 @@ def _bytes(tree) -> int:
 
 
 def _model_config(args: Args) -> gpt.GPTConfig:
-  """The flags' model, or `--hf_config`'s at `--block_size` with the flags' dtype."""
+  """The flags' model, or `--hf_config`'s at `--block_size` with the flags' dtypes
+  (`--param_dtype=bfloat16`: params and AdamW's moments in bfloat16, a pure bfloat16
+  fine-tune)."""
+  config = _architecture(args)
+  if args["param_dtype"].present:
+    config = dataclasses.replace(config, param_dtype=args.param_dtype)
+  return config
+
+
+def _architecture(args: Args) -> gpt.GPTConfig:
   if args.hf_config is None:
     if args.quantize is not None and args.quantize not in ("bfloat16", *quant.FORMATS):
       raise ValueError(f"--quantize={args.quantize} is not planned: a plan holds the base "
                        f"as int8, q8_0, q4_1 or bfloat16.")
     return train.gpt_config(args, vocab_size=args.vocab_size)
   given = [name for name in train.ARCHITECTURE_FLAGS
-           if args[name].present and name != "block_size"] + (
+           if args[name].present and name not in ("block_size", "param_dtype")] + (
                ["vocab_size"] if args["vocab_size"].present else [])
   if given:
     raise ValueError(f"--{given[0]} has no effect with --hf_config: the architecture comes "
@@ -137,7 +146,7 @@ def plan(args: Args) -> int:
   print(f"target: {num_devices} x {args.gpu} ({card.description}, {_gib(card.memory_bytes)}; "
         f"a program may plan {args.memory_fraction:g} of it: {_gib(capacity)})")
   print(f"model: {n_params / 1e6:.1f}M params, {config.n_layer} layers, {config.n_embd} wide, "
-        f"T={config.block_size}, {config.compute_dtype} matmuls; batch {args.batch_size} "
+        f"T={config.block_size}, {config.param_dtype} params, {config.compute_dtype} matmuls; batch {args.batch_size} "
         f"({num_devices} device(s) x {args.grad_accum_steps} microbatch(es)), "
         f"{'FSDP' if args.fsdp else 'replicated'} state"
         + (f", LoRA rank {adapters.rank}" if adapters else "")

@@ -658,7 +658,10 @@ def loss(
   chex.assert_equal_shape((tokens, targets))
   forms = forms or kernels.select(kernels.platform_of(params))
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
+  table, chunk_rows = head_table(params), forms.loss_chunk(tokens.size, config.vocab_size)
+  if isinstance(table, quant.QuantizedWeight) and chunk_rows is not None:
+    # The chunked loss reads the whole table in each chunk: formed once, frozen.
+    table = jax.lax.stop_gradient(table.dequantized(config.matmul_dtype or jnp.float32))
   return head_cross_entropy(
-      x, head_table(params), targets, compute_dtype=config.matmul_dtype,
-      chunk_rows=forms.loss_chunk(tokens.size, config.vocab_size), forms=forms,
-      softcap=config.logit_softcap, weights=weights)
+      x, table, targets, compute_dtype=config.matmul_dtype, chunk_rows=chunk_rows,
+      forms=forms, softcap=config.logit_softcap, weights=weights)

@@ -228,7 +228,7 @@ def train_step_program(config: gpt.GPTConfig, devices: Sequence[jax.Device], *, 
   state = jax.eval_shape(start)
   if held is not None:  # the base as it is held: its shapes only (`quant.held_shapes`)
     params = {**state.params, "base": quant.held_shapes(state.params["base"], held)}
-    state = state._replace(params=params)
+    state = state._replace(params=params, opt_state=jax.eval_shape(optimizer.init, params))
   view = lora.View(lora_config.scale_alpha) if lora_config is not None else None
   layout = state_lib.shardings(state, plan)
   step = parallel.jit_train_step(steps.train_steps_fn, plan, layout, config=config,
