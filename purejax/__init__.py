@@ -12,8 +12,9 @@ Models are params pytrees (nested dicts of arrays) plus pure functions:
 The layers, bottom to top (each imports only from its own and those below
 it; tests/test_architecture.py checks that against this drawing):
 
-    _files, _docstrings, checkpoint   crash-safe file writes; docstrings' attributes (the
-                flags' help); checkpoint files (the format training writes and weights reads)
+    _files, _docstrings, checkpoint, host_memory   crash-safe file writes; docstrings'
+                attributes (the flags' help); checkpoint files (the format training writes
+                and weights reads); freed host memory handed back to the system
     ops/, rng   execution forms (`Forms`, chosen per platform by `select`: matmul,
                 attention, the large-vocabulary loss), and dropout; key helpers
     nn          layers as init_<layer> + a pure apply (they use ops.kernels'

@@ -728,10 +728,8 @@ def generate(
   """
   prompts = [[int(i) for i in p] for p in (np.asarray(prompts).tolist()
                                            if hasattr(prompts, "shape") else prompts)]
-  if slide:
-    check_prompts(prompts, 0, dataclasses.replace(config, block_size=1 << 30), "generate")
-  else:
-    check_prompts(prompts, max_new_tokens, config, "generate")
+  check_prompts(prompts, 0 if slide else max_new_tokens,
+                dataclasses.replace(config, block_size=1 << 30) if slide else config, "generate")
   if min(rows, num_samples, max_new_tokens) < 1:
     raise ValueError(f"generate needs rows, num_samples and max_new_tokens >= 1, got "
                      f"{rows}, {num_samples} and {max_new_tokens}.")

@@ -93,3 +93,13 @@ def test_bad_quantize_requests_are_one_line(tmp_path, capsys, base_run, corpus, 
                   f"--out_dir={tmp_path / 'out'}", "--max_iters=1", *flags)
   assert message in error
   assert not list((tmp_path / "out").glob("*"))
+
+
+def test_an_export_in_a_quantized_type_the_writer_lacks_is_one_line(tmp_path, capsys,
+                                                                    base_run):
+  from purejax.cli import convert as convert_cli
+  target = tmp_path / "out.gguf"
+  error = refusal(capsys, convert_cli, f"--from=purejax:{base_run}", f"--to=gguf:{target}",
+                  "--gguf_type=q4_1")
+  assert "--gguf_type=q4_1" in error and "q8_0" in error
+  assert not target.exists()

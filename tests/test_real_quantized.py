@@ -89,3 +89,37 @@ def test_gemma3_q4_k_m_kept_runs_as_transformers_reads_it(gemma3_gguf):
   assert isinstance(table, quant.QuantizedWeight) and table.shape == (262144, 640)
   assert table.nbytes < 0.3 * 262144 * 640 * 4  # Q8_0: 8.5 bits a weight
   check(*compare(gemma3_gguf, bos=2, loaded=loaded))  # Gemma's files add BOS (id 2)
+
+
+@pytest.mark.budget(90)
+def test_a_qlora_run_on_the_gguf_blocks_exports_adapters_peft_loads_on_the_float_base(
+    smollm2_gguf, tmp_path):
+  """QLoRA on the file's own Q4_1 blocks; the PEFT adapters then load onto transformers'
+  float32 reading of the same file, with purejax's merged logits."""
+  peft = need("peft")
+  import json
+  from helpers.cli import final, run_cli
+  from purejax.cli import train
+  from purejax.weights import pretrained
+  text = tmp_path / "text.txt"
+  text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+  out = tmp_path / "run"
+  final(run_cli(train, f"--init_from={smollm2_gguf}", "--quantize=gguf", "--lora_rank=8",
+                f"--dataset={text}", f"--out_dir={out}", "--block_size=48", "--batch_size=2",
+                "--max_iters=6", "--eval_interval=6", "--eval_iters=1",
+                "--learning_rate=1e-3", "--warmup_iters=0", "--sample_tokens=0"))
+  exported = tmp_path / "peft"
+  pretrained.convert(f"purejax:{out}", f"peft:{exported}")
+  assert json.loads((exported / "adapter_config.json").read_text())["r"] == 8
+  torch, base = transformers_model(smollm2_gguf)
+  model = peft.PeftModel.from_pretrained(base, str(exported)).eval()
+  floats, _, spec = gguf_files.from_gguf(str(smollm2_gguf))
+  ids = np.asarray([tokenizers.from_spec(spec).encode(PROMPTS[0]).tolist()])
+  with torch.no_grad():
+    expected = model(torch.from_numpy(ids)).logits.numpy()
+  tuned, config, _ = pretrained.from_purejax(str(out))
+  got = np.asarray(gpt.forward(tuned, ids, config))
+  gap = np.abs(got - expected).max()
+  assert gap <= 1e-4 * np.abs(expected).max()
+  untuned = np.asarray(gpt.forward(floats, ids, config))
+  assert np.abs(untuned - expected).max() > 100 * gap  # the adapters count

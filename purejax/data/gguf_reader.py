@@ -33,6 +33,15 @@ _ELEMENTS = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.i
              "I16": np.int16, "I32": np.int32, "I64": np.int64}
 
 
+def import_gguf():
+  """llama.cpp's `gguf` package, or a one-line error saying how to install it."""
+  try:
+    import gguf  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise TokenizerError("GGUF files need the gguf package: pip install gguf.") from None
+  return gguf
+
+
 class TensorInfo(NamedTuple):
   """One tensor's entry: `shape` in GGUF's order (fastest axis first), `type_id` the
   ggml type's number, `offset` from the data's start."""
@@ -137,7 +146,6 @@ def read(path: str) -> Header:
 def tensors(path: str, header: Header) -> Iterator[Tensor]:
   """`path`'s tensors in the file's order, each a view of the file mapped read-only
   (the mapping is let go when the last view is)."""
-  from purejax.data.gguf_tokenizer import import_gguf  # pylint: disable=import-outside-toplevel
   gguf = import_gguf()
   mapped = np.memmap(pathlib.Path(path).expanduser(), np.uint8, mode="r")
   for t in header.tensors:

@@ -52,15 +52,6 @@ SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAM
 _KEYS = ("model", "pre", "tokens", "token_type", "merges", "scores")
 
 
-def import_gguf():
-  """llama.cpp's `gguf` package, or a one-line error saying how to install it."""
-  try:
-    import gguf  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise TokenizerError("GGUF files need the gguf package: pip install gguf.") from None
-  return gguf
-
-
 _HEADERS: "collections.OrderedDict[Tuple[str, int, int], gguf_reader.Header]" = (
     collections.OrderedDict())
 _KEPT_HEADERS = 2

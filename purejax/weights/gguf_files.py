@@ -594,7 +594,7 @@ def to_gguf(params: Params, config: gpt.GPTConfig, path: str, tokenizer_spec: To
     raise ConversionError("RoPE scaling is not written to GGUF files; export to hf: instead.")
   state = llama.state_from_params(gpt2.to_numpy(params), config)  # refuses other architectures
   fields = _tokenizer_fields(tokenizer_spec, config.vocab_size)
-  gguf = gguf_tokenizer.import_gguf()
+  gguf = gguf_reader.import_gguf()
   arch = ("gemma3" if is_gemma3 else
           "qwen2" if config.qkv_bias and not config.bias else "llama")
   out = pathlib.Path(path).expanduser().absolute()

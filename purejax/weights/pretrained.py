@@ -162,8 +162,8 @@ def from_pretrained(source: str, *, trust_pickle: bool = False, keep_quantized: 
   if keep_quantized and kind != "gguf":
     named = {"hf": "Hugging Face", "nanogpt": "nanoGPT", "purejax": "purejax run's"}[kind]
     raise ConversionError(f"`{source}` is a {named} model, not a .gguf file: only a GGUF file "
-                          f"has quantized blocks to keep; quantize it at load instead "
-                          f"(--quantize=int8, q8_0 or q4_1).")
+                          f"has quantized blocks to keep; quantize it after loading instead "
+                          f"(`quant.quantize_matrices`: int8, q8_0 or q4_1).")
   if kind == "hf":
     return huggingface.from_huggingface(path)
   if kind == "gguf":
