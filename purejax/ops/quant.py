@@ -60,7 +60,7 @@ GGUF_KEPT = ("Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 BLOCK = 32  # the block formats' rows per scale (GGUF's QK8_0, QK4_1)
 # A product whose dequantized weight would pass this many bytes forms it a slice of
 # columns at a time (a 262144-token tied head is 671 MB of float32 in one piece).
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 128 << 20
 
 
 class QuantizeError(ValueError):
@@ -409,14 +409,13 @@ def map_columns(fn: Callable[[chex.Array], chex.Array], w: QuantizedWeight) -> c
   if pieces == 1:
     return fn(w.dequantized())
   width = cols // pieces
-
-  def piece(i):
-    part = lambda a: jax.lax.dynamic_slice_in_dim(a, i * width, width, axis=-1)
-    offset = part(w.offset) if w.has_offset else None
-    return fn(_dequantize(part(w.codes), part(w.scale), offset, w.bits))
-
-  out = jax.lax.map(piece, jnp.arange(pieces))  # [pieces, ..., width]
-  return jnp.moveaxis(out, 0, -2).reshape(*out.shape[1:-1], cols)
+  outs = []
+  for i in range(pieces):  # static slices, read by the dequantization itself
+    part = jax.tree.map(lambda a: a[..., i * width:(i + 1) * width], w)
+    if outs:  # after the slice before it: one slice's float matrix at a time
+      part = tied_to(part, outs[-1])
+    outs.append(fn(part.dequantized()))
+  return jnp.concatenate(outs, axis=-1)
 
 
 def tied_to(tree, x: chex.Array):
