@@ -3,8 +3,9 @@ float32: one fresh process per arm, RSS read from /proc.
 
     python -m bench.quant_memory --model=path/to/model.gguf --tokens=64
 
-Each arm's process imports purejax, runs one small jitted op (the runtime's own
-memory), reads its RSS (the baseline), loads the model (`gguf_files.from_gguf`, kept
+Each arm's process imports purejax and the libraries the load uses (gguf,
+tokenizers), runs one small jitted op (the runtime's own memory), reads its RSS (the
+baseline), loads the model (`gguf_files.from_gguf`, kept
 quantized or dequantized to float32, as device arrays either way), reads RSS again,
 greedily generates `--tokens` tokens from one prompt through `engine.generate`, and
 reads RSS and the process's peak. Prints, per arm, the loaded and generation growth
@@ -26,8 +27,10 @@ def rss_mb() -> float:
 
 
 def arm(model: str, keep: bool, tokens: int) -> dict:
+  import gguf  # noqa: F401  (the libraries the load uses, imported before the baseline)
   import jax
   import jax.numpy as jnp
+  import tokenizers  # noqa: F401
   from purejax import engine
   from purejax.ops import kernels
   from purejax.weights import gguf_files

@@ -18,7 +18,7 @@ blocks of `block` consecutive rows per column, and
     w[i, j] = scale[i // block, j] * q[i, j] + offset[i // block, j]
 
 (`offset` absent: 0), computed in float32. What differs is how many bits a code has
-(8: int8; 4: two codes a byte, the even row in the low nibble), the block (`rows`
+(8: int8; 4: two codes a byte, the even row in the low nibble; 5: GGUF's Q5_0), the block (`rows`
 for one scale per column) and the scales' dtype (float16 as GGUF stores them, or
 float32 where a scale is a product of two stored numbers).
 
@@ -31,7 +31,8 @@ Made by `quantize` (`FORMATS`):
 
 Kept from GGUF files as they are (`from_gguf_blocks`, `GGUF_KEPT`), the same numbers in
 this arithmetic, so the dequantized matrix equals the `gguf` package's reference bit
-for bit: Q8_0, Q4_1; Q5_0 (5-bit codes held as int8 `q - 16`, float16 scale per 32);
+for bit: Q8_0, Q4_1; Q5_0 (5-bit codes, `q - 16` packed as a nibble plane and a bit
+plane, float16 scale per 32);
 Q4_K (4-bit codes; its 6-bit sub-scales and minimums times the super-block's float16
 `d` and `dmin`: a float32 scale and offset per 32 rows); Q6_K (6-bit codes held as
 int8 `q - 32`; a float32 scale per 16 rows). Layers of one stacked weight stored in
@@ -74,8 +75,10 @@ class QuantizedWeight:
   """A matrix as integer codes and their scales (see the module for the arithmetic).
 
   Attributes:
-    codes: int8 `[..., rows, cols]` (`bits=8`), or uint8 `[..., rows / 2, cols]` holding
-      two 4-bit codes each (`bits=4`).
+    codes: int8 `[..., rows, cols]` (`bits=8`); uint8 `[..., rows / 2, cols]` holding
+      two 4-bit codes each (`bits=4`); or uint8 `[..., rows / 2 + rows / 8, cols]`
+      (`bits=5`, signed codes `-16..15` held as `q + 16`: the low 4 bits as `bits=4`'s,
+      then the fifth bits, 8 rows a byte, the first row in the lowest bit).
     scale: float16 or float32 `[..., rows / block, cols]`.
     offset: as `scale` (added after the scale), or an empty `[..., 0]` for none (a leaf
       that slices along stacked layers as the others do).
@@ -92,7 +95,7 @@ class QuantizedWeight:
   @property
   def stored_shape(self) -> Tuple[int, ...]:
     lead, (rows, cols) = self.codes.shape[:-2], self.codes.shape[-2:]
-    return (*lead, rows * (2 if self.bits == 4 else 1), cols)
+    return (*lead, {8: rows, 4: rows * 2, 5: rows * 8 // 5}[self.bits], cols)
 
   @property
   def shape(self) -> Tuple[int, ...]:
@@ -139,6 +142,13 @@ def _codes_as_float(codes, bits: int) -> chex.Array:
   """`[..., rows, cols]` float32 codes (4-bit ones unpacked, even rows from the low nibble)."""
   if bits == 8:
     return codes.astype(jnp.float32)
+  if bits == 5:
+    rows = codes.shape[-2] * 8 // 5
+    low = _codes_as_float(codes[..., :rows // 2, :], 4)
+    fifth = codes[..., rows // 2:, :]  # [..., rows / 8, cols]
+    shifts = jnp.arange(8, dtype=jnp.uint8)[:, None]
+    high = ((fifth[..., :, None, :] >> shifts) & 1).reshape(*codes.shape[:-2], rows, -1)
+    return low + 16.0 * high.astype(jnp.float32) - 16.0
   *lead, half, cols = codes.shape
   low, high = (codes & 0xF).astype(jnp.float32), (codes >> 4).astype(jnp.float32)
   return jnp.stack([low, high], axis=-2).reshape(*lead, 2 * half, cols)
@@ -199,6 +209,30 @@ def quantize(w, format: str) -> QuantizedWeight:  # pylint: disable=redefined-bu
 def _pack4(q: np.ndarray) -> np.ndarray:
   """4-bit codes `[..., rows, cols]` (values 0..15) two a byte: `[..., rows / 2, cols]`."""
   return (q[..., 0::2, :] | (q[..., 1::2, :] << 4)).astype(np.uint8)
+
+
+def _pack5(q: np.ndarray) -> np.ndarray:
+  """5-bit signed codes `[..., rows, cols]` (-16..15) as `bits=5` holds them."""
+  u = (q.astype(np.int16) + 16).astype(np.uint8)
+  *lead, rows, cols = u.shape
+  fifth = np.packbits((u >> 4).reshape(*lead, rows // 8, 8, cols), axis=-2,
+                      bitorder="little").reshape(*lead, rows // 8, cols)
+  return np.concatenate([_pack4(u & 0xF), fifth], axis=-2)
+
+
+def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:
+  """int8 codes `[..., rows, cols]` of any width (4-bit: 0..15; 5-bit: -16..15)."""
+  if bits == 4:
+    return _unpack4(np.asarray(codes)).astype(np.int8)
+  if bits == 5:
+    codes = np.asarray(codes)
+    rows = codes.shape[-2] * 8 // 5
+    *lead, _, cols = codes.shape
+    fifth = np.unpackbits(codes[..., rows // 2:, :][..., None, :], axis=-2, bitorder="little")
+    high = fifth.reshape(*lead, rows, cols)
+    return ((_unpack4(codes[..., :rows // 2, :]) | (high << 4)).astype(np.int16) - 16).astype(
+        np.int8)
+  return np.asarray(codes)
 
 
 def _unpack4(codes: np.ndarray) -> np.ndarray:
@@ -278,7 +312,7 @@ def _q6_k(b):  # ql[128], qh[64], scales int8[16], d f16; per half of 128 values
   return q, scale, None
 
 
-_DECODERS = {"Q8_0": (_q8_0, 8), "Q4_1": (_q4_1, 4), "Q5_0": (_q5_0, 8), "Q4_K": (_q4_k, 4),
+_DECODERS = {"Q8_0": (_q8_0, 8), "Q4_1": (_q4_1, 4), "Q5_0": (_q5_0, 5), "Q4_K": (_q4_k, 4),
              "Q6_K": (_q6_k, 8)}
 
 
@@ -312,7 +346,7 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: str, shape: Tuple[int, int]
   decode, bits = _DECODERS[ggml_type]
   q, scale, offset = decode(blocks)  # [out, blocks, values], [out, blocks, per block]
   q = q.reshape(out, rows).T  # [in, out]
-  codes = _pack4(q) if bits == 4 else q
+  codes = {4: _pack4, 5: _pack5, 8: lambda q: q}[bits](q)
   scale = scale.reshape(out, -1).T
   offset = offset.reshape(out, -1).T if offset is not None else _no_offset(())
   return QuantizedWeight(np.ascontiguousarray(codes), np.ascontiguousarray(scale),
@@ -329,7 +363,9 @@ def widen(w: QuantizedWeight, bits: int, block: int, offset: bool, scale_dtype
   `block` rows (dividing its own block), an offset if `offset`, `scale_dtype` scales."""
   codes = w.codes
   if bits != w.bits:
-    codes = _unpack4(np.asarray(codes)).astype(np.int8)  # 0..15 fit int8
+    if bits != 8:
+      raise QuantizeError(f"{w.bits}-bit codes widen to 8 bits only, not {bits}.")
+    codes = _unpack(codes, w.bits)  # every width's codes fit int8
   repeat = w.block // block
   if repeat * block != w.block:
     raise QuantizeError(f"a block of {block} rows does not divide {w.block}.")
@@ -346,7 +382,8 @@ def widen(w: QuantizedWeight, bits: int, block: int, offset: bool, scale_dtype
 def common(ws: Sequence[QuantizedWeight]) -> Tuple[QuantizedWeight, ...]:
   """`ws` in one container: the most bits, the smallest block, an offset if any has one,
   float32 scales unless all are float16 (`widen`)."""
-  bits = max(w.bits for w in ws)
+  widths = {w.bits for w in ws}
+  bits = widths.pop() if len(widths) == 1 else 8
   block = math.gcd(*(w.block for w in ws))
   offset = any(w.has_offset for w in ws)
   dtypes = {jnp.dtype(w.scale.dtype) for w in ws}

@@ -55,7 +55,7 @@ def from_purejax(out_dir: str, *, best: bool = False
 def _held_base(template: Params, arrays) -> Params:
   """A LoRA run's base template as its checkpoint holds it: a matrix saved quantized
   (`--quantize`: `w.codes`, `w.scale`, `w.offset` arrays) as a `quant.QuantizedWeight`
-  (4-bit codes are uint8; an embedding table is the transposed form), one saved in
+  (its code width from its rows; an embedding table is the transposed form), one saved in
   bfloat16 as bfloat16."""
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -64,8 +64,10 @@ def _held_base(template: Params, arrays) -> Params:
     if name + ".codes" in arrays:
       parts = [jax.ShapeDtypeStruct(arrays[f"{name}.{f}"].shape, arrays[f"{name}.{f}"].dtype)
                for f in ("codes", "scale", "offset")]
-      bits = 4 if arrays[name + ".codes"].dtype == np.uint8 else 8
-      return quant.QuantizedWeight(*parts, bits, name.endswith("['embedding']"))
+      table = name.endswith("['embedding']")  # blocks along a row: the transposed form
+      rows, stored = leaf.shape[-1 if table else -2], parts[0].shape[-2]
+      bits = {rows: 8, rows // 2: 4, rows * 5 // 8: 5}[stored]
+      return quant.QuantizedWeight(*parts, bits, table)
     if name in arrays and arrays[name].dtype != leaf.dtype:
       return jax.ShapeDtypeStruct(leaf.shape, arrays[name].dtype)
     return leaf
