@@ -146,7 +146,8 @@ def plan(args: Args) -> int:
   print(f"target: {num_devices} x {args.gpu} ({card.description}, {_gib(card.memory_bytes)}; "
         f"a program may plan {args.memory_fraction:g} of it: {_gib(capacity)})")
   print(f"model: {n_params / 1e6:.1f}M params, {config.n_layer} layers, {config.n_embd} wide, "
-        f"T={config.block_size}, {config.param_dtype} params, {config.compute_dtype} matmuls; batch {args.batch_size} "
+        f"T={config.block_size}, {config.param_dtype} params, {config.compute_dtype} "
+        f"matmuls; batch {args.batch_size} "
         f"({num_devices} device(s) x {args.grad_accum_steps} microbatch(es)), "
         f"{'FSDP' if args.fsdp else 'replicated'} state"
         + (f", LoRA rank {adapters.rank}" if adapters else "")

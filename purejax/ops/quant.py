@@ -18,9 +18,10 @@ blocks of `block` consecutive rows per column, and
     w[i, j] = scale[i // block, j] * q[i, j] + offset[i // block, j]
 
 (`offset` absent: 0), computed in float32. What differs is how many bits a code has
-(8: int8; 4: two codes a byte, the even row in the low nibble; 5: GGUF's Q5_0), the block (`rows`
-for one scale per column) and the scales' dtype (float16 as GGUF stores them, or
-float32 where a scale is a product of two stored numbers).
+(8: int8; 4: two codes a byte, the even row in the low nibble; 5: a nibble plane, then
+a plane of fifth bits, 8 rows a byte), the block (`rows` for one scale per column) and
+the scales' dtype (float16 as GGUF stores them, or float32 where a scale is a product
+of two stored numbers).
 
 Made by `quantize` (`FORMATS`):
 
@@ -31,14 +32,13 @@ Made by `quantize` (`FORMATS`):
 
 Kept from GGUF files as they are (`from_gguf_blocks`, `GGUF_KEPT`), the same numbers in
 this arithmetic, so the dequantized matrix equals the `gguf` package's reference bit
-for bit: Q8_0, Q4_1; Q5_0 (5-bit codes, `q - 16` packed as a nibble plane and a bit
-plane, float16 scale per 32);
-Q4_K (4-bit codes; its 6-bit sub-scales and minimums times the super-block's float16
-`d` and `dmin`: a float32 scale and offset per 32 rows); Q6_K (6-bit codes held as
-int8 `q - 32`; a float32 scale per 16 rows). Layers of one stacked weight stored in
-different types (llama.cpp's K-quant mixes give some layers more bits) share the
-widest container (`common`): more bits, the smaller block, a zero offset, float32
-scales: a lossless re-expression of each layer's numbers.
+for bit: Q8_0; Q4_1; Q5_0 (its 5-bit codes, `-16..15`; float16 scale per 32); Q4_K
+(4-bit codes; its 6-bit sub-scales and minimums times the super-block's float16 `d` and
+`dmin`: a float32 scale and offset per 32 rows); Q6_K (6-bit codes held as int8
+`q - 32`; a float32 scale per 16 rows). Layers of one stacked weight stored in
+different types (llama.cpp's K-quant mixes give some layers more bits) share one
+container (`common`: 8-bit codes where widths differ, the smaller block, a zero
+offset, float32 scales): a lossless re-expression of each layer's numbers.
 
 An embedding table `[vocab, embd]` whose blocks run along `embd` (a GGUF token
 embedding) is the transpose of a `[embd, vocab]` matrix in this layout: `transposed`
