@@ -49,7 +49,7 @@ is the tied output head's `[embd, vocab]` weight, the same arrays.
 import dataclasses
 import functools
 import math
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -476,6 +476,17 @@ def tied_to(tree, x: chex.Array):
 TOKEN_TABLE = "wte.embedding"  # the token embedding's dotted path (`gpt.init_params`)
 
 
+def _held_kind(path, shape) -> Tuple[Optional[str], str]:
+  """"table" (the token embedding), "matrix" (a dense layer's `w`, two or more axes) or
+  None (kept as it is) for the leaf at pytree `path` of `shape`; and its dotted name."""
+  name = ".".join(str(getattr(k, "key", k)) for k in path)
+  if name == TOKEN_TABLE and len(shape) == 2:
+    return "table", name
+  if (name.endswith(".w") or name == "w") and len(shape) >= 2:
+    return "matrix", name
+  return None, name
+
+
 def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
   """`params` with every dense layer's matrix (a leaf named `w` of two or more axes)
   and the token embedding (transposed: blocks along a row, `take_rows`) quantized to
@@ -488,11 +499,11 @@ def quantize_matrices(params, format: str):  # pylint: disable=redefined-builtin
   left = []
 
   def one(path, leaf):
-    name = ".".join(str(getattr(k, "key", k)) for k in path)
     if isinstance(leaf, QuantizedWeight):  # already quantized (a GGUF file's blocks)
       return leaf
-    table = name == TOKEN_TABLE and np.ndim(leaf) == 2
-    if not (table or (name.endswith(".w") or name == "w") and np.ndim(leaf) >= 2):
+    kind, name = _held_kind(path, np.shape(leaf))
+    table = kind == "table"
+    if kind is None:
       return leaf
     rows = np.shape(leaf)[-1] if table else np.shape(leaf)[-2]
     if format != "int8" and rows % BLOCK:
@@ -516,9 +527,8 @@ def hold_matrices(params, format: str):  # pylint: disable=redefined-builtin
     return quantize_matrices(params, format)
 
   def one(path, leaf):
-    name = ".".join(str(getattr(k, "key", k)) for k in path)
-    matrix = (name.endswith(".w") or name == "w" or name == TOKEN_TABLE) and np.ndim(leaf) >= 2
-    return jnp.asarray(leaf, jnp.bfloat16) if matrix else leaf
+    held = _held_kind(path, np.shape(leaf))[0] is not None
+    return jnp.asarray(leaf, jnp.bfloat16) if held else leaf
 
   return jax.tree_util.tree_map_with_path(
       one, params, is_leaf=lambda x: isinstance(x, QuantizedWeight)), []
@@ -548,9 +558,9 @@ def held_shapes(params, format: str):  # pylint: disable=redefined-builtin
                         f"{(*FORMATS, 'bfloat16')}.")
 
   def one(path, leaf):
-    name = ".".join(str(getattr(k, "key", k)) for k in path)
-    table = name == TOKEN_TABLE and len(leaf.shape) == 2
-    if not (table or (name.endswith(".w") or name == "w") and len(leaf.shape) >= 2):
+    kind, _ = _held_kind(path, leaf.shape)
+    table = kind == "table"
+    if kind is None:
       return leaf
     if format == "bfloat16":
       return jax.ShapeDtypeStruct(leaf.shape, jnp.bfloat16)
