@@ -354,6 +354,28 @@ def test_the_tokenizer_and_its_chat_data_travel_in_the_spec(tmp_path):
     tokenizers.from_spec(spec, encoding_file=str(other))
 
 
+def test_a_load_records_the_spec_of_the_tokenizer_it_does_not_build(tmp_path):
+  # The load only records the tokenizer (building a 262144-token one costs seconds):
+  # the record is what building it gives, user-defined tokens outside the vocabulary's
+  # spelling (which take new ids) counted.
+  cases = {"bytes": TOKENS, "user": TOKENS[:-2] + ["<tool>", "a b"]}
+  for name, tokens in cases.items():
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, hf_state(random_params()), tokens=tokens)
+    fields = gguf_tokenizer.read_fields(str(path))
+    if name == "user":
+      fields["token_type"] = [3, 3] + [1] * (len(tokens) - 4) + [4, 4]  # 4: USER_DEFINED
+    built = gguf_tokenizer.from_fields(fields, str(path)).spec()
+    assert gguf_tokenizer.spec_of_fields(fields, str(path)) == built, name
+  assert built.vocab_size == 257  # "a b" is spelled outside GPT-2's alphabet: a new id
+  write_sentencepiece_gguf(tmp_path / "spm.gguf")
+  fields = gguf_tokenizer.read_fields(str(tmp_path / "spm.gguf"))
+  assert (gguf_tokenizer.spec_of_fields(fields, str(tmp_path / "spm.gguf"))
+          == gguf_tokenizer.from_fields(fields, str(tmp_path / "spm.gguf")).spec())
+  _, _, spec = weights.from_gguf(str(tmp_path / "spm.gguf"))
+  assert spec == gguf_tokenizer.load(str(tmp_path / "spm.gguf")).spec()
+
+
 def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):
   src = tmp_path / "src.gguf"
   write_gguf(src, hf_state(random_params()))

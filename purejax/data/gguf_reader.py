@@ -1,21 +1,26 @@
 """A GGUF file's header (metadata and tensor table) read straight into Python values,
-and its tensors as views of the mapped file.
+and its tensors read from the file when asked for.
 
     header = gguf_reader.read("model.gguf")
     header.meta["general.architecture"]           # "llama"
     for tensor in gguf_reader.tensors("model.gguf", header):
-      tensor.name, tensor.tensor_type, tensor.data  # data: a numpy view of the mapped file
+      tensor.name, tensor.tensor_type, tensor.data  # data: the tensor's bytes, read now
+      tensor.rows(0, 1024)                          # or a range of its rows
 
 The `gguf` package's own reader keeps every metadata value as numpy views, a few
 small arrays per string: a 262144-token vocabulary is ~700 MB of them, and what is
 left of them after the values are copied out fragments the heap. This reader parses
 the same layout (GGUF v2/v3: magic, version, tensor and key counts, key/value pairs,
 tensor infos, data aligned to `general.alignment`) into plain values (arrays as
-lists, as `gguf`'s `ReaderField.contents()` gives them), and maps the data only while
-the tensors are read. The tensor types and their block sizes are `gguf`'s.
+lists, as `gguf`'s `ReaderField.contents()` gives them). Tensors are read with
+`pread` into arrays of their own rather than mapped: a mapped file's pages count in
+the process's resident memory until the mapping goes, so a loader reading tensor by
+tensor would hold the whole file beside what it made of it. The tensor types and
+their block sizes are `gguf`'s.
 """
 
 import mmap
+import os
 import pathlib
 import struct
 from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
@@ -65,12 +70,52 @@ class Header(NamedTuple):
 
 class Tensor(NamedTuple):
   """A tensor as `gguf`'s reader gives it: `tensor_type` a `gguf.GGMLQuantizationType`,
-  `shape` fastest axis first, `data` a numpy view of the mapped file (its element
-  dtype for float and integer types, `[..., row bytes]` uint8 for block types)."""
+  `shape` fastest axis first; `data` (and `rows`) read it from the file: its element
+  dtype for float and integer types, `[..., row bytes]` uint8 for block types."""
   name: str
   shape: Tuple[int, ...]
   tensor_type: Any
-  data: np.ndarray
+  path: pathlib.Path
+  start: int      # the file offset of its first byte
+  elements: Any   # numpy dtype of an element, or None for a block type
+  block: Tuple[int, int]  # (values a block holds, its bytes)
+
+  @property
+  def dims(self) -> List[int]:
+    """The shape slowest axis first (numpy's order)."""
+    return list(reversed(self.shape))
+
+  @property
+  def data(self) -> np.ndarray:
+    return self.rows(0, self.dims[0])
+
+  def rows(self, start: int, stop: int) -> np.ndarray:
+    """Rows `start:stop` of its slowest axis, read now into an array of their own (a
+    vector of blocks is read whole)."""
+    dims = self.dims
+    values, nbytes = self.block
+    if self.elements is not None:
+      row_bytes = int(np.prod(dims[1:], dtype=np.int64)) * self.elements.itemsize
+    elif len(dims) > 1:
+      row_bytes = int(np.prod(dims[1:], dtype=np.int64)) // values * nbytes
+    else:
+      if (start, stop) != (0, dims[0]):
+        raise ValueError(f"{self.name} is a vector of blocks: it is read whole.")
+      start, stop, row_bytes = 0, 1, dims[0] // values * nbytes
+    out = np.empty((stop - start) * row_bytes, np.uint8)
+    with open(self.path, "rb") as f:
+      done, view = 0, memoryview(out)
+      while done < out.size:
+        n = os.preadv(f.fileno(), [view[done:]], self.start + start * row_bytes + done)
+        if n <= 0:
+          raise TokenizerError(f"{self.path} ends inside tensor {self.name}; it is truncated: "
+                               f"download it again.")
+        done += n
+    if self.elements is not None:
+      return out.view(self.elements).reshape(stop - start, *dims[1:])
+    if len(dims) == 1:
+      return out
+    return out.reshape(stop - start, *dims[1:-1], dims[-1] // values * nbytes)
 
 
 class _Cursor:
@@ -144,20 +189,12 @@ def read(path: str) -> Header:
 
 
 def tensors(path: str, header: Header) -> Iterator[Tensor]:
-  """`path`'s tensors in the file's order, each a view of the file mapped read-only
-  (the mapping is let go when the last view is)."""
+  """`path`'s tensors in the file's order (each read when its `data` or `rows` is)."""
   gguf = import_gguf()
-  mapped = np.memmap(pathlib.Path(path).expanduser(), np.uint8, mode="r")
+  file = pathlib.Path(path).expanduser()
   for t in header.tensors:
     kind = gguf.GGMLQuantizationType(t.type_id)
-    block, nbytes = gguf.GGML_QUANT_SIZES[kind]
-    count = int(np.prod(t.shape))
-    size = count // block * nbytes
-    start = header.data_start + t.offset
-    raw = mapped[start:start + size]
-    dims: List[int] = list(reversed(t.shape))
-    if kind.name in _ELEMENTS:
-      data = raw.view(_ELEMENTS[kind.name]).reshape(dims)
-    else:
-      data = raw.reshape(*dims[:-1], dims[-1] // block * nbytes)
-    yield Tensor(t.name, t.shape, kind, data)
+    elements = _ELEMENTS.get(kind.name)
+    yield Tensor(t.name, t.shape, kind, file, header.data_start + t.offset,
+                 None if elements is None else np.dtype(elements),
+                 tuple(gguf.GGML_QUANT_SIZES[kind]))

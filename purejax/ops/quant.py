@@ -56,6 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purejax import host_memory
+
 FORMATS = ("int8", "q8_0", "q4_1")
 GGUF_KEPT = ("Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 BLOCK = 32  # the block formats' rows per scale (GGUF's QK8_0, QK4_1)
@@ -241,8 +243,8 @@ def _unpack4(codes: np.ndarray) -> np.ndarray:
 
 
 def to_device(w: QuantizedWeight) -> QuantizedWeight:
-  """`w` with its arrays on the default device."""
-  return jax.tree.map(jnp.asarray, w)
+  """`w` with its arrays on the default device (`host_memory.to_device`)."""
+  return jax.tree.map(host_memory.to_device, w)
 
 
 # ----------------------------------------------------------------------------
@@ -379,40 +381,69 @@ def widen(w: QuantizedWeight, bits: int, block: int, offset: bool, scale_dtype
   return QuantizedWeight(codes, scale, off, bits, w.transposed)
 
 
-def common(ws: Sequence[QuantizedWeight]) -> Tuple[QuantizedWeight, ...]:
-  """`ws` in one container: the most bits, the smallest block, an offset if any has one,
-  float32 scales unless all are float16 (`widen`)."""
+def _container(ws: Sequence[QuantizedWeight]):
+  """`(bits, block, offset, scale_dtype)` of the one container `ws` fit losslessly."""
   widths = {w.bits for w in ws}
   bits = widths.pop() if len(widths) == 1 else 8
   block = math.gcd(*(w.block for w in ws))
   offset = any(w.has_offset for w in ws)
   dtypes = {jnp.dtype(w.scale.dtype) for w in ws}
   scale_dtype = np.float16 if dtypes == {jnp.dtype(np.float16)} else np.float32
-  if all(w.bits == bits and w.block == block and w.has_offset == offset
-         and jnp.dtype(w.scale.dtype) == scale_dtype for w in ws):
-    return tuple(ws)
-  return tuple(widen(w, bits, block, offset, scale_dtype) for w in ws)
+  return bits, block, offset, scale_dtype
 
 
-def _join(ws, combine) -> QuantizedWeight:
-  ws = common(ws)
+def _in(w: QuantizedWeight, bits, block, offset, scale_dtype) -> QuantizedWeight:
+  """`w` in the container, widened only where it differs."""
+  if (w.bits == bits and w.block == block and w.has_offset == offset
+      and jnp.dtype(w.scale.dtype) == scale_dtype):
+    return w
+  return widen(w, bits, block, offset, scale_dtype)
+
+
+def common(ws: Sequence[QuantizedWeight]) -> Tuple[QuantizedWeight, ...]:
+  """`ws` in one container: the most bits, the smallest block, an offset if any has one,
+  float32 scales unless all are float16 (`widen`)."""
+  spec = _container(ws)
+  return tuple(_in(w, *spec) for w in ws)
+
+
+_FIELDS = ("codes", "scale", "offset")
+
+
+def _check_orientation(ws) -> None:
   if len({w.transposed for w in ws}) != 1:
     raise QuantizeError("cannot join a transposed weight with an upright one.")
-  arrays = [combine([np.asarray(getattr(w, f)) for w in ws]) for f in ("codes", "scale",
-                                                                        "offset")]
-  return QuantizedWeight(*arrays, ws[0].bits, ws[0].transposed)
 
 
 def stack(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:
-  """Layers' weights of one shape as one `[layers, ...]` weight (host arrays)."""
-  return _join(ws, lambda a: np.stack(a))
+  """Layers' weights of one shape as one `[layers, ...]` weight (host arrays, from
+  `host_memory.empty`: each layer widened and written in turn, for `to_device` to
+  adopt)."""
+  _check_orientation(ws)
+  spec = _container(ws)
+  out = None
+  for i, w in enumerate(ws):
+    w = _in(w, *spec)
+    if out is None:
+      out = [host_memory.empty((len(ws), *getattr(w, f).shape), getattr(w, f).dtype)
+             for f in _FIELDS]
+    for buffer, f in zip(out, _FIELDS):
+      buffer[i] = np.asarray(getattr(w, f))
+  return QuantizedWeight(*out, spec[0], ws[0].transposed)
 
 
 def concatenate(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:
-  """Upright weights of one row count side by side: `[..., rows, sum of cols]`."""
+  """Upright weights of one row count side by side: `[..., rows, sum of cols]` (host
+  arrays, from `host_memory.empty`)."""
   if any(w.transposed for w in ws):
     raise QuantizeError("only upright weights are joined along their columns.")
-  return _join(ws, lambda a: np.concatenate(a, axis=-1))
+  ws = common(ws)
+  arrays = []
+  for f in _FIELDS:
+    parts = [np.asarray(getattr(w, f)) for w in ws]
+    shape = (*parts[0].shape[:-1], sum(p.shape[-1] for p in parts))
+    arrays.append(np.concatenate(parts, axis=-1, out=host_memory.empty(shape, parts[0].dtype)))
+  return QuantizedWeight(*arrays, ws[0].bits, ws[0].transposed)
 
 
 # ----------------------------------------------------------------------------

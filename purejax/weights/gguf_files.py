@@ -265,27 +265,69 @@ def _gemma3_hf_config(meta: Dict[str, Any], names: set, source: str) -> Dict[str
           "tie_word_embeddings": "output.weight" not in names, "attention_bias": False}
 
 
+_CHUNK_BYTES = 16 << 20  # a tensor is decoded this many bytes of the file at a time
+
+
+def _row_chunks(tensor):
+  """`(start, stop)` ranges of a tensor's rows (its slowest axis), each about
+  `_CHUNK_BYTES` of the file, so a large tensor (a token embedding) is decoded into
+  its place without being held twice."""
+  dims = tensor.dims
+  if len(dims) == 1:
+    return [(0, dims[0])]
+  values, nbytes = tensor.block
+  row = int(np.prod(dims[1:], dtype=np.int64))
+  row_bytes = (row * tensor.elements.itemsize if tensor.elements is not None
+               else row // values * nbytes)
+  step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+  return [(start, min(dims[0], start + step)) for start in range(0, dims[0], step)]
+
+
 def _dequantize(tensor, source: str) -> np.ndarray:
-  """A GGUF tensor as float32, in its logical shape (`[out, in]` for a matrix)."""
+  """A GGUF tensor as float32, in its logical shape (`[out, in]` for a matrix), in an
+  array from `host_memory.empty`."""
   import gguf  # pylint: disable=import-outside-toplevel
   kind = tensor.tensor_type.name
   if kind not in READ_TYPES:
     raise ConversionError(f"{source}: tensor {tensor.name} is {kind}, a type purejax does not "
                           f"read ({', '.join(READ_TYPES)}); use a file of one of those.")
-  shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest axis first
-  if kind == "F32":
-    return np.asarray(tensor.data, np.float32).reshape(shape)
-  return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
+  shape = tensor.dims  # GGUF lists the fastest axis first
+  out = host_memory.empty(shape, np.float32)
+  for start, stop in _row_chunks(tensor):
+    raw = tensor.rows(start, stop)
+    if kind != "F32":
+      raw = gguf.quants.dequantize(raw, tensor.tensor_type)
+    out[start:stop] = np.asarray(raw).reshape(stop - start, *shape[1:])
+  return out
 
 
 def _kept(tensor, source: str):
   """A GGUF matrix's blocks kept quantized, as a `quant.QuantizedWeight` in Hugging
-  Face's `[out, in]` orientation (`.T` of the `[in, out]` weight the model reads)."""
-  shape = tuple(int(n) for n in reversed(tensor.shape))
+  Face's `[out, in]` orientation (`.T` of the `[in, out]` weight the model reads), its
+  arrays from `host_memory.empty` where it is decoded in several pieces."""
+  out, rows = tuple(int(n) for n in reversed(tensor.shape))
+  chunks = _row_chunks(tensor)
+  arrays = None
   try:
-    return quant.from_gguf_blocks(tensor.data, tensor.tensor_type.name, shape).T
+    for start, stop in chunks:
+      piece = quant.from_gguf_blocks(tensor.rows(start, stop), tensor.tensor_type.name,
+                                     (stop - start, rows))
+      if len(chunks) == 1:  # one piece: it is the weight
+        return piece.T
+      if arrays is None:
+        arrays = {f: host_memory.empty((*getattr(piece, f).shape[:-1], out),
+                                       getattr(piece, f).dtype)
+                  for f in ("codes", "scale")}
+        arrays["offset"] = (host_memory.empty((*piece.offset.shape[:-1], out),
+                                              piece.offset.dtype)
+                            if piece.has_offset else piece.offset)
+      for f in ("codes", "scale", "offset"):
+        if f != "offset" or piece.has_offset:
+          arrays[f][..., start:stop] = getattr(piece, f)
   except quant.QuantizeError as e:
     raise ConversionError(f"{source}: tensor {tensor.name}: {e}") from None
+  return quant.QuantizedWeight(arrays["codes"], arrays["scale"], arrays["offset"],
+                               piece.bits).T
 
 
 def _unpermute_kept(w: "quant.QuantizedWeight", heads: int) -> "quant.QuantizedWeight":
@@ -294,6 +336,33 @@ def _unpermute_kept(w: "quant.QuantizedWeight", heads: int) -> "quant.QuantizedW
       np.asarray(getattr(w, f)).T, heads).T) for f in ("codes", "scale")},
       offset=(np.ascontiguousarray(_unpermute(np.asarray(w.offset).T, heads).T)
               if w.has_offset else w.offset))
+
+
+def _read_state(path: str, header, config: gpt.GPTConfig, keep_quantized: bool,
+                widened: Dict[str, list], source: str) -> Dict[str, Any]:
+  """`{Hugging Face name: tensor}` of the file: float32 arrays, or kept blocks
+  (`_kept`); the types not kept, by name, into `widened`."""
+  arch = header.meta["general.architecture"]
+  state = {}
+  for tensor in gguf_reader.tensors(path, header):
+    name, kind = tensor.name, tensor.tensor_type.name
+    keep = keep_quantized and kind in quant.GGUF_KEPT and len(tensor.shape) == 2
+    if keep_quantized and not keep and kind not in ("F32", "F16", "BF16"):
+      widened.setdefault(kind, []).append(name)
+    try:
+      value = _kept(tensor, source) if keep else _dequantize(tensor, source)
+    except tokenizers.TokenizerError as e:  # a truncated file
+      raise ConversionError(str(e)) from None
+    if config.position == "rope" and arch in _PERMUTED:
+      unpermute = _unpermute_kept if keep else _unpermute
+      if re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
+        value = unpermute(value, config.n_head)
+      elif re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
+        value = unpermute(value, config.kv_heads)
+    if arch == "gemma3" and _is_gemma_norm(name):
+      value = value - np.float32(1.0)  # stored as 1 + w, as transformers' loader reads it
+    state[_hf_name(name, arch)] = value
+  return state
 
 
 def from_gguf(path: str, *, keep_quantized: bool = False
@@ -309,8 +378,8 @@ def from_gguf(path: str, *, keep_quantized: bool = False
       named in one warning. False: every tensor dequantized to float32.
 
   Returns:
-    `(params, config, tokenizer_spec)`: float32 numpy params (with
-    `keep_quantized`, device arrays), their config,
+    `(params, config, tokenizer_spec)`: params as device arrays in the layout
+    the model reads (float32, or with `keep_quantized` the kept blocks), their config,
     and the file's tokenizer (kind "gguf", with its chat template, BOS/EOS
     tokens and whether to prepend BOS), or an "ids" spec if it has none.
 
@@ -326,42 +395,24 @@ def from_gguf(path: str, *, keep_quantized: bool = False
     raise ConversionError(str(e)) from None
   meta = header.meta
   config = llama.config_from_hf(_hf_config(meta, set(header.tensor_names), source), source)
-  arch = meta["general.architecture"]
-  state, widened, tensor = {}, {}, None
-  for tensor in gguf_reader.tensors(path, header):
-    name, kind = tensor.name, tensor.tensor_type.name
-    keep = keep_quantized and kind in quant.GGUF_KEPT and len(tensor.shape) == 2
-    if keep_quantized and not keep and kind not in ("F32", "F16", "BF16"):
-      widened.setdefault(kind, []).append(name)
-    value = _kept(tensor, source) if keep else _dequantize(tensor, source)
-    if config.position == "rope" and arch in _PERMUTED:
-      unpermute = _unpermute_kept if keep else _unpermute
-      if re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
-        value = unpermute(value, config.n_head)
-      elif re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
-        value = unpermute(value, config.kv_heads)
-    if arch == "gemma3" and _is_gemma_norm(name):
-      value = value - np.float32(1.0)  # stored as 1 + w, as transformers' loader reads it
-    state[_hf_name(name, arch)] = value
-  del tensor  # the file's mapping is let go with its last view
+  widened = {}
+  # The state is passed on without a name here, so each tensor's host array goes once
+  # it is placed on the device (`llama.params_from_state`).
+  params = llama.params_from_state(_read_state(path, header, config, keep_quantized,
+                                               widened, source), config, source=source)
   if widened:
     logging.getLogger(__name__).warning(
         "%s: %s kept as float32: %s are not kept quantized (only %s).", source,
         ", ".join(f"{len(v)} {k} tensor{'s' * (len(v) > 1)}" for k, v in widened.items()),
         "/".join(widened), ", ".join(quant.GGUF_KEPT))
-  params = llama.params_from_state(state, config, source=source)
-  del state
-  if keep_quantized:
-    params = jax.tree.map(jnp.asarray, params)
   if meta.get("tokenizer.ggml.tokens"):
     try:
-      spec = gguf_tokenizer.from_fields(gguf_tokenizer.fields_of(meta), source).spec()
+      spec = gguf_tokenizer.spec_of_fields(gguf_tokenizer.fields_of(meta), source)
     except tokenizers.TokenizerError as e:
       raise ConversionError(str(e)) from None
   else:
     spec = tokenizers.ids_spec(config.vocab_size)
-  if keep_quantized:
-    host_memory.release_freed()  # the blocks decoded and dropped
+  host_memory.release_freed()  # the tensors read, decoded and dropped
   return params, config, spec
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from purejax import gpt
 from purejax.gpt import config as gpt_config
+from purejax import host_memory
 from purejax.ops import quant
 from purejax.weights import gemma
 from purejax.weights import hf_config as hf_config_lib
@@ -255,7 +256,14 @@ def _expected(config: gpt.GPTConfig) -> Dict[str, Tuple[int, ...]]:
 
 def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
                       source: str) -> Params:
-  """float32 numpy params in `gpt.init_params`' layout from a Hugging Face state dict.
+  """float32 params in `gpt.init_params`' layout from a Hugging Face state dict, as
+  device arrays in the layout the model reads (C order: no copy per call).
+
+  Placed leaf by leaf: a layer's host array is let go once written into its stacked
+  leaf (unless the caller holds `state`), so a loader that passes its dict without
+  keeping it holds the host copy and the device copy of one leaf at a time, not of
+  the whole model (on CPU the stacked host buffer is the device array:
+  `host_memory.to_device`).
 
   Args:
     state: `{name: array}` with Hugging Face's names (any float dtype); a matrix may be
@@ -282,26 +290,38 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
         f"{config.n_layer}, bias={config.bias}, tie_word_embeddings={config.tie_embeddings})"
         f": missing {missing[:3]}, unexpected {extra[:3]}.")
   arrays = tensors.float32_tensors(state, expected, source=source, needs="config.json",
-                                   partner="config.json")
+                                   partner="config.json", convert=False)
+  del state  # each tensor's host array is let go once it is placed (a caller's dict aside)
 
-  def layers(name):  # [n_layer, ...] in purejax's [in, out] layout
-    values = [arrays.pop(f"model.layers.{i}.{name}") for i in range(config.n_layer)]
-    kept = [isinstance(v, quant.QuantizedWeight) for v in values]
-    if all(kept):  # a GGUF file's blocks, `[out, in]` views of `[in, out]` weights
-      return quant.stack([v.T for v in values])
-    values = [quant.dense(v) for v in values]
-    stacked = np.stack(values)
-    return np.swapaxes(stacked, 1, 2) if stacked.ndim == 3 else stacked
-
-  def side_by_side(ws):
-    if all(isinstance(w, quant.QuantizedWeight) for w in ws):
-      return quant.concatenate(ws)
-    return np.concatenate([np.asarray(quant.dense(w)) for w in ws], axis=-1)
+  def layers(*names):
+    """`names`' layers side by side as one `[n_layer, ...]` leaf in purejax's `[in, out]`
+    layout, on the device; each layer's host array let go once written."""
+    values = [[arrays.pop(f"model.layers.{i}.{name}") for i in range(config.n_layer)]
+              for name in names]
+    if all(isinstance(v, quant.QuantizedWeight) for vs in values for v in vs):
+      # A GGUF file's blocks, `[out, in]` views of `[in, out]` weights.
+      parts = [quant.stack([v.T for v in vs]) for vs in values]
+      del values
+      placed = quant.to_device(parts[0] if len(parts) == 1 else quant.concatenate(parts))
+      del parts
+      host_memory.release_freed()  # the layers' pieces, before the next leaf's
+      return placed
+    widths = [vs[0].shape[0] for vs in values]  # out (a matrix's), or the vector's length
+    lead = values[0][0].shape[1:]  # (in,) for a matrix, () for a vector
+    out = host_memory.empty((config.n_layer, *lead, sum(widths)), np.float32)
+    at = 0
+    for vs, width in zip(values, widths):
+      for i in range(config.n_layer):
+        out[i, ..., at:at + width] = np.asarray(quant.dense(vs[i]), np.float32).T
+        vs[i] = None
+      at += width
+    host_memory.release_freed()
+    return host_memory.to_device(out)
 
   def dense(*names, bias=True):
-    out = {"w": side_by_side([layers(f"{n}.weight") for n in names])}
+    out = {"w": layers(*(f"{n}.weight" for n in names))}
     if bias:
-      out["b"] = np.concatenate([layers(f"{n}.bias") for n in names], axis=-1)
+      out["b"] = layers(*(f"{n}.bias" for n in names))
     return out
 
   attn = "self_attn."
@@ -317,15 +337,20 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
     for part in path[:-1]:
       node = node[part]
     node[path[-1]] = {"scale": layers(name)}
+
+  def whole(value):
+    if isinstance(value, quant.QuantizedWeight):
+      return quant.to_device(value)
+    return host_memory.to_device(value)
+
   params = {
-      "wte": {"embedding": arrays["model.embed_tokens.weight"]},
+      "wte": {"embedding": whole(arrays.pop("model.embed_tokens.weight"))},
       "blocks": blocks,
-      "ln_f": {"scale": arrays["model.norm.weight"]},
+      "ln_f": {"scale": whole(arrays.pop("model.norm.weight"))},
   }
   if not config.tie_embeddings:
-    head = arrays["lm_head.weight"]
-    params["lm_head"] = {"w": head.T if isinstance(head, quant.QuantizedWeight)
-                         else np.ascontiguousarray(head.T)}
+    head = arrays.pop("lm_head.weight")
+    params["lm_head"] = {"w": whole(head.T)}
   gpt.check_params(params, config)
   return params
 

@@ -21,6 +21,7 @@ def float32_tensors(
     needs: str,
     partner: str,
     transpose: Callable[[str], bool] = lambda name: False,
+    convert: bool = True,
 ) -> Dict[str, np.ndarray]:
   """`{name: float32 array}` for every tensor `expected` names, each of the shape it names.
 
@@ -31,6 +32,9 @@ def float32_tensors(
     needs: what asks for the shapes, in the error ("config.json", a model's description).
     partner: what the weights must belong with, in the error ("config.json", "the config").
     transpose: names whose matrix is stored transposed (`[out, in]` vs `[in, out]`).
+    convert: False: shapes checked only, each array kept in its dtype (the caller
+      converts a tensor when it places it, so a bfloat16 checkpoint is never held
+      whole in float32 beside itself).
 
   Raises:
     ConversionError: a tensor of another shape; the message names it and both shapes.
@@ -39,7 +43,7 @@ def float32_tensors(
   for name, want in expected.items():
     value = state[name]
     if not isinstance(value, quant.QuantizedWeight):  # kept as it is (a GGUF file's blocks)
-      value = np.asarray(value, dtype=np.float32)
+      value = np.asarray(value, dtype=np.float32 if convert else None)
     if transpose(name):
       value = value.T
     if value.shape != want:
