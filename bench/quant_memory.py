@@ -6,7 +6,8 @@ float32: one fresh process per arm, RSS read from /proc.
 Each arm's process imports purejax and the libraries the load uses (gguf,
 tokenizers), runs one small jitted op (the runtime's own memory), reads its RSS (the
 baseline), loads the model (`gguf_files.from_gguf`, kept
-quantized or dequantized to float32, as device arrays either way), reads RSS again,
+quantized or dequantized to float32, device arrays either way), reads RSS and the
+process's peak so far (the load's),
 greedily generates `--tokens` tokens from one prompt through `engine.generate`, and
 reads RSS and the process's peak. Prints, per arm, the loaded and generation growth
 over the baseline, the peak, and the file's size; all in MB (10^6 bytes).
@@ -16,9 +17,16 @@ import argparse
 import json
 import os
 import pathlib
-import resource
 import subprocess
 import sys
+
+
+def peak_mb() -> float:
+  """The process's peak resident size so far (VmHWM; `ru_maxrss` would carry a forking
+  parent's over)."""
+  with open("/proc/self/status") as f:
+    line = next(l for l in f if l.startswith("VmHWM:"))
+  return int(line.split()[1]) * 1024 / 1e6
 
 
 def rss_mb() -> float:
@@ -37,14 +45,13 @@ def arm(model: str, keep: bool, tokens: int) -> dict:
   jax.jit(lambda x: x + 1)(jnp.ones(4)).block_until_ready()
   base = rss_mb()
   params, config, _ = gguf_files.from_gguf(model, keep_quantized=keep)
-  params = jax.tree.map(jnp.asarray, params)
   jax.block_until_ready(params)
   loaded = rss_mb()
-  peak_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+  peak_load = peak_mb()
   out = engine.generate(params, [[2, 651, 6037, 529]], config, jax.random.PRNGKey(0), tokens,
                         forms=kernels.select("cpu"))
   done = rss_mb()
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+  peak = peak_mb()
   return {"kept": keep, "baseline_mb": base, "load_mb": loaded - base,
           "load_peak_mb": peak_load - base, "generate_mb": done - loaded,
           "peak_mb": peak - base, "tokens": list(out[0][0].tokens)}

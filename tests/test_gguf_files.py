@@ -181,6 +181,29 @@ def test_kept_blocks_run_as_the_dequantized_file_and_other_types_are_named(tmp_p
                                 np.asarray(gpt.forward(floats, tokens, config, forms=forms)))
 
 
+def test_tensors_read_in_pieces_load_as_read_whole_as_device_arrays(tmp_path, monkeypatch):
+  # The loader reads and decodes a tensor a few rows at a time (a token embedding is
+  # never held twice); pieces of 3 rows here, against the whole tensor at once.
+  from purejax.ops import quant
+  state = hf_state(random_params())
+  types = {"model.embed_tokens.weight": Q.Q8_0, "lm_head.weight": Q.Q4_K,
+           "model.layers.0.mlp.up_proj.weight": Q.Q5_0, "model.layers.1.mlp.up_proj.weight":
+           Q.F16}
+  write_gguf(tmp_path / "m.gguf", state, types)
+  whole = [gguf_files.from_gguf(str(tmp_path / "m.gguf"), keep_quantized=keep)[0]
+           for keep in (False, True)]
+  row_bytes = 256 // 32 * 34  # a Q8_0 row of the embedding
+  monkeypatch.setattr(gguf_files, "_CHUNK_BYTES", 3 * row_bytes)
+  pieces = [gguf_files.from_gguf(str(tmp_path / "m.gguf"), keep_quantized=keep)[0]
+            for keep in (False, True)]
+  assert isinstance(pieces[1]["wte"]["embedding"], quant.QuantizedWeight)
+  for a, b in zip(whole, pieces):
+    chex.assert_trees_all_equal(a, b)
+    # Device arrays in C order, as the model reads them: no copy on each call.
+    for leaf in jax.tree.leaves(b):
+      assert isinstance(leaf, jax.Array), type(leaf)
+
+
 def test_another_type_is_a_one_line_error_naming_it(tmp_path):
   state = hf_state(random_params())
   write_gguf(tmp_path / "m.gguf", state, {"model.layers.0.mlp.up_proj.weight": Q.IQ4_NL})
@@ -374,6 +397,19 @@ def test_a_load_records_the_spec_of_the_tokenizer_it_does_not_build(tmp_path):
           == gguf_tokenizer.from_fields(fields, str(tmp_path / "spm.gguf")).spec())
   _, _, spec = weights.from_gguf(str(tmp_path / "spm.gguf"))
   assert spec == gguf_tokenizer.load(str(tmp_path / "spm.gguf")).spec()
+
+
+def test_a_plain_prompt_starts_with_bos_where_the_file_says_so(tmp_path):
+  # llama.cpp prepends BOS to a prompt when the file's add_bos_token says so (a base
+  # Gemma's continuation depends on it); sampling and /v1/completions do too.
+  write_gguf(tmp_path / "m.gguf", hf_state(random_params()))
+  tok = gguf_tokenizer.load(str(tmp_path / "m.gguf"))
+  assert tok.add_bos and tok.bos_token == "<s>"
+  text = tok.encode("héllo").tolist()
+  assert tokenizers.prompt_ids(tok, "héllo") == [0] + text
+  assert tokenizers.prompt_ids(tok, "<s>héllo") == [0] + text  # not twice
+  chars = tokenizers.CharTokenizer("abc")
+  assert tokenizers.prompt_ids(chars, "cab") == [2, 0, 1]  # no BOS to add
 
 
 def test_convert_writes_gguf_and_refuses_bad_input(tmp_path, capsys):

@@ -143,6 +143,9 @@ def test_bf16_and_sharded_folders_import(tmp_path):
   reference, _, _ = huggingface.from_huggingface(str(tmp_path / "fp32"))
   rounded = jax.tree.map(lambda p: np.asarray(p, jnp.bfloat16).astype(np.float32), reference)
   chex.assert_trees_all_equal(params, rounded)  # bf16 values, read exactly, held as float32
+  # Device arrays in the model's [in, out] layout, not a transpose's strides.
+  assert all(isinstance(leaf, jax.Array) and leaf.dtype == jnp.float32
+             for leaf in jax.tree.leaves(params))
   out = huggingface.to_huggingface(params, config, str(tmp_path / "out"), dtype="bfloat16",
                                    max_shard_bytes=20_000)
   assert len(list(out.glob("model-*-of-*.safetensors"))) > 1

@@ -19,6 +19,7 @@ from purejax.cli import command
 from purejax.cli import errors
 from purejax.cli import forms_flags
 from purejax.cli import models
+from purejax.data import tokenizers
 
 def define_flags(args: flags.FlagValues) -> None:
   flags.DEFINE_string("out_dir", "out-gpt", "Run directory of a trained model.",
@@ -79,7 +80,7 @@ def sample(args: flags.FlagValues) -> int:
                                    args.quantize)
     stops = stop_ids_of(wanted, tokenizer)
     forms = forms_flags.forms_from_flags(args)
-    prompt = list(tokenizer.encode(start))
+    prompt = tokenizers.prompt_ids(tokenizer, start)
     if not prompt:
       raise ValueError("--start encodes to no tokens; give a longer prompt.")
   except (ValueError, OSError, checkpoint.CheckpointError) as e:

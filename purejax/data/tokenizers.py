@@ -140,6 +140,19 @@ def byte_lengths(tokenizer: Tokenizer) -> Optional[np.ndarray]:
   return None if lengths is None else lengths()
 
 
+def prompt_ids(tokenizer: Tokenizer, text: str) -> List[int]:
+  """A plain prompt's ids as the model reads them: BOS first where the tokenizer says
+  a prompt starts with it (a GGUF file's `add_bos_token`, as llama.cpp prepends it;
+  not when `text` already begins with it), then `text`'s ids."""
+  ids = [int(i) for i in tokenizer.encode(text)]
+  bos = getattr(tokenizer, "bos_token", None)
+  if getattr(tokenizer, "add_bos", False) and bos is not None:
+    first = [int(i) for i in tokenizer.encode(bos)]
+    if ids[:len(first)] != first:
+      ids = first + ids
+  return ids
+
+
 def token_texts(tokenizer: Tokenizer) -> List[str]:
   """Each id's text as it reads inside a longer text, for matching stop strings.
 

@@ -41,6 +41,7 @@ from starlette.routing import Route
 from purejax import decode
 from purejax import engine as engine_lib
 from purejax.data import chat
+from purejax.data import tokenizers
 from purejax.serving import protocol
 
 LOG = logging.getLogger("purejax.serve")
@@ -351,7 +352,8 @@ def create_app(served: Served, config: ServerConfig = ServerConfig()) -> Starlet
       else:
         parsed = protocol.parse_completion(body, config.limits, tok.vocab_size)
         server.check_model(parsed.model)
-        prompts = [list(tok.encode(p)) if isinstance(p, str) else p for p in parsed.prompts]
+        prompts = [tokenizers.prompt_ids(tok, p) if isinstance(p, str) else p
+                   for p in parsed.prompts]
         if not all(prompts):
           raise protocol.APIError(400, "a prompt encodes to no tokens.", param="prompt")
         param = "prompt"

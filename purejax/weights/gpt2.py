@@ -31,6 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from purejax import gpt
+from purejax import host_memory
 from purejax.data import tokenizers
 from purejax.weights import hf_config as hf_config_lib
 from purejax.weights import tensors
@@ -122,7 +123,7 @@ def params_from_state(
       `config.vocab_size`); the rows up to `config.vocab_size` are zero padding.
 
   Returns:
-    float32 numpy params in `gpt.init_params`' layout.
+    float32 params in `gpt.init_params`' layout, device arrays in C order.
 
   Raises:
     ConversionError: missing, unexpected or misshapen tensors, or an untied head.
@@ -151,17 +152,22 @@ def params_from_state(
       raise ConversionError(
           f"{source}: lm_head.weight differs from the token embedding wte.weight; "
           f"untied output heads are not supported (purejax's GPT ties the head to wte).")
-  padding = config.vocab_size - wte.shape[0]
-  arrays["wte.weight"] = np.concatenate([wte, np.zeros((padding, wte.shape[1]), np.float32)])
+  table = host_memory.empty((config.vocab_size, wte.shape[1]), np.float32)
+  table[:wte.shape[0]], table[wte.shape[0]:] = wte, 0.0  # padding rows: zeros
+  arrays["wte.weight"] = table
+  del wte
 
   params: Params = {}
   for name, path, _, is_bias in _TOP_WEIGHTS:
     if config.bias or not is_bias:
-      _set(params, path, arrays[name])
+      _set(params, path, host_memory.to_device(arrays.pop(name)))
   for name, path, _, is_bias in _LAYER_WEIGHTS:
     if config.bias or not is_bias:
-      layers = [arrays[f"h.{i}.{name}"] for i in range(config.n_layer)]
-      _set(params, ("blocks",) + path, np.stack(layers))
+      first = arrays[f"h.0.{name}"]
+      stacked = host_memory.empty((config.n_layer, *first.shape), np.float32)
+      for i in range(config.n_layer):
+        stacked[i] = arrays.pop(f"h.{i}.{name}")
+      _set(params, ("blocks",) + path, host_memory.to_device(stacked))
   gpt.check_params(params, config)
   return params
 

@@ -194,7 +194,8 @@ def from_huggingface(
       a multiple of this (1: no padding).
 
   Returns:
-    `(params, config, tokenizer_spec)`: float32 numpy params,
+    `(params, config, tokenizer_spec)`: float32 params (device arrays in the
+    layout the model reads),
     `config.vocab_size` the (padded) table size, and the tokenizer's spec
     whose `"vocab_size"` is the number of real ids: GPT-2's tokenizer for a
     50257-id GPT-2, the folder's `tokenizer.json` for the Llama family,

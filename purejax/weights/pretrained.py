@@ -23,6 +23,7 @@ import numpy as np
 
 from purejax import checkpoint
 from purejax import gpt
+from purejax import host_memory
 from purejax import lora
 from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
@@ -117,7 +118,9 @@ def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
     # A base held quantized or in bfloat16 (`--quantize`): every weight float32 again.
     params = jax.tree.map(lambda w: np.asarray(quant.dense(w), np.float32), params,
                           is_leaf=lambda w: isinstance(w, quant.QuantizedWeight))
-  return gpt2.to_numpy(params), config, spec, meta
+  # float32 device arrays, as every loader gives them (no copy per call of the model).
+  params = jax.tree.map(lambda a: host_memory.to_device(np.asarray(a, np.float32)), params)
+  return params, config, spec, meta
 
 
 def from_pretrained(source: str, *, trust_pickle: bool = False, keep_quantized: bool = False
