@@ -88,6 +88,15 @@ def test_layers_of_different_gguf_types_share_a_lossless_container():
   side = quant.concatenate(kept)
   np.testing.assert_array_equal(np.asarray(side.dequantized()), np.concatenate(
       [np.asarray(w.dequantized()) for w in kept], axis=-1))
+  # Both at once (a fused weight's layers): layer i is weight 0's and weight 1's side
+  # by side, each layer's piece written in turn.
+  both = quant.stack_side_by_side([kept, kept[::-1]])
+  assert both.shape == (2, 256, 128)
+  for i in range(2):
+    np.testing.assert_array_equal(
+        np.asarray(jax.tree.map(lambda a: a[i], both).dequantized()),
+        np.concatenate([np.asarray(kept[i].dequantized()),
+                        np.asarray(kept[1 - i].dequantized())], axis=-1))
 
 
 def test_a_transposed_table_looks_up_rows_and_is_its_own_head():

@@ -416,20 +416,37 @@ def _check_orientation(ws) -> None:
 
 
 def stack(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:
-  """Layers' weights of one shape as one `[layers, ...]` weight (host arrays, from
-  `host_memory.empty`: each layer widened and written in turn, for `to_device` to
-  adopt)."""
-  _check_orientation(ws)
-  spec = _container(ws)
-  out = None
-  for i, w in enumerate(ws):
-    w = _in(w, *spec)
-    if out is None:
-      out = [host_memory.empty((len(ws), *getattr(w, f).shape), getattr(w, f).dtype)
-             for f in _FIELDS]
-    for buffer, f in zip(out, _FIELDS):
-      buffer[i] = np.asarray(getattr(w, f))
-  return QuantizedWeight(*out, spec[0], ws[0].transposed)
+  """Layers' weights of one shape as one `[layers, ...]` weight (`stack_side_by_side`)."""
+  return stack_side_by_side([ws])
+
+
+def stack_side_by_side(groups: Sequence[Sequence[QuantizedWeight]]) -> QuantizedWeight:
+  """`groups[g][i]`, weight `g` of layer `i`, as one `[layers, rows, sum of cols]`
+  weight: each layer's weights side by side (a fused q/k/v), the layers stacked, in
+  one container (`common`). Host arrays from `host_memory.empty`, each layer's piece
+  widened and written in turn (no second copy of the whole), for `to_device` to adopt.
+  """
+  everyone = [w for ws in groups for w in ws]
+  _check_orientation(everyone)
+  if len(groups) > 1 and everyone[0].transposed:
+    raise QuantizeError("only upright weights are joined along their columns.")
+  if len({len(ws) for ws in groups}) != 1:
+    raise QuantizeError("every weight side by side needs one piece per layer.")
+  spec = _container(everyone)
+  layers, total = len(groups[0]), sum(ws[0].codes.shape[-1] for ws in groups)
+  out, at = None, 0
+  for ws in groups:
+    cols = ws[0].codes.shape[-1]
+    for i, w in enumerate(ws):
+      arrays = [np.asarray(getattr(_in(w, *spec), f)) for f in _FIELDS]
+      if out is None:
+        out = [host_memory.empty((layers, *a.shape[:-1], total if a.shape[-1] else 0),
+                                 a.dtype) for a in arrays]
+      for buffer, a in zip(out, arrays):
+        if a.shape[-1]:  # (an absent offset is an empty placeholder)
+          buffer[i, ..., at:at + cols] = a
+    at += cols
+  return QuantizedWeight(*out, spec[0], everyone[0].transposed)
 
 
 def concatenate(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:

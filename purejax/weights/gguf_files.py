@@ -395,6 +395,15 @@ def from_gguf(path: str, *, keep_quantized: bool = False
     raise ConversionError(str(e)) from None
   meta = header.meta
   config = llama.config_from_hf(_hf_config(meta, set(header.tensor_names), source), source)
+  # The tokenizer's record first: its transient (a 262144-token vocabulary's) is then
+  # not on top of the weights.
+  if meta.get("tokenizer.ggml.tokens"):
+    try:
+      spec = gguf_tokenizer.spec_of_fields(gguf_tokenizer.fields_of(meta), source)
+    except tokenizers.TokenizerError as e:
+      raise ConversionError(str(e)) from None
+  else:
+    spec = tokenizers.ids_spec(config.vocab_size)
   widened = {}
   # The state is passed on without a name here, so each tensor's host array goes once
   # it is placed on the device (`llama.params_from_state`).
@@ -405,13 +414,6 @@ def from_gguf(path: str, *, keep_quantized: bool = False
         "%s: %s kept as float32: %s are not kept quantized (only %s).", source,
         ", ".join(f"{len(v)} {k} tensor{'s' * (len(v) > 1)}" for k, v in widened.items()),
         "/".join(widened), ", ".join(quant.GGUF_KEPT))
-  if meta.get("tokenizer.ggml.tokens"):
-    try:
-      spec = gguf_tokenizer.spec_of_fields(gguf_tokenizer.fields_of(meta), source)
-    except tokenizers.TokenizerError as e:
-      raise ConversionError(str(e)) from None
-  else:
-    spec = tokenizers.ids_spec(config.vocab_size)
   host_memory.release_freed()  # the tensors read, decoded and dropped
   return params, config, spec
 

@@ -268,8 +268,8 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
   Args:
     state: `{name: array}` with Hugging Face's names (any float dtype); a matrix may be
       a `quant.QuantizedWeight` in Hugging Face's `[out, in]` orientation (a GGUF file's
-      blocks): a layer's matrices all kept so stay quantized (`quant.stack`), else
-      they are dequantized.
+      blocks): a layer's matrices all kept so stay quantized
+      (`quant.stack_side_by_side`), else they are dequantized.
     config: from `config_from_hf`.
     source: the files, for error messages.
 
@@ -300,12 +300,10 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
               for name in names]
     if all(isinstance(v, quant.QuantizedWeight) for vs in values for v in vs):
       # A GGUF file's blocks, `[out, in]` views of `[in, out]` weights.
-      parts = [quant.stack([v.T for v in vs]) for vs in values]
+      joined = quant.stack_side_by_side([[v.T for v in vs] for vs in values])
       del values
-      placed = quant.to_device(parts[0] if len(parts) == 1 else quant.concatenate(parts))
-      del parts
       host_memory.release_freed()  # the layers' pieces, before the next leaf's
-      return placed
+      return quant.to_device(joined)
     widths = [vs[0].shape[0] for vs in values]  # out (a matrix's), or the vector's length
     lead = values[0][0].shape[1:]  # (in,) for a matrix, () for a vector
     out = host_memory.empty((config.n_layer, *lead, sum(widths)), np.float32)
