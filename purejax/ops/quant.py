@@ -433,19 +433,17 @@ def stack_side_by_side(groups: Sequence[Sequence[QuantizedWeight]]) -> Quantized
   if len({len(ws) for ws in groups}) != 1:
     raise QuantizeError("every weight side by side needs one piece per layer.")
   spec = _container(everyone)
-  layers, total = len(groups[0]), sum(ws[0].codes.shape[-1] for ws in groups)
-  out, at = None, 0
-  for ws in groups:
-    cols = ws[0].codes.shape[-1]
-    for i, w in enumerate(ws):
-      arrays = [np.asarray(getattr(_in(w, *spec), f)) for f in _FIELDS]
+  widths = [ws[0].codes.shape[-1] for ws in groups]
+  starts, out = np.cumsum([0] + widths), None
+  for i in range(len(groups[0])):  # layer by layer: a layer's slice is its own pages
+    for ws, at, cols in zip(groups, starts, widths):
+      arrays = [np.asarray(getattr(_in(ws[i], *spec), f)) for f in _FIELDS]
       if out is None:
-        out = [host_memory.empty((layers, *a.shape[:-1], total if a.shape[-1] else 0),
+        out = [host_memory.empty((len(ws), *a.shape[:-1], sum(widths) if a.shape[-1] else 0),
                                  a.dtype) for a in arrays]
       for buffer, a in zip(out, arrays):
         if a.shape[-1]:  # (an absent offset is an empty placeholder)
           buffer[i, ..., at:at + cols] = a
-    at += cols
   return QuantizedWeight(*out, spec[0], everyone[0].transposed)
 
 

@@ -265,21 +265,19 @@ def _gemma3_hf_config(meta: Dict[str, Any], names: set, source: str) -> Dict[str
           "tie_word_embeddings": "output.weight" not in names, "attention_bias": False}
 
 
-_CHUNK_BYTES = 16 << 20  # a tensor is decoded this many bytes of the file at a time
+_CHUNK_BYTES = 16 << 20  # a tensor is decoded this many bytes of float32 rows at a time
 
 
 def _row_chunks(tensor):
   """`(start, stop)` ranges of a tensor's rows (its slowest axis), each about
-  `_CHUNK_BYTES` of the file, so a large tensor (a token embedding) is decoded into
-  its place without being held twice."""
+  `_CHUNK_BYTES` as float32, so a large tensor (a token embedding) is decoded into its
+  place without being held twice."""
   dims = tensor.dims
   if len(dims) == 1:
     return [(0, dims[0])]
-  values, nbytes = tensor.block
   row = int(np.prod(dims[1:], dtype=np.int64))
-  row_bytes = (row * tensor.elements.itemsize if tensor.elements is not None
-               else row // values * nbytes)
-  step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+  # A row's float32 values: the most any decoding of it makes (blocks are smaller).
+  step = max(1, _CHUNK_BYTES // max(1, 4 * row))
   return [(start, min(dims[0], start + step)) for start in range(0, dims[0], step)]
 
 

@@ -116,7 +116,15 @@ def _read_safetensors(path: pathlib.Path) -> Dict[str, np.ndarray]:
   safetensors = _import_safetensors()
   try:
     with safetensors.safe_open(str(path), framework="np") as f:
-      return {name: f.get_tensor(name) for name in f.keys()}
+      names = list(f.keys())
+    state = {}
+    for name in names:
+      # The file is mapped while open, and every page a read touched stays resident
+      # until it is closed: opened once per tensor, the file is never held whole
+      # beside the arrays read from it.
+      with safetensors.safe_open(str(path), framework="np") as f:
+        state[name] = f.get_tensor(name)
+    return state
   except FileNotFoundError:
     raise ConversionError(f"{path} is missing.") from None
   except Exception as e:  # pylint: disable=broad-except  # SafetensorError and dtype errors

@@ -254,6 +254,9 @@ def _expected(config: gpt.GPTConfig) -> Dict[str, Tuple[int, ...]]:
   return shapes
 
 
+_RELEASE_BYTES = 16 << 20  # layers' host pieces let go between handing memory back
+
+
 def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
                       source: str) -> Params:
   """float32 params in `gpt.init_params`' layout from a Hugging Face state dict, as
@@ -307,12 +310,17 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
     widths = [vs[0].shape[0] for vs in values]  # out (a matrix's), or the vector's length
     lead = values[0][0].shape[1:]  # (in,) for a matrix, () for a vector
     out = host_memory.empty((config.n_layer, *lead, sum(widths)), np.float32)
-    at = 0
-    for vs, width in zip(values, widths):
-      for i in range(config.n_layer):
+    starts, freed = np.cumsum([0] + widths), 0
+    # Layer by layer (a layer's slice of `out` is its own pages), each piece let go once
+    # written, and the heap's freed pieces handed back as the buffer fills.
+    for i in range(config.n_layer):
+      for vs, at, width in zip(values, starts, widths):
         out[i, ..., at:at + width] = np.asarray(quant.dense(vs[i]), np.float32).T
+        freed += getattr(vs[i], "nbytes", 0)
         vs[i] = None
-      at += width
+      if freed > _RELEASE_BYTES:
+        host_memory.release_freed()
+        freed = 0
     host_memory.release_freed()
     return host_memory.to_device(out)
 
