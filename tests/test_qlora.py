@@ -83,6 +83,33 @@ def test_a_held_base_trains_its_adapters_and_never_changes(tmp_path, base_run, c
   assert merged["blocks"]["mlp"]["fc"]["w"].dtype == np.float32 and config == CONFIG
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_a_held_base_trains_on_two_devices_with_microbatches_as_on_one(tmp_path, base_run,
+                                                                      corpus, fsdp):
+  # Two devices, two microbatches each: every device scans its rows, then one `pmean`
+  # of the gradients, whose integer leaves (the codes' zeros) must stay integer zeros.
+  from helpers.runs import step_losses, train_run
+  flags = [f"--init_from={base_run}", f"--dataset={corpus}", "--lora_rank=4",
+           "--batch_size=4", "--eval_interval=4", "--eval_iters=1", "--max_iters=4",
+           "--learning_rate=1e-2", "--warmup_iters=0", "--lr_decay_iters=8",
+           "--log_interval=1", "--quantize=int8"]
+  train_run(tmp_path / "one", *flags)
+  train_run(tmp_path / "two", *flags, "--grad_accum_steps=2", f"--fsdp={fsdp}",
+            num_devices=2)
+  np.testing.assert_allclose(step_losses(tmp_path / "two"), step_losses(tmp_path / "one"),
+                             rtol=1e-5)
+  import jax
+  for out in ("one", "two"):
+    base, _ = base_and_adapters(tmp_path / out)
+    w = base["blocks"]["mlp"]["fc"]["w"]
+    assert isinstance(w, quant.QuantizedWeight) and w.codes.dtype == np.int8
+  for a, b in zip(jax.tree.leaves(base_and_adapters(tmp_path / "one")),
+                  jax.tree.leaves(base_and_adapters(tmp_path / "two"))):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               rtol=1e-4, atol=2e-5)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--quantize=int8"], "--quantize=int8 holds a pretrained model's frozen base for LoRA"),
     (["--quantize=gguf", "--lora_rank=4"], "not a .gguf file"),
