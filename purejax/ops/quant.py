@@ -449,16 +449,8 @@ def stack_side_by_side(groups: Sequence[Sequence[QuantizedWeight]]) -> Quantized
 
 def concatenate(ws: Sequence[QuantizedWeight]) -> QuantizedWeight:
   """Upright weights of one row count side by side: `[..., rows, sum of cols]` (host
-  arrays, from `host_memory.empty`)."""
-  if any(w.transposed for w in ws):
-    raise QuantizeError("only upright weights are joined along their columns.")
-  ws = common(ws)
-  arrays = []
-  for f in _FIELDS:
-    parts = [np.asarray(getattr(w, f)) for w in ws]
-    shape = (*parts[0].shape[:-1], sum(p.shape[-1] for p in parts))
-    arrays.append(np.concatenate(parts, axis=-1, out=host_memory.empty(shape, parts[0].dtype)))
-  return QuantizedWeight(*arrays, ws[0].bits, ws[0].transposed)
+  arrays; `stack_side_by_side` of one layer)."""
+  return jax.tree.map(lambda a: a[0], stack_side_by_side([[w] for w in ws]))
 
 
 # ----------------------------------------------------------------------------
