@@ -83,6 +83,19 @@ def test_a_held_base_trains_its_adapters_and_never_changes(tmp_path, base_run, c
   assert merged["blocks"]["mlp"]["fc"]["w"].dtype == np.float32 and config == CONFIG
 
 
+@pytest.mark.parametrize("dtype, held", [("bfloat16", np.dtype("bfloat16")),
+                                         ("float32", np.dtype("float32"))])
+def test_lora_holds_its_frozen_base_in_the_matmul_dtype(tmp_path, base_run, corpus, dtype,
+                                                       held):
+  # Without --quantize, the base is held as its products read it: bfloat16 under
+  # bfloat16 matmuls (half the bytes, the same products), float32 otherwise.
+  train(base_run, corpus, tmp_path / "a", "--max_iters=1", f"--dtype={dtype}")
+  base, _ = base_and_adapters(tmp_path / "a")
+  assert base["blocks"]["mlp"]["fc"]["w"].dtype == held
+  assert base["wte"]["embedding"].dtype == held
+  assert base["ln_f"]["scale"].dtype == np.float32  # norms stay float32
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_a_held_base_trains_on_two_devices_with_microbatches_as_on_one(tmp_path, base_run,

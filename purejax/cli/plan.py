@@ -123,6 +123,7 @@ def plan(args: Args) -> int:
     num_devices = args.num_devices or 1
     devices = gpu_plan.target_devices(args.gpu, num_devices)
     adapters = train.lora_config(args)
+    held = train.held_base(args)  # --quantize, or bfloat16 for LoRA under bfloat16 matmuls
 
     compiles = [0]
 
@@ -131,7 +132,7 @@ def plan(args: Args) -> int:
       return gpu_plan.read_program(gpu_plan.compile_train_step(
           config, devices if on is None else on, batch_size=batch_size, forms=forms,
           opt_config=opt_config, fsdp=args.fsdp if fsdp is None else fsdp,
-          grad_accum_steps=args.grad_accum_steps, lora_config=adapters, held=args.quantize))
+          grad_accum_steps=args.grad_accum_steps, lora_config=adapters, held=held))
 
     program = compile_at(args.batch_size)
   except gpu_plan.PluginMissing as e:
@@ -141,8 +142,8 @@ def plan(args: Args) -> int:
   capacity = int(args.memory_fraction * card.memory_bytes)
   params = jax.eval_shape(lambda: gpt.init_params(config, jax.random.PRNGKey(0)))
   n_params = gpt.num_params(params)
-  if args.quantize is not None:
-    params = quant.held_shapes(params, args.quantize)
+  if held is not None:
+    params = quant.held_shapes(params, held)
   print(f"target: {num_devices} x {args.gpu} ({card.description}, {_gib(card.memory_bytes)}; "
         f"a program may plan {args.memory_fraction:g} of it: {_gib(capacity)})")
   print(f"model: {n_params / 1e6:.1f}M params, {config.n_layer} layers, {config.n_embd} wide, "
@@ -151,7 +152,7 @@ def plan(args: Args) -> int:
         f"({num_devices} device(s) x {args.grad_accum_steps} microbatch(es)), "
         f"{'FSDP' if args.fsdp else 'replicated'} state"
         + (f", LoRA rank {adapters.rank}" if adapters else "")
-        + (f", base held {args.quantize}" if args.quantize else ""))
+        + (f", base held {held}" if held else ""))
   print(f"forms: {forms.describe()}")
   # The step's arguments are the params, the optimizer state, the corpus's stand-in
   # (`compile_train_step`'s num_tokens int32 ids) and the keys.

@@ -301,21 +301,29 @@ def load_preferences(args: Args, tokenizer, block_size: Optional[int]):
   return preferences.load_preferences(args.dataset, tokenizer, fmt, block_size)
 
 
-def pretrained(args: Args, source: str, best: bool = False):
-  """`(params, config, tokenizer)` of `source` (see `weights.from_pretrained`)."""
+def held_base(args: Args) -> Optional[str]:
+  """How a LoRA run holds its frozen base (`quant.hold_matrices`): `--quantize`, else in
+  bfloat16 under `--dtype=bfloat16` (the dtype its products read it in), else None."""
+  if args.quantize is None and args.lora_rank and args.dtype == "bfloat16":
+    return "bfloat16"
+  return args.quantize
+
+
+def pretrained(args: Args, source: str, best: bool = False, held: Optional[str] = None):
+  """`(params, config, tokenizer)` of `source` (see `weights.from_pretrained`), its dense
+  matrices held as `held` says (`quant.hold_matrices`; "gguf": a file's own blocks)."""
   given = [name for name in ARCHITECTURE_FLAGS
            if args[name].present and name != "block_size"]
   if given:
     raise ValueError(f"--{given[0]} has no effect on weights from {source}: the "
                      f"architecture comes from the weights; drop --{given[0]}.")
   params, config, spec = (weights.from_purejax(source, best=best) if best else
-                          weights.from_pretrained(source,
-                                                  keep_quantized=args.quantize == "gguf"))
-  if args.quantize not in (None, "gguf"):
-    params, left = quant.hold_matrices(params, args.quantize)
+                          weights.from_pretrained(source, keep_quantized=held == "gguf"))
+  if held not in (None, "gguf"):
+    params, left = quant.hold_matrices(params, held)
     if left:
       print(f"base matrices kept in float32 (not a multiple of {quant.BLOCK} rows for "
-            f"{args.quantize}): {', '.join(left)}", file=sys.stderr)
+            f"{held}): {', '.join(left)}", file=sys.stderr)
   if args["block_size"].present:  # a shorter context: RoPE models have no position table
     if config.position != "rope" or args.block_size > config.block_size:
       raise ValueError(f"--block_size={args.block_size}: {source} takes contexts up to "
@@ -363,7 +371,8 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   init_params, init_from = None, args.init_from
   benchmarks = [evaluation.load_task(path) for path in args.eval_tasks or ()]  # fail early
   if init_from:
-    init_params, config, tokenizer = pretrained(args, init_from)
+    init_params, config, tokenizer = pretrained(args, init_from,
+                                                held=held_base(args) if adapters else None)
   else:
     tokenizer = args.tokenizer
   text = load_corpus(args, tokenizer, config.block_size if init_from else None)
@@ -407,7 +416,7 @@ def eval_gpt(args: Args, run: runs.RunConfig, train: gpt_loop.GPTTrainConfig,
   else:
     raise ValueError(f"--eval_only: {run.out_dir} holds no checkpoint; train first, or "
                      f"pass --init_from=MODEL to evaluate pretrained weights.")
-  params, config, tokenizer = pretrained(args, source, best=best)
+  params, config, tokenizer = pretrained(args, source, best=best, held=args.quantize)
   text = load_corpus(args, tokenizer, config.block_size)
   runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
   return {"source": source, **gpt_loop.evaluate_gpt(params, config, text, train, devices,

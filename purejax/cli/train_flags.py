@@ -273,7 +273,8 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
   flags.DEFINE_enum("quantize", None, [*quant.FORMATS, "gguf", "bfloat16"], "How a LoRA "
                     "run holds its frozen base's dense matrices: quantized (int8, q8_0, "
                     "q4_1; gguf: a .gguf --init_from's own blocks; QLoRA), or in bfloat16 "
-                    "(what bfloat16 products read of them anyway). Needs --lora_rank.",
+                    "(what bfloat16 products read of them anyway; the default for LoRA "
+                    "under --dtype=bfloat16). Needs --lora_rank.",
                     flag_values=args)
   flags.DEFINE_list("lora_targets", list(lora.ATTENTION_AND_MLP), "Patterns of the weights "
                     "LoRA adapts, over dotted param paths (e.g. *attn.qkv.w,*mlp.fc.w).",
