@@ -203,6 +203,16 @@ def test_tensors_read_in_pieces_load_as_read_whole_as_device_arrays(tmp_path, mo
       assert isinstance(leaf, jax.Array), type(leaf)
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_truncated_file_is_a_one_line_error(tmp_path, keep):
+  path = tmp_path / "m.gguf"
+  write_gguf(path, hf_state(random_params()), {"model.embed_tokens.weight": Q.Q8_0})
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) - 1000])  # the header whole, the last tensor cut
+  with pytest.raises(weights.ConversionError, match="truncated: download it again"):
+    weights.from_gguf(str(path), keep_quantized=keep)
+
+
 def test_another_type_is_a_one_line_error_naming_it(tmp_path):
   state = hf_state(random_params())
   write_gguf(tmp_path / "m.gguf", state, {"model.layers.0.mlp.up_proj.weight": Q.IQ4_NL})
