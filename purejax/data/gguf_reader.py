@@ -12,15 +12,14 @@ small arrays per string: a 262144-token vocabulary is ~700 MB of them, and what 
 left of them after the values are copied out fragments the heap. This reader parses
 the same layout (GGUF v2/v3: magic, version, tensor and key counts, key/value pairs,
 tensor infos, data aligned to `general.alignment`) into plain values (arrays as
-lists, as `gguf`'s `ReaderField.contents()` gives them). Tensors are read with
-`pread` into arrays of their own rather than mapped: a mapped file's pages count in
+lists, as `gguf`'s `ReaderField.contents()` gives them). Tensors are read into
+arrays of their own rather than mapped: a mapped file's pages count in
 the process's resident memory until the mapping goes, so a loader reading tensor by
 tensor would hold the whole file beside what it made of it. The tensor types and
 their block sizes are `gguf`'s.
 """
 
 import mmap
-import os
 import pathlib
 import struct
 from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
@@ -103,11 +102,12 @@ class Tensor(NamedTuple):
         raise ValueError(f"{self.name} is a vector of blocks: it is read whole.")
       start, stop, row_bytes = 0, 1, dims[0] // values * nbytes
     out = np.empty((stop - start) * row_bytes, np.uint8)
-    with open(self.path, "rb") as f:
+    with open(self.path, "rb", buffering=0) as f:
+      f.seek(self.start + start * row_bytes)
       done, view = 0, memoryview(out)
       while done < out.size:
-        n = os.preadv(f.fileno(), [view[done:]], self.start + start * row_bytes + done)
-        if n <= 0:
+        n = f.readinto(view[done:])
+        if not n:
           raise TokenizerError(f"{self.path} ends inside tensor {self.name}; it is truncated: "
                                f"download it again.")
         done += n
