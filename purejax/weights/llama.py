@@ -347,7 +347,11 @@ def params_from_state(state: Dict[str, np.ndarray], config: gpt.GPTConfig, *,
   def whole(value):
     if isinstance(value, quant.QuantizedWeight):
       return quant.to_device(value)
-    return host_memory.to_device(value)
+    if value.dtype == np.float32:  # (a buffer the loader made is adopted as it is)
+      return host_memory.to_device(value)
+    out = host_memory.empty(value.shape, np.float32)
+    out[...] = value  # a bfloat16 checkpoint's tensor, widened once into its buffer
+    return host_memory.to_device(out)
 
   params = {
       "wte": {"embedding": whole(arrays.pop("model.embed_tokens.weight"))},
