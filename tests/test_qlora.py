@@ -83,6 +83,7 @@ def test_a_held_base_trains_its_adapters_and_never_changes(tmp_path, base_run, c
   assert merged["blocks"]["mlp"]["fc"]["w"].dtype == np.float32 and config == CONFIG
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, held", [("bfloat16", np.dtype("bfloat16")),
                                          ("float32", np.dtype("float32"))])
 def test_lora_holds_its_frozen_base_in_the_matmul_dtype(tmp_path, base_run, corpus, dtype,
