@@ -95,6 +95,12 @@ def test_lora_holds_its_frozen_base_in_the_matmul_dtype(tmp_path, base_run, corp
   assert base["blocks"]["mlp"]["fc"]["w"].dtype == held
   assert base["wte"]["embedding"].dtype == held
   assert base["ln_f"]["scale"].dtype == np.float32  # norms stay float32
+  # --quantize=float32 keeps the base as loaded whatever the matmuls' dtype (a run
+  # begun that way resumes with it).
+  train(base_run, corpus, tmp_path / "b", "--max_iters=1", f"--dtype={dtype}",
+        "--quantize=float32")
+  base, _ = base_and_adapters(tmp_path / "b")
+  assert base["blocks"]["mlp"]["fc"]["w"].dtype == np.float32
 
 
 @pytest.mark.slow

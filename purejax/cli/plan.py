@@ -87,9 +87,9 @@ def _model_config(args: Args) -> gpt.GPTConfig:
 
 def _architecture(args: Args) -> gpt.GPTConfig:
   if args.hf_config is None:
-    if args.quantize is not None and args.quantize not in ("bfloat16", *quant.FORMATS):
+    if args.quantize == "gguf":
       raise ValueError(f"--quantize={args.quantize} is not planned: a plan holds the base "
-                       f"as int8, q8_0, q4_1 or bfloat16.")
+                       f"as int8, q8_0, q4_1, bfloat16 or float32.")
     return train.gpt_config(args, vocab_size=args.vocab_size)
   given = [name for name in train.ARCHITECTURE_FLAGS
            if args[name].present and name not in ("block_size", "param_dtype")] + (

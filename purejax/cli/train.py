@@ -303,10 +303,11 @@ def load_preferences(args: Args, tokenizer, block_size: Optional[int]):
 
 def held_base(args: Args) -> Optional[str]:
   """How a LoRA run holds its frozen base (`quant.hold_matrices`): `--quantize`, else in
-  bfloat16 under `--dtype=bfloat16` (the dtype its products read it in), else None."""
+  bfloat16 under `--dtype=bfloat16` (the dtype its products read it in); None: float32,
+  as loaded."""
   if args.quantize is None and args.lora_rank and args.dtype == "bfloat16":
     return "bfloat16"
-  return args.quantize
+  return None if args.quantize == "float32" else args.quantize
 
 
 def pretrained(args: Args, source: str, best: bool = False, held: Optional[str] = None):
@@ -416,7 +417,8 @@ def eval_gpt(args: Args, run: runs.RunConfig, train: gpt_loop.GPTTrainConfig,
   else:
     raise ValueError(f"--eval_only: {run.out_dir} holds no checkpoint; train first, or "
                      f"pass --init_from=MODEL to evaluate pretrained weights.")
-  params, config, tokenizer = pretrained(args, source, best=best, held=args.quantize)
+  held = None if args.quantize == "float32" else args.quantize
+  params, config, tokenizer = pretrained(args, source, best=best, held=held)
   text = load_corpus(args, tokenizer, config.block_size)
   runs.print_line(f"evaluating {source}{' (best checkpoint)' if best else ''} on {text.source}")
   return {"source": source, **gpt_loop.evaluate_gpt(params, config, text, train, devices,
