@@ -25,7 +25,6 @@ EOS tokens and whether to prepend BOS travel in the spec too.
 
 import collections
 import dataclasses
-import functools
 import hashlib
 import json
 import pathlib
@@ -230,15 +229,20 @@ class GGUFTokenizer(tokenizer_json.JSONTokenizer):
                          add_bos=self.add_bos)
 
 
+def _record(fields: Dict[str, Any], path: str) -> Dict[str, Any]:
+  """What a tokenizer's spec records beside its size: the file, the fingerprint, and
+  the chat fields."""
+  # llama.cpp prepends BOS to a SentencePiece vocabulary that does not say otherwise.
+  add_bos = bool(fields.get("add_bos_token", fields.get("model") == "llama"))
+  return dict(encoding_file=str(pathlib.Path(path).expanduser().absolute()),
+              fingerprint=fingerprint(fields), chat_template=fields.get("chat_template"),
+              bos_token=_special(fields, "bos_token_id"),
+              eos_token=_special(fields, "eos_token_id"), add_bos=add_bos)
+
+
 def from_fields(fields: Dict[str, Any], path: str) -> GGUFTokenizer:
   """The tokenizer of `fields` (read from the GGUF file `path`)."""
-  model = fields.get("model")
-  # llama.cpp prepends BOS to a SentencePiece vocabulary that does not say otherwise.
-  add_bos = bool(fields.get("add_bos_token", model == "llama"))
-  return GGUFTokenizer(build(fields, path), str(pathlib.Path(path).expanduser().absolute()),
-                       fingerprint(fields), chat_template=fields.get("chat_template"),
-                       bos_token=_special(fields, "bos_token_id"),
-                       eos_token=_special(fields, "eos_token_id"), add_bos=add_bos)
+  return GGUFTokenizer(build(fields, path), **_record(fields, path))
 
 
 def spec_of_fields(fields: Dict[str, Any], path: str) -> TokenizerSpec:
@@ -249,19 +253,13 @@ def spec_of_fields(fields: Dict[str, Any], path: str) -> TokenizerSpec:
   Raises:
     TokenizerError: as `build`.
   """
-  model, tokens = fields.get("model"), fields.get("tokens")
   vocab = _vocab(fields, path)
   # `build` adds the user-defined tokens by their own spelling: one outside the vocabulary
   # (a GPT-2 model's token spelled outside its byte alphabet) takes a new id.
-  added = {t for t, kind in zip(tokens, fields.get("token_type") or [])
+  added = {t for t, kind in zip(fields["tokens"], fields.get("token_type") or [])
            if kind == USER_DEFINED and t not in vocab}
-  size = len(vocab) + len(added)
-  return TokenizerSpec("gguf", GGUFTokenizer.name, size, fingerprint=fingerprint(fields),
-                       encoding_file=str(pathlib.Path(path).expanduser().absolute()),
-                       chat_template=fields.get("chat_template"),
-                       bos_token=_special(fields, "bos_token_id"),
-                       eos_token=_special(fields, "eos_token_id"),
-                       add_bos=bool(fields.get("add_bos_token", model == "llama")))
+  return TokenizerSpec("gguf", GGUFTokenizer.name, len(vocab) + len(added),
+                       **_record(fields, path))
 
 
 def load(path: str) -> GGUFTokenizer:

@@ -60,8 +60,6 @@ import pathlib
 import re
 from typing import Any, Dict, Tuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from purejax import _files
@@ -289,7 +287,7 @@ def _dequantize(tensor, source: str) -> np.ndarray:
   if kind not in READ_TYPES:
     raise ConversionError(f"{source}: tensor {tensor.name} is {kind}, a type purejax does not "
                           f"read ({', '.join(READ_TYPES)}); use a file of one of those.")
-  shape = tensor.dims  # GGUF lists the fastest axis first
+  shape = tensor.dims  # [out, in] for a matrix
   out = host_memory.empty(shape, np.float32)
   for start, stop in _row_chunks(tensor):
     raw = tensor.rows(start, stop)
@@ -303,7 +301,7 @@ def _kept(tensor, source: str):
   """A GGUF matrix's blocks kept quantized, as a `quant.QuantizedWeight` in Hugging
   Face's `[out, in]` orientation (`.T` of the `[in, out]` weight the model reads), its
   arrays from `host_memory.empty` where it is decoded in several pieces."""
-  out, rows = tuple(int(n) for n in reversed(tensor.shape))
+  out, rows = tensor.dims
   chunks = _row_chunks(tensor)
   arrays = None
   try:
@@ -312,16 +310,12 @@ def _kept(tensor, source: str):
                                      (stop - start, rows))
       if len(chunks) == 1:  # one piece: it is the weight
         return piece.T
-      if arrays is None:
-        arrays = {f: host_memory.empty((*getattr(piece, f).shape[:-1], out),
-                                       getattr(piece, f).dtype)
-                  for f in ("codes", "scale")}
-        arrays["offset"] = (host_memory.empty((*piece.offset.shape[:-1], out),
-                                              piece.offset.dtype)
-                            if piece.has_offset else piece.offset)
-      for f in ("codes", "scale", "offset"):
-        if f != "offset" or piece.has_offset:
-          arrays[f][..., start:stop] = getattr(piece, f)
+      fields = ("codes", "scale", "offset") if piece.has_offset else ("codes", "scale")
+      if arrays is None:  # (an absent offset stays the piece's empty placeholder)
+        arrays = {"offset": piece.offset, **{f: host_memory.empty(
+            (*getattr(piece, f).shape[:-1], out), getattr(piece, f).dtype) for f in fields}}
+      for f in fields:
+        arrays[f][..., start:stop] = getattr(piece, f)
   except quant.QuantizeError as e:
     raise ConversionError(f"{source}: tensor {tensor.name}: {e}") from None
   return quant.QuantizedWeight(arrays["codes"], arrays["scale"], arrays["offset"],

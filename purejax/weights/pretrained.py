@@ -29,7 +29,6 @@ from purejax.data import tokenizers
 from purejax.data.tokenizer_spec import TokenizerSpec
 from purejax.ops import quant
 from purejax.weights import gguf_files
-from purejax.weights import gpt2
 from purejax.weights import huggingface
 from purejax.weights import nanogpt
 from purejax.weights import peft
