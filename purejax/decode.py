@@ -123,13 +123,20 @@ def sample_logits(
   if top_k is not None or top_p is not None:
     top_k = _per_row(0 if top_k is None else top_k, b, jnp.int32)
     top_p = _per_row(1.0 if top_p is None else top_p, b, jnp.float32)
-    # The filters sort every row's logits: only where some row asks for one.
+    # The filters sort every row's logits: only where some row asks for one. The
+    # branches are module functions taking the settings as operands: a fresh closure
+    # each call would compile the cond anew in every call made outside `jit`.
     scaled = jax.lax.cond(jnp.any(top_k > 0) | jnp.any(top_p < 1),
-                          lambda s: filter_logits(s, top_k, top_p), lambda s: s, scaled)
+                          filter_logits, _unfiltered, scaled, top_k, top_p)
   if gumbel is None:
     gumbel = jax.random.gumbel(key, logits.shape)
   drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
   return jnp.where(temperature > 0, drawn, greedy)
+
+
+def _unfiltered(scaled: chex.Array, top_k: chex.Array, top_p: chex.Array) -> chex.Array:
+  del top_k, top_p
+  return scaled
 
 
 def filter_logits(scaled: chex.Array, top_k: chex.Array, top_p: chex.Array) -> chex.Array:

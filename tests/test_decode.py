@@ -5,6 +5,7 @@ import dataclasses
 
 import chex
 import jax
+from jax import monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -102,6 +103,24 @@ class GenerateTest(parameterized.TestCase):
     assert set(draw(top_p=0.5)) == {0}         # the first token alone has 0.5
     assert set(draw()) == {0, 1, 2, 3}
     assert int(decode.sample_logits(keys[0], logits, 0.0)[0]) == 0
+
+  def test_sample_logits_outside_jit_compiles_once_per_setting_kind(self):
+    # A Python loop of draws (as a user writes one) reuses the first call's programs.
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    compiles = []
+
+    def listen(name, secs, **kw):
+      if name == "/jax/core/compile/backend_compile_duration":
+        compiles.append(name)
+
+    monitoring.register_event_duration_secs_listener(listen)
+    self.addCleanup(monitoring.unregister_event_duration_listener, listen)
+    for kw in (dict(top_k=2), dict(top_p=0.7), dict(top_k=3, top_p=0.9)):
+      decode.sample_logits(jax.random.PRNGKey(0), logits, 1.0, **kw)
+      compiles.clear()
+      for i in range(1, 4):
+        decode.sample_logits(jax.random.PRNGKey(i), logits, 0.8, **kw)
+      self.assertEqual(compiles, [], f"{kw}: an eager draw compiled again")
 
   def test_generate_rejects_bad_top_k_and_mismatched_params(self):
     params = gpt.init_params(TINY, jax.random.PRNGKey(0))
