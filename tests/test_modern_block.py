@@ -283,6 +283,18 @@ def test_depth_sets_the_shape_and_scales_the_rates():
   assert optimizer.min_lr == pytest.approx(0.001 * scale)
 
 
+@pytest.mark.parametrize("flags, pattern, window", [
+    (["--window_pattern=S"], "SSL", 33),            # tiled, the last layer global
+    (["--window_pattern=SL", "--window=8"], "SLL", 8),
+])
+def test_nanochats_window_pattern_tiles_over_the_layers(flags, pattern, window):
+  args = train_cli.command.parse(["train", "--arch=nanochat", "--depth=3", "--block_size=64",
+                                  *flags],
+                                 lambda a: train_cli.train_flags.define_flags(a, "gpt"))
+  config = train_cli.gpt_config(args, vocab_size=40)
+  assert (config.window_pattern, config.window) == (pattern, window)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--n_layer=3"], "--depth sets the model's shape; drop --n_layer or drop --depth."),
     (["--sweep=learning_rate=1e-3,3e-3"], "--sweep gives learning_rate as it is, but --depth "

@@ -73,6 +73,19 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
   return params, config
 
 
+def hold_base(params, held: Optional[str]):
+  """A LoRA run's frozen base held as `held` says (`quant.hold_matrices`; None or "gguf",
+  which `load_model` applies: as it is); the matrices it cannot hold so are named on
+  stderr."""
+  if held in (None, KEEP_GGUF):
+    return params
+  params, left = quant.hold_matrices(params, held)
+  if left:
+    print(f"base matrices kept in float32 (not a multiple of {quant.BLOCK} rows for "
+          f"{held}): {', '.join(left)}", file=sys.stderr)
+  return params
+
+
 def define_quantize_flag(args) -> None:
   """`--quantize`, which every command that runs a model shares."""
   flags.DEFINE_enum("quantize", None, [*quant.FORMATS, KEEP_GGUF], "Keep the dense "

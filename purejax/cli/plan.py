@@ -123,7 +123,7 @@ def plan(args: Args) -> int:
     num_devices = args.num_devices or 1
     devices = gpu_plan.target_devices(args.gpu, num_devices)
     adapters = train.lora_config(args)
-    held = train.held_base(args)  # --quantize, or bfloat16 for LoRA under bfloat16 matmuls
+    held = train_flags.held_base(args)  # --quantize, or bfloat16 for LoRA under bfloat16 matmuls
 
     compiles = [0]
 

@@ -23,7 +23,7 @@ from absl import flags
 from purejax import checkpoint
 from purejax import evaluation
 from purejax import gpt
-from purejax.gpt import config as gpt_config
+from purejax.gpt import config as config_lib
 from purejax import lora
 from purejax import weights
 from purejax.cli import command
@@ -38,7 +38,6 @@ from purejax.data import datasets as data_lib
 from purejax.data import preferences
 from purejax.data import tokenizer_json
 from purejax.data import tokenizers
-from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.effects import nonfinite
 from purejax.training.effects import runs
@@ -131,7 +130,7 @@ def nanochat_windows(pattern: str, window: Optional[int], n_layer: int, block_si
   window of `block_size // 2`: `block_size // 2 + 1` keys with the query's own), unless
   `--window` says otherwise."""
   tiled = "".join(pattern[i % len(pattern)] for i in range(n_layer))
-  return dict(window_pattern=tiled[:-1] + gpt_config.FULL,
+  return dict(window_pattern=tiled[:-1] + config_lib.FULL,
               window=block_size // 2 + 1 if window is None else window)
 
 
@@ -301,15 +300,6 @@ def load_preferences(args: Args, tokenizer, block_size: Optional[int]):
   return preferences.load_preferences(args.dataset, tokenizer, fmt, block_size)
 
 
-def held_base(args: Args) -> Optional[str]:
-  """How a LoRA run holds its frozen base (`quant.hold_matrices`): `--quantize`, else in
-  bfloat16 under `--dtype=bfloat16` (the dtype its products read it in); None: float32,
-  as loaded."""
-  if args.quantize is None and args.lora_rank and args.dtype == "bfloat16":
-    return "bfloat16"
-  return None if args.quantize == "float32" else args.quantize
-
-
 def pretrained(args: Args, source: str, best: bool = False, held: Optional[str] = None):
   """`(params, config, tokenizer)` of `source` (see `weights.from_pretrained`), its dense
   matrices held as `held` says (`quant.hold_matrices`; "gguf": a file's own blocks)."""
@@ -320,11 +310,7 @@ def pretrained(args: Args, source: str, best: bool = False, held: Optional[str] 
                      f"architecture comes from the weights; drop --{given[0]}.")
   params, config, spec = (weights.from_purejax(source, best=best) if best else
                           weights.from_pretrained(source, keep_quantized=held == "gguf"))
-  if held not in (None, "gguf"):
-    params, left = quant.hold_matrices(params, held)
-    if left:
-      print(f"base matrices kept in float32 (not a multiple of {quant.BLOCK} rows for "
-            f"{held}): {', '.join(left)}", file=sys.stderr)
+  params = models.hold_base(params, held)
   if args["block_size"].present:  # a shorter context: RoPE models have no position table
     if config.position != "rope" or args.block_size > config.block_size:
       raise ValueError(f"--block_size={args.block_size}: {source} takes contexts up to "
@@ -373,7 +359,7 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   benchmarks = [evaluation.load_task(path) for path in args.eval_tasks or ()]  # fail early
   if init_from:
     init_params, config, tokenizer = pretrained(args, init_from,
-                                                held=held_base(args) if adapters else None)
+                                                held=train_flags.held_base(args) if adapters else None)
   else:
     tokenizer = args.tokenizer
   text = load_corpus(args, tokenizer, config.block_size if init_from else None)

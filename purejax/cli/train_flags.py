@@ -270,12 +270,7 @@ def define_gpt_flags(args: flags.FlagValues, recipe_name: str = recipes.DEFAULT_
                        "of the weights (0: off); usually with --init_from.", flag_values=args)
   flags.DEFINE_float("lora_alpha", None, "LoRA's scale numerator: updates are scaled by "
                      "alpha / rank (default: the rank, a scale of 1).", flag_values=args)
-  flags.DEFINE_enum("quantize", None, [*quant.FORMATS, "gguf", "bfloat16", "float32"],
-                    "How a LoRA run holds its frozen base's dense matrices: quantized "
-                    "(int8, q8_0, q4_1; gguf: a .gguf --init_from's own blocks; QLoRA), in "
-                    "bfloat16 (what bfloat16 products read of them anyway; the default "
-                    "under --dtype=bfloat16), or in float32 (the default under float32 "
-                    "matmuls). Needs --lora_rank.", flag_values=args)
+  define_held_base_flag(args)
   flags.DEFINE_list("lora_targets", list(lora.ATTENTION_AND_MLP), "Patterns of the weights "
                     "LoRA adapts, over dotted param paths (e.g. *attn.qkv.w,*mlp.fc.w).",
                     flag_values=args)
@@ -337,3 +332,22 @@ def define_flags(args: flags.FlagValues, model: str,
     define_gpt_flags(args, recipe)
   elif model == "mlp":
     define_mlp_flags(args)
+
+
+def define_held_base_flag(args: flags.FlagValues) -> None:
+  """`--quantize`: how a LoRA run holds its frozen base (`held_base`)."""
+  flags.DEFINE_enum("quantize", None, [*quant.FORMATS, "gguf", "bfloat16", "float32"],
+                    "How a LoRA run holds its frozen base's dense matrices: quantized "
+                    "(int8, q8_0, q4_1; gguf: a .gguf --init_from's own blocks; QLoRA), in "
+                    "bfloat16 (what bfloat16 products read of them anyway; the default "
+                    "under --dtype=bfloat16), or in float32 (the default under float32 "
+                    "matmuls). Needs --lora_rank.", flag_values=args)
+
+
+def held_base(args) -> typing.Optional[str]:
+  """How a LoRA run holds its frozen base (`quant.hold_matrices`): `--quantize`, else in
+  bfloat16 under `--dtype=bfloat16` (the dtype its products read it in); None: float32,
+  as loaded."""
+  if args.quantize is None and args.lora_rank and args.dtype == "bfloat16":
+    return "bfloat16"
+  return None if args.quantize == "float32" else args.quantize
