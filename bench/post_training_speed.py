@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 
 
 def grpo_purejax(model, steps, prompts, group, new_tokens, out, every_row=False):

@@ -14,7 +14,6 @@ import statistics
 import time
 
 import jax
-import numpy as np
 
 from purejax import engine
 from purejax.cli import models

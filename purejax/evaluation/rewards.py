@@ -18,7 +18,7 @@ Built in:
 import importlib
 import numbers
 import re
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
 from purejax.evaluation import humaneval
 from purejax.evaluation import sandbox
