@@ -12,16 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers.cli import refusal
+from helpers.cli import final, refusal, run_cli
 from helpers.runs import saved_model
+from purejax import checkpoint
 from purejax import decode
 from purejax import engine
 from purejax import gpt
 from purejax import lora
+from purejax import weights
 from purejax.cli import rl as rl_cli
 from purejax.data import chat, rl_tasks, tokenizers
 from purejax.evaluation import humaneval, rewards
 from purejax.ops import kernels
+from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.effects import monitor, runs
 from purejax.training.loops import rl_loop
@@ -306,6 +309,59 @@ def test_lora_with_a_kl_term_and_several_updates_per_batch(tmp_path):
   assert all(0 <= r["clipped"] <= 1 for r in records)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("held", ["q4_1", "int8"])
+def test_qlora_samples_beside_its_quantized_base_as_from_the_merged_weights(held):
+  # A QLoRA run samples each step with the adapters beside the quantized base (no
+  # float32 copy of the model): the same tokens as from the merged float32 weights.
+  base, _ = quant.hold_matrices(gpt.init_params(CONFIG, jax.random.PRNGKey(0)), held)
+  adapters = lora.init(base, 4, lora.ATTENTION_AND_MLP, jax.random.PRNGKey(1))
+  adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(2),
+                                                                x.shape), adapters)
+  eng = engine.Engine(base, CONFIG, engine.EngineConfig(rows=4, length=24), forms=FORMS)
+  beside = rl_loop.sampled_params(lora.View(4.0), base)(lora.trainable(base, adapters))
+  assert isinstance(beside["blocks"]["mlp"]["fc"]["w"].base, quant.QuantizedWeight)
+  floats = gpt.init_params(CONFIG, jax.random.PRNGKey(0))  # a float base: merged
+  merged = rl_loop.sampled_params(lora.View(4.0), floats)(lora.trainable(floats, adapters))
+  assert isinstance(merged["blocks"]["mlp"]["fc"]["w"], jax.Array)
+  drawn = []
+  for params in (beside, lora.merge(base, adapters, 4.0)):
+    eng.update_params(params)
+    drawn.append([c.tokens for c in rl_loop.sample_groups(
+        eng, [[1, 2, 3], [4, 5]], 2, jax.random.PRNGKey(3), max_new_tokens=12,
+        temperature=0.0)])
+  assert drawn[0] == drawn[1]
+
+
+def rl_command(base_run, out, task, *flags):
+  return final(run_cli(rl_cli, f"--init_from={base_run}", f"--out_dir={out}", f"--task={task}",
+                       "--reward=numeric", "--max_new_tokens=6", "--group_size=4",
+                       "--prompts_per_step=2", "--eval_interval=2", "--eval_examples=2",
+                       "--learning_rate=3e-2", "--lora_rank=4", "--quantize=q4_1",
+                       "--beta=0.1", "--updates_per_batch=2", *flags))
+
+
+@pytest.mark.slow
+def test_qlora_trains_its_adapters_on_a_frozen_quantized_base_and_resumes_exactly(
+    tmp_path, base_run):
+  task = tmp_path / "sums.jsonl"
+  task.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": a + b}) + "\n"
+                          for a in range(4) for b in range(4)))
+  rl_command(base_run, tmp_path / "a", task, "--max_iters=2")
+  resumed = rl_command(base_run, tmp_path / "a", task, "--max_iters=4", "--resume")
+  whole = rl_command(base_run, tmp_path / "b", task, "--max_iters=4")
+  assert resumed == whole and whole["step"] == 4
+  saved, _, _ = weights.pretrained._read_purejax(str(tmp_path / "b"), merged=False)[:3]  # pylint: disable=protected-access
+  want, _ = quant.hold_matrices(weights.from_purejax(str(base_run))[0], "q4_1")
+  w = saved["base"]["blocks"]["attn"]["qkv"]["w"]
+  assert isinstance(w, quant.QuantizedWeight) and w.bits == 4
+  for got, expected in zip(jax.tree.leaves(saved["base"]), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))  # frozen, bitwise
+  assert any(np.abs(np.asarray(ab["b"])).max() > 0 for ab in saved["adapters"].values())
+  arrays, _ = checkpoint.latest_meta(str(tmp_path / "b"))
+  assert not [k for k in arrays if "opt_state" in k and "base" in k]
+
+
 # ----------------------------------------------------------------------------
 # The command line: bad input stops it in one line, before anything is written.
 
@@ -323,6 +379,8 @@ def base_run(tmp_path_factory):
     (["--task=missing.jsonl"], "missing.jsonl does not exist"),
     (["--allow_code_execution"], "--allow_code_execution lets the code reward"),
     (["--lora_alpha=8"], "--lora_alpha has no effect without LoRA"),
+    (["--quantize=q4_1"], "--quantize has no effect without LoRA"),
+    (["--lora_rank=4", "--quantize=gguf"], "not a .gguf file"),
 ])
 def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys, base_run, flags,
                                                         message):

@@ -14,7 +14,9 @@ built-in `arithmetic` (generated problems with a held-out split, works offline),
 function reward(prompt, completion, example) -> float.
 
 The flags shared with `python -m purejax.train` keep its names (--max_iters,
---out_dir, --resume, --lora_rank, --learning_rate, ...). Bad flags stop the run at
+--out_dir, --resume, --lora_rank, --quantize, --learning_rate, ...): with --lora_rank,
+--quantize=q4_1 (or int8, q8_0, gguf) holds the frozen base quantized, and the run
+samples from it as it trains, adapters beside it (QLoRA). Bad flags stop the run at
 once with one line naming the flag (exit 1), before anything is written.
 """
 
@@ -116,6 +118,7 @@ def define_flags(args: flags.FlagValues) -> None:
                      flag_values=args)
   flags.DEFINE_list("lora_targets", list(lora.ATTENTION_AND_MLP), "Weights LoRA adapts.",
                     flag_values=args)
+  train_flags.define_held_base_flag(args)
   train_flags.define_optimizer_flags(args, RL_OPTIMIZER)
 
 
@@ -147,7 +150,7 @@ def train(args) -> int:
     if not args.init_from:
       raise ValueError("--init_from is required: the model to improve (a Hugging Face "
                        "folder, a GGUF file or a purejax run directory).")
-    for name in ("lora_alpha", "lora_targets"):
+    for name in ("lora_alpha", "lora_targets", "quantize"):
       if command.given(args, name) and args.lora_rank == 0:
         raise ValueError(f"--{name} has no effect without LoRA; add --lora_rank=R or drop "
                          f"--{name}.")
@@ -167,8 +170,10 @@ def train(args) -> int:
                        f"the reward is {reward_name}; add --reward=code or drop it.")
     reward = rewards.load_reward(reward_name, allow_code_execution=args.allow_code_execution)
     runs.check_out_dir(run.out_dir)
-    params, config, tokenizer = models.load_model(run.out_dir, args.init_from)
+    held = train_flags.held_base(args)  # how a LoRA run holds its frozen base
+    params, config, tokenizer = models.load_model(run.out_dir, args.init_from, quantize=held)
     params, config = models.adjust(params, config, args.block_size, args.dtype)
+    params = models.hold_base(params, held)
     try:
       fmt = models.chat_format(args.init_from, tokenizer)
     except chat.ChatTemplateError:

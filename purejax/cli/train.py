@@ -358,8 +358,8 @@ def train_gpt(args: Args, run: runs.RunConfig, devices: parallel.ParallelConfig)
   init_params, init_from = None, args.init_from
   benchmarks = [evaluation.load_task(path) for path in args.eval_tasks or ()]  # fail early
   if init_from:
-    init_params, config, tokenizer = pretrained(args, init_from,
-                                                held=train_flags.held_base(args) if adapters else None)
+    held = train_flags.held_base(args) if adapters else None
+    init_params, config, tokenizer = pretrained(args, init_from, held=held)
   else:
     tokenizer = args.tokenizer
   text = load_corpus(args, tokenizer, config.block_size if init_from else None)

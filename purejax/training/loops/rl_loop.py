@@ -44,6 +44,7 @@ from purejax import lora
 from purejax.data import chat
 from purejax.data import rl_tasks
 from purejax.ops import kernels
+from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.effects import folder_lock
 from purejax.training.effects import runs
@@ -255,10 +256,18 @@ def _prompt_length_check(encoded: Sequence[Sequence[int]], examples, rl: RLConfi
   return length
 
 
-def _merged(view):
-  """The model's params from the trained ones: LoRA's adapters merged into the base."""
+def sampled_params(view: Optional[lora.View], base: gpt.Params):
+  """`trained -> params`: the model's params from the trained ones (a LoRA run's
+  `{"base", "adapters"}`), as the engine samples them and the old log-probabilities
+  read them. LoRA's adapters are merged into a float base (one matrix a weight: the
+  fastest decoding); beside a quantized base (QLoRA) each adapted weight is a
+  `LowRankWeight` instead, base and adapters apart, as training reads them: merging
+  would hold the model's matrices in float32 again."""
   if view is None:
     return lambda params: params
+  is_quantized = lambda x: isinstance(x, quant.QuantizedWeight)
+  if any(is_quantized(x) for x in jax.tree.leaves(base, is_leaf=is_quantized)):
+    return lambda tree: lora.low_rank(tree["base"], tree["adapters"], view.alpha)
   return jax.jit(lambda tree: lora.merge(tree["base"], tree["adapters"], view.alpha))
 
 
@@ -311,7 +320,9 @@ def train_rl(
     rl: sampling, loss, schedule.
     opt_config: the optimizer.
     run: out_dir, resuming, checkpoints kept.
-    lora_config: train LoRA adapters of `params` instead of the params.
+    lora_config: train LoRA adapters of `params` instead of the params; `params` may
+      hold its dense matrices quantized (`quant.hold_matrices`: QLoRA), and the run
+      samples from them so, the adapters beside them.
     init_from: where `params` came from, recorded in the checkpoints.
     reward_name: how the reward was given (`--reward`), recorded in the checkpoints.
     forms: how the model runs (None: the platform's, `kernels.select`).
@@ -353,7 +364,7 @@ def train_rl(
         saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
         ignored={"config": gpt.EXECUTION_FIELDS, "optimizer": ("decay_iters",)})
     state, step = jax.device_put(start.state), start.step
-    merged = _merged(view)
+    as_model = sampled_params(view, params)
     schedule = optim.make_schedule(opt_config)
     # The KL term's reference: LoRA's base (in the state, unchanged), else a copy.
     reference = None
@@ -374,7 +385,7 @@ def train_rl(
     errors_zero = rl.reward_errors == "zero"
 
     def evaluate() -> Dict[str, float]:
-      return evaluate_policy(eng, merged(state.params), val_prompts, val, tokenizer, reward,
+      return evaluate_policy(eng, as_model(state.params), val_prompts, val, tokenizer, reward,
                              rl, stop_ids)
 
     def collect(step: int) -> Tuple[List[decode.Completion], np.ndarray, int, List[List[int]],
@@ -387,7 +398,7 @@ def train_rl(
           replace=n_train < rl.prompts_per_step))
       prompts = [train_prompts[i] for i in picked]
       examples = [task.train[i] for i in picked]
-      eng.update_params(merged(state.params))
+      eng.update_params(as_model(state.params))
       completions = sample_groups(
           eng, prompts, rl.group_size, jax.random.fold_in(sample_key, step),
           max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
@@ -438,7 +449,7 @@ def train_rl(
           batch = jax.tree.map(jnp.asarray, batch)
           if rl.updates_per_batch > 1:
             batch = batch._replace(old_logps=rl_steps.batch_token_logps(
-                merged(state.params), batch.tokens, config, forms, rl.temperature))
+                as_model(state.params), batch.tokens, config, forms, rl.temperature))
           if rl.beta > 0:
             ref_params = reference if reference is not None else state.params["base"]
             batch = batch._replace(ref_logps=rl_steps.batch_token_logps(
