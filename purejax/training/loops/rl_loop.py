@@ -44,7 +44,6 @@ from purejax import lora
 from purejax.data import chat
 from purejax.data import rl_tasks
 from purejax.ops import kernels
-from purejax.ops import quant
 from purejax.optimizers import optim
 from purejax.training.effects import folder_lock
 from purejax.training.effects import runs
@@ -256,19 +255,16 @@ def _prompt_length_check(encoded: Sequence[Sequence[int]], examples, rl: RLConfi
   return length
 
 
-def sampled_params(view: Optional[lora.View], base: gpt.Params):
+def sampled_params(view: Optional[lora.View]):
   """`trained -> params`: the model's params from the trained ones (a LoRA run's
   `{"base", "adapters"}`), as the engine samples them and the old log-probabilities
-  read them. LoRA's adapters are merged into a float base (one matrix a weight: the
-  fastest decoding); beside a quantized base (QLoRA) each adapted weight is a
-  `LowRankWeight` instead, base and adapters apart, as training reads them: merging
-  would hold the model's matrices in float32 again."""
+  read them: each adapted weight a `LowRankWeight`, `x @ W + s (x @ A) @ B` with base
+  and adapters apart, as training reads them. Merging them into one matrix a weight
+  would hold the model's matrices again, in float32 beside a quantized base (QLoRA),
+  for no faster sampling (`bench/rl_memory.py`)."""
   if view is None:
     return lambda params: params
-  is_quantized = lambda x: isinstance(x, quant.QuantizedWeight)
-  if any(is_quantized(x) for x in jax.tree.leaves(base, is_leaf=is_quantized)):
-    return lambda tree: lora.low_rank(tree["base"], tree["adapters"], view.alpha)
-  return jax.jit(lambda tree: lora.merge(tree["base"], tree["adapters"], view.alpha))
+  return lambda tree: lora.low_rank(tree["base"], tree["adapters"], view.alpha)
 
 
 def evaluate_policy(eng, model_params, prompts, examples, tokenizer, reward,
@@ -364,7 +360,7 @@ def train_rl(
         saved_defaults={"config": runs.dataclass_defaults(gpt.GPTConfig)},
         ignored={"config": gpt.EXECUTION_FIELDS, "optimizer": ("decay_iters",)})
     state, step = jax.device_put(start.state), start.step
-    as_model = sampled_params(view, params)
+    as_model = sampled_params(view)
     schedule = optim.make_schedule(opt_config)
     # The KL term's reference: LoRA's base (in the state, unchanged), else a copy.
     reference = None
