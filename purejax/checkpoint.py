@@ -22,13 +22,20 @@ Guarantees:
 * **Structure checks.** Restoring against a template (the state a fresh run
   would start from) refuses a checkpoint whose paths, shapes or dtypes
   differ, e.g. one from another model or config.
+
+Arrays that never change over a run (a LoRA run's frozen base: `frozen`) are
+written once, to `frozen_<sha256>.npz` beside the checkpoints, named by the
+SHA-256 of their contents; each checkpoint's manifest names that file and its
+digest, and `read` verifies and joins it. A LoRA run's checkpoints then hold
+the adapters and their optimizer state, not the whole model again each time.
+A frozen file is deleted with the last checkpoint that names it.
 """
 
 import hashlib
 import json
 import pathlib
 import re
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +46,7 @@ from purejax import _files
 FORMAT_VERSION = 1
 _MANIFEST = "__manifest__"
 _NAME = re.compile(r"^ckpt_(\d{9})\.npz$")
+_FROZEN = re.compile(r"^frozen_[0-9a-f]{64}\.npz$")
 
 
 class CheckpointError(RuntimeError):
@@ -65,18 +73,40 @@ def _digest(arrays: Dict[str, np.ndarray]) -> str:
   return sha.hexdigest()
 
 
-def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> None:
-  """Writes one checkpoint file atomically (see `atomic_write`)."""
-  arrays = _flatten(jax.device_get(state))
-  # npz has no bfloat16 (it would read back as raw 2-byte voids): such arrays are
-  # stored as their uint16 bits, named in the manifest, and viewed back on reading.
+def _payload(arrays: Dict[str, np.ndarray], manifest: Dict[str, Any]) -> Dict[str, Any]:
+  """What `np.savez` writes: the arrays, and the manifest with their digest.
+
+  npz has no bfloat16 (it would read back as raw 2-byte voids): such arrays are
+  stored as their uint16 bits, named in the manifest, and viewed back on reading."""
   bf16 = sorted(name for name, a in arrays.items() if a.dtype == jnp.bfloat16)
-  manifest = {"format": FORMAT_VERSION, "step": int(step), "meta": meta,
-              "sha256": _digest(arrays), **({"bfloat16": bf16} if bf16 else {})}
+  manifest = {**manifest, "sha256": _digest(arrays), **({"bfloat16": bf16} if bf16 else {})}
   payload = {name: a.view(np.uint16) if name in bf16 else a for name, a in arrays.items()}
   payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+  return payload
+
+
+def _frozen_names(arrays: Dict[str, np.ndarray], frozen: Sequence[str]) -> List[str]:
+  return sorted(name for name in arrays if any(name.startswith(p) for p in frozen))
+
+
+def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any],
+           frozen: Sequence[str] = ()) -> None:
+  """Writes one checkpoint file atomically (see `atomic_write`); the arrays under the
+  `frozen` path prefixes go to their own file, written only if it is not there yet."""
+  arrays = _flatten(jax.device_get(state))
+  manifest = {"format": FORMAT_VERSION, "step": int(step), "meta": meta}
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
+    names = _frozen_names(arrays, frozen)
+    if names:
+      shared = {name: arrays.pop(name) for name in names}
+      payload = _payload(shared, {"format": FORMAT_VERSION})
+      digest = json.loads(payload[_MANIFEST].tobytes().decode())["sha256"]
+      frozen_path = path.parent / f"frozen_{digest}.npz"
+      if not frozen_path.exists():  # named by its contents: one there holds these arrays
+        _files.atomic_write(frozen_path, lambda f: np.savez(f, **payload))
+      manifest["frozen"] = {"file": frozen_path.name, "sha256": digest}
+    payload = _payload(arrays, manifest)
     _files.atomic_write(path, lambda f: np.savez(f, **payload))
   except OSError as e:
     raise CheckpointError(
@@ -84,8 +114,8 @@ def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any]) -> N
         f"checkpoints are intact; free disk space or pass a writable `out_dir`.") from e
 
 
-def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int = 3
-         ) -> pathlib.Path:
+def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int = 3,
+         frozen: Sequence[str] = ()) -> pathlib.Path:
   """Writes `state` at `step` atomically, then prunes to the newest `keep`.
 
   Args:
@@ -95,6 +125,9 @@ def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int
       states).
     meta: JSON-serialisable metadata, returned by `restore`.
     keep: how many checkpoints to keep (>= 1).
+    frozen: path prefixes (`jax.tree_util.keystr`'s, e.g. `"['params']['base']"`)
+      of arrays that never change over the run: written once, to a file of their
+      own that every checkpoint holding them names (see the module's docstring).
 
   Returns:
     The path written.
@@ -106,16 +139,33 @@ def save(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *, keep: int
   if keep < 1:
     raise ValueError(f"keep must be >= 1, got {keep}.")
   path = checkpoint_path(out_dir, step)
-  _write(path, step, state, meta)
+  _write(path, step, state, meta, frozen)
   prune(out_dir, keep)
   return path
 
 
 def prune(out_dir: str, keep: int) -> None:
   """Deletes all but the newest `keep` checkpoints of `out_dir` (a sweep prunes its
-  runs only after every run's checkpoint of a step is written)."""
+  runs only after every run's checkpoint of a step is written), then the frozen files
+  no checkpoint left names."""
   for _, old in list_checkpoints(out_dir)[keep:]:
     old.unlink(missing_ok=True)
+  directory = pathlib.Path(out_dir)
+  frozen = [p for p in directory.iterdir() if _FROZEN.match(p.name)] if (
+      directory.is_dir()) else []
+  if not frozen:
+    return
+  named = set()
+  for path in [p for _, p in list_checkpoints(out_dir)] + [best_path(out_dir)]:
+    if not path.exists():
+      continue
+    try:
+      named.add(_manifest(path).get("frozen", {}).get("file"))
+    except CheckpointError:
+      return  # a checkpoint whose manifest does not read: keep every frozen file
+  for path in frozen:
+    if path.name not in named:
+      path.unlink(missing_ok=True)
 
 
 def best_path(out_dir: str) -> pathlib.Path:
@@ -123,10 +173,12 @@ def best_path(out_dir: str) -> pathlib.Path:
   return pathlib.Path(out_dir) / "ckpt_best.npz"
 
 
-def save_best(out_dir: str, step: int, state: Any, meta: Dict[str, Any]) -> pathlib.Path:
-  """Writes `state` as the run's best checkpoint, replacing the previous best atomically."""
+def save_best(out_dir: str, step: int, state: Any, meta: Dict[str, Any], *,
+              frozen: Sequence[str] = ()) -> pathlib.Path:
+  """Writes `state` as the run's best checkpoint, replacing the previous best atomically
+  (`frozen` as `save`'s)."""
   path = best_path(out_dir)
-  _write(path, step, state, meta)
+  _write(path, step, state, meta, frozen)
   return path
 
 
@@ -150,8 +202,17 @@ class Restored(NamedTuple):
   path: pathlib.Path
 
 
-def read(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
-  """Reads and verifies one checkpoint file: `(arrays by path, manifest)`."""
+def _manifest(path: pathlib.Path) -> Dict[str, Any]:
+  """The manifest of a checkpoint file alone (its arrays are not read)."""
+  try:
+    with np.load(path, allow_pickle=False) as npz:
+      return json.loads(npz[_MANIFEST].tobytes().decode())
+  except Exception as e:  # zipfile, numpy, JSON and OS errors all mean "unreadable"
+    raise CheckpointError(f"checkpoint {path} is damaged or truncated ({e}).") from e
+
+
+def _read_file(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+  """One file's verified arrays and manifest."""
   try:
     with np.load(path, allow_pickle=False) as npz:
       arrays = {name: npz[name] for name in npz.files}
@@ -168,6 +229,23 @@ def read(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
       arrays[name] = arrays[name].view(jnp.bfloat16)
   if _digest(arrays) != manifest.get("sha256"):
     raise CheckpointError(f"checkpoint {path} fails its checksum (corrupted on disk).")
+  return arrays, manifest
+
+
+def read(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+  """Reads and verifies one checkpoint file, with the frozen arrays it names:
+  `(arrays by path, manifest)`."""
+  arrays, manifest = _read_file(path)
+  if "frozen" in manifest:
+    frozen_path = pathlib.Path(path).parent / manifest["frozen"]["file"]
+    if not frozen_path.exists():
+      raise CheckpointError(f"checkpoint {path} names {frozen_path.name}, which is not "
+                            f"beside it; copy a run folder whole.")
+    shared, shared_manifest = _read_file(frozen_path)
+    if shared_manifest["sha256"] != manifest["frozen"]["sha256"]:
+      raise CheckpointError(f"checkpoint {path} names {frozen_path.name}, which holds "
+                            f"other arrays.")
+    arrays.update(shared)
   return arrays, manifest
 
 

@@ -120,6 +120,67 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
   assert restored.meta == {"n": 1}
 
 
+# ----------------------------------------------------------------------------
+# Frozen arrays (a LoRA run's base): written once, shared by the checkpoints.
+
+BASE = "['params']['base']"
+
+
+def lora_state(seed):
+  """A LoRA run's state: a frozen base, adapters that move each step."""
+  return {"params": {"base": gpt.init_params(CONFIG, jax.random.PRNGKey(0)),
+                     "adapters": {"a": jnp.full((4, 2), float(seed))}},
+          "keys": {"train": jax.random.PRNGKey(seed)}}
+
+
+def frozen_files(folder):
+  return sorted(p.name for p in folder.iterdir() if p.name.startswith("frozen_"))
+
+
+def test_frozen_arrays_are_written_once_and_every_checkpoint_reads_them(tmp_path):
+  for step in (1, 2, 3):
+    checkpoint.save(str(tmp_path), step, lora_state(step), {"step": step}, keep=2,
+                    frozen=(BASE,))
+  (shared,) = frozen_files(tmp_path)
+  with np.load(checkpoint.checkpoint_path(str(tmp_path), 3)) as npz:
+    assert not [n for n in npz.files if n.startswith(BASE)]  # the base is not in it
+    assert "['params']['adapters']['a']" in npz.files
+  with np.load(tmp_path / shared) as npz:
+    assert BASE + "['wte']['embedding']" in npz.files       # plain numpy opens it too
+  for step in (2, 3):
+    restored = checkpoint.restore(checkpoint.checkpoint_path(str(tmp_path), step),
+                                  lora_state(0))
+    chex.assert_trees_all_equal(restored.state, jax.device_get(lora_state(step)))
+  # Smaller than a checkpoint holding the whole state.
+  whole = checkpoint.save(str(tmp_path / "whole"), 3, lora_state(3), {})
+  assert checkpoint.checkpoint_path(str(tmp_path), 3).stat().st_size < (
+      whole.stat().st_size / 10)
+
+
+def test_a_frozen_file_goes_with_the_last_checkpoint_naming_it(tmp_path):
+  checkpoint.save(str(tmp_path), 1, lora_state(1), {}, keep=1, frozen=(BASE,))
+  first = frozen_files(tmp_path)
+  other = lora_state(2)
+  other["params"]["base"] = gpt.init_params(CONFIG, jax.random.PRNGKey(9))  # a new base
+  checkpoint.save_best(str(tmp_path), 1, lora_state(1), {}, frozen=(BASE,))
+  checkpoint.save(str(tmp_path), 2, other, {}, keep=1, frozen=(BASE,))
+  assert len(frozen_files(tmp_path)) == 2  # the best checkpoint still names the first
+  checkpoint.best_path(str(tmp_path)).unlink()
+  checkpoint.save(str(tmp_path), 3, other, {}, keep=1, frozen=(BASE,))
+  assert frozen_files(tmp_path) != first and len(frozen_files(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_a_bit, os.remove])
+def test_a_damaged_or_missing_frozen_file_is_named(tmp_path, damage):
+  checkpoint.save(str(tmp_path), 1, lora_state(1), {}, frozen=(BASE,))
+  (shared,) = frozen_files(tmp_path)
+  damage(tmp_path / shared)
+  with pytest.raises(checkpoint.CheckpointError, match=shared[:20]):
+    checkpoint.read(checkpoint.checkpoint_path(str(tmp_path), 1))
+  restored, warnings = checkpoint.restore_latest(str(tmp_path), lora_state(0))
+  assert restored is None and shared[:20] in warnings[0]
+
+
 def test_unwritable_out_dir_is_a_clear_error(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")

@@ -201,13 +201,17 @@ def _start_or_resume(run, template, meta, identity, saved_defaults, ignored, log
   return state_lib.from_tree(restored.state), restored.step, restored.meta
 
 
+LORA_BASE = "['params']['base']"  # a LoRA run's frozen base (`lora.trainable`), by path
+
+
 def save_checkpoint(run: RunConfig, step: int, state: TrainState, meta: Dict[str, Any], *,
                     best: bool = False, log: Log = print_line, prune: bool = True
                     ) -> pathlib.Path:
   """Gathers `state` to the hosts (all processes), and process 0 writes it.
 
   The file holds whole arrays, whatever the sharding, so it restores on any
-  number of devices. `best=True` writes the run's best checkpoint
+  number of devices; a LoRA run's frozen base is written once, to a file its
+  checkpoints share (`checkpoint.save`'s `frozen`). `best=True` writes the run's best checkpoint
   (`checkpoint.best_path`) instead of one of the keep-K rotation. `prune=False`
   keeps the older checkpoints until `prune_checkpoints` (a sweep's runs prune
   only once all of them have saved the step, so a step they all hold survives).
@@ -215,13 +219,17 @@ def save_checkpoint(run: RunConfig, step: int, state: TrainState, meta: Dict[str
   tree = parallel.fetch(state_lib.as_tree(state))
   path = (checkpoint.best_path(run.out_dir) if best else
           checkpoint.checkpoint_path(run.out_dir, step))
+  # A LoRA run's frozen base, written once for all its checkpoints.
+  params = tree["params"]
+  frozen = (LORA_BASE,) if isinstance(params, dict) and set(params) == {"base", "adapters"} \
+      else ()
   if parallel.is_main_process():
     if best:
-      checkpoint.save_best(run.out_dir, step, tree, meta)
+      checkpoint.save_best(run.out_dir, step, tree, meta, frozen=frozen)
       log(f"saved {path} (lowest val loss so far)")
     else:
       checkpoint.save(run.out_dir, step, tree, meta,
-                      keep=run.keep_checkpoints + (0 if prune else 1))
+                      keep=run.keep_checkpoints + (0 if prune else 1), frozen=frozen)
       log(f"saved {path}")
   return path
 
