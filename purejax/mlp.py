@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from purejax import nn
+from purejax.ops.loss import cross_entropy
 
 Params = Dict[str, Dict[str, chex.Array]]
 
@@ -80,7 +81,7 @@ batched_predict = jax.vmap(predict, in_axes=(None, 0))
 
 def loss(params: Params, images: chex.Array, labels: chex.Array) -> chex.Array:
   """Mean cross-entropy over a batch: images `[batch, in_dim]`, labels `[batch]`."""
-  return nn.cross_entropy(batched_predict(params, images), labels)
+  return cross_entropy(batched_predict(params, images), labels)
 
 
 def accuracy(params: Params, images: chex.Array, labels: chex.Array) -> chex.Array:

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 
 from purejax.ops import kernels
 from purejax.ops import quant
-from purejax.ops.loss import cross_entropy
 from purejax.ops.matmul import matmul
 
 Params = Dict[str, chex.Array]
@@ -350,11 +349,7 @@ def swiglu(x: chex.Array) -> chex.Array:
 
 
 # ----------------------------------------------------------------------------
-# Losses and metrics
-
-
-# Mean cross-entropy of integer labels under logits, in float32.
-cross_entropy = cross_entropy
+# Metrics (the losses: `ops.loss`)
 
 
 def accuracy(logits: chex.Array, labels: chex.Array) -> chex.Array:
