@@ -330,17 +330,20 @@ def test_qlora_samples_beside_its_quantized_base_as_from_the_merged_weights(held
   assert drawn[0] == drawn[1]
 
 
+def qlora_flags(base_run, out, task, *flags, held="q4_1"):
+  return [f"--init_from={base_run}", f"--out_dir={out}", f"--task={task}", "--reward=numeric",
+          "--max_new_tokens=6", "--group_size=4", "--prompts_per_step=2", "--eval_interval=2",
+          "--eval_examples=2", "--learning_rate=3e-2", "--lora_rank=4", f"--quantize={held}",
+          "--beta=0.1", "--updates_per_batch=2", *flags]
+
+
 def rl_command(base_run, out, task, *flags):
-  return final(run_cli(rl_cli, f"--init_from={base_run}", f"--out_dir={out}", f"--task={task}",
-                       "--reward=numeric", "--max_new_tokens=6", "--group_size=4",
-                       "--prompts_per_step=2", "--eval_interval=2", "--eval_examples=2",
-                       "--learning_rate=3e-2", "--lora_rank=4", "--quantize=q4_1",
-                       "--beta=0.1", "--updates_per_batch=2", *flags))
+  return final(run_cli(rl_cli, *qlora_flags(base_run, out, task, *flags)))
 
 
 @pytest.mark.slow
 def test_qlora_trains_its_adapters_on_a_frozen_quantized_base_and_resumes_exactly(
-    tmp_path, base_run):
+    tmp_path, base_run, capsys):
   task = tmp_path / "sums.jsonl"
   task.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": a + b}) + "\n"
                           for a in range(4) for b in range(4)))
@@ -357,6 +360,10 @@ def test_qlora_trains_its_adapters_on_a_frozen_quantized_base_and_resumes_exactl
   assert any(np.abs(np.asarray(ab["b"])).max() > 0 for ab in saved["adapters"].values())
   arrays, _ = checkpoint.latest_meta(str(tmp_path / "b"))
   assert not [k for k in arrays if "opt_state" in k and "base" in k]
+  # Resumed with the base held otherwise: one line naming the leaf that does not fit.
+  error = refusal(capsys, rl_cli, *qlora_flags(base_run, tmp_path / "b", task, "--max_iters=6",
+                                               "--resume", held="int8"))
+  assert "does not fit this model/config" in error and "['base']" in error
 
 
 # ----------------------------------------------------------------------------
