@@ -22,6 +22,7 @@ from purejax import gpt
 from purejax.gpt import config as gpt_config
 from purejax.ops import attention
 from purejax.ops import kernels
+from purejax.ops import loss as loss_ops
 from purejax.ops.loss import head_cross_entropy
 from purejax.ops.matmul import row_major_transpose
 from purejax.ops.matmul import matmul
@@ -295,6 +296,63 @@ class MatmulTest(parameterized.TestCase):
     a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
     chex.assert_trees_all_equal(jax.jit(row_major_transpose)(a),
                                 jnp.swapaxes(a, -1, -2))
+
+
+@pytest.mark.parametrize("chunk_rows, softcap, temperature",
+                         [(5, None, 1.0), (8, 3.0, 0.7), (24, None, 1.0), (32, None, 1.0)])
+def test_chunked_target_log_probs_equal_the_whole_logits_values_and_gradients(
+    chunk_rows, softcap, temperature):
+  # 24 rows: chunks of 5 leave a shorter last chunk; 32 is one short chunk.
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 16))
+  table = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (97, 16))
+  labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 97)
+  cotangent = jax.random.normal(jax.random.PRNGKey(3), (3, 8))  # a loss weighs each token
+
+  def value_and_grads(chunk):
+    def f(x, table):
+      if chunk is None:
+        logits = x @ table.T
+        logits = logits if softcap is None else softcap * jnp.tanh(logits / softcap)
+        picked = loss_ops.target_log_probs(logits / temperature, labels)
+      else:
+        picked = loss_ops.head_target_log_probs(x, table, labels, chunk_rows=chunk,
+                                                softcap=softcap, temperature=temperature)
+      return jnp.sum(picked * cotangent), picked
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(x, table)
+
+  chex.assert_trees_all_close(value_and_grads(chunk_rows), value_and_grads(None),
+                              rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_target_log_probs_never_hold_the_whole_logits():
+  x = jnp.zeros((4, 16, 16))
+  table = jnp.zeros((97, 16))
+  labels = jnp.zeros((4, 16), jnp.int32)
+  grads = jax.jit(jax.grad(lambda x, table: jnp.sum(loss_ops.head_target_log_probs(
+      x, table, labels, chunk_rows=8)), argnums=(0, 1)))
+  program = grads.lower(x, table).compile().as_text()
+  assert "f32[8,97]" in program                        # a chunk's logits
+  assert "f32[64,97]" not in program and "f32[4,16,97]" not in program  # never all 64 rows'
+
+
+def test_the_model_reads_its_target_log_probs_in_the_losss_chunks():
+  params = gpt.init_params(TINY, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, TINY.vocab_size)
+  targets = jnp.roll(tokens, -1, axis=1)
+  plain = kernels.select("cpu")
+  chunked = kernels.select("cpu", loss_chunk_rows=3, loss_chunk_min_logits=1)
+  assert chunked.loss_chunk(tokens.size, TINY.vocab_size) == 3
+  want = loss_ops.target_log_probs(gpt.forward(params, tokens, TINY, forms=plain) / 0.5, targets)
+
+  def picked_and_grads(forms):
+    f = lambda p: gpt.target_log_probs(p, tokens, targets, TINY, forms=forms, temperature=0.5)
+    return f(params), jax.grad(lambda p: jnp.sum(f(p)))(params)
+
+  (got_plain, grads_plain), (got_chunked, grads_chunked) = map(picked_and_grads,
+                                                               (plain, chunked))
+  chex.assert_trees_all_close(got_plain, want, rtol=1e-6)
+  chex.assert_trees_all_close(got_chunked, want, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(grads_chunked, grads_plain, rtol=1e-4, atol=1e-6)
 
 
 class TiedHeadLossTest(parameterized.TestCase):

@@ -44,4 +44,5 @@ from purejax.gpt.model import qkv_heads
 from purejax.gpt.model import run_blocks
 from purejax.gpt.model import self_attention
 from purejax.gpt.model import shared_consts
+from purejax.gpt.model import target_log_probs
 from purejax.gpt.model import value_embedding

@@ -50,6 +50,7 @@ from purejax.ops import attention
 from purejax.ops import dropout as dropouts
 from purejax.ops import kernels
 from purejax.ops import quant
+from purejax.ops import loss as loss_ops
 from purejax.ops.loss import head_cross_entropy
 from purejax.ops.matmul import LowRankWeight
 
@@ -632,6 +633,42 @@ def forward(
   logits = logits_of(params, x, config, forms)
   chex.assert_shape(logits, (*tokens.shape, config.vocab_size))
   return logits
+
+
+def target_log_probs(
+    params: Params,
+    tokens: chex.Array,
+    targets: chex.Array,
+    config: GPTConfig,
+    *,
+    key: Optional[chex.PRNGKey] = None,
+    deterministic: bool = True,
+    forms: Optional[kernels.Forms] = None,
+    dropout: Optional[chex.Numeric] = None,
+    temperature: float = 1.0,
+) -> chex.Array:
+  """`[batch, time]` float32: `log p(targets[:, t] | tokens[:, :t + 1])`, under the logits
+  over `temperature`: what preference and policy losses read of the model.
+
+  Equals `ops.loss.target_log_probs(forward(...) / temperature, targets)`; where the forms
+  run `loss`'s head in chunks of rows (a large vocabulary), this runs in the same
+  chunks (`head_target_log_probs`), and the whole logits never exist. `forms` and
+  `dropout` as in `forward`.
+  """
+  chex.assert_equal_shape((tokens, targets))
+  forms = forms or kernels.select(kernels.platform_of(params))
+  x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
+  chunk_rows = forms.loss_chunk(tokens.size, config.vocab_size)
+  if chunk_rows is None:
+    logits = logits_of(params, x, config, forms)
+    return loss_ops.target_log_probs(
+        logits if temperature == 1.0 else logits / temperature, targets)
+  table = head_table(params)
+  if isinstance(table, quant.QuantizedWeight):  # read by every chunk: formed once, frozen
+    table = jax.lax.stop_gradient(table.dequantized(config.matmul_dtype or jnp.float32))
+  return loss_ops.head_target_log_probs(
+      x, table, targets, chunk_rows=chunk_rows, compute_dtype=config.matmul_dtype,
+      forms=forms, softcap=config.logit_softcap, temperature=temperature)
 
 
 def loss(

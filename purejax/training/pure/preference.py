@@ -34,7 +34,6 @@ import numpy as np
 from purejax import gpt
 from purejax.data import batches
 from purejax.ops import kernels
-from purejax.ops import loss
 
 DPO_LOSSES = ("sigmoid", "ipo")
 
@@ -58,9 +57,8 @@ def completion_logps(params: gpt.Params, tokens: chex.Array, weights: chex.Array
   """
   chex.assert_rank(tokens, 2)
   chex.assert_shape(weights, (tokens.shape[0], tokens.shape[1] - 1))
-  logits = gpt.forward(params, tokens[:, :-1], config, forms=forms,
-                       **model_kwargs)  # [b, t, vocab]
-  picked = loss.target_log_probs(logits, tokens[:, 1:])  # [b, t]
+  picked = gpt.target_log_probs(params, tokens[:, :-1], tokens[:, 1:], config, forms=forms,
+                                **model_kwargs)  # [b, t]
   weights = weights.astype(jnp.float32)
   return jnp.sum(picked * weights, axis=-1), jnp.sum(weights, axis=-1)
 

@@ -24,7 +24,6 @@ import optax
 
 from purejax import gpt
 from purejax.ops import kernels
-from purejax.ops import loss as loss_lib
 from purejax.training.pure import parallel
 from purejax.training.pure import preference
 from purejax.training.pure.state import TrainState
@@ -76,10 +75,8 @@ def token_logps(params: gpt.Params, tokens: chex.Array, config: gpt.GPTConfig, *
   """`[n, time]` float32: `log p(tokens[:, t + 1] | tokens[:, :t + 1])` under the logits
   over `temperature`."""
   chex.assert_rank(tokens, 2)
-  logits = gpt.forward(params, tokens[:, :-1], config, forms=forms, **model_kwargs)
-  if temperature != 1.0:
-    logits = logits.astype(jnp.float32) / temperature
-  return loss_lib.target_log_probs(logits, tokens[:, 1:])
+  return gpt.target_log_probs(params, tokens[:, :-1], tokens[:, 1:], config, forms=forms,
+                              temperature=temperature, **model_kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forms", "temperature", "batch_rows"))
