@@ -16,6 +16,7 @@ Each program is compiled once per test run (the scanned step, which two tests re
 shared by the run's workers).
 """
 
+import dataclasses
 import pickle
 import re
 
@@ -33,6 +34,7 @@ from purejax.data import batches
 from purejax.ops import kernels
 from purejax.optimizers import optim
 from purejax.training.loops import recipes
+from purejax.training.pure import preference
 from purejax.training.pure import steps
 from purejax.training.tools import gpu_plan
 
@@ -198,3 +200,19 @@ def test_smollm2_shaped_train_step_runs_grouped_cudnn_attention(h100):
   assert calls[gpu_plan.CUDNN_FORWARD] >= 1 and calls[gpu_plan.CUDNN_BACKWARD] == 1, calls
   assert_no_large_buffers(plan, SMOLLM2, SMOLLM2_BATCH)
   assert plan.temp_bytes <= 2.0 * GIB, plan.temp_bytes / GIB
+
+
+def test_preference_and_policy_log_probs_read_the_head_in_chunks(h100):
+  # What DPO and RL differentiate: each token's log-probability (`gpt.target_log_probs`),
+  # in the LM loss's chunks of rows. With the whole logits the same gradient plans
+  # 6.53 GiB of temporaries (16 rows of 1024 tokens: 3 GiB of float32 logits alone).
+  config = dataclasses.replace(SMOLLM2, block_size=1024)
+  rows = 16
+  tokens = jax.ShapeDtypeStruct((rows, config.block_size + 1), jnp.int32)
+  weights = jax.ShapeDtypeStruct((rows, config.block_size), jnp.float32)
+  forms = kernels.select("gpu", scan_layers=True)
+  grad = jax.jit(jax.grad(lambda p, t, w: jnp.sum(preference.completion_logps(
+      p, t, w, config, forms=forms)[0])))
+  plan = compile_on(h100, grad.trace, abstract_params(config), tokens, weights)
+  assert_no_large_buffers(plan, config, rows)
+  assert plan.temp_bytes <= 1.37 * GIB, plan.temp_bytes / GIB  # 1.33 GiB planned
