@@ -7,11 +7,15 @@ subprocess, as a user does, to keep the real entry points covered.
 
 import dataclasses
 import importlib
+import typing
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import purejax
 from helpers.cli import one_line_error, refusal, run_module
+from purejax import gpt
 from purejax import weights
 from purejax.cli import convert
 from purejax.cli import errors
@@ -190,6 +194,33 @@ def test_each_optimizer_reads_exactly_the_settings_it_is_said_to(name):
   assert read == set(optim.hyperparams_used(base))
   constant = optim.hyperparams_used(dataclasses.replace(base, schedule="constant"))
   assert set(constant) == read - {"min_lr"}
+
+
+# Values of each kind of block flag: one a model may take, one it may not.
+FLAG_VALUES = {bool: ("true", "false"), int: ("8", "0"), float: ("2.0", "-1.0")}
+WORD_VALUES = {"norm": "rmsnorm", "position": "rope", "mlp": "swiglu", "window_pattern": "SL",
+               "param_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("arch", sorted(gpt.ARCHITECTURES))
+def test_every_block_flag_on_every_arch_gives_a_model_or_a_value_error(arch):
+  # A flag's value the model cannot take is a ValueError (one line on the command
+  # line), never another exception from inside the config's assembly, the params'
+  # initialisation or the loss (traced for shapes only).
+  fields = {f.name: f.type for f in dataclasses.fields(gpt.GPTConfig)}
+  for name in train.train_flags.block_field_flags():
+    kind = typing.get_args(fields[name])[0] if typing.get_args(fields[name]) else fields[name]
+    for value in FLAG_VALUES.get(kind) or (WORD_VALUES[name], "bogus"):
+      args = train.command.parse(
+          ["train", f"--arch={arch}", "--n_layer=3", "--block_size=16", f"--{name}={value}"],
+          lambda a: train.train_flags.define_flags(a, "gpt"))
+      try:
+        config = train.gpt_config(args, vocab_size=40)
+        params = jax.eval_shape(lambda c=config: gpt.init_params(c, jax.random.PRNGKey(0)))
+        tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+        jax.eval_shape(lambda p, t, c=config: gpt.loss(p, t, t, c), params, tokens)
+      except ValueError as e:
+        assert str(e), (name, value)
 
 
 def test_the_same_process_parses_command_lines_again_with_other_flags(capsys, tmp_path):
