@@ -150,3 +150,42 @@ def test_an_export_in_a_quantized_type_the_writer_lacks_is_one_line(tmp_path, ca
                   "--gguf_type=q4_1")
   assert "--gguf_type=q4_1" in error and "q8_0" in error
   assert not target.exists()
+
+
+@pytest.mark.slow
+def test_a_qlora_run_runs_unmerged_beside_its_held_base(tmp_path, base_run, corpus, capsys):
+  # `--quantize=held` (sample, chat, eval, serve): the model as trained, adapters beside
+  # the quantized base, in the base's memory; the same logits as the merged float32.
+  from purejax.cli import sample as sample_cli
+  import jax
+  import jax.numpy as jnp
+  from purejax.ops.matmul import LowRankWeight
+  train(base_run, corpus, tmp_path / "q", "--max_iters=4", "--quantize=q4_1")
+  beside, config, _ = weights.from_purejax(str(tmp_path / "q"), merge_adapters=False)
+  w = beside["blocks"]["mlp"]["fc"]["w"]
+  assert isinstance(w, LowRankWeight) and isinstance(w.base, quant.QuantizedWeight)
+  merged, _, _ = weights.from_purejax(str(tmp_path / "q"))
+  tokens = jnp.asarray([[1, 2, 3, 4, 5, 6]])
+  np.testing.assert_allclose(gpt.forward(beside, tokens, config),
+                             gpt.forward(merged, tokens, config), rtol=1e-4, atol=1e-4)
+  held_bytes = sum(x.nbytes for x in jax.tree.leaves(beside["blocks"]))
+  assert held_bytes < sum(x.nbytes for x in jax.tree.leaves(merged["blocks"])) / 3
+  # The command lines: the same greedy text either way; a model that is no LoRA run is
+  # refused in one line.
+  texts = [final_text(run_cli(sample_cli, f"--out_dir={tmp_path / 'q'}", "--start=the ",
+                              "--max_new_tokens=12", "--temperature=0", *flags))
+           for flags in ([], ["--quantize=held"])]
+  assert texts[0] == texts[1]
+  assert "is not a LoRA run" in refusal(capsys, sample_cli, f"--out_dir={base_run}",
+                                        "--quantize=held")
+
+
+def test_held_on_a_folder_without_a_run_is_one_line(tmp_path, capsys):
+  from purejax.cli import sample as sample_cli
+  assert "is not a purejax run folder" in refusal(capsys, sample_cli,
+                                                  f"--out_dir={tmp_path}", "--quantize=held")
+
+
+def final_text(process):
+  assert process.returncode == 0, process.stderr[-2000:]
+  return process.stdout

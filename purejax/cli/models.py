@@ -21,20 +21,25 @@ from purejax import weights
 from purejax.data import chat
 from purejax.data import tokenizers
 from purejax.ops import quant
+from purejax.ops.matmul import LowRankWeight
 
 GPT2_END = "<|endoftext|>"
 KEEP_GGUF = "gguf"  # --quantize's value that keeps a GGUF file's blocks as they are
+KEEP_HELD = "held"  # --quantize's value that keeps a LoRA run's base as the run held it
 
 
 def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_file=None,
                quantize: Optional[str] = None):
   """`(params, config, tokenizer)` of `init_from` if given, else of the run in `out_dir`;
-  `quantize="gguf"` keeps a GGUF file's quantized blocks (refused for other models)."""
+  `quantize="gguf"` keeps a GGUF file's quantized blocks, `quantize="held"` a LoRA run's
+  base as the run held it, its adapters beside it (each refused for other models)."""
   if quantize == KEEP_GGUF and not init_from:
     raise weights.ConversionError(
         f"--quantize={KEEP_GGUF} keeps a GGUF file's own blocks, and a run's checkpoints are "
         f"float; pass the .gguf file as --init_from, or --quantize=int8, q8_0 or q4_1.")
-  if init_from:
+  if quantize == KEEP_HELD:
+    params, config, spec = _held_run(init_from or out_dir, best)
+  elif init_from:
     params, config, spec = weights.from_pretrained(init_from,
                                                    keep_quantized=quantize == KEEP_GGUF)
   elif best:
@@ -47,6 +52,23 @@ def load_model(out_dir: str, init_from=None, *, best: bool = False, tokenizer_fi
         f"--out_dir={out_dir}`, or pass --init_from=gpt2.")
   tokenizer = tokenizers.from_spec(spec, encoding_file=tokenizer_file)
   return jax.tree.map(jnp.asarray, params), config, tokenizer
+
+
+def _held_run(source: str, best: bool):
+  """`--quantize=held`: a LoRA run's model with its adapters beside its base, held as the
+  run held it (`weights.from_purejax(merge_adapters=False)`)."""
+  if not checkpoint.list_checkpoints(source) and not (best and checkpoint.best_path(
+      source).exists()):
+    raise weights.ConversionError(
+        f"--quantize={KEEP_HELD} keeps a LoRA run's base as the run held it, and {source} "
+        f"is not a purejax run folder; pass the run's folder, or another --quantize.")
+  params, config, spec = weights.from_purejax(source, best=best, merge_adapters=False)
+  is_low_rank = lambda x: isinstance(x, LowRankWeight)
+  if not any(map(is_low_rank, jax.tree.leaves(params, is_leaf=is_low_rank))):
+    raise weights.ConversionError(
+        f"--quantize={KEEP_HELD} keeps a LoRA run's base as the run held it, and {source} "
+        f"is not a LoRA run; drop --quantize, or choose int8, q8_0 or q4_1.")
+  return params, config, spec
 
 
 def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
@@ -65,7 +87,7 @@ def adjust(params, config: gpt.GPTConfig, block_size: Optional[int] = None,
     config = dataclasses.replace(config, block_size=block_size)
   if dtype is not None:
     config = dataclasses.replace(config, compute_dtype=dtype)
-  if quantize is not None and quantize != KEEP_GGUF:
+  if quantize in quant.FORMATS:
     params, left = quant.quantize_matrices(params, quantize)
     if left:
       print(f"kept in float32 (not a multiple of {quant.BLOCK} rows for {quantize}): "
@@ -88,11 +110,13 @@ def hold_base(params, held: Optional[str]):
 
 def define_quantize_flag(args) -> None:
   """`--quantize`, which every command that runs a model shares."""
-  flags.DEFINE_enum("quantize", None, [*quant.FORMATS, KEEP_GGUF], "Keep the dense "
-                    "layers' matrices quantized in memory, dequantized inside each product: "
-                    "int8 (a scale per column), q8_0 or q4_1 (GGUF's blocks of 32 rows); "
-                    "embeddings and norms stay float. gguf: keep a .gguf file's own blocks "
-                    "(Q8_0, Q4_1, Q5_0, Q4_K, Q6_K; its token embedding too) as they are.",
+  flags.DEFINE_enum("quantize", None, [*quant.FORMATS, KEEP_GGUF, KEEP_HELD], "Keep the "
+                    "dense layers' matrices quantized in memory, dequantized inside each "
+                    "product: int8 (a scale per column), q8_0 or q4_1 (GGUF's blocks of 32 "
+                    "rows); embeddings and norms stay float. gguf: keep a .gguf file's own "
+                    "blocks (Q8_0, Q4_1, Q5_0, Q4_K, Q6_K; its token embedding too) as they "
+                    "are. held: a LoRA run's base as the run held it (QLoRA: quantized), its "
+                    "adapters beside it, unmerged: the model as trained, in the base's memory.",
                     flag_values=args)
 
 

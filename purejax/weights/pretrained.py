@@ -19,6 +19,7 @@ import dataclasses
 import pathlib
 from typing import Any, Dict, Optional, Tuple
 
+import jax
 import numpy as np
 
 from purejax import checkpoint
@@ -40,16 +41,26 @@ Params = Dict[str, Any]
 # purejax checkpoints
 
 
-def from_purejax(out_dir: str, *, best: bool = False
+def from_purejax(out_dir: str, *, best: bool = False, merge_adapters: bool = True
                  ) -> Tuple[Params, gpt.GPTConfig, TokenizerSpec]:
   """The params, config and tokenizer spec of the newest GPT checkpoint in `out_dir`.
 
-  A LoRA fine-tune's adapters are merged into its base (`lora.merge`), so
-  sampling and every export format get the fine-tuned weights.
+  A LoRA fine-tune's adapters are merged into its base (`lora.merge`, float32), so
+  sampling and every export format get the fine-tuned weights. With
+  `merge_adapters=False` they stay beside the base as the run trained them
+  (`lora.low_rank`: each adapted weight a `LowRankWeight`), the base held as the run
+  held it (QLoRA: quantized): the same model in the base's memory, which the model
+  and the engine run as they are.
 
   With `best`, of the run's best checkpoint (`checkpoint.best_path`) instead.
   """
-  return _read_purejax(out_dir, best)[:3]
+  if merge_adapters:
+    return _read_purejax(out_dir, best)[:3]
+  params, config, spec, meta = _read_purejax(out_dir, best, merged=False)
+  if meta.get("lora"):
+    alpha = lora.LoraConfig(meta["lora"]["rank"], meta["lora"]["alpha"]).scale_alpha
+    params = lora.low_rank(params["base"], params["adapters"], alpha)
+  return jax.tree.map(host_memory.to_device, params), config, spec
 
 
 def _held_base(template: Params, arrays) -> Params:
@@ -57,7 +68,6 @@ def _held_base(template: Params, arrays) -> Params:
   (`--quantize`: `w.codes`, `w.scale`, `w.offset` arrays) as a `quant.QuantizedWeight`
   (its code width from its rows; an embedding table is the transposed form), one saved in
   bfloat16 as bfloat16."""
-  import jax  # pylint: disable=g-import-not-at-top
 
   def one(path, leaf):
     name = "['params']['base']" + jax.tree_util.keystr(path)
@@ -78,7 +88,6 @@ def _held_base(template: Params, arrays) -> Params:
 def _read_purejax(out_dir: str, best: bool = False, merged: bool = True):
   """`from_purejax`'s values and the checkpoint's whole metadata; with `merged=False`,
   a LoRA run's params are `{"base": ..., "adapters": ...}` (`lora.trainable`)."""
-  import jax  # pylint: disable=g-import-not-at-top
   if best:
     path = checkpoint.best_path(out_dir)
     if not path.exists():
