@@ -73,16 +73,18 @@ def _digest(arrays: Dict[str, np.ndarray]) -> str:
   return sha.hexdigest()
 
 
-def _payload(arrays: Dict[str, np.ndarray], manifest: Dict[str, Any]) -> Dict[str, Any]:
-  """What `np.savez` writes: the arrays, and the manifest with their digest.
+def _payload(arrays: Dict[str, np.ndarray], manifest: Dict[str, Any]
+             ) -> Tuple[Dict[str, Any], str]:
+  """What `np.savez` writes: the arrays, and the manifest with their digest; and the digest.
 
   npz has no bfloat16 (it would read back as raw 2-byte voids): such arrays are
   stored as their uint16 bits, named in the manifest, and viewed back on reading."""
   bf16 = sorted(name for name, a in arrays.items() if a.dtype == jnp.bfloat16)
-  manifest = {**manifest, "sha256": _digest(arrays), **({"bfloat16": bf16} if bf16 else {})}
+  digest = _digest(arrays)
+  manifest = {**manifest, "sha256": digest, **({"bfloat16": bf16} if bf16 else {})}
   payload = {name: a.view(np.uint16) if name in bf16 else a for name, a in arrays.items()}
   payload[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
-  return payload
+  return payload, digest
 
 
 def _frozen_names(arrays: Dict[str, np.ndarray], frozen: Sequence[str]) -> List[str]:
@@ -100,13 +102,12 @@ def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any],
     names = _frozen_names(arrays, frozen)
     if names:
       shared = {name: arrays.pop(name) for name in names}
-      payload = _payload(shared, {"format": FORMAT_VERSION})
-      digest = json.loads(payload[_MANIFEST].tobytes().decode())["sha256"]
+      payload, digest = _payload(shared, {"format": FORMAT_VERSION})
       frozen_path = path.parent / f"frozen_{digest}.npz"
       if not frozen_path.exists():  # named by its contents: one there holds these arrays
         _files.atomic_write(frozen_path, lambda f: np.savez(f, **payload))
       manifest["frozen"] = {"file": frozen_path.name, "sha256": digest}
-    payload = _payload(arrays, manifest)
+    payload, _ = _payload(arrays, manifest)
     _files.atomic_write(path, lambda f: np.savez(f, **payload))
   except OSError as e:
     raise CheckpointError(
