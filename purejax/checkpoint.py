@@ -28,14 +28,17 @@ written once, to `frozen_<sha256>.npz` beside the checkpoints, named by the
 SHA-256 of their contents; each checkpoint's manifest names that file and its
 digest, and `read` verifies and joins it. A LoRA run's checkpoints then hold
 the adapters and their optimizer state, not the whole model again each time.
-A frozen file is deleted with the last checkpoint that names it.
+A frozen file is deleted with the last checkpoint that names it. One missing
+or damaged is taken from the template a run restores against where that
+holds the same arrays (the base loaded again from its source), and written
+again by the next save.
 """
 
 import hashlib
 import json
 import pathlib
 import re
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +94,24 @@ def _frozen_names(arrays: Dict[str, np.ndarray], frozen: Sequence[str]) -> List[
   return sorted(name for name in arrays if any(name.startswith(p) for p in frozen))
 
 
+# Frozen files this process wrote or read back whole: trusted by later saves.
+_CHECKED: Set[str] = set()
+
+
+def _holds(frozen_path: pathlib.Path, digest: str) -> bool:
+  """Whether `frozen_path` holds the frozen arrays of `digest`. A file this process has
+  not written is read back once (a damaged one is then written again), not every save."""
+  if str(frozen_path.resolve()) in _CHECKED:
+    return frozen_path.exists()
+  try:
+    holds = frozen_path.exists() and _read_file(frozen_path)[1].get("sha256") == digest
+  except CheckpointError:
+    holds = False
+  if holds:
+    _CHECKED.add(str(frozen_path.resolve()))
+  return holds
+
+
 def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any],
            frozen: Sequence[str] = ()) -> None:
   """Writes one checkpoint file atomically (see `atomic_write`); the arrays under the
@@ -104,9 +125,11 @@ def _write(path: pathlib.Path, step: int, state: Any, meta: Dict[str, Any],
       shared = {name: arrays.pop(name) for name in names}
       payload, digest = _payload(shared, {"format": FORMAT_VERSION})
       frozen_path = path.parent / f"frozen_{digest}.npz"
-      if not frozen_path.exists():  # named by its contents: one there holds these arrays
+      if not _holds(frozen_path, digest):
         _files.atomic_write(frozen_path, lambda f: np.savez(f, **payload))
-      manifest["frozen"] = {"file": frozen_path.name, "sha256": digest}
+        _CHECKED.add(str(frozen_path.resolve()))
+      manifest["frozen"] = {"file": frozen_path.name, "sha256": digest,
+                            "prefixes": sorted(frozen)}
     payload, _ = _payload(arrays, manifest)
     _files.atomic_write(path, lambda f: np.savez(f, **payload))
   except OSError as e:
@@ -233,21 +256,44 @@ def _read_file(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any
   return arrays, manifest
 
 
-def read(path: pathlib.Path) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+def read(path: pathlib.Path, template: Any = None
+         ) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
   """Reads and verifies one checkpoint file, with the frozen arrays it names:
-  `(arrays by path, manifest)`."""
+  `(arrays by path, manifest)`.
+
+  Where the frozen file is missing or damaged and `template` (the state a fresh run
+  starts from) holds arrays of the same SHA-256 under the same paths (a LoRA run's
+  base, loaded again from its source), those are used instead."""
   arrays, manifest = _read_file(path)
-  if "frozen" in manifest:
-    frozen_path = pathlib.Path(path).parent / manifest["frozen"]["file"]
+  if "frozen" not in manifest:
+    return arrays, manifest
+  frozen = manifest["frozen"]
+  frozen_path = pathlib.Path(path).parent / frozen["file"]
+  try:
     if not frozen_path.exists():
       raise CheckpointError(f"checkpoint {path} names {frozen_path.name}, which is not "
                             f"beside it; copy a run folder whole.")
     shared, shared_manifest = _read_file(frozen_path)
-    if shared_manifest["sha256"] != manifest["frozen"]["sha256"]:
+    if shared_manifest["sha256"] != frozen["sha256"]:
       raise CheckpointError(f"checkpoint {path} names {frozen_path.name}, which holds "
                             f"other arrays.")
-    arrays.update(shared)
+  except CheckpointError as e:
+    shared = _frozen_from(template, frozen)
+    if shared is None:
+      raise
+    manifest = {**manifest, "frozen": {**frozen, "taken_from_template": str(e)}}
+    _CHECKED.discard(str(frozen_path.resolve()))  # the next save writes it again
+  arrays.update(shared)
   return arrays, manifest
+
+
+def _frozen_from(template: Any, frozen: Dict[str, Any]) -> Optional[Dict[str, np.ndarray]]:
+  """`template`'s arrays under the frozen prefixes, if their SHA-256 is the checkpoint's."""
+  if template is None or "prefixes" not in frozen:
+    return None
+  arrays = _flatten(jax.device_get(template))
+  shared = {name: arrays[name] for name in _frozen_names(arrays, frozen["prefixes"])}
+  return shared if shared and _digest(shared) == frozen["sha256"] else None
 
 
 def restore(path: pathlib.Path, template: Any) -> Restored:
@@ -264,7 +310,7 @@ def restore(path: pathlib.Path, template: Any) -> Restored:
   Raises:
     CheckpointError: damaged file, or a structure that does not match.
   """
-  arrays, manifest = read(path)
+  arrays, manifest = read(path, template)
   state = extract(arrays, template, path)
   return Restored(state, manifest["meta"], manifest["step"], path)
 
@@ -330,10 +376,14 @@ def restore_latest(
     if at_most is not None and step > at_most:
       continue
     try:
-      arrays, manifest = read(path)
+      arrays, manifest = read(path, template)
     except CheckpointError as e:
       warnings.append(f"skipping {e}")
       continue
+    problem = manifest.get("frozen", {}).get("taken_from_template")
+    if problem:
+      warnings.append(f"{problem}: its arrays are the run's starting weights (the same "
+                      f"SHA-256), taken from those; the next checkpoint writes the file again")
     if check_meta is not None:
       check_meta(manifest["meta"], path)
     return Restored(extract(arrays, template, path, renamed=renamed), manifest["meta"],

@@ -171,14 +171,26 @@ def test_a_frozen_file_goes_with_the_last_checkpoint_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [truncate, flip_a_bit, os.remove])
-def test_a_damaged_or_missing_frozen_file_is_named(tmp_path, damage):
+def test_a_damaged_or_missing_frozen_file_is_named_and_taken_from_the_template(tmp_path,
+                                                                              damage):
   checkpoint.save(str(tmp_path), 1, lora_state(1), {}, frozen=(BASE,))
   (shared,) = frozen_files(tmp_path)
   damage(tmp_path / shared)
   with pytest.raises(checkpoint.CheckpointError, match=shared[:20]):
     checkpoint.read(checkpoint.checkpoint_path(str(tmp_path), 1))
-  restored, warnings = checkpoint.restore_latest(str(tmp_path), lora_state(0))
+  # A template of another base cannot stand in: the checkpoint is skipped, named.
+  other = lora_state(0)
+  other["params"]["base"] = gpt.init_params(CONFIG, jax.random.PRNGKey(9))
+  restored, warnings = checkpoint.restore_latest(str(tmp_path), other)
   assert restored is None and shared[:20] in warnings[0]
+  # The run's own starting base has the same SHA-256: it stands in, with a warning.
+  restored, warnings = checkpoint.restore_latest(str(tmp_path), lora_state(0))
+  chex.assert_trees_all_equal(restored.state, jax.device_get(lora_state(1)))
+  assert len(warnings) == 1 and shared[:20] in warnings[0] and "starting weights" in warnings[0]
+  # The next save writes the file again; the checkpoints read without a template.
+  checkpoint.save(str(tmp_path), 2, lora_state(2), {}, frozen=(BASE,))
+  assert frozen_files(tmp_path) == [shared]
+  checkpoint.read(checkpoint.checkpoint_path(str(tmp_path), 1))
 
 
 def test_unwritable_out_dir_is_a_clear_error(tmp_path):

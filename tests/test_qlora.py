@@ -180,6 +180,24 @@ def test_a_qlora_run_runs_unmerged_beside_its_held_base(tmp_path, base_run, corp
                                         "--quantize=held")
 
 
+@pytest.mark.slow
+def test_a_run_whose_frozen_base_file_is_lost_resumes_from_its_source(tmp_path, base_run,
+                                                                       corpus):
+  # The base is written once (frozen_<sha256>.npz); lost, it is the base loaded again
+  # from --init_from (the same SHA-256), and the next checkpoint writes it back.
+  train(base_run, corpus, tmp_path / "a", "--max_iters=4", "--quantize=q4_1")
+  (frozen,) = (tmp_path / "a").glob("frozen_*.npz")
+  frozen.unlink()
+  process = run_cli(train_cli, f"--init_from={base_run}", f"--dataset={corpus}",
+                    f"--out_dir={tmp_path / 'a'}", "--lora_rank=4", "--batch_size=4",
+                    "--eval_interval=4", "--eval_iters=1", "--learning_rate=1e-2",
+                    "--warmup_iters=0", "--lr_decay_iters=8", "--max_iters=8",
+                    "--quantize=q4_1", "--resume")
+  assert final(process)["step"] == 8 and "starting weights" in process.stdout + process.stderr
+  assert "at step 4" in process.stdout + process.stderr  # resumed, not started anew
+  assert frozen.exists()
+
+
 def test_held_on_a_folder_without_a_run_is_one_line(tmp_path, capsys):
   from purejax.cli import sample as sample_cli
   assert "is not a purejax run folder" in refusal(capsys, sample_cli,
