@@ -277,6 +277,7 @@ def read(path: pathlib.Path, template: Any = None
     if shared_manifest["sha256"] != frozen["sha256"]:
       raise CheckpointError(f"checkpoint {path} names {frozen_path.name}, which holds "
                             f"other arrays.")
+    _CHECKED.add(str(frozen_path.resolve()))  # read whole: a save need not read it again
   except CheckpointError as e:
     shared = _frozen_from(template, frozen)
     if shared is None:

@@ -635,6 +635,15 @@ def forward(
   return logits
 
 
+def _chunked_head_table(params: Params, config: GPTConfig) -> chex.Array:
+  """The head's table as the chunked head reads it: a quantized one, which every chunk
+  reads whole, dequantized once (frozen)."""
+  table = head_table(params)
+  if isinstance(table, quant.QuantizedWeight):
+    table = jax.lax.stop_gradient(table.dequantized(config.matmul_dtype or jnp.float32))
+  return table
+
+
 def target_log_probs(
     params: Params,
     tokens: chex.Array,
@@ -663,11 +672,8 @@ def target_log_probs(
     logits = logits_of(params, x, config, forms)
     return loss_ops.target_log_probs(
         logits if temperature == 1.0 else logits / temperature, targets)
-  table = head_table(params)
-  if isinstance(table, quant.QuantizedWeight):  # read by every chunk: formed once, frozen
-    table = jax.lax.stop_gradient(table.dequantized(config.matmul_dtype or jnp.float32))
   return loss_ops.head_target_log_probs(
-      x, table, targets, chunk_rows=chunk_rows, compute_dtype=config.matmul_dtype,
+      x, _chunked_head_table(params, config), targets, chunk_rows=chunk_rows, compute_dtype=config.matmul_dtype,
       forms=forms, softcap=config.logit_softcap, temperature=temperature)
 
 
@@ -695,10 +701,8 @@ def loss(
   chex.assert_equal_shape((tokens, targets))
   forms = forms or kernels.select(kernels.platform_of(params))
   x = _hidden_states(params, tokens, config, forms, key, deterministic, dropout)
-  table, chunk_rows = head_table(params), forms.loss_chunk(tokens.size, config.vocab_size)
-  if isinstance(table, quant.QuantizedWeight) and chunk_rows is not None:
-    # The chunked loss reads the whole table in each chunk: formed once, frozen.
-    table = jax.lax.stop_gradient(table.dequantized(config.matmul_dtype or jnp.float32))
+  chunk_rows = forms.loss_chunk(tokens.size, config.vocab_size)
+  table = head_table(params) if chunk_rows is None else _chunked_head_table(params, config)
   return head_cross_entropy(
       x, table, targets, compute_dtype=config.matmul_dtype, chunk_rows=chunk_rows,
       forms=forms, softcap=config.logit_softcap, weights=weights)

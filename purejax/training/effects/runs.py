@@ -211,18 +211,16 @@ def save_checkpoint(run: RunConfig, step: int, state: TrainState, meta: Dict[str
 
   The file holds whole arrays, whatever the sharding, so it restores on any
   number of devices; a LoRA run's frozen base is written once, to a file its
-  checkpoints share (`checkpoint.save`'s `frozen`). `best=True` writes the run's best checkpoint
-  (`checkpoint.best_path`) instead of one of the keep-K rotation. `prune=False`
+  checkpoints share (`checkpoint.save`'s `frozen`). `best=True` writes the run's
+  best checkpoint (`checkpoint.best_path`) instead of one of the keep-K rotation. `prune=False`
   keeps the older checkpoints until `prune_checkpoints` (a sweep's runs prune
   only once all of them have saved the step, so a step they all hold survives).
   """
   tree = parallel.fetch(state_lib.as_tree(state))
   path = (checkpoint.best_path(run.out_dir) if best else
           checkpoint.checkpoint_path(run.out_dir, step))
-  # A LoRA run's frozen base, written once for all its checkpoints.
-  params = tree["params"]
-  frozen = (LORA_BASE,) if isinstance(params, dict) and set(params) == {"base", "adapters"} \
-      else ()
+  is_lora = isinstance(tree["params"], dict) and set(tree["params"]) == {"base", "adapters"}
+  frozen = (LORA_BASE,) if is_lora else ()  # written once for all the run's checkpoints
   if parallel.is_main_process():
     if best:
       checkpoint.save_best(run.out_dir, step, tree, meta, frozen=frozen)
